@@ -1,0 +1,139 @@
+//! Keys belong to the application and the component: every Redis key the primitives touch starts
+//! with `toa:{application}:{component}:`, so two components, or two applications sharing one
+//! Redis, never meet.
+
+use super::AtomError;
+
+/// Whose keys these are.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Scope {
+    pub application: String,
+    /// The component's full name, `namespace.name` (or `name` without a namespace).
+    pub component: String,
+}
+
+impl Scope {
+    pub fn new(application: impl Into<String>, component: impl Into<String>) -> Self {
+        Self {
+            application: application.into(),
+            component: component.into(),
+        }
+    }
+
+    /// The prefix of every Redis key of this scope.
+    pub fn prefix(&self) -> String {
+        format!("toa:{}:{}:", self.application, self.component)
+    }
+}
+
+/// One key, or several held (or charged) together.
+pub trait IntoKeys {
+    fn into_keys(self) -> Vec<String>;
+}
+
+impl IntoKeys for &str {
+    fn into_keys(self) -> Vec<String> {
+        vec![self.to_owned()]
+    }
+}
+
+impl IntoKeys for String {
+    fn into_keys(self) -> Vec<String> {
+        vec![self]
+    }
+}
+
+impl IntoKeys for Vec<String> {
+    fn into_keys(self) -> Vec<String> {
+        self
+    }
+}
+
+impl IntoKeys for &[String] {
+    fn into_keys(self) -> Vec<String> {
+        self.to_vec()
+    }
+}
+
+impl IntoKeys for &[&str] {
+    fn into_keys(self) -> Vec<String> {
+        self.iter().map(|key| (*key).to_owned()).collect()
+    }
+}
+
+impl<const N: usize> IntoKeys for [&str; N] {
+    fn into_keys(self) -> Vec<String> {
+        self.iter().map(|key| (*key).to_owned()).collect()
+    }
+}
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY: usize = 512;
+
+/// Refuses empty lists, empty or overlong keys, control characters and repeated keys.
+pub fn validate(keys: Vec<String>) -> Result<Vec<String>, AtomError> {
+    if keys.is_empty() {
+        return Err(AtomError::InvalidKey {
+            key: String::new(),
+            reason: "expected at least one key",
+        });
+    }
+    for (index, key) in keys.iter().enumerate() {
+        let reason = if key.is_empty() {
+            Some("expected a non-empty string")
+        } else if key.len() > MAX_KEY {
+            Some("expected at most 512 bytes")
+        } else if key.chars().any(char::is_control) {
+            Some("expected no control characters")
+        } else if keys[..index].contains(key) {
+            Some("given twice")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            let mut key = key.clone();
+            key.truncate(64);
+            return Err(AtomError::InvalidKey { key, reason });
+        }
+    }
+    Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_separate_components_and_applications() {
+        let a = Scope::new("shop", "store.orders").prefix();
+        let b = Scope::new("shop", "billing.wallets").prefix();
+        let c = Scope::new("bank", "store.orders").prefix();
+        assert_eq!(a, "toa:shop:store.orders:");
+        assert!(a != b && a != c && b != c);
+    }
+
+    #[test]
+    fn refuses_bad_keys() {
+        let refused = |keys: Vec<&str>| {
+            validate(keys.into_iter().map(str::to_owned).collect())
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            refused(vec![]),
+            "invalid key \"\": expected at least one key"
+        );
+        assert_eq!(
+            refused(vec![""]),
+            "invalid key \"\": expected a non-empty string"
+        );
+        assert_eq!(refused(vec!["a", "a"]), "invalid key \"a\": given twice");
+        assert_eq!(
+            refused(vec!["a\nb"]),
+            "invalid key \"a\\nb\": expected no control characters"
+        );
+        let long = "x".repeat(513);
+        assert!(refused(vec![&long]).contains("expected at most 512 bytes"));
+        assert!(validate(vec!["settlement".into(), "customer:42".into()]).is_ok());
+    }
+}

@@ -1,0 +1,661 @@
+//! Redlock over one or an odd number of independent Redis servers.
+//!
+//! An acquisition draws one random value and runs [`ACQUIRE`] on every server at once: per server,
+//! all keys of the call are taken atomically, or none. It succeeds as soon as a majority of the
+//! servers that may count (see [`crate::redis`]) granted it, and fails as soon as a majority is out
+//! of reach: it never waits for the slowest server. The lock is valid for TTL − elapsed − drift from
+//! the start of the attempt; a background task extends it every TTL/3 on a majority, and cancels
+//! the holder's [`Signal`] when it cannot before the validity ends.
+//!
+//! Fencing tokens. Every server keeps one counter per component (`{prefix}fence`), incremented by
+//! [`ACQUIRE`]. The token is the maximum over the granting majority; when the granting servers
+//! disagree, the maximum is written back ([`RAISE`]) to a majority before the token is handed out.
+//! So every token handed out is held by a majority, which any later majority intersects: tokens
+//! strictly increase across successive holders. A server whose counter is missing (it restarted
+//! empty, or is new) grants nothing until its counter is seeded ([`SEED`]) with the maximum read
+//! from enough of the others to intersect every majority, and never below its own clock in
+//! microseconds, so even a lone server that restarted keeps its tokens increasing.
+//!
+//! Waiting. [`RELEASE`] publishes the released keys on `{prefix}released`; waiters subscribe on
+//! every server and try again when told. Without a message they try again when the holder's key
+//! would expire, so a waiter sends a bounded number of commands per TTL and never spins.
+
+use super::keys::Scope;
+use super::waiters::Waiters;
+use crate::metrics::ComponentMetrics;
+use crate::redis::{ServerError, Servers};
+use futures::stream::{FuturesUnordered, StreamExt};
+use rand::Rng;
+use redis::Script;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+use tokio::time::{sleep, sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// KEYS: the lock keys, then the fence counter. ARGV: value, TTL in ms.
+/// Returns {1, token, ''} granted, {0, pttl, holder} held by another, {-1, 0, ''} counter not
+/// seeded.
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local n = #KEYS - 1
+for i = 1, n do
+  local holder = redis.call('GET', KEYS[i])
+  if holder and holder ~= ARGV[1] then
+    return {0, redis.call('PTTL', KEYS[i]), holder}
+  end
+end
+if redis.call('EXISTS', KEYS[#KEYS]) == 0 then
+  return {-1, 0, ''}
+end
+for i = 1, n do
+  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+end
+return {1, redis.call('INCR', KEYS[#KEYS]), ''}
+",
+    )
+});
+
+/// KEYS: the lock keys. ARGV: value, TTL in ms. Returns 1 when every key was still ours.
+static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) ~= ARGV[1] then return 0 end
+end
+for i = 1, #KEYS do
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+end
+return 1
+",
+    )
+});
+
+/// KEYS: the lock keys. ARGV: value, release channel, publish (1/0). Deletes the keys still
+/// ours and, if asked, publishes each; returns how many.
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local released = 0
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    redis.call('DEL', KEYS[i])
+    if ARGV[3] == '1' then redis.call('PUBLISH', ARGV[2], KEYS[i]) end
+    released = released + 1
+  end
+end
+return released
+",
+    )
+});
+
+/// KEYS: the fence counter. ARGV: the maximum read from the other servers.
+/// Sets the counter, if missing, to max(ARGV[1], this server's clock in µs); returns it.
+static SEED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local t = redis.call('TIME')
+  local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local seed = math.max(tonumber(ARGV[1]), clock)
+  redis.call('SET', KEYS[1], string.format('%d', seed))
+end
+return tonumber(redis.call('GET', KEYS[1]))
+",
+    )
+});
+
+/// KEYS: the fence counter. ARGV: a token. Raises the counter to the token if below.
+static RAISE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return 1
+",
+    )
+});
+
+/// Tells a holder whether its lock is still held, and gives its fencing token.
+#[derive(Debug, Clone)]
+pub struct Signal {
+    lost: CancellationToken,
+    token: u64,
+}
+
+impl Signal {
+    pub(crate) fn new(token: u64) -> Self {
+        Self {
+            lost: CancellationToken::new(),
+            token,
+        }
+    }
+
+    /// True once the lock was lost: do not start a step that must not overlap.
+    pub fn aborted(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// Completes when the lock is lost.
+    pub async fn lost(&self) {
+        self.lost.cancelled().await
+    }
+
+    /// The fencing token: larger for every later holder of the key.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    pub(crate) fn cancel(&self) {
+        self.lost.cancel()
+    }
+}
+
+/// How a holding is released: one implementation per backend.
+pub(crate) trait Release: Send {
+    fn release(self: Box<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// A lock being held. Released by [`Held::release`], or on drop (also when a holder panics).
+pub struct Held {
+    signal: Signal,
+    release: Option<Box<dyn Release>>,
+    valid_until: Option<Instant>,
+}
+
+impl Held {
+    pub(crate) fn new(signal: Signal, release: Box<dyn Release>) -> Self {
+        Self {
+            signal,
+            release: Some(release),
+            valid_until: None,
+        }
+    }
+
+    /// How long the lock stays valid from now if no extension succeeds (for the Redis backend;
+    /// `None` in-process, where a lock cannot be lost).
+    pub fn valid_for(&self) -> Option<Duration> {
+        self.valid_until
+            .map(|until| until.saturating_duration_since(Instant::now()))
+    }
+
+    pub fn signal(&self) -> Signal {
+        self.signal.clone()
+    }
+
+    pub fn token(&self) -> u64 {
+        self.signal.token
+    }
+
+    /// Releases the lock and waits until a majority of the servers confirmed (or could not).
+    pub async fn release(mut self) {
+        if let Some(release) = self.release.take() {
+            release.release().await;
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(release.release());
+            }
+        }
+    }
+}
+
+/// The Redis lock engine of one component.
+pub struct Locks {
+    servers: Arc<Servers>,
+    prefix: String,
+    fence: String,
+    channel: String,
+    ttl: Duration,
+    drift: Duration,
+    waiters: Arc<Waiters>,
+    metrics: ComponentMetrics,
+}
+
+enum Attempt {
+    Granted {
+        token: u64,
+        deadline: Instant,
+    },
+    /// Held by another; try again when released or after this long.
+    Busy(Duration),
+    /// Not enough servers answered.
+    Unavailable(Option<ServerError>),
+}
+
+impl Locks {
+    pub fn new(
+        servers: Arc<Servers>,
+        scope: &Scope,
+        ttl: Duration,
+        metrics: ComponentMetrics,
+    ) -> Self {
+        let prefix = scope.prefix();
+        let channel = format!("{prefix}released");
+        let waiters = Waiters::start(servers.clone(), channel.clone());
+        Self {
+            fence: format!("{prefix}fence"),
+            prefix: format!("{prefix}lock:"),
+            channel,
+            drift: ttl / 100 + Duration::from_millis(2),
+            servers,
+            ttl,
+            waiters,
+            metrics,
+        }
+    }
+
+    /// Waits as long as it takes, then returns the holding.
+    pub async fn acquire(this: &Arc<Self>, keys: Vec<String>) -> Held {
+        let keys: Vec<String> = keys
+            .iter()
+            .map(|key| format!("{}{key}", this.prefix))
+            .collect();
+        let started = Instant::now();
+        let mut failures = 0u32;
+        loop {
+            let wake = this.waiters.listen(&keys);
+            // A value per attempt: a failed attempt's late release never touches a later one's keys.
+            let value = format!("{:032x}", rand::rng().random::<u128>());
+            let retry = match this.attempt(&keys, &value).await {
+                Attempt::Granted { token, deadline } => {
+                    this.metrics.lock_waited(started.elapsed());
+                    return this.hold(keys, value, token, deadline);
+                }
+                Attempt::Busy(holder_left) => {
+                    failures = 0;
+                    // The holder's key expires then unless extended; a release wakes us earlier.
+                    (holder_left + Duration::from_millis(1)).min(this.ttl)
+                }
+                Attempt::Unavailable(error) => {
+                    failures += 1;
+                    if failures == 1 || failures.is_multiple_of(20) {
+                        if let Some(error) = error {
+                            tracing::warn!(%error, "lock: no majority of Redis servers answered; waiting");
+                        }
+                    }
+                    let backoff = Duration::from_millis(25) * 2u32.pow(failures.min(6));
+                    backoff.min(this.ttl / 4)
+                }
+            };
+            let jitter = Duration::from_micros(rand::rng().random_range(0..1000));
+            tracing::trace!(?retry, "lock: waiting");
+            tokio::select! {
+                _ = wake.wait() => {}
+                _ = sleep(retry + jitter) => {}
+            }
+        }
+    }
+
+    async fn attempt(self: &Arc<Self>, keys: &[String], value: &str) -> Attempt {
+        let start = Instant::now();
+        let mut all: Vec<&str> = keys.iter().map(String::as_str).collect();
+        all.push(&self.fence);
+        let ttl = self.ttl.as_millis().to_string();
+        let n = self.servers.list.len();
+        let quorum = self.servers.quorum();
+
+        let mut pending: FuturesUnordered<_> = (0..n)
+            .map(|index| {
+                let all = all.clone();
+                let ttl = ttl.as_str();
+                async move {
+                    let server = &self.servers.list[index];
+                    let reply = server
+                        .invoke::<(i64, i64, String)>(&ACQUIRE, &all, &[value, ttl])
+                        .await;
+                    (index, reply)
+                }
+            })
+            .collect();
+
+        let mut granted: Vec<(usize, u64)> = Vec::new();
+        let mut out = 0usize; // servers that will not count toward this attempt
+        let mut answered = vec![false; n];
+        let mut busy: Option<Duration> = None;
+        let mut unseeded = Vec::new();
+        let mut error = None;
+        let mut any_grant = Vec::new();
+        let mut holders: Vec<String> = Vec::new();
+        while let Some((index, reply)) = pending.next().await {
+            answered[index] = true;
+            match reply {
+                Ok((1, token, _)) => {
+                    any_grant.push(index);
+                    if self.servers.list[index].countable() {
+                        granted.push((index, token.max(0) as u64));
+                    } else {
+                        out += 1;
+                    }
+                }
+                Ok((0, pttl, holder)) => {
+                    let left = Duration::from_millis(pttl.max(1) as u64);
+                    busy = Some(busy.map_or(left, |b| b.max(left)));
+                    holders.push(holder);
+                    out += 1;
+                }
+                Ok((-1, _, _)) => {
+                    unseeded.push(index);
+                    out += 1;
+                }
+                Ok(other) => {
+                    error = Some(ServerError::Refused(
+                        self.servers.list[index].address().to_string(),
+                        format!("unexpected reply {other:?} to the lock script"),
+                    ));
+                    out += 1;
+                }
+                Err(e) => {
+                    error = Some(e);
+                    out += 1;
+                }
+            }
+            if granted.len() >= quorum || out > n - quorum {
+                break;
+            }
+        }
+        drop(pending);
+        let unanswered: Vec<usize> = (0..n).filter(|i| !answered[*i]).collect();
+
+        if granted.len() >= quorum {
+            let token = granted.iter().map(|(_, t)| *t).max().unwrap_or_default();
+            if self.hold_token_on_majority(&granted, token).await {
+                let deadline = start + self.ttl.saturating_sub(self.drift);
+                if Instant::now() < deadline {
+                    return Attempt::Granted { token, deadline };
+                }
+            }
+            self.release_on(all_servers(n), keys, value).await;
+            return Attempt::Unavailable(None);
+        }
+
+        // Failed: give back what was granted, and what may still be granted by servers that did
+        // not answer yet (the release queues behind the acquisition on the same connection).
+        // Waiters are woken only when this may have been a split vote: when one other holder was
+        // seen on a majority, its release will wake them; waking them for our partial grants would
+        // have them churn against each other for as long as it holds.
+        let mut release: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
+        release.extend(any_grant);
+        release.extend(unanswered);
+        release.sort_unstable();
+        release.dedup();
+        if !release.is_empty() {
+            holders.sort_unstable();
+            let held_by_one = holders
+                .chunk_by(|a, b| a == b)
+                .any(|same| same.len() >= quorum);
+            let publish = !held_by_one;
+            drop(self.release_tasks(release, keys, value, publish)); // finishes in the background
+        }
+        for index in unseeded {
+            self.seed(index).await;
+        }
+        match busy {
+            Some(left) => Attempt::Busy(left),
+            None if error.is_none() => Attempt::Busy(Duration::from_millis(1)), // was unseeded: retry now
+            None => Attempt::Unavailable(error),
+        }
+    }
+
+    /// Makes sure `token` is on a majority before it is handed out.
+    async fn hold_token_on_majority(&self, granted: &[(usize, u64)], token: u64) -> bool {
+        let quorum = self.servers.quorum();
+        let already = granted.iter().filter(|(_, t)| *t == token).count();
+        if already >= quorum {
+            return true;
+        }
+        let token_text = token.to_string();
+        let mut raises: FuturesUnordered<_> = granted
+            .iter()
+            .filter(|(_, t)| *t != token)
+            .map(|(index, _)| {
+                let token_text = token_text.as_str();
+                async move {
+                    self.servers.list[*index]
+                        .invoke::<i64>(&RAISE, &[&self.fence], &[token_text])
+                        .await
+                        .is_ok()
+                }
+            })
+            .collect();
+        let mut holding = already;
+        while let Some(ok) = raises.next().await {
+            holding += usize::from(ok);
+            if holding >= quorum {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Seeds the fence counter of a server that has none, from enough of the others to intersect
+    /// every majority that handed out a token.
+    async fn seed(&self, index: usize) {
+        let n = self.servers.list.len();
+        let needed = n - self.servers.quorum() + 1;
+        let mut reads: FuturesUnordered<_> = (0..n)
+            .filter(|other| *other != index)
+            .map(|other| async move {
+                self.servers.list[other]
+                    .query::<Option<u64>>(redis::cmd("GET").arg(&self.fence))
+                    .await
+            })
+            .collect();
+        let mut max = 0u64;
+        let mut read = 0usize;
+        while read < needed {
+            match reads.next().await {
+                Some(Ok(value)) => {
+                    read += 1;
+                    max = max.max(value.unwrap_or(0));
+                }
+                Some(Err(_)) => {}
+                None => break,
+            }
+        }
+        if read < needed.min(n - 1) {
+            tracing::warn!(
+                server = %self.servers.list[index].address(),
+                "lock: cannot seed the fencing counter of a server that restarted: too few others answered"
+            );
+            return;
+        }
+        let server = &self.servers.list[index];
+        match server
+            .invoke::<u64>(&SEED, &[&self.fence], &[&max.to_string()])
+            .await
+        {
+            Ok(seed) => {
+                tracing::info!(server = %server.address(), seed, "lock: fencing counter seeded")
+            }
+            Err(error) => tracing::warn!(%error, "lock: seeding the fencing counter failed"),
+        }
+    }
+
+    fn hold(
+        self: &Arc<Self>,
+        keys: Vec<String>,
+        value: String,
+        token: u64,
+        deadline: Instant,
+    ) -> Held {
+        let signal = Signal::new(token);
+        let stop = CancellationToken::new();
+        let holding = Arc::new(Holding {
+            locks: self.clone(),
+            keys,
+            value,
+        });
+        tokio::spawn(
+            holding
+                .clone()
+                .extend(deadline, signal.clone(), stop.clone()),
+        );
+        self.metrics.lock_held(1);
+        let mut held = Held::new(signal, Box::new(Releaser { holding, stop }));
+        held.valid_until = Some(deadline);
+        held
+    }
+
+    /// Sends the release to `servers`, each in its own task so that none is cancelled, and waits
+    /// until a majority of all servers answered (or every one of `servers` did).
+    async fn release_on(self: &Arc<Self>, servers: Vec<usize>, keys: &[String], value: &str) {
+        let quorum = self.servers.quorum();
+        let mut tasks = self.release_tasks(servers, keys, value, true);
+        let mut answered = 0;
+        while tasks.next().await.is_some() {
+            answered += 1;
+            if answered >= quorum {
+                return;
+            }
+        }
+    }
+
+    fn release_tasks(
+        self: &Arc<Self>,
+        servers: Vec<usize>,
+        keys: &[String],
+        value: &str,
+        publish: bool,
+    ) -> FuturesUnordered<tokio::task::JoinHandle<()>> {
+        let publish = if publish { "1" } else { "0" };
+        let keys: Arc<[String]> = keys.into();
+        let value: Arc<str> = value.into();
+        servers
+            .into_iter()
+            .map(|index| {
+                let (this, keys, value) = (self.clone(), keys.clone(), value.clone());
+                tokio::spawn(async move {
+                    let all: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    let server = &this.servers.list[index];
+                    if let Err(error) = server.invoke::<i64>(&RELEASE, &all, &[&value, &this.channel, publish]).await {
+                        tracing::debug!(%error, "lock: release not confirmed; the key expires by itself");
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+fn all_servers(n: usize) -> Vec<usize> {
+    (0..n).collect()
+}
+
+struct Holding {
+    locks: Arc<Locks>,
+    keys: Vec<String>,
+    value: String,
+}
+
+impl Holding {
+    /// Extends every TTL/3; cancels the signal when a majority is out of reach or the validity
+    /// ended without an extension.
+    async fn extend(
+        self: Arc<Self>,
+        mut deadline: Instant,
+        signal: Signal,
+        stop: CancellationToken,
+    ) {
+        let locks = &self.locks;
+        let period = locks.ttl / 3;
+        let mut next = Instant::now() + period;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = sleep_until(deadline) => break,
+                _ = sleep_until(next) => {}
+            }
+            let started = Instant::now();
+            let outcome = tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = sleep_until(deadline) => break,
+                outcome = self.extend_once() => outcome,
+            };
+            match outcome {
+                Some(true) => {
+                    deadline = started + locks.ttl.saturating_sub(locks.drift);
+                    next = started + period;
+                }
+                Some(false) => break, // a majority says the keys are no longer ours
+                None => next = Instant::now() + (period / 4).max(Duration::from_millis(10)),
+            }
+        }
+        if !stop.is_cancelled() {
+            tracing::warn!(keys = ?self.keys, token = signal.token(), "lock lost");
+            signal.cancel();
+        }
+    }
+
+    /// Some(true): extended on a majority; Some(false): a majority is out of reach because servers
+    /// denied; None: not enough answers, try again.
+    async fn extend_once(&self) -> Option<bool> {
+        let locks = &self.locks;
+        let all: Vec<&str> = self.keys.iter().map(String::as_str).collect();
+        let ttl = locks.ttl.as_millis().to_string();
+        let n = locks.servers.list.len();
+        let quorum = locks.servers.quorum();
+        let mut pending: FuturesUnordered<_> = (0..n)
+            .map(|index| {
+                let all = all.clone();
+                let ttl = ttl.as_str();
+                async move {
+                    let server = &locks.servers.list[index];
+                    let reply = server
+                        .invoke::<i64>(&EXTEND, &all, &[&self.value, ttl])
+                        .await;
+                    (index, reply)
+                }
+            })
+            .collect();
+        let (mut yes, mut denied, mut failed) = (0, 0, 0);
+        while let Some((index, reply)) = pending.next().await {
+            match reply {
+                Ok(1) if locks.servers.list[index].countable() => yes += 1,
+                Ok(_) => denied += 1,
+                Err(_) => failed += 1,
+            }
+            if yes >= quorum {
+                return Some(true);
+            }
+            if denied > n - quorum {
+                return Some(false);
+            }
+            if denied + failed > n - quorum {
+                return None;
+            }
+        }
+        None
+    }
+}
+
+struct Releaser {
+    holding: Arc<Holding>,
+    stop: CancellationToken,
+}
+
+impl Release for Releaser {
+    fn release(self: Box<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            self.stop.cancel();
+            let holding = &self.holding;
+            let locks = &holding.locks;
+            locks
+                .release_on(
+                    all_servers(locks.servers.list.len()),
+                    &holding.keys,
+                    &holding.value,
+                )
+                .await;
+            locks.metrics.lock_held(-1);
+        })
+    }
+}

@@ -1,0 +1,66 @@
+//! `meter`: usage per key over all replicas, kept as a debt in milliseconds that drains by itself.
+//!
+//! The debt of a key *is* the remaining time to live of its Redis key: the script reads `PTTL`,
+//! adds the delta and sets the key to expire when the new debt is paid off. Draining therefore runs
+//! on the server's clock (never the client's), the key disappears when its debt is gone, and all
+//! keys of one call change in one atomic script. The first server is used.
+
+use super::keys::Scope;
+use super::AtomError;
+use crate::metrics::ComponentMetrics;
+use crate::redis::Servers;
+use redis::Script;
+use std::sync::{Arc, LazyLock};
+
+/// KEYS: the meter keys. ARGV: one delta (ms, ≥ 0) per key. Returns the debts reached.
+static METER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local reached = {}
+for i = 1, #KEYS do
+  local debt = redis.call('PTTL', KEYS[i])
+  if debt < 0 then debt = 0 end
+  local delta = tonumber(ARGV[i])
+  debt = debt + delta
+  if delta > 0 then
+    redis.call('SET', KEYS[i], '', 'PX', debt)
+  end
+  reached[i] = debt
+end
+return reached
+",
+    )
+});
+
+pub struct Meter {
+    servers: Arc<Servers>,
+    prefix: String,
+    metrics: ComponentMetrics,
+}
+
+impl Meter {
+    pub fn new(servers: Arc<Servers>, scope: &Scope, metrics: ComponentMetrics) -> Self {
+        Self {
+            servers,
+            prefix: format!("{}meter:", scope.prefix()),
+            metrics,
+        }
+    }
+
+    /// The script as this module runs it, for benchmarks that call it directly.
+    pub fn script() -> &'static Script {
+        &METER
+    }
+
+    pub async fn charge(&self, keys: &[String], deltas: &[u64]) -> Result<Vec<u64>, AtomError> {
+        let keys: Vec<String> = keys
+            .iter()
+            .map(|key| format!("{}{key}", self.prefix))
+            .collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let deltas: Vec<String> = deltas.iter().map(u64::to_string).collect();
+        let deltas: Vec<&str> = deltas.iter().map(String::as_str).collect();
+        self.metrics.meter_called();
+        Ok(self.servers.first().invoke(&METER, &keys, &deltas).await?)
+    }
+}

@@ -1,0 +1,221 @@
+//! `lock`, `slots`, `onassigned` and `meter`: coordination across the replicas of one component.
+//!
+//! [`Atom`] is the façade a component (or the HTTP API) uses. Behind it stands one of three
+//! backends, chosen once at start:
+//! - Redis ([`lock`], [`slots`], [`meter`]), when the context has `atomicity`;
+//! - in-process ([`local`]), for a local run without `atomicity` (one replica owns everything);
+//! - none, in a pod without `atomicity`: `slots` answers none, `lock` and `meter` fail with
+//!   [`AtomError::RequiresAtomicity`].
+//!
+//! A configured Redis that cannot be reached never falls back to the in-process backend.
+
+pub mod assignment;
+pub mod keys;
+pub mod local;
+pub mod lock;
+pub mod meter;
+pub mod slots;
+mod waiters;
+
+use crate::metrics::Metrics;
+use crate::redis::{ServerError, Servers};
+pub use assignment::Assignment;
+pub use keys::{IntoKeys, Scope};
+pub use lock::{Held, Signal};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use toa_context::{Atomicity, Credentials};
+
+/// Why a primitive refused or failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AtomError {
+    #[error("{0} requires atomicity: add `atomicity: {{ redis: redis://host }}` to the context")]
+    RequiresAtomicity(&'static str),
+    #[error("invalid key {key:?}: {reason}")]
+    InvalidKey { key: String, reason: &'static str },
+    #[error("meter: {0}")]
+    InvalidMeter(String),
+    #[error("Redis is unavailable: {0}")]
+    Unavailable(#[from] ServerError),
+    #[error("Redis answered something unexpected: {0}")]
+    Protocol(String),
+}
+
+/// Where the process runs, which decides what happens without `atomicity`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A local run: without `atomicity`, coordinate in-process.
+    Local,
+    /// A pod: without `atomicity`, there is nothing to coordinate with.
+    Pod,
+}
+
+/// What an [`Atom`] needs to start.
+#[derive(Debug, Clone)]
+pub struct AtomConfig {
+    pub scope: Scope,
+    pub mode: Mode,
+    pub atomicity: Option<Atomicity>,
+    pub credentials: Credentials,
+    /// The process's name, shown in logs; membership uses it plus a random suffix, so two
+    /// processes given one name never share slots.
+    pub instance: String,
+}
+
+/// The coordination primitives of one component in one process.
+pub struct Atom {
+    backend: Backend,
+}
+
+enum Backend {
+    Redis {
+        locks: Arc<lock::Locks>,
+        slots: slots::Slots,
+        meter: meter::Meter,
+    },
+    Local {
+        locks: local::LocalLocks,
+        meter: local::LocalMeter,
+        slots: slots::Fixed,
+    },
+    Disabled {
+        slots: slots::Fixed,
+    },
+}
+
+impl Atom {
+    /// Starts the backend: for Redis, the heartbeats and the release subscriptions. Never waits for
+    /// Redis to answer.
+    pub fn start(config: AtomConfig, metrics: Arc<Metrics>) -> Result<Self, AtomError> {
+        let labels = metrics.component(&config.scope);
+        let backend = match (&config.atomicity, config.mode) {
+            (Some(atomicity), _) => {
+                let timeout = server_timeout(atomicity);
+                let servers = Arc::new(Servers::new(
+                    &atomicity.redis,
+                    &config.credentials,
+                    timeout,
+                    atomicity.ttl,
+                )?);
+                let locks = Arc::new(lock::Locks::new(
+                    servers.clone(),
+                    &config.scope,
+                    atomicity.ttl,
+                    labels.clone(),
+                ));
+                let slots = slots::Slots::start(
+                    servers.clone(),
+                    &config.scope,
+                    &config.instance,
+                    atomicity.interval,
+                    labels.clone(),
+                );
+                let meter = meter::Meter::new(servers, &config.scope, labels);
+                Backend::Redis {
+                    locks,
+                    slots,
+                    meter,
+                }
+            }
+            (None, Mode::Local) => Backend::Local {
+                locks: local::LocalLocks::new(labels.clone()),
+                meter: local::LocalMeter::new(labels.clone()),
+                slots: slots::Fixed::new(Some(Assignment::alone()), labels),
+            },
+            (None, Mode::Pod) => Backend::Disabled {
+                slots: slots::Fixed::new(None, labels),
+            },
+        };
+        Ok(Self { backend })
+    }
+
+    /// Runs `f` while no other replica of the component holds any of `keys`, waiting as long as it
+    /// takes. Returns what `f` returns. The lock is released when `f` returns, and also when it
+    /// panics or its future is dropped. `f` receives a [`Signal`] that tells it the lock was lost.
+    pub async fn lock<K, F, Fut, T>(&self, keys: K, f: F) -> Result<T, AtomError>
+    where
+        K: IntoKeys,
+        F: FnOnce(Signal) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let held = self.acquire(keys).await?;
+        let output = f(held.signal()).await;
+        held.release().await;
+        Ok(output)
+    }
+
+    /// Takes the lock and returns the holding; dropping it, or [`Held::release`], releases it.
+    /// The lower-level form of [`Atom::lock`], for holders whose critical section is not a closure
+    /// (the HTTP API's streaming lock).
+    pub async fn acquire<K: IntoKeys>(&self, keys: K) -> Result<Held, AtomError> {
+        let keys = keys::validate(keys.into_keys())?;
+        match &self.backend {
+            Backend::Redis { locks, .. } => Ok(lock::Locks::acquire(locks, keys).await),
+            Backend::Local { locks, .. } => Ok(locks.acquire(keys).await),
+            Backend::Disabled { .. } => Err(AtomError::RequiresAtomicity("lock")),
+        }
+    }
+
+    /// The slots of `total` this replica owns now, or `None` while it owns nothing.
+    pub fn slots(&self, total: u32) -> Option<Vec<u32>> {
+        self.assignment().map(|assignment| assignment.slots(total))
+    }
+
+    /// This replica's share, `{i, n}`, or `None` while it owns nothing.
+    pub fn assignment(&self) -> Option<Assignment> {
+        match &self.backend {
+            Backend::Redis { slots, .. } => slots.current(),
+            Backend::Local { slots, .. } | Backend::Disabled { slots } => slots.current(),
+        }
+    }
+
+    /// Calls `listener` at once with the current assignment and again on every change. Dropping
+    /// the returned handle (or calling [`Listening::off`]) removes the listener. A listener that
+    /// panics leaves this replica owning nothing from then on.
+    pub fn onassigned<F>(&self, listener: F) -> slots::Listening
+    where
+        F: Fn(Option<Assignment>) + Send + Sync + 'static,
+    {
+        match &self.backend {
+            Backend::Redis { slots, .. } => slots.listen(Box::new(listener)),
+            Backend::Local { slots, .. } | Backend::Disabled { slots } => {
+                slots.listen(Box::new(listener))
+            }
+        }
+    }
+
+    /// Adds each delta (milliseconds, 0 to read) to the debt under the matching key and returns the
+    /// debts reached. Debts drain one millisecond per millisecond.
+    pub async fn meter<K: IntoKeys>(&self, keys: K, deltas: &[u64]) -> Result<Vec<u64>, AtomError> {
+        let keys = keys::validate(keys.into_keys())?;
+        if keys.len() != deltas.len() {
+            return Err(AtomError::InvalidMeter(format!(
+                "expected one delta per key, got {} keys and {} deltas",
+                keys.len(),
+                deltas.len()
+            )));
+        }
+        match &self.backend {
+            Backend::Redis { meter, .. } => meter.charge(&keys, deltas).await,
+            Backend::Local { meter, .. } => Ok(meter.charge(&keys, deltas)),
+            Backend::Disabled { .. } => Err(AtomError::RequiresAtomicity("meter")),
+        }
+    }
+
+    /// Leaves the membership at once (so the others take this replica's slots without waiting for
+    /// its heartbeat to expire) and stops the background tasks.
+    pub async fn shutdown(&self) {
+        if let Backend::Redis { slots, .. } = &self.backend {
+            slots.withdraw().await;
+        }
+    }
+}
+
+/// How long one Redis command may take: a small share of the lock TTL (Redlock wants it well below
+/// the TTL) and of the heartbeat interval, within [50 ms, 1 s].
+fn server_timeout(atomicity: &Atomicity) -> Duration {
+    (atomicity.ttl / 10)
+        .min(atomicity.interval / 2)
+        .clamp(Duration::from_millis(50), Duration::from_secs(1))
+}

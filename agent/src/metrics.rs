@@ -1,0 +1,168 @@
+//! Prometheus metrics, in the text format, through `prometheus-client` (the maintained crate of
+//! the Prometheus project). Names follow Prometheus conventions; the seed's names map as:
+//!
+//! | seed          | here                         | kind      |
+//! |---------------|------------------------------|-----------|
+//! | `lock.wait`   | `toa_lock_wait_seconds`      | histogram |
+//! | locks held    | `toa_locks_held`             | gauge     |
+//! | slots owned   | `toa_slots_assigned`, `toa_slots_replicas` (`i` of `n`, 0 of 0 while none) | gauges |
+//! | meter calls   | `toa_meter_calls_total`      | counter   |
+//!
+//! Every series carries `group`, the component (`namespace.name`), and `application`.
+
+use crate::atom::{Assignment, Scope};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Labels {
+    pub application: String,
+    pub group: String,
+}
+
+type Waits = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// The metrics of one process.
+pub struct Metrics {
+    registry: Registry,
+    lock_wait: Waits,
+    locks_held: Family<Labels, Gauge>,
+    slots_assigned: Family<Labels, Gauge>,
+    slots_replicas: Family<Labels, Gauge>,
+    meter_calls: Family<Labels, Counter>,
+}
+
+fn wait_histogram() -> Histogram {
+    // 100 µs to about 30 minutes.
+    Histogram::new(exponential_buckets(0.0001, 3.0, 16))
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("toa");
+        let lock_wait: Waits = Family::new_with_constructor(wait_histogram);
+        let locks_held = Family::<Labels, Gauge>::default();
+        let slots_assigned = Family::<Labels, Gauge>::default();
+        let slots_replicas = Family::<Labels, Gauge>::default();
+        let meter_calls = Family::<Labels, Counter>::default();
+        registry.register_with_unit(
+            "lock_wait",
+            "Time spent waiting for a lock (seed: lock.wait)",
+            prometheus_client::registry::Unit::Seconds,
+            lock_wait.clone(),
+        );
+        registry.register("locks_held", "Locks held now", locks_held.clone());
+        registry.register(
+            "slots_assigned",
+            "This replica's number i in its assignment {i, n}",
+            slots_assigned.clone(),
+        );
+        registry.register(
+            "slots_replicas",
+            "n in this replica's assignment {i, n}; 0 while it owns nothing",
+            slots_replicas.clone(),
+        );
+        registry.register("meter_calls", "Calls of meter", meter_calls.clone());
+        Arc::new(Self {
+            registry,
+            lock_wait,
+            locks_held,
+            slots_assigned,
+            slots_replicas,
+            meter_calls,
+        })
+    }
+
+    /// The handles for one component.
+    pub fn component(self: &Arc<Self>, scope: &Scope) -> ComponentMetrics {
+        ComponentMetrics {
+            metrics: self.clone(),
+            labels: Labels {
+                application: scope.application.clone(),
+                group: scope.component.clone(),
+            },
+        }
+    }
+
+    /// Everything, in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+/// The metrics of one component.
+#[derive(Clone)]
+pub struct ComponentMetrics {
+    metrics: Arc<Metrics>,
+    labels: Labels,
+}
+
+impl ComponentMetrics {
+    pub fn lock_waited(&self, wait: Duration) {
+        self.metrics
+            .lock_wait
+            .get_or_create(&self.labels)
+            .observe(wait.as_secs_f64());
+    }
+
+    pub fn lock_held(&self, delta: i64) {
+        self.metrics
+            .locks_held
+            .get_or_create(&self.labels)
+            .inc_by(delta);
+    }
+
+    pub fn slots_owned(&self, assignment: Option<Assignment>) {
+        let (i, n) = assignment.map_or((0, 0), |a| (a.i, a.n));
+        self.metrics
+            .slots_assigned
+            .get_or_create(&self.labels)
+            .set(i64::from(i));
+        self.metrics
+            .slots_replicas
+            .get_or_create(&self.labels)
+            .set(i64::from(n));
+    }
+
+    pub fn meter_called(&self) {
+        self.metrics.meter_calls.get_or_create(&self.labels).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_each_metric_with_the_component() {
+        let metrics = Metrics::new();
+        let orders = metrics.component(&Scope::new("shop", "store.orders"));
+        orders.lock_waited(Duration::from_millis(3));
+        orders.lock_held(1);
+        orders.meter_called();
+        orders.slots_owned(Some(Assignment {
+            i: 1,
+            n: 3,
+            epoch: 7,
+        }));
+        let text = metrics.encode();
+        for line in [
+            "toa_lock_wait_seconds_count{application=\"shop\",group=\"store.orders\"} 1",
+            "toa_locks_held{application=\"shop\",group=\"store.orders\"} 1",
+            "toa_meter_calls_total{application=\"shop\",group=\"store.orders\"} 1",
+            "toa_slots_assigned{application=\"shop\",group=\"store.orders\"} 1",
+            "toa_slots_replicas{application=\"shop\",group=\"store.orders\"} 3",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Connections to the 1..N independent Redis servers of `atomicity`, with what Redlock needs to
+//! know about each: whether it restarted recently.
+//!
+//! A server counts toward a quorum only once its uptime exceeds the longest lock TTL (Redlock's
+//! delayed restart): a server that restarted empty forgot the locks it held, and counting it at once
+//! could give a second holder a majority. Every (re)connection reads `INFO server` (`run_id`,
+//! `uptime_in_seconds`), and a restart always breaks the connection, so no restart goes unseen.
+//! A server first seen with a short uptime is treated the same way: it may have restarted just
+//! before this process looked.
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, FromRedisValue, IntoConnectionInfo, Script};
+use std::sync::Mutex;
+use std::time::Duration;
+use toa_context::{Credentials, RedisAddress};
+use tokio::time::Instant;
+
+/// Why a command did not get an answer from one server.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ServerError {
+    #[error("{0} did not answer in {1:?}")]
+    Timeout(String, Duration),
+    #[error("{0} is unreachable: {1}")]
+    Unreachable(String, String),
+    #[error("{0} refused the command: {1}")]
+    Refused(String, String),
+}
+
+/// One Redis server.
+pub struct Server {
+    address: RedisAddress,
+    client: Client,
+    timeout: Duration,
+    /// How long after a (re)start the server stays out of quorums.
+    quarantine: Duration,
+    state: Mutex<State>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    connection: Option<MultiplexedConnection>,
+    run_id: Option<String>,
+    /// When the server becomes countable again.
+    countable_at: Option<Instant>,
+}
+
+impl Server {
+    /// Prepares the client; connects lazily, so an unreachable server never prevents a start.
+    pub fn new(
+        address: &RedisAddress,
+        credentials: &Credentials,
+        timeout: Duration,
+        quarantine: Duration,
+    ) -> Result<Self, ServerError> {
+        let refused =
+            |error: redis::RedisError| ServerError::Refused(address.to_string(), error.to_string());
+        let mut info = address
+            .to_string()
+            .into_connection_info()
+            .map_err(refused)?;
+        let mut settings = info.redis_settings().clone();
+        if let Some(username) = &credentials.username {
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = &credentials.password {
+            settings = settings.set_password(password.expose());
+        }
+        info = info.set_redis_settings(settings);
+        Ok(Self {
+            address: address.clone(),
+            client: Client::open(info).map_err(refused)?,
+            timeout,
+            quarantine,
+            state: Mutex::new(State::default()),
+            connecting: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn address(&self) -> &RedisAddress {
+        &self.address
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether the server may count toward a quorum now: connected, and up for longer than the
+    /// quarantine.
+    pub fn countable(&self) -> bool {
+        let state = self.state.lock().expect("server state");
+        state.connection.is_some() && state.countable_at.is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// Runs `script` with `keys` and `args`, connecting first when needed.
+    pub async fn invoke<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, ServerError> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        self.run(|mut connection| async move { invocation.invoke_async(&mut connection).await })
+            .await
+    }
+
+    /// Runs a plain command.
+    pub async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, ServerError> {
+        self.run(|mut connection| async move { cmd.query_async(&mut connection).await })
+            .await
+    }
+
+    /// A dedicated pub/sub connection (pub/sub cannot share the multiplexed one).
+    pub async fn pubsub(&self) -> Result<redis::aio::PubSub, ServerError> {
+        tokio::time::timeout(
+            self.timeout.max(Duration::from_secs(1)),
+            self.client.get_async_pubsub(),
+        )
+        .await
+        .map_err(|_| ServerError::Timeout(self.address.to_string(), self.timeout))?
+        .map_err(|error| ServerError::Unreachable(self.address.to_string(), error.to_string()))
+    }
+
+    async fn run<T, F, Fut>(&self, call: F) -> Result<T, ServerError>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let started = Instant::now();
+        let connection = tokio::time::timeout(self.timeout, self.connection())
+            .await
+            .map_err(|_| self.timed_out())??;
+        let remaining = self.timeout.saturating_sub(started.elapsed());
+        match tokio::time::timeout(remaining, call(connection)).await {
+            Err(_) => Err(self.timed_out()),
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error))
+                if error.is_io_error()
+                    || error.is_connection_dropped()
+                    || error.is_unrecoverable_error() =>
+            {
+                self.disconnect();
+                Err(ServerError::Unreachable(
+                    self.address.to_string(),
+                    error.to_string(),
+                ))
+            }
+            Ok(Err(error)) if error.is_timeout() => Err(self.timed_out()),
+            Ok(Err(error)) => Err(ServerError::Refused(
+                self.address.to_string(),
+                error.to_string(),
+            )),
+        }
+    }
+
+    fn timed_out(&self) -> ServerError {
+        ServerError::Timeout(self.address.to_string(), self.timeout)
+    }
+
+    fn disconnect(&self) {
+        let mut state = self.state.lock().expect("server state");
+        state.connection = None;
+        state.countable_at = None;
+    }
+
+    async fn connection(&self) -> Result<MultiplexedConnection, ServerError> {
+        if let Some(connection) = self.state.lock().expect("server state").connection.clone() {
+            return Ok(connection);
+        }
+        // One connection attempt at a time; the others wait for its result.
+        let _guard = self.connecting.lock().await;
+        if let Some(connection) = self.state.lock().expect("server state").connection.clone() {
+            return Ok(connection);
+        }
+        let unreachable = |error: redis::RedisError| {
+            ServerError::Unreachable(self.address.to_string(), error.to_string())
+        };
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(None);
+        let mut connection = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(unreachable)?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut connection)
+            .await
+            .map_err(unreachable)?;
+        let (run_id, uptime) = parse_info(&info).ok_or_else(|| {
+            ServerError::Refused(
+                self.address.to_string(),
+                "INFO server has no run_id or uptime".into(),
+            )
+        })?;
+        let mut state = self.state.lock().expect("server state");
+        let wait = self.quarantine.saturating_sub(uptime);
+        match &state.run_id {
+            Some(previous) if *previous != run_id => tracing::warn!(
+                server = %self.address, uptime_s = uptime.as_secs(),
+                "Redis server restarted; it counts toward lock quorums again in {wait:?}"
+            ),
+            _ if !wait.is_zero() => tracing::info!(
+                server = %self.address, uptime_s = uptime.as_secs(),
+                "Redis server started recently; it counts toward lock quorums in {wait:?}"
+            ),
+            _ => {}
+        }
+        state.run_id = Some(run_id);
+        state.countable_at = Some(Instant::now() + wait);
+        state.connection = Some(connection.clone());
+        Ok(connection)
+    }
+}
+
+/// `run_id` and a lower bound of the uptime (INFO rounds seconds down).
+fn parse_info(info: &str) -> Option<(String, Duration)> {
+    let mut run_id = None;
+    let mut uptime = None;
+    for line in info.lines() {
+        if let Some(value) = line.strip_prefix("run_id:") {
+            run_id = Some(value.trim().to_owned());
+        } else if let Some(value) = line.strip_prefix("uptime_in_seconds:") {
+            uptime = value.trim().parse::<u64>().ok().map(Duration::from_secs);
+        }
+    }
+    Some((run_id?, uptime?))
+}
+
+/// The servers of one `atomicity` annotation.
+pub struct Servers {
+    pub list: Vec<Server>,
+}
+
+impl Servers {
+    pub fn new(
+        addresses: &[RedisAddress],
+        credentials: &Credentials,
+        timeout: Duration,
+        quarantine: Duration,
+    ) -> Result<Self, ServerError> {
+        let list = addresses
+            .iter()
+            .map(|address| Server::new(address, credentials, timeout, quarantine))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { list })
+    }
+
+    /// How many servers make a majority.
+    pub fn quorum(&self) -> usize {
+        self.list.len() / 2 + 1
+    }
+
+    /// The server slots and meter use.
+    pub fn first(&self) -> &Server {
+        &self.list[0]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_run_id_and_uptime() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n";
+        assert_eq!(
+            parse_info(info),
+            Some(("abc123".into(), Duration::from_secs(42)))
+        );
+        assert_eq!(parse_info("redis_version:7\r\n"), None);
+    }
+}

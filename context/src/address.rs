@@ -1,0 +1,233 @@
+//! Addresses of Redis servers and of the broker. An address never carries credentials: those come
+//! from the environment or a mounted Secret file (see [`crate::credentials`]), so an address can be
+//! logged, shown in status and written into manifests safely.
+
+use crate::ContextError;
+use std::fmt;
+use url::Url;
+
+/// `redis://host[:port][/db]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RedisAddress {
+    pub host: String,
+    pub port: u16,
+    pub db: i64,
+}
+
+/// `amqp://host[:port][/vhost]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AmqpAddress {
+    pub host: String,
+    pub port: u16,
+    /// The virtual host, `/` when the address names none.
+    pub vhost: String,
+}
+
+impl RedisAddress {
+    /// Parses one address; `key` names where it came from, for the error.
+    pub fn parse(text: &str, key: &str) -> Result<Self, ContextError> {
+        let url = parse_url(text, key, "redis", "redis://host:6379")?;
+        let db = match url.path().trim_start_matches('/') {
+            "" => 0,
+            db => db
+                .parse::<i64>()
+                .ok()
+                .filter(|db| *db >= 0)
+                .ok_or_else(|| {
+                    ContextError::invalid(
+                        key,
+                        format!(
+                            "expected a database number after the host, got {:?}",
+                            redact(text)
+                        ),
+                    )
+                })?,
+        };
+        Ok(Self {
+            host: host(&url),
+            port: url.port().unwrap_or(6379),
+            db,
+        })
+    }
+}
+
+impl AmqpAddress {
+    pub fn parse(text: &str, key: &str) -> Result<Self, ContextError> {
+        let url = parse_url(text, key, "amqp", "amqp://host:5672")?;
+        let vhost = match url.path() {
+            "" | "/" => "/".to_owned(),
+            path => percent_decode(&path[1..]).ok_or_else(|| {
+                ContextError::invalid(
+                    key,
+                    format!(
+                        "expected a virtual host after the host, got {:?}",
+                        redact(text)
+                    ),
+                )
+            })?,
+        };
+        Ok(Self {
+            host: host(&url),
+            port: url.port().unwrap_or(5672),
+            vhost,
+        })
+    }
+}
+
+/// Decodes `%XX` escapes (a vhost `/` is written `%2F`).
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn host(url: &Url) -> String {
+    url.host_str().unwrap_or_default().to_owned()
+}
+
+fn parse_url(text: &str, key: &str, scheme: &str, example: &str) -> Result<Url, ContextError> {
+    let url = Url::parse(text).map_err(|_| {
+        ContextError::invalid(
+            key,
+            format!("expected an address like {example}, got {:?}", redact(text)),
+        )
+    })?;
+    if url.scheme() != scheme {
+        return Err(ContextError::invalid(
+            key,
+            format!(
+                "expected the scheme {scheme}:// (as in {example}), got {:?}",
+                redact(text)
+            ),
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ContextError::invalid(
+            key,
+            format!(
+                "the address {} carries credentials; give them in the environment or a mounted Secret file instead",
+                redact(text)
+            ),
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(ContextError::invalid(
+            key,
+            format!("expected a host, as in {example}, got {:?}", redact(text)),
+        ));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(ContextError::invalid(
+            key,
+            format!(
+                "expected no query or fragment, as in {example}, got {:?}",
+                redact(text)
+            ),
+        ));
+    }
+    Ok(url)
+}
+
+/// The text with anything between `://` and `@` replaced, so a refused address never leaks a
+/// password into an error or a log.
+pub fn redact(text: &str) -> String {
+    match (text.find("://"), text.rfind('@')) {
+        (Some(start), Some(at)) if at > start => {
+            format!("{}://***{}", &text[..start], &text[at..])
+        }
+        _ => text.to_owned(),
+    }
+}
+
+impl fmt::Display for RedisAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "redis://{}:{}", self.host, self.port)?;
+        if self.db != 0 {
+            write!(f, "/{}", self.db)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for AmqpAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "amqp://{}:{}", self.host, self.port)?;
+        if self.vhost != "/" {
+            write!(
+                f,
+                "/{}",
+                url::form_urlencoded::byte_serialize(self.vhost.as_bytes()).collect::<String>()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_prints_redis_addresses() {
+        let a = RedisAddress::parse("redis://localhost", "k").unwrap();
+        assert_eq!((a.host.as_str(), a.port, a.db), ("localhost", 6379, 0));
+        assert_eq!(a.to_string(), "redis://localhost:6379");
+        let b = RedisAddress::parse("redis://10.0.0.1:7000/3", "k").unwrap();
+        assert_eq!(b.to_string(), "redis://10.0.0.1:7000/3");
+    }
+
+    #[test]
+    fn refuses_credentials_without_printing_them() {
+        let error = RedisAddress::parse("redis://user:hunter2@host:6379", "atomicity.redis")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("carries credentials"), "{error}");
+        assert!(error.starts_with("`atomicity.redis`"), "{error}");
+        assert!(
+            !error.contains("hunter2") && !error.contains("user"),
+            "{error}"
+        );
+        let error = AmqpAddress::parse("amqp://:secret@host", "amqp")
+            .unwrap_err()
+            .to_string();
+        assert!(!error.contains("secret"), "{error}");
+    }
+
+    #[test]
+    fn refuses_malformed_addresses() {
+        for (text, expected) in [
+            ("localhost:6379", "expected the scheme redis://"),
+            ("http://host", "expected the scheme redis://"),
+            ("not a url", "expected an address like redis://host:6379"),
+            ("redis://host/x", "expected a database number"),
+            ("redis://host?db=1", "expected no query"),
+        ] {
+            let error = RedisAddress::parse(text, "atomicity.redis")
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(expected), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn amqp_vhost() {
+        assert_eq!(AmqpAddress::parse("amqp://h", "amqp").unwrap().vhost, "/");
+        let a = AmqpAddress::parse("amqp://h:5673/shop", "amqp").unwrap();
+        assert_eq!((a.vhost.as_str(), a.port), ("shop", 5673));
+        assert_eq!(a.to_string(), "amqp://h:5673/shop");
+        let slash = AmqpAddress::parse("amqp://h/%2Fa", "amqp").unwrap();
+        assert_eq!(slash.vhost, "/a");
+        assert_eq!(slash.to_string(), "amqp://h:5672/%2Fa");
+    }
+}

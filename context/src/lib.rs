@@ -1,0 +1,41 @@
+//! The application context: the annotations of `context.toa.yaml` that the agent and the operator
+//! both read.
+//!
+//! Layout:
+//! - [`environment`]: environment chains (`staging:production`) and the resolution of `key@env` keys;
+//! - [`address`]: Redis and broker addresses, which never carry credentials;
+//! - [`annotations`]: the typed model ([`Context`]) read from YAML or from environment variables;
+//! - [`credentials`]: secrets read from the environment or from mounted files, never printed.
+
+pub mod address;
+pub mod annotations;
+pub mod credentials;
+pub mod environment;
+
+pub use address::{AmqpAddress, RedisAddress};
+pub use annotations::{Addressed, Atomicity, Context, ProcessVars, Vars};
+pub use credentials::{Credentials, Secret};
+pub use environment::Environment;
+
+/// Why a context was refused. Every message names the key and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContextError {
+    /// An even number of Redis addresses: Redlock needs a majority of one or an odd number.
+    #[error("Atomicity takes an odd number of addresses, {0} given.")]
+    EvenAddresses(usize),
+    /// Any other refused value.
+    #[error("`{key}`: {message}")]
+    Invalid { key: String, message: String },
+    /// The document is not YAML at all.
+    #[error("context is not valid YAML: {0}")]
+    Yaml(String),
+}
+
+impl ContextError {
+    pub(crate) fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}

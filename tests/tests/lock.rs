@@ -1,0 +1,360 @@
+//! Redlock across processes and servers, checked from what the holders recorded.
+
+use rand::Rng;
+use std::time::{Duration, Instant};
+use toa_tests::*;
+
+const TTL_MS: u64 = 1000;
+
+fn counter_file(name: &str) -> String {
+    let path = std::env::temp_dir().join(format!("toa-counter-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path.to_string_lossy().into_owned()
+}
+
+fn run_lockers(
+    component: &str,
+    servers: &[&RedisServer],
+    processes: usize,
+    tasks: usize,
+    iterations: usize,
+    counter: &str,
+) -> Vec<Worker> {
+    let env = atomicity_env(servers, 1000, TTL_MS);
+    let tasks = tasks.to_string();
+    let iterations = iterations.to_string();
+    (0..processes)
+        .map(|p| {
+            Worker::spawn(
+                &format!("locker-{p}"),
+                &[
+                    "lock",
+                    component,
+                    "settlement",
+                    &tasks,
+                    &iterations,
+                    counter,
+                ],
+                &env,
+            )
+        })
+        .collect()
+}
+
+fn check_run(
+    component: &str,
+    servers: &[&RedisServer],
+    workers: Vec<Worker>,
+    counter: &str,
+    expected: usize,
+) {
+    let mut events = Vec::new();
+    for worker in workers {
+        worker.wait_for(Duration::from_secs(240), "all iterations", |e| {
+            e["kind"] == "done"
+        });
+        events.extend(worker.finish(Duration::from_secs(10)));
+    }
+    let held: Vec<_> = events.iter().filter(|e| e["kind"] == "held").collect();
+    assert_eq!(held.len(), expected, "every iteration ran once");
+    let list = intervals(&events);
+    assert_exclusive(&list);
+    let wrote = held.iter().filter(|e| e["wrote"] == true).count();
+    let count: usize = std::fs::read_to_string(counter)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        count, wrote,
+        "no increment was lost: the lock kept read-increment-write apart"
+    );
+    let lost = held.len() - list.len();
+    eprintln!("{} holdings, {lost} lost, counter {count}", held.len());
+    // The work really went through the Redis servers: each keeps the component's fencing counter.
+    for server in servers.iter().filter(|s| s.running()) {
+        let keys = server.keys(&format!("toa:test:{component}:*"));
+        assert!(
+            keys.contains(&format!("toa:test:{component}:fence")),
+            "server {} has {keys:?}",
+            server.port
+        );
+    }
+}
+
+#[test]
+fn one_holder_at_a_time_across_processes_and_tokens_increase() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let refs: Vec<&RedisServer> = servers.iter().collect();
+    let counter = counter_file("plain");
+    let workers = run_lockers("exclusive", &refs, 4, 4, 25, &counter);
+    check_run("exclusive", &refs, workers, &counter, 4 * 4 * 25);
+}
+
+#[test]
+fn one_holder_at_a_time_while_servers_fail() {
+    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let counter = counter_file("faults");
+    let workers = {
+        let refs: Vec<&RedisServer> = servers.iter().collect();
+        run_lockers("faults", &refs, 4, 4, 50, &counter)
+    };
+    // Faults, one server at a time: kill and start empty later, freeze and thaw, restart empty.
+    // After a restart the server is out of quorums for a TTL; the next fault waits for that.
+    let mut rng = rand::rng();
+    let mut faults = Vec::new();
+    let started = Instant::now();
+    let all_done = |workers: &[Worker]| {
+        workers
+            .iter()
+            .all(|w| w.events().iter().any(|e| e["kind"] == "done"))
+    };
+    while !all_done(&workers) && started.elapsed() < Duration::from_secs(120) {
+        let index = rng.random_range(0..3);
+        let server = &mut servers[index];
+        match rng.random_range(0..3) {
+            0 => {
+                server.kill();
+                std::thread::sleep(Duration::from_millis(rng.random_range(100..400)));
+                *server = RedisServer::start_on(server.port);
+                faults.push(format!("kill {index}"));
+                std::thread::sleep(Duration::from_millis(TTL_MS + 1200));
+            }
+            1 => {
+                server.freeze();
+                std::thread::sleep(Duration::from_millis(rng.random_range(100..1500)));
+                server.thaw();
+                faults.push(format!("freeze {index}"));
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            _ => {
+                server.restart();
+                faults.push(format!("restart {index}"));
+                std::thread::sleep(Duration::from_millis(TTL_MS + 1200));
+            }
+        }
+    }
+    eprintln!("faults: {faults:?}");
+    assert!(
+        faults.len() >= 3,
+        "the run must see several faults, saw {faults:?}"
+    );
+    let refs: Vec<&RedisServer> = servers.iter().collect();
+    check_run("faults", &refs, workers, &counter, 4 * 4 * 50);
+}
+
+/// Freeze server 3; A acquires on servers 1 and 2; restart server 2 empty; thaw server 3: B must
+/// not acquire before A's validity ends, and B's token is larger.
+#[test]
+fn a_server_restarted_empty_does_not_give_a_second_holder() {
+    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let env = atomicity_env(&servers.iter().collect::<Vec<_>>(), 1000, TTL_MS);
+    // The servers have been in use (their fencing counters are seeded) and up for longer than the
+    // TTL, so all three count.
+    let mut warm = Worker::spawn("warm-up", &["hold", "restart", "k"], &env);
+    warm.wait_for(Duration::from_secs(10), "warm-up acquires", |e| {
+        e["kind"] == "acquired"
+    });
+    warm.send("release");
+    warm.wait_for(Duration::from_secs(5), "warm-up releases", |e| {
+        e["kind"] == "released"
+    });
+    std::thread::sleep(Duration::from_millis(TTL_MS));
+    servers[2].freeze();
+    let a = Worker::spawn("A", &["hold", "restart", "k"], &env);
+    let acquired_a = a.wait_for(Duration::from_secs(10), "A acquires", |e| {
+        e["kind"] == "acquired"
+    });
+    servers[1].restart();
+    servers[2].thaw();
+    let b = Worker::spawn("B", &["hold", "restart", "k"], &env);
+    let acquired_b = b.wait_for(Duration::from_secs(10), "B acquires", |e| {
+        e["kind"] == "acquired"
+    });
+    let valid_until = acquired_a["valid_until"].as_u64().unwrap();
+    let b_at = acquired_b["at"].as_u64().unwrap();
+    assert!(
+        b_at >= valid_until,
+        "B acquired {} ms before A's validity ended",
+        (valid_until - b_at) / 1_000_000
+    );
+    assert!(
+        acquired_b["token"].as_u64() > acquired_a["token"].as_u64(),
+        "{acquired_a} then {acquired_b}"
+    );
+    // A could not extend on a majority: it was told.
+    a.wait_for(Duration::from_secs(5), "A is told its lock was lost", |e| {
+        e["kind"] == "lost"
+    });
+}
+
+fn commands_of(server: &RedisServer, names: &[&str]) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())
+        .unwrap();
+    info.lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .filter(|line| names.iter().any(|n| line.starts_with(&format!("{n}:"))))
+        .filter_map(|line| {
+            line.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Eight waiters on a key held for three TTLs: the holder keeps it (extension), waiters do not
+/// spin, and a release hands the lock over at once.
+#[test]
+fn waiters_queue_without_spinning_and_are_woken_by_a_release() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let env = atomicity_env(&servers.iter().collect::<Vec<_>>(), 1000, TTL_MS);
+    let holder = Worker::spawn("holder", &["hold", "queue", "k"], &env);
+    let first = holder.wait_for(Duration::from_secs(10), "the holder acquires", |e| {
+        e["kind"] == "acquired"
+    });
+    let waiters: Vec<Worker> = (0..8)
+        .map(|i| Worker::spawn(&format!("waiter-{i}"), &["hold", "queue", "k"], &env))
+        .collect();
+    for waiter in &waiters {
+        waiter.wait_for(Duration::from_secs(10), "the waiter starts", |e| {
+            e["kind"] == "ready"
+        });
+    }
+    std::thread::sleep(Duration::from_millis(300)); // every waiter has tried once and waits
+    for server in &servers {
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .exec(&mut server.connection())
+            .unwrap();
+    }
+    let hold = Duration::from_millis(3 * TTL_MS);
+    std::thread::sleep(hold);
+    let scripts: u64 = servers
+        .iter()
+        .map(|s| commands_of(s, &["evalsha", "eval"]))
+        .sum();
+    assert!(
+        waiters
+            .iter()
+            .all(|w| !w.events().iter().any(|e| e["kind"] == "acquired")),
+        "nobody acquired while held past its TTL"
+    );
+    assert!(
+        !holder.events().iter().any(|e| e["kind"] == "lost"),
+        "the holder kept its lock by extending it"
+    );
+    // Per TTL: the holder extends 3 times on 3 servers; a waiter tries about once on 3 servers.
+    let per_waiter_per_ttl = scripts.saturating_sub(3 * 3 * 3) as f64 / 8.0 / 3.0 / 3.0;
+    eprintln!("{scripts} scripts in 3 TTLs: {per_waiter_per_ttl:.2} attempts per waiter per TTL");
+    assert!(
+        per_waiter_per_ttl <= 3.0,
+        "waiters spin: {scripts} scripts in 3 TTLs"
+    );
+
+    let mut holder = holder;
+    holder.send("release");
+    let released = holder.wait_for(Duration::from_secs(5), "the release", |e| {
+        e["kind"] == "releasing"
+    });
+    let released_at = released["at"].as_u64().unwrap();
+    let mut acquisitions = Vec::new();
+    let mut waiters = waiters;
+    for _ in 0..8 {
+        let (index, event) = loop {
+            let next = waiters.iter().enumerate().find_map(|(i, w)| {
+                w.events()
+                    .into_iter()
+                    .find(|e| e["kind"] == "acquired")
+                    .map(|e| (i, e))
+            });
+            if let Some(found) = next {
+                break found;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        acquisitions.push(event.clone());
+        let mut waiter = waiters.remove(index);
+        waiter.send("release");
+        waiter.wait_for(Duration::from_secs(5), "release", |e| {
+            e["kind"] == "released"
+        });
+        acquisitions.push(
+            waiter
+                .events()
+                .into_iter()
+                .find(|e| e["kind"] == "releasing")
+                .unwrap(),
+        );
+    }
+    let handoff_ms = (acquisitions[0]["at"].as_u64().unwrap() - released_at) as f64 / 1e6;
+    eprintln!("handoff after release: {handoff_ms:.2} ms");
+    assert!(
+        handoff_ms < (TTL_MS / 3) as f64,
+        "the release woke the next waiter ({handoff_ms} ms), it did not wait for a poll"
+    );
+    let mut tokens = vec![first["token"].as_u64().unwrap()];
+    tokens.extend(
+        acquisitions
+            .iter()
+            .filter(|e| e["kind"] == "acquired")
+            .map(|e| e["token"].as_u64().unwrap()),
+    );
+    assert!(
+        tokens.windows(2).all(|w| w[1] > w[0]),
+        "tokens increase: {tokens:?}"
+    );
+    // Holdings one after another: each acquisition after the previous holder began to release.
+    for pair in acquisitions
+        .windows(2)
+        .filter(|p| p[0]["kind"] == "releasing")
+    {
+        assert!(pair[1]["at"].as_u64() > pair[0]["at"].as_u64());
+    }
+}
+
+#[test]
+fn a_holder_that_loses_its_majority_is_told() {
+    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let env = atomicity_env(&servers.iter().collect::<Vec<_>>(), 1000, TTL_MS);
+    let holder = Worker::spawn("holder", &["hold", "loss", "k"], &env);
+    let acquired = holder.wait_for(Duration::from_secs(10), "acquired", |e| {
+        e["kind"] == "acquired"
+    });
+    servers[0].kill();
+    servers[1].freeze();
+    let lost = holder.wait_for(Duration::from_millis(3 * TTL_MS), "the signal", |e| {
+        e["kind"] == "lost"
+    });
+    let after = (lost["at"].as_u64().unwrap() - acquired["at"].as_u64().unwrap()) / 1_000_000;
+    eprintln!("lost {after} ms after acquiring");
+    servers[1].thaw();
+}
+
+#[test]
+fn a_killed_holder_loses_the_lock_by_expiry() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let env = atomicity_env(&servers.iter().collect::<Vec<_>>(), 1000, TTL_MS);
+    let holder = Worker::spawn("holder", &["hold", "killed", "k"], &env);
+    let first = holder.wait_for(Duration::from_secs(10), "acquired", |e| {
+        e["kind"] == "acquired"
+    });
+    let next = Worker::spawn("next", &["hold", "killed", "k"], &env);
+    next.wait_for(Duration::from_secs(10), "ready", |e| e["kind"] == "ready");
+    std::thread::sleep(Duration::from_millis(200));
+    let (killed_at, _) = holder.kill();
+    let acquired = next.wait_for(Duration::from_millis(3 * TTL_MS), "the next holder", |e| {
+        e["kind"] == "acquired"
+    });
+    let after_ms = (acquired["at"].as_u64().unwrap() - killed_at) / 1_000_000;
+    eprintln!("taken {after_ms} ms after the holder was killed");
+    assert!(
+        after_ms <= TTL_MS + 150,
+        "taken {after_ms} ms after the kill, the TTL is {TTL_MS} ms"
+    );
+    assert!(acquired["token"].as_u64() > first["token"].as_u64());
+}
