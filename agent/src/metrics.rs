@@ -80,13 +80,17 @@ impl Metrics {
     }
 
     /// The handles for one component.
-    pub fn component(self: &Arc<Self>, scope: &Scope) -> ComponentMetrics {
+    pub fn component(&self, scope: &Scope) -> ComponentMetrics {
+        let labels = Labels {
+            application: scope.application.clone(),
+            group: scope.component.clone(),
+        };
         ComponentMetrics {
-            metrics: self.clone(),
-            labels: Labels {
-                application: scope.application.clone(),
-                group: scope.component.clone(),
-            },
+            lock_wait: self.lock_wait.get_or_create(&labels).clone(),
+            locks_held: self.locks_held.get_or_create(&labels).clone(),
+            slots_assigned: self.slots_assigned.get_or_create(&labels).clone(),
+            slots_replicas: self.slots_replicas.get_or_create(&labels).clone(),
+            meter_calls: self.meter_calls.get_or_create(&labels).clone(),
         }
     }
 
@@ -99,42 +103,33 @@ impl Metrics {
     }
 }
 
-/// The metrics of one component.
+/// The metrics of one component: handles looked up once, so a call costs an atomic operation.
 #[derive(Clone)]
 pub struct ComponentMetrics {
-    metrics: Arc<Metrics>,
-    labels: Labels,
+    lock_wait: Histogram,
+    locks_held: Gauge,
+    slots_assigned: Gauge,
+    slots_replicas: Gauge,
+    meter_calls: Counter,
 }
 
 impl ComponentMetrics {
     pub fn lock_waited(&self, wait: Duration) {
-        self.metrics
-            .lock_wait
-            .get_or_create(&self.labels)
-            .observe(wait.as_secs_f64());
+        self.lock_wait.observe(wait.as_secs_f64());
     }
 
     pub fn lock_held(&self, delta: i64) {
-        self.metrics
-            .locks_held
-            .get_or_create(&self.labels)
-            .inc_by(delta);
+        self.locks_held.inc_by(delta);
     }
 
     pub fn slots_owned(&self, assignment: Option<Assignment>) {
         let (i, n) = assignment.map_or((0, 0), |a| (a.i, a.n));
-        self.metrics
-            .slots_assigned
-            .get_or_create(&self.labels)
-            .set(i64::from(i));
-        self.metrics
-            .slots_replicas
-            .get_or_create(&self.labels)
-            .set(i64::from(n));
+        self.slots_assigned.set(i64::from(i));
+        self.slots_replicas.set(i64::from(n));
     }
 
     pub fn meter_called(&self) {
-        self.metrics.meter_calls.get_or_create(&self.labels).inc();
+        self.meter_calls.inc();
     }
 }
 

@@ -9,7 +9,9 @@
 //! before this process looked.
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, FromRedisValue, IntoConnectionInfo, Script};
+use redis::{
+    AsyncConnectionConfig, Client, FromRedisValue, IntoConnectionInfo, Script, ScriptInvocation,
+};
 use std::sync::Mutex;
 use std::time::Duration;
 use toa_context::{Credentials, RedisAddress};
@@ -106,6 +108,14 @@ impl Server {
         for arg in args {
             invocation.arg(*arg);
         }
+        self.invoke_prepared(&invocation).await
+    }
+
+    /// Runs a script invocation the caller built.
+    pub async fn invoke_prepared<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, ServerError> {
         self.run(|mut connection| async move { invocation.invoke_async(&mut connection).await })
             .await
     }
@@ -132,15 +142,21 @@ impl Server {
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        let started = Instant::now();
-        let connection = tokio::time::timeout(self.timeout, self.connection())
-            .await
-            .map_err(|_| self.timed_out())??;
-        let remaining = self.timeout.saturating_sub(started.elapsed());
-        match tokio::time::timeout(remaining, call(connection)).await {
+        let attempt = async {
+            let connection = self.connection().await?;
+            Ok::<_, ServerError>(call(connection).await)
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
             Err(_) => Err(self.timed_out()),
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error))
+            Ok(Err(error)) => Err(error),
+            Ok(Ok(result)) => self.outcome(result),
+        }
+    }
+
+    fn outcome<T>(&self, result: redis::RedisResult<T>) -> Result<T, ServerError> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(error)
                 if error.is_io_error()
                     || error.is_connection_dropped()
                     || error.is_unrecoverable_error() =>
@@ -151,8 +167,8 @@ impl Server {
                     error.to_string(),
                 ))
             }
-            Ok(Err(error)) if error.is_timeout() => Err(self.timed_out()),
-            Ok(Err(error)) => Err(ServerError::Refused(
+            Err(error) if error.is_timeout() => Err(self.timed_out()),
+            Err(error) => Err(ServerError::Refused(
                 self.address.to_string(),
                 error.to_string(),
             )),

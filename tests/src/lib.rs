@@ -158,20 +158,23 @@ pub fn signal(pid: i32, signal: i32) {
     unsafe { libc::kill(pid, signal) };
 }
 
-/// The worker binary built with this crate: beside the test executable's `deps/` folder.
+/// The worker binary built with this crate: beside this executable (a binary of the crate), or
+/// beside its `deps/` folder (a test).
 pub fn worker_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target directory");
-    let path = dir.join("atom-worker");
-    assert!(
-        path.exists(),
-        "{} is missing: build with `cargo test -p toa-tests`",
-        path.display()
-    );
-    path
+    let exe = std::env::current_exe().expect("own executable");
+    let dir = exe.parent().expect("target directory");
+    [
+        dir.join("atom-worker"),
+        dir.parent().unwrap_or(dir).join("atom-worker"),
+    ]
+    .into_iter()
+    .find(|path| path.exists())
+    .unwrap_or_else(|| {
+        panic!(
+            "atom-worker is missing beside {}: build with `cargo test -p toa-tests`",
+            exe.display()
+        )
+    })
 }
 
 /// A worker process: its stdout's JSON lines are collected as events; stdin takes commands.

@@ -13,8 +13,8 @@
 //! So every token handed out is held by a majority, which any later majority intersects: tokens
 //! strictly increase across successive holders. A server whose counter is missing (it restarted
 //! empty, or is new) grants nothing until its counter is seeded ([`SEED`]) with the maximum read
-//! from enough of the others to intersect every majority, and never below its own clock in
-//! microseconds, so even a lone server that restarted keeps its tokens increasing.
+//! from the other servers that answer, and never below its own clock in microseconds, so even a
+//! lone server that restarted keeps its tokens increasing (see `Locks::seed` for the bound).
 //!
 //! Waiting. [`RELEASE`] publishes the released keys on `{prefix}released`; waiters subscribe on
 //! every server and try again when told. Without a message they try again when the holder's key
@@ -36,7 +36,8 @@ use tokio_util::sync::CancellationToken;
 
 /// KEYS: the lock keys, then the fence counter. ARGV: value, TTL in ms.
 /// Returns {1, token, ''} granted, {0, pttl, holder} held by another, {-1, 0, ''} counter not
-/// seeded.
+/// seeded. A denial marks the key `{key}:w` (for two TTLs: a waiter tries again at least once per
+/// TTL), so that its release is published; an uncontended release publishes nothing.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -44,6 +45,7 @@ local n = #KEYS - 1
 for i = 1, n do
   local holder = redis.call('GET', KEYS[i])
   if holder and holder ~= ARGV[1] then
+    redis.call('SET', KEYS[i] .. ':w', '1', 'PX', 2 * tonumber(ARGV[2]))
     return {0, redis.call('PTTL', KEYS[i]), holder}
   end
 end
@@ -74,7 +76,7 @@ return 1
 });
 
 /// KEYS: the lock keys. ARGV: value, release channel, publish (1/0). Deletes the keys still
-/// ours and, if asked, publishes each; returns how many.
+/// ours and, if asked and somebody waits for a key (it is marked), publishes it; returns how many.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -82,7 +84,9 @@ local released = 0
 for i = 1, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
-    if ARGV[3] == '1' then redis.call('PUBLISH', ARGV[2], KEYS[i]) end
+    if ARGV[3] == '1' and redis.call('DEL', KEYS[i] .. ':w') == 1 then
+      redis.call('PUBLISH', ARGV[2], KEYS[i])
+    end
     released = released + 1
   end
 end
@@ -306,12 +310,12 @@ impl Locks {
 
         let mut pending: FuturesUnordered<_> = (0..n)
             .map(|index| {
-                let all = all.clone();
+                let all = &all;
                 let ttl = ttl.as_str();
                 async move {
                     let server = &self.servers.list[index];
                     let reply = server
-                        .invoke::<(i64, i64, String)>(&ACQUIRE, &all, &[value, ttl])
+                        .invoke::<(i64, i64, String)>(&ACQUIRE, all, &[value, ttl])
                         .await;
                     (index, reply)
                 }
@@ -394,7 +398,8 @@ impl Locks {
                 .chunk_by(|a, b| a == b)
                 .any(|same| same.len() >= quorum);
             let publish = !held_by_one;
-            drop(self.release_tasks(release, keys, value, publish)); // finishes in the background
+            let mut pending = self.releases(release, keys, value, publish);
+            tokio::spawn(async move { while pending.next().await.is_some() {} });
         }
         for index in unseeded {
             self.seed(index).await;
@@ -437,46 +442,39 @@ impl Locks {
         false
     }
 
-    /// Seeds the fence counter of a server that has none, from enough of the others to intersect
-    /// every majority that handed out a token.
+    /// Seeds the fence counter of a server that has none with the maximum of the others that
+    /// answer and of its own clock in microseconds. Reading the others is best effort: requiring
+    /// enough of them to meet every majority would leave a new component without locks while one
+    /// server is down; the clock keeps tokens increasing on its own as long as the servers' clocks
+    /// agree within the TTL (a restarted server counts only after a TTL) and fewer than one token
+    /// per microsecond is handed out.
     async fn seed(&self, index: usize) {
         let n = self.servers.list.len();
-        let needed = n - self.servers.quorum() + 1;
-        let mut reads: FuturesUnordered<_> = (0..n)
+        let reads = (0..n)
             .filter(|other| *other != index)
             .map(|other| async move {
                 self.servers.list[other]
                     .query::<Option<u64>>(redis::cmd("GET").arg(&self.fence))
                     .await
-            })
-            .collect();
-        let mut max = 0u64;
-        let mut read = 0usize;
-        while read < needed {
-            match reads.next().await {
-                Some(Ok(value)) => {
-                    read += 1;
-                    max = max.max(value.unwrap_or(0));
-                }
-                Some(Err(_)) => {}
-                None => break,
-            }
-        }
-        if read < needed.min(n - 1) {
-            tracing::warn!(
-                server = %self.servers.list[index].address(),
-                "lock: cannot seed the fencing counter of a server that restarted: too few others answered"
-            );
-            return;
-        }
+            });
+        let values = futures::future::join_all(reads).await;
+        let max = values
+            .iter()
+            .flatten()
+            .flatten()
+            .copied()
+            .max()
+            .unwrap_or(0);
+        let answered = values.iter().filter(|v| v.is_ok()).count();
         let server = &self.servers.list[index];
         match server
             .invoke::<u64>(&SEED, &[&self.fence], &[&max.to_string()])
             .await
         {
-            Ok(seed) => {
-                tracing::info!(server = %server.address(), seed, "lock: fencing counter seeded")
-            }
+            Ok(seed) => tracing::info!(
+                server = %server.address(), seed, others_read = answered,
+                "lock: fencing counter seeded"
+            ),
             Err(error) => tracing::warn!(%error, "lock: seeding the fencing counter failed"),
         }
     }
@@ -506,27 +504,31 @@ impl Locks {
         held
     }
 
-    /// Sends the release to `servers`, each in its own task so that none is cancelled, and waits
-    /// until a majority of all servers answered (or every one of `servers` did).
+    /// Sends the release to `servers` and waits until a majority of all servers answered (or
+    /// every one of `servers` did); the rest finish in one background task.
     async fn release_on(self: &Arc<Self>, servers: Vec<usize>, keys: &[String], value: &str) {
         let quorum = self.servers.quorum();
-        let mut tasks = self.release_tasks(servers, keys, value, true);
+        let mut pending = self.releases(servers, keys, value, true);
         let mut answered = 0;
-        while tasks.next().await.is_some() {
-            answered += 1;
-            if answered >= quorum {
+        while answered < quorum {
+            if pending.next().await.is_none() {
                 return;
             }
+            answered += 1;
+        }
+        if !pending.is_empty() {
+            tokio::spawn(async move { while pending.next().await.is_some() {} });
         }
     }
 
-    fn release_tasks(
+    /// One release per server in `servers`, as futures that own what they need.
+    fn releases(
         self: &Arc<Self>,
         servers: Vec<usize>,
         keys: &[String],
         value: &str,
         publish: bool,
-    ) -> FuturesUnordered<tokio::task::JoinHandle<()>> {
+    ) -> FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send>>> {
         let publish = if publish { "1" } else { "0" };
         let keys: Arc<[String]> = keys.into();
         let value: Arc<str> = value.into();
@@ -534,13 +536,16 @@ impl Locks {
             .into_iter()
             .map(|index| {
                 let (this, keys, value) = (self.clone(), keys.clone(), value.clone());
-                tokio::spawn(async move {
+                Box::pin(async move {
                     let all: Vec<&str> = keys.iter().map(String::as_str).collect();
                     let server = &this.servers.list[index];
-                    if let Err(error) = server.invoke::<i64>(&RELEASE, &all, &[&value, &this.channel, publish]).await {
+                    if let Err(error) = server
+                        .invoke::<i64>(&RELEASE, &all, &[&value, &this.channel, publish])
+                        .await
+                    {
                         tracing::debug!(%error, "lock: release not confirmed; the key expires by itself");
                     }
-                })
+                }) as Pin<Box<dyn Future<Output = ()> + Send>>
             })
             .collect()
     }
@@ -605,12 +610,12 @@ impl Holding {
         let quorum = locks.servers.quorum();
         let mut pending: FuturesUnordered<_> = (0..n)
             .map(|index| {
-                let all = all.clone();
+                let all = &all;
                 let ttl = ttl.as_str();
                 async move {
                     let server = &locks.servers.list[index];
                     let reply = server
-                        .invoke::<i64>(&EXTEND, &all, &[&self.value, ttl])
+                        .invoke::<i64>(&EXTEND, all, &[&self.value, ttl])
                         .await;
                     (index, reply)
                 }

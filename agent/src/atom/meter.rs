@@ -53,14 +53,14 @@ impl Meter {
     }
 
     pub async fn charge(&self, keys: &[String], deltas: &[u64]) -> Result<Vec<u64>, AtomError> {
-        let keys: Vec<String> = keys
-            .iter()
-            .map(|key| format!("{}{key}", self.prefix))
-            .collect();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let deltas: Vec<String> = deltas.iter().map(u64::to_string).collect();
-        let deltas: Vec<&str> = deltas.iter().map(String::as_str).collect();
+        let mut invocation = METER.prepare_invoke();
+        for key in keys {
+            invocation.key(format!("{}{key}", self.prefix));
+        }
+        for delta in deltas {
+            invocation.arg(*delta);
+        }
         self.metrics.meter_called();
-        Ok(self.servers.first().invoke(&METER, &keys, &deltas).await?)
+        Ok(self.servers.first().invoke_prepared(&invocation).await?)
     }
 }
