@@ -1,132 +1,112 @@
-//! `toa-agent demo`: the seed's three examples, run in one process.
+//! `toa-agent demo`: composes the seed's examples (in Python, speaking the agent's HTTP protocol)
+//! with the embedded default, runs their flows through the local API, and drains.
 
+use serde_json::{json, Value};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
-use toa_agent::{Atom, AtomConfig, Metrics, Mode, Scope};
-use toa_context::{Context, Credentials, ProcessVars};
+use toa_agent::compose::{self, Options};
+use toa_agent::instance::Instance;
+use toa_context::{Context, Credentials, Environment};
 
 pub async fn run() -> ExitCode {
-    let (atomicity, credentials) = if std::env::var_os("TOA_ATOMICITY_REDIS").is_some() {
-        let mut vars: std::collections::HashMap<String, String> = std::env::vars().collect();
-        vars.entry("TOA_APPLICATION".into())
-            .or_insert_with(|| "demo".into());
-        match Context::from_vars(&vars).and_then(|c| {
-            Credentials::from_vars(&ProcessVars, "TOA_REDIS").map(|cred| (c.atomicity, cred))
-        }) {
-            Ok(settings) => settings,
-            Err(error) => {
-                eprintln!("{error}");
-                return ExitCode::from(64);
-            }
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let context = Context::parse("name: demo\n", &Environment::local()).expect("a valid context");
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop) = tokio::sync::oneshot::channel::<()>();
+    let options = Options {
+        context,
+        credentials: Credentials::default(),
+        components: ["store.catalog", "store.orders", "notifications"]
+            .iter()
+            .map(|c| examples.join(c))
+            .collect(),
+        listen: "127.0.0.1:0".parse().expect("an address"),
+        instance: Instance::generate(),
+        on_ready: Some(ready_tx),
+        control: None,
+    };
+    println!("composing examples/store.catalog, examples/store.orders, examples/notifications (embedded default: no Redis, no broker)");
+    let composition = tokio::spawn(compose::run(options, async {
+        let _ = stop.await;
+    }));
+    let flows = async {
+        let address = ready
+            .await
+            .map_err(|_| "the composition did not start".to_owned())?;
+        flows(&format!("http://{address}")).await
+    };
+    let outcome = flows.await;
+    let _ = stop_tx.send(());
+    let stopped = composition.await;
+    match (outcome, stopped) {
+        (Ok(()), Ok(Ok(()))) => {
+            println!("\ndrained: dispose ran, the programs stopped");
+            ExitCode::SUCCESS
         }
-    } else {
-        (None, Credentials::default())
-    };
-    let backend = match &atomicity {
-        Some(a) => format!(
-            "Redis at {}",
-            a.redis
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        None => "the embedded in-process default".to_owned(),
-    };
-    println!("coordinating through {backend}\n");
-    let metrics = Metrics::new();
-    let atom = |component: &str| {
-        Atom::start(
-            AtomConfig {
-                scope: Scope::new("demo", component),
-                mode: Mode::Local,
-                atomicity: atomicity.clone(),
-                credentials: credentials.clone(),
-                instance: format!("demo-{}", std::process::id()),
-            },
-            metrics.clone(),
+        (Err(error), _) => {
+            eprintln!("demo failed: {error}");
+            ExitCode::FAILURE
+        }
+        (_, Ok(Err(error))) => {
+            eprintln!("demo failed: {error}");
+            ExitCode::FAILURE
+        }
+        (_, Err(error)) => {
+            eprintln!("demo failed: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn call(
+    http: &reqwest::Client,
+    agent: &str,
+    target: &str,
+    request: Value,
+) -> Result<Value, String> {
+    let (component, operation) = target.rsplit_once('.').expect("component.operation");
+    let response = http
+        .post(format!("{agent}/v1/call/{component}/{operation}"))
+        .json(&request)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    response.json::<Value>().await.map_err(|e| e.to_string())
+}
+
+async fn flows(agent: &str) -> Result<(), String> {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| e.to_string())?;
+    println!("\nmeter: store.catalog.appraise, ten a minute per customer (each costs 6000 ms of a 60000 ms window)");
+    for n in 1..=11 {
+        let answer = call(
+            &http,
+            agent,
+            "store.catalog.appraise",
+            json!({"input": {"customer": "c1", "product": "a1"}}),
         )
-        .map(Arc::new)
-    };
-    let (orders, notifications, catalog) = match (
-        atom("store.orders"),
-        atom("notifications"),
-        atom("store.catalog"),
-    ) {
-        (Ok(a), Ok(b), Ok(c)) => (a, b, c),
-        (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => {
-            eprintln!("{error}");
-            return ExitCode::FAILURE;
-        }
-    };
-
-    println!(
-        "lock: three settlements ask for the key 'settlement' at once; they run one after another"
-    );
-    let settlements: Vec<_> = (1..=3)
-        .map(|n| {
-            let orders = orders.clone();
-            tokio::spawn(async move {
-                orders
-                    .lock("settlement", |signal| async move {
-                        println!(
-                            "  settlement {n} holds the lock (fencing token {})",
-                            signal.token()
-                        );
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        println!("  settlement {n} done");
-                    })
-                    .await
-            })
-        })
-        .collect();
-    for settlement in settlements {
-        let failure = match settlement.await {
-            Ok(Ok(())) => continue,
-            Ok(Err(error)) => error.to_string(),
-            Err(error) => error.to_string(),
-        };
-        eprintln!("lock failed: {failure}");
-        return ExitCode::FAILURE;
+        .await?;
+        println!("  call {n:>2}: {answer}");
     }
-
-    println!("\nslots: the mail queue has 16 partitions");
-    let listening = notifications.onassigned(|assignment| match assignment {
-        Some(a) => println!(
-            "  onassigned: this replica is number {} of {} (epoch {})",
-            a.i, a.n, a.epoch
-        ),
-        None => println!("  onassigned: this replica owns nothing for now"),
-    });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while notifications.slots(16).is_none() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    println!("\nrequest contract: an input the schema refuses is refused before anything is sent");
+    let answer = call(
+        &http,
+        agent,
+        "store.catalog.appraise",
+        json!({"input": {"customer": 1}}),
+    )
+    .await?;
+    println!("  {answer}");
+    println!("\nlock: three store.orders.settle calls at once; the settlement runs one at a time");
+    let settles = (0..3).map(|_| call(&http, agent, "store.orders.settle", json!({})));
+    for answer in futures::future::join_all(settles).await {
+        println!("  {}", answer?);
     }
-    match notifications.slots(16) {
-        Some(slots) => println!("  slots(16) = {slots:?}: this replica drains these partitions"),
-        None => println!("  slots(16) = none: owns nothing (yet)"),
-    }
-    drop(listening);
-
-    println!(
-        "\nmeter: ten appraisals a minute per customer, each worth 6000 ms of a 60000 ms window"
-    );
-    for call in 1..=11 {
-        match catalog.meter(["appraise:c1"], &[6000]).await {
-            Ok(debts) if debts[0] > 60_000 => println!(
-                "  call {call:>2}: debt {} ms -> TOO_MANY_REQUESTS",
-                debts[0]
-            ),
-            Ok(debts) => println!("  call {call:>2}: debt {} ms -> appraised", debts[0]),
-            Err(error) => {
-                eprintln!("meter failed: {error}");
-                return ExitCode::FAILURE;
-            }
-        }
-    }
-    for atom in [&orders, &notifications, &catalog] {
-        atom.shutdown().await;
-    }
-    ExitCode::SUCCESS
+    println!("\npulse and slots: notifications.drain runs every 500 ms on every replica over its slots of 16");
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let answer = call(&http, agent, "notifications.drained", json!({})).await?;
+    println!("  partitions drained so far: {answer}");
+    Ok(())
 }

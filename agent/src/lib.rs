@@ -3,14 +3,29 @@
 //! in-process.
 //!
 //! Layout:
+//! - [`api`]: the local HTTP API for components in any language;
 //! - [`atom`]: `lock`, `slots`, `onassigned`, `meter` (Redis, in-process, or none);
+//! - [`calls`]: calls between components: the request contract and the route;
+//! - [`broker`]: calls over RabbitMQ;
+//! - [`component`]: a component's manifest, program and input checks;
+//! - [`compose`], [`lifecycle`], [`instance`]: running components locally;
+//! - [`control`]: the operator's authenticated control endpoint (halt, resume, status);
 //! - [`redis`]: connections to the 1..N servers, with restart tracking;
 //! - [`metrics`]: Prometheus metrics;
 //! - [`telemetry`]: logging setup.
 
+pub mod api;
 pub mod atom;
+pub mod broker;
+pub mod calls;
+pub mod component;
+pub mod compose;
+pub mod control;
+pub mod instance;
+pub mod lifecycle;
 pub mod metrics;
 pub mod redis;
+pub mod supervisor;
 pub mod telemetry;
 
 pub use atom::{Assignment, Atom, AtomConfig, AtomError, Held, IntoKeys, Mode, Scope, Signal};

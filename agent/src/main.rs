@@ -1,21 +1,167 @@
 //! `toa-agent`: the process beside every component.
 //!
-//! For now it has one command, `demo`, which exercises `lock`, `slots`, `onassigned` and `meter`
-//! with the embedded default (no Redis needed), or through Redis when `TOA_ATOMICITY_REDIS` is set.
+//!   toa-agent compose DIR...            run components locally
+//!   toa-agent call COMPONENT.OPERATION '{ input: {...} }'
+//!   toa-agent demo                      the examples' flows, end to end
 
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use toa_agent::compose::{self, Options};
+use toa_agent::instance::Instance;
+use toa_context::{Context, Credentials, Environment, ProcessVars};
 
+mod call;
 mod demo;
+
+/// Exit code for bad usage or configuration (EX_USAGE).
+const USAGE: u8 = 64;
+
+#[derive(Parser)]
+#[command(
+    name = "toa-agent",
+    version,
+    about = "The agent beside every toa component"
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run components locally: start their programs, run their lifecycle, route their calls.
+    Compose {
+        /// Component directories (each with a manifest.toa.yaml).
+        #[arg(required = true)]
+        components: Vec<PathBuf>,
+        /// The application's context.
+        #[arg(long, default_value = "context.toa.yaml", env = "TOA_CONTEXT")]
+        context: PathBuf,
+        /// The environment chain the context is read for, e.g. `dev` or `staging:production`.
+        #[arg(long, default_value = "local", env = "TOA_ENV")]
+        environment: String,
+        /// Where the local API listens (a free port if taken).
+        #[arg(long, default_value = "127.0.0.1:7090", env = "TOA_AGENT_LISTEN")]
+        listen: SocketAddr,
+        /// Where the operator's control endpoint listens (halt, resume, status); none if not given.
+        #[arg(long, env = "TOA_CONTROL_LISTEN", requires = "control_token_file")]
+        control_listen: Option<SocketAddr>,
+        /// The file holding the token every control request must carry.
+        #[arg(long, env = "TOA_CONTROL_TOKEN_FILE")]
+        control_token_file: Option<PathBuf>,
+    },
+    /// Call an operation of a running composition: `store.catalog.appraise '{ input: {...} }'`.
+    Call {
+        /// `namespace.component.operation`.
+        target: String,
+        /// The request, in JSON or YAML flow syntax: `{ input: { customer: c1 } }`.
+        #[arg(default_value = "{}")]
+        request: String,
+        /// The agent's local API.
+        #[arg(long, default_value = "http://127.0.0.1:7090", env = "TOA_AGENT")]
+        agent: String,
+    },
+    /// Compose the examples and run their flows: meter, lock, a pulse with slots, then drain.
+    Demo,
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
     toa_agent::telemetry::init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("demo") => demo::run().await,
-        _ => {
-            eprintln!("usage: toa-agent demo");
-            ExitCode::from(64)
+    let args = Args::parse();
+    match args.command {
+        Command::Demo => demo::run().await,
+        Command::Call {
+            target,
+            request,
+            agent,
+        } => call::run(&target, &request, &agent).await,
+        Command::Compose {
+            components,
+            context,
+            environment,
+            listen,
+            control_listen,
+            control_token_file,
+        } => {
+            let control = match (control_listen, control_token_file) {
+                (Some(address), Some(file)) => match read_token(&file) {
+                    Ok(token) => Some((address, token)),
+                    Err(message) => {
+                        eprintln!("{message}");
+                        return ExitCode::from(USAGE);
+                    }
+                },
+                _ => None,
+            };
+            let options = match compose_options(components, &context, &environment, listen, control)
+            {
+                Ok(options) => options,
+                Err(message) => {
+                    eprintln!("{message}");
+                    return ExitCode::from(USAGE);
+                }
+            };
+            match compose::run(options, compose::signals()).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    tracing::error!(%error, "composition failed");
+                    ExitCode::FAILURE
+                }
+            }
         }
     }
+}
+
+/// Everything is validated before anything starts.
+fn compose_options(
+    components: Vec<PathBuf>,
+    path: &PathBuf,
+    environment: &str,
+    listen: SocketAddr,
+    control: Option<(SocketAddr, String)>,
+) -> Result<Options, String> {
+    let environment = Environment::parse(environment).map_err(|e| e.to_string())?;
+    let context = match std::fs::read_to_string(path) {
+        Ok(text) => {
+            Context::parse(&text, &environment).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        // Without a context file, a local application named `local` with nothing configured.
+        Err(error)
+            if error.kind() == std::io::ErrorKind::NotFound
+                && path.as_os_str() == "context.toa.yaml" =>
+        {
+            Context::parse("name: local\n", &environment).map_err(|e| e.to_string())?
+        }
+        Err(error) => return Err(format!("{}: {error}", path.display())),
+    };
+    let credentials =
+        Credentials::from_vars(&ProcessVars, "TOA_REDIS").map_err(|e| e.to_string())?;
+    let instance =
+        Instance::from_env(std::env::var("TOA_INSTANCE").ok()).map_err(|e| e.to_string())?;
+    Ok(Options {
+        context,
+        credentials,
+        components,
+        listen,
+        instance,
+        on_ready: None,
+        control,
+    })
+}
+
+/// The control token: the file's content without surrounding white space, never empty.
+fn read_token(path: &PathBuf) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--control-token-file {}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!(
+            "--control-token-file {}: expected a token, the file is empty",
+            path.display()
+        ));
+    }
+    Ok(token.to_owned())
 }

@@ -5,17 +5,20 @@
 //! - [`environment`]: environment chains (`staging:production`) and the resolution of `key@env` keys;
 //! - [`address`]: Redis and broker addresses, which never carry credentials;
 //! - [`annotations`]: the typed model ([`Context`]) read from YAML or from environment variables;
-//! - [`credentials`]: secrets read from the environment or from mounted files, never printed.
+//! - [`credentials`]: secrets read from the environment or from mounted files, never printed;
+//! - [`manifest`]: a component's manifest.
 
 pub mod address;
 pub mod annotations;
 pub mod credentials;
 pub mod environment;
+pub mod manifest;
 
 pub use address::{AmqpAddress, RedisAddress};
 pub use annotations::{Addressed, Atomicity, Context, ProcessVars, Vars};
 pub use credentials::{Credentials, Secret};
 pub use environment::Environment;
+pub use manifest::{Manifest, ManifestError, Operation, RunCommand};
 
 /// Why a context was refused. Every message names the key and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,1 +1,67 @@
+//! toa-operator: turns `Composition` resources into running replicas with the agent beside each.
+//!
+//! Layout:
+//! - [`crd`]: the `Composition` resource, its status and condition names; the CRD is generated
+//!   from it;
+//! - [`validate`]: the reconcile-time check of a spec (the schema's checks again, plus what a
+//!   schema cannot say), into the settings the pods receive;
+//! - [`manifest`]: component manifests (`manifest.toa.yaml`) and component names;
+//! - [`render`]: context.toa.yaml + manifests → a Composition, for `kubectl apply`;
+//! - [`desired`]: a validated Composition → the ConfigMap, Secret and Deployment to apply (pure);
+//! - [`status`]: observations → the Composition's conditions (pure);
+//! - [`halt`]: the halt's state machine (pure);
+//! - [`agent_client`]: the agents' control endpoint (halt, resume, status) behind a trait;
+//! - [`controller`]: the kube-runtime controller: reconcile and error policy, wiring only;
+//! - [`kube_io`]: the requests to the API server (apply, token Secret, pods, halt record, status);
+//! - [`metrics`]: reconcile counters and durations;
+//! - [`args`]: the command line.
 
+pub mod agent_client;
+pub mod args;
+pub mod controller;
+pub mod crd;
+pub mod desired;
+#[cfg(test)]
+mod fixtures;
+pub mod halt;
+pub mod kube_io;
+pub mod manifest;
+pub mod metrics;
+pub mod render;
+pub mod status;
+pub mod validate;
+
+pub use crd::{Composition, CompositionSpec, CompositionStatus};
+pub use render::RenderError;
+pub use validate::{validate, InvalidSpec, Valid};
+
+/// Why an operation of the operator failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Composition's spec was refused at reconcile time.
+    #[error(transparent)]
+    InvalidSpec(#[from] InvalidSpec),
+    /// Rendering a Composition from an application's files failed.
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    /// A request to the API server failed.
+    #[error("Kubernetes API request failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// A Composition without the metadata its owned objects need.
+    #[error(transparent)]
+    NotStored(#[from] desired::NotStored),
+}
+
+impl Error {
+    /// A short, stable label for metrics: which kind of failure, never its details.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::InvalidSpec(_) => "invalid_spec",
+            Self::Render(_) => "render",
+            Self::Kube(_) => "kube",
+            Self::NotStored(_) => "not_stored",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -471,7 +471,7 @@ impl Locks {
             .invoke::<u64>(&SEED, &[&self.fence], &[&max.to_string()])
             .await
         {
-            Ok(seed) => tracing::info!(
+            Ok(seed) => tracing::debug!(
                 server = %server.address(), seed, others_read = answered,
                 "lock: fencing counter seeded"
             ),

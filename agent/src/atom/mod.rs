@@ -203,6 +203,23 @@ impl Atom {
         }
     }
 
+    /// Whether `what` (`lock` or `meter`) can work here at all: not in a pod without atomicity.
+    pub fn available(&self, what: &'static str) -> Result<(), AtomError> {
+        match &self.backend {
+            Backend::Disabled { .. } => Err(AtomError::RequiresAtomicity(what)),
+            _ => Ok(()),
+        }
+    }
+
+    /// A listener failed outside this process (a component's, over HTTP): like a panicking
+    /// listener, this replica owns nothing from now on.
+    pub fn listener_failed(&self) {
+        match &self.backend {
+            Backend::Redis { slots, .. } => slots.fail(),
+            Backend::Local { slots, .. } | Backend::Disabled { slots } => slots.fail(),
+        }
+    }
+
     /// Leaves the membership at once (so the others take this replica's slots without waiting for
     /// its heartbeat to expire) and stops the background tasks.
     pub async fn shutdown(&self) {

@@ -173,11 +173,16 @@ impl Fixed {
     pub fn listen(&self, listener: Box<Listener>) -> Listening {
         let (listening, panicked) = self.listeners.add(listener);
         if panicked {
-            *self.value.lock().expect("fixed slots") = None;
-            self.metrics.slots_owned(None);
-            self.listeners.deliver(None);
+            self.fail();
         }
         listening
+    }
+
+    /// Owns nothing from now on.
+    pub fn fail(&self) {
+        *self.value.lock().expect("fixed slots") = None;
+        self.metrics.slots_owned(None);
+        self.listeners.deliver(None);
     }
 }
 
@@ -236,10 +241,15 @@ impl Slots {
     pub fn listen(&self, listener: Box<Listener>) -> Listening {
         let (listening, panicked) = self.shared.listeners.add(listener);
         if panicked {
-            self.shared.assignor.lock().expect("assignor").withdraw();
-            self.shared.withdraw.notify_one();
+            self.fail();
         }
         listening
+    }
+
+    /// Owns nothing from now on, and leaves the membership so the others take the slots.
+    pub fn fail(&self) {
+        self.shared.assignor.lock().expect("assignor").withdraw();
+        self.shared.withdraw.notify_one();
     }
 
     /// Leaves the membership now and stops heartbeating.

@@ -1,0 +1,211 @@
+//! `lock`, `slots`, `onassigned` and `meter` over HTTP (see the table in [`super`]).
+
+use super::{ApiError, Host};
+use crate::atom::{keys, Atom};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How often a stream writes a blank line, so that a component that went away is noticed.
+pub const KEEPALIVE: Duration = Duration::from_secs(1);
+
+pub fn routes() -> Router<Arc<Host>> {
+    Router::new()
+        .route("/v1/{component}/lock", post(lock))
+        .route("/v1/{component}/slots", get(slots))
+        .route("/v1/{component}/onassigned", get(onassigned))
+        .route(
+            "/v1/{component}/onassigned/{listener}/failed",
+            post(listener_failed),
+        )
+        .route("/v1/{component}/meter", post(meter))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LockRequest {
+    keys: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SlotsQuery {
+    total: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MeterRequest {
+    keys: Vec<String>,
+    deltas: Vec<u64>,
+}
+
+/// A stream of JSON lines fed by a task; the task sees `closed()` when the client goes away.
+fn ndjson(rx: mpsc::Receiver<Bytes>) -> Response {
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|line| (Ok::<_, Infallible>(line), rx))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from_stream(stream))
+        .expect("a valid response")
+}
+
+fn line(value: Value) -> Bytes {
+    let mut text = value.to_string();
+    text.push('\n');
+    Bytes::from(text)
+}
+
+async fn lock(
+    State(host): State<Arc<Host>>,
+    Path(component): Path<String>,
+    body: Result<Json<LockRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(request) = body?;
+    let atom: Arc<Atom> = host.atom(&component)?.clone();
+    // Refuse what can be refused before the stream starts, so it gets a status code.
+    let keys = keys::validate(request.keys)?;
+    atom.available("lock")?;
+    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    tokio::spawn(async move {
+        let mut keepalive = tokio::time::interval(KEEPALIVE);
+        let acquire = atom.acquire(keys);
+        tokio::pin!(acquire);
+        let held = loop {
+            tokio::select! {
+                held = &mut acquire => break held,
+                _ = tx.closed() => return, // gave up waiting
+                _ = keepalive.tick() => { let _ = tx.send(Bytes::from_static(b"\n")).await; }
+            }
+        };
+        let held = match held {
+            Ok(held) => held,
+            Err(error) => {
+                let _ = tx
+                    .send(line(
+                        json!({"event": "error", "message": error.to_string()}),
+                    ))
+                    .await;
+                return;
+            }
+        };
+        let signal = held.signal();
+        if tx
+            .send(line(json!({"event": "acquired", "token": held.token()})))
+            .await
+            .is_err()
+        {
+            held.release().await;
+            return;
+        }
+        let mut told = false;
+        loop {
+            tokio::select! {
+                _ = signal.lost(), if !told => {
+                    told = true;
+                    let _ = tx.send(line(json!({"event": "lost"}))).await;
+                }
+                _ = tx.closed() => break,
+                _ = keepalive.tick() => { let _ = tx.send(Bytes::from_static(b"\n")).await; }
+            }
+        }
+        held.release().await;
+    });
+    Ok(ndjson(rx))
+}
+
+async fn slots(
+    State(host): State<Arc<Host>>,
+    Path(component): Path<String>,
+    query: Result<Query<SlotsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query?;
+    let atom = host.atom(&component)?;
+    Ok(Json(json!({"slots": atom.slots(query.total)})))
+}
+
+/// Live listeners, by component and id, for the failure report.
+static LISTENERS: LazyLock<Mutex<HashSet<(String, u64)>>> = LazyLock::new(Mutex::default);
+static NEXT_LISTENER: AtomicU64 = AtomicU64::new(1);
+
+async fn onassigned(
+    State(host): State<Arc<Host>>,
+    Path(component): Path<String>,
+) -> Result<Response, ApiError> {
+    let atom = host.atom(&component)?.clone();
+    let id = NEXT_LISTENER.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let (changes, mut changed) = mpsc::unbounded_channel();
+    let listening = atom.onassigned(move |assignment| {
+        let _ = changes.send(line(json!({"listener": id, "assignment": assignment})));
+    });
+    LISTENERS
+        .lock()
+        .expect("listeners")
+        .insert((component.clone(), id));
+    tokio::spawn(async move {
+        let mut keepalive = tokio::time::interval(KEEPALIVE);
+        loop {
+            tokio::select! {
+                Some(change) = changed.recv() => if tx.send(change).await.is_err() { break },
+                _ = tx.closed() => break,
+                _ = keepalive.tick() => { let _ = tx.send(Bytes::from_static(b"\n")).await; }
+            }
+        }
+        drop(listening);
+        LISTENERS
+            .lock()
+            .expect("listeners")
+            .remove(&(component, id));
+    });
+    Ok(ndjson(rx))
+}
+
+async fn listener_failed(
+    State(host): State<Arc<Host>>,
+    Path((component, listener)): Path<(String, u64)>,
+) -> Result<Json<Value>, ApiError> {
+    let atom = host.atom(&component)?;
+    if !LISTENERS
+        .lock()
+        .expect("listeners")
+        .contains(&(component.clone(), listener))
+    {
+        return Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "UNKNOWN_LISTENER",
+            format!("no open onassigned stream {listener} for {component:?}"),
+        ));
+    }
+    tracing::error!(
+        component,
+        listener,
+        "an onassigned listener failed: this replica owns nothing from now on"
+    );
+    atom.listener_failed();
+    Ok(Json(json!({"slots": null})))
+}
+
+async fn meter(
+    State(host): State<Arc<Host>>,
+    Path(component): Path<String>,
+    body: Result<Json<MeterRequest>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(request) = body?;
+    let atom = host.atom(&component)?;
+    let debts = atom.meter(request.keys, &request.deltas).await?;
+    Ok(Json(json!({"debts": debts})))
+}

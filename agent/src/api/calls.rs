@@ -1,0 +1,95 @@
+//! Calls over HTTP, plus the process's name and its probes.
+//!
+//! | method and path | what |
+//! |---|---|
+//! | `POST /v1/call/{component}/{operation}` `{"input", "instance"?, "timeout"?}` | `{"reply": ...}` or the operation's own `{"error": {"code"}}`; failures of the call itself with 4xx/5xx and `code` `RequestContract` (202), `Addressee` (403), `Abandoned` (404) |
+//! | `POST /v1/task/{component}/{operation}` `{"input"}` | `{"reply": null}` at once; the operation runs without a caller waiting |
+//! | `GET /v1/instance` | `{"instance": "..."}`, this process's name |
+//! | `GET /healthz`, `GET /readyz` | 200 when alive; 200 once every component ran `ready`, else 503 |
+
+use super::{ApiError, Host};
+use crate::calls::{CallError, Request};
+use crate::component::client::Outcome;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use std::sync::Arc;
+
+pub fn routes() -> Router<Arc<Host>> {
+    Router::new()
+        .route("/v1/call/{component}/{operation}", post(call))
+        .route("/v1/task/{component}/{operation}", post(task))
+        .route("/v1/instance", get(instance))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+}
+
+async fn call(
+    state: State<Arc<Host>>,
+    path: Path<(String, String)>,
+    body: Result<Json<Request>, JsonRejection>,
+) -> Response {
+    forward(state, path, body, false).await
+}
+
+async fn task(
+    state: State<Arc<Host>>,
+    path: Path<(String, String)>,
+    body: Result<Json<Request>, JsonRejection>,
+) -> Response {
+    forward(state, path, body, true).await
+}
+
+async fn forward(
+    State(host): State<Arc<Host>>,
+    Path((component, operation)): Path<(String, String)>,
+    body: Result<Json<Request>, JsonRejection>,
+    task: bool,
+) -> Response {
+    let request = match body {
+        Ok(Json(request)) => request,
+        Err(rejection) => return ApiError::from(rejection).into_response(),
+    };
+    let Some(calls) = &host.calls else {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NO_CALLS",
+            "this process routes no calls",
+        )
+        .into_response();
+    };
+    match calls.call(&component, &operation, request, task).await {
+        Ok(Outcome::Reply(reply)) => Json(json!({"reply": reply})).into_response(),
+        Ok(Outcome::Error { code, message }) => {
+            Json(json!({"error": {"code": code, "message": message}})).into_response()
+        }
+        Err(error) => {
+            let status = match &error {
+                CallError::RequestContract(_) => StatusCode::BAD_REQUEST,
+                CallError::Addressee { .. } | CallError::UnknownComponent(_) => {
+                    StatusCode::NOT_FOUND
+                }
+                CallError::Abandoned { .. } => StatusCode::GATEWAY_TIMEOUT,
+                CallError::Failed(_) => StatusCode::BAD_GATEWAY,
+            };
+            let body = json!({"error": {"code": error.code(), "number": error.number(), "message": error.to_string()}});
+            (status, Json(body)).into_response()
+        }
+    }
+}
+
+async fn instance(State(host): State<Arc<Host>>) -> Json<serde_json::Value> {
+    Json(json!({"instance": host.instance}))
+}
+
+async fn ready(State(host): State<Arc<Host>>) -> Response {
+    if *host.ready.borrow() {
+        "ready".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}

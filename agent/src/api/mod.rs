@@ -1,0 +1,118 @@
+//! The local API: what a component in any language calls, over HTTP on loopback.
+//!
+//! Every response that is not a stream is JSON; every error is
+//! `{"error": {"code": "...", "message": "..."}}` with a 4xx or 5xx status, and the agent keeps
+//! serving. Streams are newline-delimited JSON (`application/x-ndjson`); a blank line is a
+//! keep-alive, written every second so that a component that went away is noticed.
+//!
+//! | method and path | what |
+//! |---|---|
+//! | `POST /v1/{component}/lock` `{"keys": [...]}` | stream: `{"event":"acquired","token":N}`, later maybe `{"event":"lost"}`; closing the request releases |
+//! | `GET /v1/{component}/slots?total=N` | `{"slots": [..] \| null}` |
+//! | `GET /v1/{component}/onassigned` | stream: `{"listener":ID,"assignment":{i,n,epoch} \| null}` at once and on every change |
+//! | `POST /v1/{component}/onassigned/{listener}/failed` | the component's listener failed: this replica owns nothing from now on |
+//! | `POST /v1/{component}/meter` `{"keys": [...], "deltas": [...]}` | `{"debts": [...]}` |
+//!
+//! Calls, the process's name and the probes are in [`calls`].
+
+pub mod atom;
+pub mod calls;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::atom::{Atom, AtomError};
+use crate::calls::Calls;
+
+/// What the API serves: the components of this process.
+pub struct Host {
+    pub atoms: HashMap<String, Arc<Atom>>,
+    /// The call router; `None` where this process routes no calls.
+    pub calls: Option<Arc<Calls>>,
+    /// This process's name.
+    pub instance: String,
+    /// True once every component ran `ready`.
+    pub ready: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Host {
+    fn atom(&self, component: &str) -> Result<&Arc<Atom>, ApiError> {
+        self.atoms.get(component).ok_or_else(|| {
+            let mut known: Vec<&str> = self.atoms.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "UNKNOWN_COMPONENT",
+                format!(
+                    "no component {component:?} in this process; expected one of: {}",
+                    known.join(", ")
+                ),
+            )
+        })
+    }
+}
+
+/// The router of the local API.
+pub fn router(host: Arc<Host>) -> axum::Router {
+    atom::routes().merge(calls::routes()).with_state(host)
+}
+
+/// An error answered as `{"error": {"code", "message"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<AtomError> for ApiError {
+    fn from(error: AtomError) -> Self {
+        let (status, code) = match &error {
+            AtomError::RequiresAtomicity(_) => (StatusCode::NOT_IMPLEMENTED, "REQUIRES_ATOMICITY"),
+            AtomError::InvalidKey { .. } | AtomError::InvalidMeter(_) => {
+                (StatusCode::BAD_REQUEST, "BAD_REQUEST")
+            }
+            AtomError::Unavailable(_) | AtomError::Protocol(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
+            }
+        };
+        Self::new(status, code, error.to_string())
+    }
+}
+
+impl From<axum::extract::rejection::JsonRejection> for ApiError {
+    fn from(rejection: axum::extract::rejection::JsonRejection) -> Self {
+        Self::bad_request(rejection.body_text())
+    }
+}
+
+impl From<axum::extract::rejection::QueryRejection> for ApiError {
+    fn from(rejection: axum::extract::rejection::QueryRejection) -> Self {
+        Self::bad_request(rejection.body_text())
+    }
+}

@@ -1,0 +1,47 @@
+//! `toa-agent call`: one call to a running composition, printed as JSON.
+
+use std::process::ExitCode;
+
+pub async fn run(target: &str, request: &str, agent: &str) -> ExitCode {
+    let Some((component, operation)) = target.rsplit_once('.') else {
+        eprintln!("expected COMPONENT.OPERATION, as store.catalog.appraise, got {target:?}");
+        return ExitCode::from(super::USAGE);
+    };
+    // YAML flow syntax accepts JSON and the seeds' `{ input: { customer: 'c1' } }`.
+    let body: serde_json::Value = match serde_yaml::from_str(request) {
+        Ok(body) => body,
+        Err(error) => {
+            eprintln!("the request is neither JSON nor YAML: {error}");
+            return ExitCode::from(super::USAGE);
+        }
+    };
+    let url = format!(
+        "{}/v1/call/{component}/{operation}",
+        agent.trim_end_matches('/')
+    );
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("an HTTP client");
+    match client.post(&url).json(&body).send().await {
+        Ok(response) => {
+            let ok = response.status().is_success();
+            let text = response.text().await.unwrap_or_default();
+            let value: serde_json::Value =
+                serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&value).unwrap_or_default()
+            );
+            if ok && value.get("error").is_none() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(error) => {
+            eprintln!("no agent answers at {agent}: {error} (is `toa-agent compose` running?)");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! Calls between components: the request contract checked before anything is sent, then the
+//! route to the callee: over RabbitMQ when the context names a broker ([`crate::broker`]), else
+//! in-process to the components of this process (a local run).
+//!
+//! Refused before anything is sent, with `RequestContract`:
+//! - a call to an operation the component does not declare, or with an input its schema refuses;
+//! - a call to a stateful operation that names no instance;
+//! - a call to an ordinary operation that names one, or that states a timeout;
+//! - a task that names an instance.
+
+use crate::component::client::{Outcome, ProgramClient, ProgramError};
+use crate::component::Component;
+use crate::control::Activity;
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// A call as a caller makes it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    #[serde(default)]
+    pub input: Value,
+    /// The process a stateful operation is called on.
+    #[serde(default)]
+    pub instance: Option<String>,
+    /// How long a stateful call waits for its reply, in ms.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+/// Why a call failed, as the caller sees it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CallError {
+    /// The request breaks the callee's declarations; nothing was sent.
+    #[error("RequestContract: {0}")]
+    RequestContract(String),
+    /// No process holds the instance name.
+    #[error("Addressee: no process {instance:?} serves {component}")]
+    Addressee { component: String, instance: String },
+    /// The wait for a named process's reply ended.
+    #[error("Abandoned: {component} did not reply within {timeout_ms} ms")]
+    Abandoned { component: String, timeout_ms: u64 },
+    /// The component is not part of this composition.
+    #[error("no component {0:?} is running here")]
+    UnknownComponent(String),
+    /// The callee failed without an answer.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl CallError {
+    /// The seeds' numeric codes (`exception.code`).
+    pub fn number(&self) -> Option<u16> {
+        match self {
+            Self::RequestContract(_) => Some(202),
+            Self::Addressee { .. } => Some(403),
+            Self::Abandoned { .. } => Some(404),
+            _ => None,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::RequestContract(_) => "RequestContract",
+            Self::Addressee { .. } => "Addressee",
+            Self::Abandoned { .. } => "Abandoned",
+            Self::UnknownComponent(_) => "UNKNOWN_COMPONENT",
+            Self::Failed(_) => "FAILED",
+        }
+    }
+}
+
+/// A component this process runs, reachable for calls.
+pub struct Callee {
+    pub component: Arc<Component>,
+    pub client: ProgramClient,
+}
+
+/// The in-process router.
+pub struct Calls {
+    callees: HashMap<String, Callee>,
+    /// Every component whose declarations this process knows (its own and the others').
+    catalog: HashMap<String, Arc<Component>>,
+    broker: Option<Arc<crate::broker::Broker>>,
+    instance: String,
+    default_timeout: Duration,
+    /// Operations are served once preflight ran (and no longer once the drain began).
+    serving: watch::Receiver<bool>,
+    /// Calls routed since the last pause, and when the last one was (ms since the epoch; 0: none).
+    since_pause: AtomicU64,
+    last_at_ms: AtomicU64,
+}
+
+/// How long an ordinary call may take before the agent gives up on the program.
+const ORDINARY_LIMIT: Duration = Duration::from_secs(60);
+
+impl Calls {
+    pub fn new(
+        callees: HashMap<String, Callee>,
+        instance: String,
+        default_timeout: Duration,
+        serving: watch::Receiver<bool>,
+    ) -> Self {
+        let catalog = callees
+            .iter()
+            .map(|(name, callee)| (name.clone(), callee.component.clone()))
+            .collect();
+        Self {
+            callees,
+            catalog,
+            broker: None,
+            instance,
+            default_timeout,
+            serving,
+            since_pause: AtomicU64::new(0),
+            last_at_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Routes over `broker`; `catalog` adds the declarations of components other processes run.
+    pub fn over_broker(
+        mut self,
+        broker: Arc<crate::broker::Broker>,
+        catalog: HashMap<String, Arc<Component>>,
+    ) -> Self {
+        for (name, component) in catalog {
+            self.catalog.entry(name).or_insert(component);
+        }
+        self.broker = Some(broker);
+        self
+    }
+
+    /// Calls made or received by this process's components since [`Calls::reset_activity`].
+    pub fn activity(&self) -> Activity {
+        let last = self.last_at_ms.load(Ordering::SeqCst);
+        Activity {
+            since_pause: self.since_pause.load(Ordering::SeqCst),
+            last_at_ms: (last > 0).then_some(last),
+        }
+    }
+
+    pub fn reset_activity(&self) {
+        self.since_pause.store(0, Ordering::SeqCst);
+        self.last_at_ms.store(0, Ordering::SeqCst);
+    }
+
+    fn record_activity(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.since_pause.fetch_add(1, Ordering::SeqCst);
+        self.last_at_ms.store(now, Ordering::SeqCst);
+    }
+
+    /// Checks the contract, then calls; `task` calls do not wait for the reply.
+    pub async fn call(
+        &self,
+        component: &str,
+        operation: &str,
+        request: Request,
+        task: bool,
+    ) -> Result<Outcome, CallError> {
+        self.record_activity();
+        let declared = self
+            .catalog
+            .get(component)
+            .ok_or_else(|| CallError::UnknownComponent(component.to_owned()))?;
+        let stateful = check_contract(declared, operation, &request, task)?;
+        if let Some(broker) = &self.broker {
+            let timeout = stateful.then(|| {
+                request
+                    .timeout
+                    .map_or(self.default_timeout, Duration::from_millis)
+            });
+            return broker
+                .call(
+                    component,
+                    operation,
+                    &request.input,
+                    request.instance.as_deref(),
+                    timeout,
+                    task,
+                )
+                .await;
+        }
+        let callee = self
+            .callees
+            .get(component)
+            .ok_or_else(|| CallError::UnknownComponent(component.to_owned()))?;
+        let limit = if stateful {
+            let instance = request.instance.as_deref().unwrap_or_default();
+            if instance != self.instance {
+                return Err(CallError::Addressee {
+                    component: component.to_owned(),
+                    instance: instance.to_owned(),
+                });
+            }
+            request
+                .timeout
+                .map_or(self.default_timeout, Duration::from_millis)
+        } else {
+            ORDINARY_LIMIT
+        };
+        let deadline = tokio::time::Instant::now() + limit;
+        let abandoned = || CallError::Abandoned {
+            component: component.to_owned(),
+            timeout_ms: limit.as_millis() as u64,
+        };
+        // Wait until operations are served (preflight done).
+        let mut serving = self.serving.clone();
+        if tokio::time::timeout_at(deadline, serving.wait_for(|on| *on))
+            .await
+            .is_err()
+        {
+            return Err(abandoned());
+        }
+        let client = callee.client.clone();
+        let operation = operation.to_owned();
+        let input = request.input;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let run = async move { client.operate(&operation, &input, left).await };
+        if task {
+            tokio::spawn(async move {
+                if let Err(error) = run.await {
+                    tracing::warn!(%error, "a task failed");
+                }
+            });
+            return Ok(Outcome::Reply(Value::Null));
+        }
+        match run.await {
+            Ok(outcome) => Ok(outcome),
+            Err(ProgramError::Unreachable { .. })
+                if stateful && tokio::time::Instant::now() >= deadline =>
+            {
+                Err(abandoned())
+            }
+            Err(error) => Err(CallError::Failed(error.to_string())),
+        }
+    }
+}
+
+/// The request contract; returns whether the operation is stateful.
+pub fn check_contract(
+    component: &Component,
+    operation: &str,
+    request: &Request,
+    task: bool,
+) -> Result<bool, CallError> {
+    let refuse = |message: String| Err(CallError::RequestContract(message));
+    let Some(declaration) = component.manifest.operations.get(operation) else {
+        let known: Vec<&str> = component
+            .manifest
+            .operations
+            .keys()
+            .map(String::as_str)
+            .collect();
+        return refuse(format!(
+            "{} has no operation {operation:?}; it declares: {}",
+            component.name,
+            known.join(", ")
+        ));
+    };
+    let target = format!("{}.{operation}", component.name);
+    match (declaration.stateful, request.instance.is_some(), task) {
+        (_, true, true) => return refuse(format!("a task cannot name an instance ({target})")),
+        (true, false, _) => {
+            return refuse(format!(
+                "{target} is stateful: the call must name an instance"
+            ))
+        }
+        (false, true, _) => {
+            return refuse(format!(
+                "{target} is not stateful: the call must not name an instance"
+            ))
+        }
+        _ => {}
+    }
+    if !declaration.stateful && request.timeout.is_some() {
+        return refuse(format!(
+            "{target} is not stateful: only a call to one process states a timeout"
+        ));
+    }
+    if request.timeout == Some(0) {
+        return refuse(format!(
+            "{target}: expected a positive timeout in milliseconds"
+        ));
+    }
+    if let Some(schema) = component.schemas.get(operation) {
+        schema
+            .check(&request.input)
+            .map_err(|problems| CallError::RequestContract(format!("{target}: {problems}")))?;
+    }
+    Ok(declaration.stateful)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use toa_context::Manifest;
+
+    fn terminals() -> Component {
+        let manifest = Manifest::parse(
+            "name: terminals\noperations:\n  charge:\n    stateful: true\n    input: {type: object, properties: {amount: {type: integer}}, required: [amount]}\n  connect: {}\n",
+            "m",
+        )
+        .unwrap();
+        Component::new(manifest, ".".into()).unwrap()
+    }
+
+    fn request(input: Value, instance: Option<&str>, timeout: Option<u64>) -> Request {
+        Request {
+            input,
+            instance: instance.map(str::to_owned),
+            timeout,
+        }
+    }
+
+    #[test]
+    fn each_contract_refusal() {
+        let c = terminals();
+        let refused =
+            |operation: &str, r: Request, task: bool| match check_contract(&c, operation, &r, task)
+            {
+                Err(CallError::RequestContract(message)) => message,
+                other => panic!("expected a refusal, got {other:?}"),
+            };
+        assert_eq!(
+            refused("charge", request(json!({"amount": 1}), None, None), false),
+            "terminals.charge is stateful: the call must name an instance"
+        );
+        assert_eq!(
+            refused("connect", request(json!({}), Some("till-7"), None), false),
+            "terminals.connect is not stateful: the call must not name an instance"
+        );
+        assert_eq!(
+            refused(
+                "charge",
+                request(json!({"amount": 1}), Some("till-7"), None),
+                true
+            ),
+            "a task cannot name an instance (terminals.charge)"
+        );
+        assert_eq!(
+            refused("connect", request(json!({}), None, Some(1000)), false),
+            "terminals.connect is not stateful: only a call to one process states a timeout"
+        );
+        assert_eq!(
+            refused("refund", request(json!({}), None, None), false),
+            "terminals has no operation \"refund\"; it declares: charge, connect"
+        );
+        assert!(refused(
+            "charge",
+            request(json!({"amount": "x"}), Some("t"), None),
+            false
+        )
+        .contains("input/amount"));
+        assert_eq!(
+            check_contract(
+                &c,
+                "charge",
+                &request(json!({"amount": 1}), Some("t"), Some(50)),
+                false
+            ),
+            Ok(true)
+        );
+        assert_eq!(
+            check_contract(&c, "connect", &request(json!({}), None, None), true),
+            Ok(false)
+        );
+        assert_eq!(
+            CallError::RequestContract(String::new()).number(),
+            Some(202)
+        );
+    }
+}

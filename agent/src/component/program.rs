@@ -1,0 +1,81 @@
+//! The component's program as a child process of the agent (local runs).
+
+use super::ComponentError;
+use std::path::Path;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+/// How long a program may take to serve its port.
+const START_LIMIT: Duration = Duration::from_secs(30);
+
+pub struct Program {
+    child: Child,
+    port: u16,
+}
+
+impl Program {
+    pub async fn start(
+        name: &str,
+        dir: &Path,
+        command: &[String],
+        agent: &str,
+        instance: &str,
+    ) -> Result<Self, ComponentError> {
+        let failed = |message: String| ComponentError::Start {
+            component: name.to_owned(),
+            message,
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| failed(format!("no free port: {e}")))?
+            .port();
+        let mut child = Command::new(&command[0])
+            .args(&command[1..])
+            .current_dir(dir)
+            .env("TOA_PORT", port.to_string())
+            .env("TOA_AGENT", agent)
+            .env("TOA_COMPONENT", name)
+            .env("TOA_INSTANCE", instance)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| failed(format!("{:?} in {}: {e}", command.join(" "), dir.display())))?;
+        let deadline = tokio::time::Instant::now() + START_LIMIT;
+        loop {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Ok(Self { child, port });
+            }
+            if let Some(status) = child.try_wait().map_err(|e| failed(e.to_string()))? {
+                return Err(failed(format!(
+                    "it exited with {status} before serving 127.0.0.1:{port}"
+                )));
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(failed(format!(
+                    "it did not serve 127.0.0.1:{port} within {START_LIMIT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Asks the program to stop (SIGTERM), then kills it after `grace`.
+    pub async fn stop(mut self, grace: Duration) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: signalling our own child process.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}

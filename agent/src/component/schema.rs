@@ -1,0 +1,65 @@
+//! Input checks against an operation's declared JSON Schema (the `jsonschema` crate: a complete,
+//! maintained implementation; writing our own subset would refuse schemas users expect to work).
+
+use serde_json::Value;
+
+pub struct InputSchema(jsonschema::Validator);
+
+impl InputSchema {
+    pub fn compile(schema: &Value) -> Result<Self, String> {
+        jsonschema::validator_for(schema)
+            .map(Self)
+            .map_err(|error| error.to_string())
+    }
+
+    /// `Err` with every violation, each naming where in the input it is.
+    pub fn check(&self, input: &Value) -> Result<(), String> {
+        let problems: Vec<String> = self
+            .0
+            .iter_errors(input)
+            .map(|error| {
+                let at = error.instance_path().to_string();
+                if at.is_empty() {
+                    format!("input: {error}")
+                } else {
+                    format!("input{at}: {error}")
+                }
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names_each_violation() {
+        let schema = InputSchema::compile(&json!({
+            "type": "object",
+            "properties": {"customer": {"type": "string"}, "amount": {"type": "integer"}},
+            "required": ["customer"],
+            "additionalProperties": false
+        }))
+        .unwrap();
+        assert!(schema
+            .check(&json!({"customer": "c1", "amount": 3}))
+            .is_ok());
+        let problems = schema
+            .check(&json!({"amount": "x", "extra": 1}))
+            .unwrap_err();
+        assert!(
+            problems.contains("\"customer\" is a required property"),
+            "{problems}"
+        );
+        assert!(problems.contains("input/amount"), "{problems}");
+        assert!(problems.contains("extra"), "{problems}");
+        assert!(InputSchema::compile(&json!({"type": "nonsense"})).is_err());
+    }
+}

@@ -1,0 +1,301 @@
+//! `toa-agent compose DIR...`: runs components locally, the way the seeds' `toa compose` does.
+//!
+//! It reads the context for an environment (`local` by default), starts each component's program,
+//! serves the local API, runs the lifecycle (`preflight` → operations served → `settle` → `ready`
+//! → "Composition complete"), runs pulses, and on SIGINT/SIGTERM (or `POST /v1/drain`) drains:
+//! stops taking calls and pulses, runs `dispose`, leaves the slots membership, stops the programs.
+//! Without `atomicity` it coordinates in-process; calls between its components go in-process.
+
+use crate::api::{self, Host};
+use crate::atom::{Atom, AtomConfig, Mode, Scope};
+use crate::broker::Broker;
+use crate::calls::{Callee, Calls};
+use crate::component::program::Program;
+use crate::component::{Component, ComponentError};
+use crate::instance::Instance;
+use crate::lifecycle::{self, Member};
+use crate::metrics::Metrics;
+use crate::supervisor::Process;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use toa_context::{Context, Credentials, RunCommand};
+use tokio::sync::watch;
+
+/// What `compose` was asked to run.
+pub struct Options {
+    pub context: Context,
+    pub credentials: Credentials,
+    pub components: Vec<PathBuf>,
+    pub listen: SocketAddr,
+    pub instance: Instance,
+    /// Told the local API's address once the composition is complete.
+    pub on_ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+    /// Where the control endpoint listens, and the token every control request must carry.
+    pub control: Option<(SocketAddr, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ComposeError {
+    #[error(transparent)]
+    Component(#[from] ComponentError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Runs until `shutdown` completes, then drains. Returns an error when the start failed.
+pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result<(), ComposeError> {
+    let Options {
+        context,
+        credentials,
+        components,
+        listen,
+        instance,
+        on_ready,
+        control,
+    } = options;
+    let mut loaded = Vec::new();
+    for dir in &components {
+        loaded.push(Arc::new(Component::load(dir)?));
+    }
+    let mut names: Vec<&str> = loaded.iter().map(|c| c.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(twice) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+        return Err(ComposeError::Setup(format!(
+            "component {} is given twice",
+            twice[0]
+        )));
+    }
+
+    let metrics = Metrics::new();
+    let mut atoms = HashMap::new();
+    for component in &loaded {
+        let config = AtomConfig {
+            scope: Scope::new(context.name.clone(), component.name.clone()),
+            mode: Mode::Local,
+            atomicity: context.atomicity.clone(),
+            credentials: credentials.clone(),
+            instance: instance.to_string(),
+        };
+        let atom =
+            Atom::start(config, metrics.clone()).map_err(|e| ComposeError::Setup(e.to_string()))?;
+        atoms.insert(component.name.clone(), Arc::new(atom));
+    }
+
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::warn!(%listen, %error, "the agent's address is taken; serving on a free port instead");
+            tokio::net::TcpListener::bind((listen.ip(), 0))
+                .await
+                .map_err(|e| ComposeError::Setup(e.to_string()))?
+        }
+    };
+    let address = listener
+        .local_addr()
+        .map_err(|e| ComposeError::Setup(e.to_string()))?;
+    let agent_url = format!("http://{address}");
+
+    // Start every program at once.
+    let starts = loaded
+        .iter()
+        .map(|component| component.start(&agent_url, instance.as_str()));
+    let mut programs: Vec<Program> = Vec::new();
+    let mut members = Vec::new();
+    let mut failure = None;
+    for (component, started) in loaded.iter().zip(futures::future::join_all(starts).await) {
+        match started {
+            Ok((program, client)) => {
+                programs.push(program);
+                members.push(Member {
+                    component: component.clone(),
+                    client,
+                });
+            }
+            Err(error) => {
+                failure.get_or_insert(error);
+            }
+        }
+    }
+    if let Some(error) = failure {
+        stop_programs(programs).await;
+        return Err(error.into());
+    }
+
+    let (serving_tx, serving) = watch::channel(false);
+    let (ready_tx, ready) = watch::channel(false);
+    let callees = members
+        .iter()
+        .map(|m| {
+            (
+                m.component.name.clone(),
+                Callee {
+                    component: m.component.clone(),
+                    client: m.client.clone(),
+                },
+            )
+        })
+        .collect();
+    let calls = Calls::new(
+        callees,
+        instance.to_string(),
+        context.addressed.timeout,
+        serving.clone(),
+    );
+    let calls = match &context.amqp {
+        None => Arc::new(calls),
+        Some(address) => {
+            let connected = async {
+                let credentials = Credentials::from_vars(&toa_context::ProcessVars, "TOA_AMQP")
+                    .map_err(|e| e.to_string())?;
+                let broker = Broker::connect(address, &credentials, &context.name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                for member in &members {
+                    broker
+                        .serve(
+                            &member.component.name,
+                            member.client.clone(),
+                            instance.as_str(),
+                            serving.clone(),
+                        )
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok::<_, String>(broker)
+            };
+            match connected.await {
+                Ok(broker) => {
+                    tracing::info!(broker = %address, "calls go over the broker");
+                    Arc::new(calls.over_broker(broker, catalog(&components, &loaded)))
+                }
+                Err(message) => {
+                    stop_programs(programs).await;
+                    return Err(ComposeError::Setup(message));
+                }
+            }
+        }
+    };
+    let (drain_tx, mut drain) = tokio::sync::mpsc::channel::<()>(1);
+    let host = Arc::new(Host {
+        atoms: atoms.clone(),
+        calls: Some(calls.clone()),
+        instance: instance.to_string(),
+        ready,
+    });
+    let app = api::router(host).route(
+        "/v1/drain",
+        axum::routing::post(move || {
+            let drain_tx = drain_tx.clone();
+            async move {
+                let _ = drain_tx.try_send(());
+                "draining"
+            }
+        }),
+    );
+    let server = tokio::spawn(axum::serve(listener, app).into_future());
+    tracing::info!(agent = %agent_url, instance = %instance, "serving the local API");
+
+    let started = async {
+        lifecycle::phase(&members, RunCommand::Preflight).await?;
+        serving_tx.send_replace(true);
+        lifecycle::phase(&members, RunCommand::Settle).await?;
+        lifecycle::phase(&members, RunCommand::Ready).await
+    };
+    if let Err(error) = started.await {
+        server.abort();
+        stop_programs(programs).await;
+        return Err(error.into());
+    }
+    ready_tx.send_replace(true);
+    tracing::info!(components = ?names, "Composition complete");
+    if let Some(on_ready) = on_ready {
+        let _ = on_ready.send(address);
+    }
+    let process = Process::start(members.clone(), calls.clone(), instance.to_string());
+    let control = match control {
+        Some((address, token)) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| ComposeError::Setup(format!("control endpoint {address}: {e}")))?;
+            tracing::info!(control = %listener.local_addr().map_err(|e| ComposeError::Setup(e.to_string()))?, "serving the control endpoint");
+            let app = crate::control::router(token, process.clone());
+            Some(tokio::spawn(axum::serve(listener, app).into_future()))
+        }
+        None => None,
+    };
+
+    tokio::pin!(shutdown);
+    tokio::select! {
+        _ = &mut shutdown => {}
+        _ = drain.recv() => {}
+    }
+    tracing::info!("draining: no more calls in, running dispose");
+    ready_tx.send_replace(false);
+    serving_tx.send_replace(false);
+    process.drain().await;
+    if let Some(control) = control {
+        control.abort();
+    }
+    if let Err(error) = lifecycle::phase(&members, RunCommand::Dispose).await {
+        tracing::error!(%error, "dispose failed");
+    }
+    for atom in atoms.values() {
+        atom.shutdown().await;
+    }
+    stop_programs(programs).await;
+    server.abort();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The declarations of the other components beside the given ones (the directories next to
+/// theirs), so calls to components other processes run are checked before they are sent.
+fn catalog(dirs: &[PathBuf], local: &[Arc<Component>]) -> HashMap<String, Arc<Component>> {
+    let mut catalog: HashMap<String, Arc<Component>> =
+        local.iter().map(|c| (c.name.clone(), c.clone())).collect();
+    let parents: std::collections::BTreeSet<PathBuf> = dirs
+        .iter()
+        .filter_map(|dir| std::fs::canonicalize(dir).ok()?.parent().map(PathBuf::from))
+        .collect();
+    for parent in parents {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.path().join("manifest.toa.yaml").exists() {
+                continue;
+            }
+            match Component::load(&entry.path()) {
+                Ok(component) => {
+                    catalog
+                        .entry(component.name.clone())
+                        .or_insert_with(|| Arc::new(component));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "a neighbouring component's manifest is not valid; calls to it are refused")
+                }
+            }
+        }
+    }
+    catalog
+}
+
+async fn stop_programs(programs: Vec<Program>) {
+    futures::future::join_all(programs.into_iter().map(|p| p.stop(Duration::from_secs(5)))).await;
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn signals() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+use std::future::IntoFuture;

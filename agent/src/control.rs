@@ -1,0 +1,167 @@
+//! The control endpoint, for the operator: halt, resume, status, on its own port.
+//!
+//! Every request must carry `Authorization: Bearer <token>`, the composition's token read from a
+//! file at start (a Secret the operator creates); anything else gets 401 and changes nothing.
+//! Actions are idempotent by halt id: halting twice with one id pauses once.
+//!
+//! | method and path | what |
+//! |---|---|
+//! | `POST /control/halt` `{"halt": "id"}` | runs `pause`, stops pulses; answers the status |
+//! | `POST /control/resume` `{"halt": "id"}` | runs `resume`, starts pulses again; answers the status |
+//! | `GET /control/status` | `{"phase", "halt", "instance", "calls": {"since_pause", "last_at_ms"}}` |
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// What a process reports about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// `starting`, `running`, `paused`, `draining`.
+    pub phase: String,
+    /// The halt the process is paused for, if any.
+    pub halt: Option<String>,
+    pub instance: String,
+    pub calls: Activity,
+}
+
+/// Calls made or received by the process's components since the last pause.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Activity {
+    pub since_pause: u64,
+    /// Milliseconds since the Unix epoch of the last call, if any since the pause.
+    pub last_at_ms: Option<u64>,
+}
+
+pub type Reply = Pin<Box<dyn Future<Output = Result<Status, String>> + Send>>;
+
+/// What the endpoint drives: the process's supervisor.
+pub trait Supervisor: Send + Sync + 'static {
+    fn halt(self: Arc<Self>, halt: String) -> Reply;
+    fn resume(self: Arc<Self>, halt: String) -> Reply;
+    fn status(&self) -> Status;
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HaltRequest {
+    halt: String,
+}
+
+struct Control {
+    token: String,
+    supervisor: Arc<dyn Supervisor>,
+}
+
+/// The control router; `token` is compared with every request's bearer token.
+pub fn router(token: String, supervisor: Arc<dyn Supervisor>) -> Router {
+    let control = Arc::new(Control { token, supervisor });
+    Router::new()
+        .route("/control/halt", post(halt))
+        .route("/control/resume", post(resume))
+        .route("/control/status", get(status))
+        .layer(middleware::from_fn_with_state(
+            control.clone(),
+            authenticate,
+        ))
+        .with_state(control)
+}
+
+async fn authenticate(
+    State(control): State<Arc<Control>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    match given {
+        Some(token) if constant_time_eq(token.as_bytes(), control.token.as_bytes()) => {
+            next.run(request).await
+        }
+        _ => {
+            tracing::warn!("control request refused: no valid token");
+            error(
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHORIZED",
+                "expected `Authorization: Bearer <the composition's token>`",
+            )
+        }
+    }
+}
+
+/// Compares without returning early, so the time taken tells nothing about the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    (
+        status,
+        Json(serde_json::json!({"error": {"code": code, "message": message}})),
+    )
+        .into_response()
+}
+
+/// The halt id of a request, or what was wrong with the request.
+fn halt_id(body: Result<Json<HaltRequest>, JsonRejection>) -> Result<String, String> {
+    match body {
+        Ok(Json(HaltRequest { halt })) if !halt.is_empty() && halt.len() <= 128 => Ok(halt),
+        Ok(_) => Err("expected a halt id of 1 to 128 characters".to_owned()),
+        Err(rejection) => Err(rejection.body_text()),
+    }
+}
+
+fn answer(result: Result<Status, String>) -> Response {
+    match result {
+        Ok(status) => Json(status).into_response(),
+        Err(message) => error(StatusCode::CONFLICT, "CONFLICT", &message),
+    }
+}
+
+async fn halt(
+    State(control): State<Arc<Control>>,
+    body: Result<Json<HaltRequest>, JsonRejection>,
+) -> Response {
+    match halt_id(body) {
+        Ok(id) => answer(control.supervisor.clone().halt(id).await),
+        Err(message) => error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &message),
+    }
+}
+
+async fn resume(
+    State(control): State<Arc<Control>>,
+    body: Result<Json<HaltRequest>, JsonRejection>,
+) -> Response {
+    match halt_id(body) {
+        Ok(id) => answer(control.supervisor.clone().resume(id).await),
+        Err(message) => error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &message),
+    }
+}
+
+async fn status(State(control): State<Arc<Control>>) -> Json<Status> {
+    Json(control.supervisor.status())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compares_tokens_fully() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

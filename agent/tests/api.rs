@@ -1,0 +1,360 @@
+//! The local HTTP API, served on 127.0.0.1:0 and called over real sockets; the Redis-backed
+//! component uses the Redis on 127.0.0.1:6379.
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::Duration;
+use toa_agent::api::{router, Host};
+use toa_agent::{Atom, AtomConfig, Metrics, Mode, Scope};
+use toa_context::{Atomicity, Credentials};
+
+struct Served {
+    base: String,
+    client: reqwest::Client,
+    application: String,
+}
+
+async fn serve() -> Served {
+    let application = format!("api-{}", std::process::id());
+    let metrics = Metrics::new();
+    let atom = |component: &str, mode: Mode, atomicity: Option<Atomicity>| {
+        let config = AtomConfig {
+            scope: Scope::new(application.clone(), component),
+            mode,
+            atomicity,
+            credentials: Credentials::default(),
+            instance: "api-test".into(),
+        };
+        Arc::new(Atom::start(config, metrics.clone()).unwrap())
+    };
+    let redis = Atomicity::new(
+        &["redis://127.0.0.1:6379".to_owned()],
+        Some(Duration::from_millis(200)),
+        Some(Duration::from_millis(1000)),
+    )
+    .unwrap();
+    let atoms = HashMap::from([
+        (
+            "local.embedded".to_owned(),
+            atom("local.embedded", Mode::Local, None),
+        ),
+        ("pod.bare".to_owned(), atom("pod.bare", Mode::Pod, None)),
+        (
+            "pod.redis".to_owned(),
+            atom("pod.redis", Mode::Pod, Some(redis)),
+        ),
+    ]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (_, ready) = tokio::sync::watch::channel(true);
+    let host = Host {
+        atoms,
+        calls: None,
+        instance: "api-test".into(),
+        ready,
+    };
+    tokio::spawn(axum::serve(listener, router(Arc::new(host))).into_future());
+    Served {
+        base,
+        client: reqwest::Client::new(),
+        application,
+    }
+}
+
+/// Reads the next non-blank JSON line of a stream, within `limit`.
+async fn next_line(
+    stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    buffer: &mut String,
+    limit: Duration,
+) -> Option<Value> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(end) = buffer.find('\n') {
+            let line: String = buffer.drain(..=end).collect();
+            if line.trim().is_empty() {
+                continue;
+            }
+            return Some(serde_json::from_str(&line).unwrap());
+        }
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(Some(chunk)) => buffer.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap()),
+            _ => return None,
+        }
+    }
+}
+
+async fn error_of(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    (
+        status,
+        response.json::<Value>().await.unwrap()["error"].clone(),
+    )
+}
+
+#[tokio::test]
+async fn a_lock_is_held_while_the_request_is_open_and_released_when_it_closes() {
+    let served = serve().await;
+    for component in ["local.embedded", "pod.redis"] {
+        let url = format!("{}/v1/{component}/lock", served.base);
+        let first = served
+            .client
+            .post(&url)
+            .json(&json!({"keys": ["settlement"]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(first.status(), 200);
+        let mut first_stream = first.bytes_stream();
+        let mut buffer = String::new();
+        let acquired = next_line(&mut first_stream, &mut buffer, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(acquired["event"], "acquired", "{component}");
+        if component == "pod.redis" {
+            let key = format!("toa:{}:pod.redis:lock:settlement", served.application);
+            let mut redis = redis::Client::open("redis://127.0.0.1:6379")
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let exists: bool = redis::cmd("EXISTS").arg(&key).query(&mut redis).unwrap();
+            assert!(exists, "the lock is in Redis, not in-process");
+        }
+        let second = served
+            .client
+            .post(&url)
+            .json(&json!({"keys": ["settlement"]}))
+            .send()
+            .await
+            .unwrap();
+        let mut second_stream = second.bytes_stream();
+        let mut second_buffer = String::new();
+        assert!(
+            next_line(
+                &mut second_stream,
+                &mut second_buffer,
+                Duration::from_millis(500)
+            )
+            .await
+            .is_none(),
+            "{component}: the second request waits while the first holds"
+        );
+        drop(first_stream); // the component closes its request
+        let next = next_line(
+            &mut second_stream,
+            &mut second_buffer,
+            Duration::from_secs(3),
+        )
+        .await
+        .expect("handed over");
+        assert_eq!(next["event"], "acquired");
+        assert!(
+            next["token"].as_u64() > acquired["token"].as_u64(),
+            "{component}: {acquired} then {next}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn slots_meter_and_onassigned() {
+    let served = serve().await;
+    let get = |path: &str| served.client.get(format!("{}{path}", served.base)).send();
+    let slots: Value = get("/v1/local.embedded/slots?total=4")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(slots, json!({"slots": [0, 1, 2, 3]}));
+    let slots: Value = get("/v1/pod.bare/slots?total=4")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(slots, json!({"slots": null}));
+
+    let meter = |body: Value| {
+        served
+            .client
+            .post(format!("{}/v1/local.embedded/meter", served.base))
+            .json(&body)
+            .send()
+    };
+    let debts: Value = meter(json!({"keys": ["appraise:c1", "appraise"], "deltas": [6000, 6000]}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(debts, json!({"debts": [6000, 6000]}));
+
+    let stream = get("/v1/local.embedded/onassigned").await.unwrap();
+    let mut stream = stream.bytes_stream();
+    let mut buffer = String::new();
+    let first = next_line(&mut stream, &mut buffer, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(first["assignment"], json!({"i": 0, "n": 1, "epoch": 1}));
+    let listener = first["listener"].as_u64().unwrap();
+    let failed = served
+        .client
+        .post(format!(
+            "{}/v1/local.embedded/onassigned/{listener}/failed",
+            served.base
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(failed.status(), 200);
+    let after = next_line(&mut stream, &mut buffer, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(after["assignment"], Value::Null);
+    let slots: Value = get("/v1/local.embedded/slots?total=4")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        slots,
+        json!({"slots": null}),
+        "a failed listener leaves the replica owning nothing"
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_a_clear_error_and_the_agent_keeps_serving() {
+    let served = serve().await;
+    let post = |path: &str, body: &'static str| {
+        served
+            .client
+            .post(format!("{}{path}", served.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let (status, error) =
+        error_of(post("/v1/local.embedded/lock", "{not json").await.unwrap()).await;
+    assert_eq!((status, error["code"].as_str()), (400, Some("BAD_REQUEST")));
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("key must be a string"),
+        "{error}"
+    );
+    let (status, error) = error_of(
+        post("/v1/local.embedded/lock", r#"{"key": "a"}"#)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `key`, expected `keys`"),
+        "{error}"
+    );
+    let (status, error) = error_of(
+        post("/v1/local.embedded/lock", r#"{"keys": []}"#)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, error["message"].as_str()),
+        (400, Some("invalid key \"\": expected at least one key"))
+    );
+    let (status, error) = error_of(
+        post(
+            "/v1/local.embedded/meter",
+            r#"{"keys": ["a"], "deltas": [-1]}"#,
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        error["message"].as_str().unwrap().contains("deltas"),
+        "{error}"
+    );
+    let (status, error) = error_of(
+        post(
+            "/v1/local.embedded/meter",
+            r#"{"keys": ["a", "b"], "deltas": [1]}"#,
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, error["message"].as_str()),
+        (
+            400,
+            Some("meter: expected one delta per key, got 2 keys and 1 deltas")
+        )
+    );
+    let (status, error) =
+        error_of(post("/v1/nobody/lock", r#"{"keys": ["a"]}"#).await.unwrap()).await;
+    assert_eq!(
+        (status, error["code"].as_str()),
+        (404, Some("UNKNOWN_COMPONENT"))
+    );
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("local.embedded, pod.bare, pod.redis"),
+        "{error}"
+    );
+    let (status, error) = error_of(
+        post("/v1/pod.bare/lock", r#"{"keys": ["a"]}"#)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, error["code"].as_str()),
+        (501, Some("REQUIRES_ATOMICITY"))
+    );
+    let response = served
+        .client
+        .get(format!("{}/v1/local.embedded/slots", served.base))
+        .send()
+        .await
+        .unwrap();
+    let (status, error) = error_of(response).await;
+    assert_eq!(status, 400);
+    assert!(
+        error["message"].as_str().unwrap().contains("total"),
+        "{error}"
+    );
+    let response = served
+        .client
+        .post(format!(
+            "{}/v1/local.embedded/onassigned/999/failed",
+            served.base
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_of(response).await.0, 404);
+    // Still serving.
+    let slots: Value = served
+        .client
+        .get(format!("{}/v1/local.embedded/slots?total=2", served.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(slots, json!({"slots": [0, 1]}));
+}

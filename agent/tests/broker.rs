@@ -1,0 +1,207 @@
+//! Calls over the real RabbitMQ on 127.0.0.1:5672 between `toa-agent compose` processes.
+
+mod support;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::Composition;
+
+/// A context of its own (its own application, so its own queues) naming the broker.
+fn context(name: &str) -> (PathBuf, String) {
+    let application = format!("{name}-{}", std::process::id());
+    let path = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
+    std::fs::write(
+        &path,
+        format!("name: {application}\namqp: amqp://127.0.0.1:5672\n"),
+    )
+    .unwrap();
+    (path, application)
+}
+
+fn terminals(context: &Path, instance: &str, record: &Path, extra: &[(&str, &str)]) -> Composition {
+    let mut env = vec![
+        ("TOA_INSTANCE", instance),
+        ("TOA_RECORD", record.to_str().unwrap()),
+    ];
+    env.extend_from_slice(extra);
+    Composition::start(
+        &[
+            "agent/tests/components/terminals",
+            "--context",
+            context.to_str().unwrap(),
+        ],
+        &env,
+    )
+}
+
+fn record(name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("toa-charges-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+fn charges(record: &Path) -> Vec<Value> {
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn queues() -> String {
+    let output = Command::new("rabbitmqctl")
+        .args(["-q", "list_queues", "name"])
+        .output()
+        .expect("rabbitmqctl");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn a_call_to_one_process_reaches_it_or_fails_with_addressee() {
+    let (context, application) = context("addressed");
+    let charges_file = record("addressed");
+    let till1 = terminals(&context, "till-1", &charges_file, &[]);
+    till1.wait_ready();
+    let till2 = terminals(&context, "till-2", &charges_file, &[]);
+    till2.wait_ready();
+
+    // connect is ordinary: whichever replica takes it holds the terminal.
+    let (ok, answer) = till1.call("test.terminals.connect", "{ input: { terminal: t1 } }");
+    assert!(ok, "{answer}");
+    let holder = answer["reply"]["holder"].as_str().unwrap().to_owned();
+    let other = if holder == "till-1" {
+        "till-2"
+    } else {
+        "till-1"
+    };
+
+    // Charging on the holder works from either process; on the other it is the operation's own answer.
+    let request = |instance: &str| {
+        format!("{{ input: {{ terminal: t1, amount: 5 }}, instance: {instance} }}")
+    };
+    let (ok, answer) = till2.call("test.terminals.charge", &request(&holder));
+    assert!(ok, "{answer}");
+    assert_eq!(answer["reply"]["charged"], 5);
+    let (_, answer) = till1.call("test.terminals.charge", &request(other));
+    assert_eq!(answer["error"]["code"], "NOT_HELD", "{answer}");
+    // Nobody holds till-9.
+    let (ok, answer) = till1.call("test.terminals.charge", &request("till-9"));
+    assert!(!ok);
+    assert_eq!(
+        (
+            answer["error"]["code"].as_str(),
+            answer["error"]["number"].as_u64()
+        ),
+        (Some("Addressee"), Some(403)),
+        "{answer}"
+    );
+    // The request contract is checked before anything is sent.
+    let (_, answer) = till1.call(
+        "test.terminals.charge",
+        "{ input: { terminal: t1, amount: 5 } }",
+    );
+    assert_eq!(answer["error"]["code"], "RequestContract", "{answer}");
+
+    // The queues are on the real broker.
+    let names = queues();
+    for queue in [
+        format!("toa.{application}.test.terminals"),
+        format!("toa.{application}.test.terminals@till-1"),
+        format!("toa.{application}.test.terminals@till-2"),
+    ] {
+        assert!(
+            names.lines().any(|line| line.trim() == queue),
+            "{queue} missing in:\n{names}"
+        );
+    }
+    assert_eq!(charges(&charges_file).len(), 1, "one charge ran");
+}
+
+#[test]
+fn a_call_not_taken_before_its_deadline_never_runs() {
+    let (context, _) = context("deadline");
+    let charges_file = record("deadline");
+    // One call at a time, so later calls wait in the broker's queue.
+    let till = terminals(&context, "till-1", &charges_file, &[("TOA_PREFETCH", "1")]);
+    till.wait_ready();
+    let (ok, _) = till.call("test.terminals.connect", "{ input: { terminal: t1 } }");
+    assert!(ok);
+    let agent = till.agent.clone();
+    let call = move |request: &'static str| {
+        let agent = agent.clone();
+        std::thread::spawn(move || {
+            let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+                .args(["call", "test.terminals.charge", request, "--agent", &agent])
+                .output()
+                .unwrap();
+            serde_json::from_slice::<Value>(&output.stdout).unwrap_or(Value::Null)
+        })
+    };
+    let slow = call(
+        "{ input: { terminal: t1, amount: 1, sleep_ms: 1500 }, instance: till-1, timeout: 5000 }",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let expired = call("{ input: { terminal: t1, amount: 2 }, instance: till-1, timeout: 400 }");
+    std::thread::sleep(Duration::from_millis(50));
+    let patient = call("{ input: { terminal: t1, amount: 3 }, instance: till-1, timeout: 5000 }");
+    let expired = expired.join().unwrap();
+    assert_eq!(expired["error"]["code"], "Abandoned", "{expired}");
+    assert_eq!(expired["error"]["number"], 404);
+    assert_eq!(slow.join().unwrap()["reply"]["charged"], 1);
+    assert_eq!(
+        patient.join().unwrap()["reply"]["charged"],
+        3,
+        "a call queued behind with a longer deadline runs"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let amounts: Vec<u64> = charges(&charges_file)
+        .iter()
+        .map(|c| c["amount"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        amounts,
+        vec![1, 3],
+        "the call whose deadline passed in the queue never ran"
+    );
+}
+
+#[test]
+fn a_second_process_with_a_taken_name_waits_for_it_and_then_answers() {
+    let (context, _) = context("taken");
+    let charges_file = record("taken");
+    let first = terminals(&context, "till-7", &charges_file, &[]);
+    first.wait_ready();
+    let (_, answer) = first.call("test.terminals.pid", "{ instance: till-7 }");
+    let first_pid = answer["reply"].as_u64().unwrap();
+    let second = terminals(&context, "till-7", &charges_file, &[]);
+    second.wait_ready();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !second.log().contains("Instance name taken") {
+        assert!(
+            Instant::now() < deadline,
+            "no `Instance name taken`:\n{}",
+            second.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Still the first one answers under the name.
+    let (_, answer) = second.call("test.terminals.pid", "{ instance: till-7 }");
+    assert_eq!(answer["reply"].as_u64(), Some(first_pid));
+    let (stopped, log) = first.terminate(Duration::from_secs(20));
+    assert!(stopped, "{log}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, answer) = second.call("test.terminals.pid", "{ instance: till-7, timeout: 1000 }");
+        if answer["reply"].as_u64().is_some_and(|pid| pid != first_pid) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the second process did not take the name: {answer}\n{}",
+            second.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -1,0 +1,52 @@
+# Records its run commands (with what it could do in each) to the file in $TOA_RECORD.
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "examples", "python"))
+from toa import Component  # noqa: E402
+
+component = Component()
+
+
+def record(event, **details):
+    with open(os.environ["TOA_RECORD"], "a") as out:
+        out.write(json.dumps({"event": event, "at": time.monotonic(), **details}) + "\n")
+
+
+@component.lifecycle
+def preflight(context):
+    time.sleep(0.2)  # operations are not served until preflight is done
+    record("preflight")
+
+
+@component.lifecycle
+def settle(context):
+    # The component can call its own operations now.
+    record("settle", echo=context.agent.call("test.recorder.echo", {"from": "settle"}))
+
+
+@component.lifecycle
+def ready(context):
+    record("ready", instance=context.instance)
+
+
+@component.lifecycle
+def dispose(context):
+    # Nothing calls into it any more, but it can still call out: the agent refuses the call in.
+    record("dispose")
+
+
+@component.operation
+def echo(input, context):
+    record("echo", input=input)
+    return input
+
+
+@component.operation
+def events(input, context):
+    return open(os.environ["TOA_RECORD"]).read()
+
+
+component.run()

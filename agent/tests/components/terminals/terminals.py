@@ -1,0 +1,39 @@
+# Records each charge (amount, pid) to the file in $TOA_RECORD.
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "examples", "python"))
+from toa import Component, Error  # noqa: E402
+
+component = Component()
+
+
+@component.lifecycle
+def preflight(context):
+    context.state["connections"] = set()
+
+
+@component.operation
+def connect(input, context):
+    context.state["connections"].add(input["terminal"])
+    return {"holder": context.instance}
+
+
+@component.operation
+def charge(input, context):
+    if input["terminal"] not in context.state["connections"]:
+        return Error("NOT_HELD")
+    time.sleep(input.get("sleep_ms", 0) / 1000)
+    with open(os.environ["TOA_RECORD"], "a") as out:
+        out.write(json.dumps({"amount": input["amount"], "pid": os.getpid()}) + "\n")
+    return {"charged": input["amount"]}
+
+
+@component.operation
+def pid(input, context):
+    return os.getpid()
+
+
+component.run()

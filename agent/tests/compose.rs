@@ -1,0 +1,292 @@
+//! `toa-agent compose` and `toa-agent call` as a user runs them, with real programs (Python).
+
+mod support;
+
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use support::{compose_once, free_port, Composition};
+
+#[test]
+fn the_seed_examples_run_end_to_end() {
+    let composition = Composition::start(
+        &[
+            "examples/store.catalog",
+            "examples/store.orders",
+            "examples/notifications",
+        ],
+        &[],
+    );
+    composition.wait_ready();
+    let ready = http_status(&format!("{}/readyz", composition.agent));
+    assert_eq!(ready, 200);
+    let request = "{ input: { customer: 'c1', product: 'a1' } }";
+    for n in 1..=10 {
+        let (ok, answer) = composition.call("store.catalog.appraise", request);
+        assert!(ok, "appraisal {n}: {answer}");
+        assert_eq!(answer["reply"]["product"], "a1");
+    }
+    let (ok, answer) = composition.call("store.catalog.appraise", request);
+    assert!(!ok);
+    assert_eq!(
+        answer["error"]["code"], "TOO_MANY_REQUESTS",
+        "the eleventh within a minute"
+    );
+
+    let (ok, answer) = composition.call("store.orders.settle", "{}");
+    assert!(ok, "{answer}");
+    assert_eq!(answer["reply"]["submitted"], 2);
+
+    // The pulse drains every partition on the only replica.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, answer) = composition.call("notifications.drained", "{}");
+        if answer["reply"]
+            .as_object()
+            .is_some_and(|drained| drained.len() == 16)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pulse did not drain all 16 partitions: {answer}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let (ok, answer) = composition.call("store.catalog.appraise", "{ input: { customer: 1 } }");
+    assert!(!ok);
+    assert_eq!(answer["error"]["code"], "RequestContract");
+    assert_eq!(answer["error"]["number"], 202);
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"product\" is a required property"),
+        "{answer}"
+    );
+    let (_, answer) = composition.call("store.orders.settle", "{ input: {}, instance: someone }");
+    assert_eq!(answer["error"]["code"], "RequestContract", "{answer}");
+
+    let (stopped, log) = composition.terminate(Duration::from_secs(20));
+    assert!(stopped, "{log}");
+    assert!(log.contains("draining"), "{log}");
+}
+
+#[test]
+fn lifecycle_runs_in_order_and_settle_can_call_its_own_operations() {
+    let record = std::env::temp_dir().join(format!("toa-record-{}", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let record_path = record.to_str().unwrap();
+    let composition = Composition::start(
+        &["agent/tests/components/recorder"],
+        &[("TOA_RECORD", record_path), ("TOA_INSTANCE", "till-7")],
+    );
+    composition.wait_ready();
+    let (ok, answer) = composition.call("test.recorder.echo", "{ input: { from: cli } }");
+    assert!(ok, "{answer}");
+    assert_eq!(answer["reply"], json!({"from": "cli"}));
+    let (stopped, log) = composition.terminate(Duration::from_secs(20));
+    assert!(stopped, "{log}");
+    let events: Vec<Value> = std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["preflight", "echo", "settle", "ready", "echo", "dispose"],
+        "{events:?}"
+    );
+    assert_eq!(
+        events[2]["echo"],
+        json!({"from": "settle"}),
+        "settle called its own operation"
+    );
+    assert_eq!(
+        events[3]["instance"], "till-7",
+        "TOA_INSTANCE names the process"
+    );
+}
+
+#[test]
+fn a_start_that_cannot_succeed_stops_with_a_clear_error() {
+    let output = compose_once(&["agent/tests/components/pauser"], &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("component pauser exports pause and no resume"),
+        "{stderr}"
+    );
+
+    let output = compose_once(&["agent/tests/components/failing"], &[("RUST_LOG", "info")]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("failing: preflight failed"), "{stderr}");
+    assert!(!stderr.contains("Composition complete"), "{stderr}");
+
+    let output = compose_once(&["examples/store.catalog"], &[("TOA_INSTANCE", "till 7")]);
+    assert_eq!(output.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("TOA_INSTANCE: expected 1 to 64 ASCII letters"),
+        "{stderr}"
+    );
+}
+
+/// A GET over a plain TCP socket: the status code.
+fn http_status(url: &str) -> u16 {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
+    let mut stream = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn events(record: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+fn count(events: &[Value], name: &str) -> usize {
+    events.iter().filter(|e| e["event"] == name).count()
+}
+
+/// A request to the control endpoint: (status, body).
+fn control(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    // The body may be chunked: take the JSON object inside.
+    let json = body
+        .find('{')
+        .map(|start| &body[start..=body.rfind('}').unwrap()])
+        .unwrap_or("null");
+    (status, serde_json::from_str(json).unwrap_or(Value::Null))
+}
+
+#[test]
+fn halt_pauses_and_resume_takes_back_in_the_same_process_only_with_the_token() {
+    let record = std::env::temp_dir().join(format!("toa-poller-{}", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let token_file = std::env::temp_dir().join(format!("toa-token-{}", std::process::id()));
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let port = free_port();
+    let composition = Composition::start(
+        &[
+            "agent/tests/components/poller",
+            "--control-listen",
+            &format!("127.0.0.1:{port}"),
+            "--control-token-file",
+            token_file.to_str().unwrap(),
+        ],
+        &[("TOA_RECORD", record.to_str().unwrap())],
+    );
+    composition.wait_ready();
+    let token = Some("s3cret-token");
+
+    // Without the token, or with another, nothing happens.
+    assert_eq!(control(port, "GET", "/control/status", None, "").0, 401);
+    assert_eq!(
+        control(
+            port,
+            "POST",
+            "/control/halt",
+            Some("guess"),
+            r#"{"halt":"h1"}"#
+        )
+        .0,
+        401
+    );
+    let (status, body) = control(port, "GET", "/control/status", token, "");
+    assert_eq!((status, body["phase"].as_str()), (200, Some("running")));
+    assert!(
+        !composition.log().contains("s3cret"),
+        "the token is never logged"
+    );
+
+    // Halt: pause runs once, pulses stop.
+    let (status, body) = control(port, "POST", "/control/halt", token, r#"{"halt":"h1"}"#);
+    assert_eq!(
+        (status, body["phase"].as_str(), body["halt"].as_str()),
+        (200, Some("paused"), Some("h1")),
+        "{body}"
+    );
+    assert_eq!(body["calls"]["since_pause"], 0);
+    let (_, again) = control(port, "POST", "/control/halt", token, r#"{"halt":"h1"}"#);
+    assert_eq!(again["phase"], "paused");
+    std::thread::sleep(Duration::from_millis(150)); // a tick in flight at the pause lands
+    let ticks = count(&events(&record), "tick");
+    std::thread::sleep(Duration::from_millis(600));
+    let paused = events(&record);
+    assert_eq!(count(&paused, "tick"), ticks, "no pulse while paused");
+    assert_eq!(
+        count(&paused, "pause"),
+        1,
+        "halting twice with one id pauses once"
+    );
+
+    // A call while paused is seen by the operator.
+    let (ok, answer) = composition.call("test.poller.ping", "{}");
+    assert!(ok, "calls are still served while paused: {answer}");
+    let (_, body) = control(port, "GET", "/control/status", token, "");
+    assert_eq!(body["calls"]["since_pause"], 1, "{body}");
+    assert!(body["calls"]["last_at_ms"].as_u64().is_some());
+
+    // Resume: only for the halt it paused for; the same process takes back, pulses restart.
+    assert_eq!(
+        control(port, "POST", "/control/resume", token, r#"{"halt":"h2"}"#).0,
+        409
+    );
+    let (status, body) = control(port, "POST", "/control/resume", token, r#"{"halt":"h1"}"#);
+    assert_eq!((status, body["phase"].as_str()), (200, Some("running")));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while count(&events(&record), "tick") <= ticks {
+        assert!(
+            Instant::now() < deadline,
+            "pulses did not start again after resume"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let all = events(&record);
+    assert_eq!(count(&all, "resume"), 1);
+    assert_eq!(count(&all, "preflight"), 1, "resume is not a restart");
+    let pids: std::collections::HashSet<u64> =
+        all.iter().map(|e| e["pid"].as_u64().unwrap()).collect();
+    assert_eq!(pids.len(), 1, "one process throughout, with its state");
+    assert_eq!(
+        control(port, "POST", "/control/halt", token, "{not json").0,
+        400
+    );
+
+    let (stopped, log) = composition.terminate(Duration::from_secs(20));
+    assert!(stopped, "{log}");
+    assert_eq!(count(&events(&record), "dispose"), 1);
+}

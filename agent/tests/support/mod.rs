@@ -1,0 +1,115 @@
+//! What the compose tests share: a `toa-agent compose` process and calls to it.
+#![allow(dead_code)] // each test file uses part of it
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Composition {
+    child: Child,
+    pub agent: String,
+    log: PathBuf,
+}
+
+impl Composition {
+    pub fn start(components: &[&str], env: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!("toa-compose-{port}.log"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_toa-agent"));
+        command
+            .current_dir(root())
+            .arg("compose")
+            .args(components)
+            .args(["--listen", &format!("127.0.0.1:{port}")]);
+        command
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        Self {
+            child: command.spawn().unwrap(),
+            agent: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.log().contains("Composition complete") {
+            assert!(
+                Instant::now() < deadline,
+                "no `Composition complete` in 30 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn call(&self, target: &str, request: &str) -> (bool, Value) {
+        let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+            .args(["call", target, request, "--agent", &self.agent])
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            serde_json::from_slice(&output.stdout).unwrap_or(Value::Null),
+        )
+    }
+
+    /// SIGTERM, then the exit status within `limit`.
+    pub fn terminate(mut self, limit: Duration) -> (bool, String) {
+        // SAFETY: signalling the child we started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status.success(), self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "compose did not stop within {limit:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Composition {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn compose_once(components: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_toa-agent"));
+    command
+        .current_dir(root())
+        .arg("compose")
+        .args(components)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())]);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().unwrap()
+}

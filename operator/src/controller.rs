@@ -1,0 +1,363 @@
+//! The controller: watches Compositions and what they own, and reconciles each one. Wiring only:
+//! what to apply comes from [`crate::desired`], the halt's next step from [`crate::halt`], the
+//! conditions from [`crate::status`]; the requests are in [`crate::kube_io`] and
+//! [`crate::agent_client`].
+//!
+//! A reconcile, in order:
+//! 1. if this replica does not hold the lease, nothing (asked again later);
+//! 2. validate the spec; refused → `Ready=False`, `InvalidSpec`, and nothing else is touched;
+//! 3. apply the ConfigMap of manifests; read the control token (creating its Secret once);
+//! 4. list the pods and ask each agent for its status (2 s at most each, all at once);
+//! 5. do the halt's one next step (record, halt pods, resume pods);
+//! 6. apply the Deployment (0 replicas once a halt stopped the composition);
+//! 7. write the status when it changed.
+
+use crate::agent_client::AgentControl;
+use crate::crd::Composition;
+use crate::desired::{self, Settings};
+use crate::halt::{self, Decision, Observation, Record, Report, Step};
+use crate::kube_io::{self, PodAddress};
+use crate::metrics::Metrics;
+use crate::status::{self, Observed, Rollout};
+use crate::validate::validate;
+use crate::Error;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{watcher, Controller};
+use kube::{Api, Client, Resource, ResourceExt};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How often a composition is looked at when nothing happens (drift, agents' reports).
+pub const RESYNC: Duration = Duration::from_secs(300);
+/// How often a composition is looked at while a halt runs or an agent does not answer: calls
+/// during a halt are only seen by asking.
+pub const HALT_POLL: Duration = Duration::from_secs(5);
+/// How long a replica that does not hold the lease waits before it looks again.
+pub const NOT_LEADER: Duration = Duration::from_secs(15);
+/// The first and the longest delay after a failed reconcile; doubled on each failure in a row.
+pub const BACKOFF_FIRST: Duration = Duration::from_secs(5);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub agents: Arc<dyn AgentControl>,
+    pub metrics: Metrics,
+    /// `true` while this replica holds the lease.
+    pub leader: watch::Receiver<bool>,
+    /// Kubernetes events for halt transitions; `None` in tests.
+    pub recorder: Option<Recorder>,
+    /// The clock, injected so tests fix the time.
+    pub now: fn() -> Timestamp,
+    /// Failures in a row per Composition, for the backoff.
+    failures: Mutex<HashMap<ObjectRef<Composition>, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        agents: Arc<dyn AgentControl>,
+        metrics: Metrics,
+        leader: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            client,
+            settings,
+            agents,
+            metrics,
+            leader,
+            recorder: None,
+            now: Timestamp::now,
+            failures: Mutex::default(),
+        }
+    }
+}
+
+/// Runs the controller until `shutdown` completes (reconciles under way finish first).
+pub async fn run(context: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+    let client = context.client.clone();
+    let compositions = Api::<Composition>::all(client.clone());
+    // Reconcile everything when this replica becomes the leader: it skipped them until now.
+    let mut leader = context.leader.clone();
+    let became_leader = async_stream_leader(&mut leader);
+    Controller::new(compositions, watcher::Config::default().any_semantic())
+        .owns(Api::<Deployment>::all(client.clone()), watcher::Config::default())
+        .owns(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
+        .owns(Api::<Secret>::all(client), watcher::Config::default())
+        .reconcile_all_on(became_leader)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(composition = %object, "reconciled"),
+                Err(error) => tracing::warn!(%error, "reconcile failed"),
+            }
+        })
+        .await;
+}
+
+/// A stream that yields once each time `leader` turns `true`.
+fn async_stream_leader(
+    leader: &mut watch::Receiver<bool>,
+) -> impl futures::Stream<Item = ()> + Send + 'static {
+    let leader = leader.clone();
+    futures::stream::unfold((leader, false), |(mut leader, mut was)| async move {
+        loop {
+            let now = *leader.borrow_and_update();
+            if now && !was {
+                return Some(((), (leader, true)));
+            }
+            was = now;
+            leader.changed().await.ok()?;
+        }
+    })
+}
+
+/// Backs off per Composition: 5 s, 10 s, 20 s … up to 5 min, reset by a success.
+pub fn error_policy(composition: Arc<Composition>, error: &Error, context: Arc<Context>) -> Action {
+    context.metrics.error(error.metric_label());
+    let key = ObjectRef::from_obj(composition.as_ref());
+    let mut failures = context.failures.lock().unwrap_or_else(|e| e.into_inner());
+    let count = failures.entry(key).or_insert(0);
+    *count = count.saturating_add(1);
+    let delay = BACKOFF_FIRST
+        .saturating_mul(2u32.saturating_pow(*count - 1))
+        .min(BACKOFF_MAX);
+    tracing::warn!(
+        composition = %composition.name_any(),
+        namespace = composition.namespace().unwrap_or_default(),
+        %error,
+        retry_in_s = delay.as_secs(),
+        "reconcile failed"
+    );
+    Action::requeue(delay)
+}
+
+/// Brings one Composition's objects, halt and status in line with its spec.
+pub async fn reconcile(composition: Arc<Composition>, context: Arc<Context>) -> Result<Action, Error> {
+    if !*context.leader.borrow() {
+        return Ok(Action::requeue(NOT_LEADER));
+    }
+    let _measure = context.metrics.reconcile();
+    let action = reconcile_inner(&composition, &context).await?;
+    context
+        .failures
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&ObjectRef::from_obj(composition.as_ref()));
+    Ok(action)
+}
+
+async fn reconcile_inner(composition: &Composition, context: &Context) -> Result<Action, Error> {
+    let name = composition.name_any();
+    let namespace = composition
+        .namespace()
+        .ok_or_else(|| desired::NotStored(name.clone()))?;
+    let client = &context.client;
+    let compositions = Api::<Composition>::namespaced(client.clone(), &namespace);
+    let now = (context.now)();
+    let previous = composition.status.as_ref();
+
+    let valid = match validate(&composition.spec) {
+        Ok(valid) => valid,
+        Err(invalid) => {
+            // What runs is left as it was: no apply, no halt step.
+            let status = status::status(
+                &Observed {
+                    generation: composition.metadata.generation,
+                    invalid: Some(&invalid.0),
+                    rollout: None,
+                    replicas: composition.spec.replicas,
+                    halt: None,
+                    now,
+                },
+                previous,
+            );
+            if status::changed(previous, &status) {
+                kube_io::patch_status(&compositions, &name, &status).await?;
+            }
+            return Ok(Action::requeue(RESYNC));
+        }
+    };
+
+    let build = |token: &str, replicas: i32| {
+        desired::desired(composition, &valid, &context.settings, token, replicas)
+    };
+    // The ConfigMap does not depend on the token or the replicas.
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
+    kube_io::apply(&config_maps, &build("", 0)?.components).await?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
+    let token = {
+        let control = build("", 0)?;
+        let control_name = control.control.name_any();
+        kube_io::control_token(&secrets, &control_name, |token| {
+            let mut secret = control.control.clone();
+            if let Some(data) = secret.data.as_mut() {
+                data.insert(
+                    desired::TOKEN_KEY.to_owned(),
+                    k8s_openapi::ByteString(token.as_bytes().to_vec()),
+                );
+            }
+            secret
+        })
+        .await?
+    };
+
+    // The halt.
+    let record = composition
+        .annotations()
+        .get(halt::ANNOTATION)
+        .and_then(|text| match Record::parse(text) {
+            Ok(record) => Some(record),
+            Err(error) => {
+                tracing::warn!(composition = %name, %error, "ignoring the halt record");
+                None
+            }
+        });
+    let pods = kube_io::pods(&Api::<Pod>::namespaced(client.clone(), &namespace), &name).await?;
+    let reports = reports(context, &pods, &token).await;
+    let decision = halt::decide(&Observation {
+        halted: composition.spec.halted,
+        timing: valid.halt,
+        record: record.as_ref(),
+        pods: &reports,
+        now,
+    });
+    let record = step(context, composition, &compositions, &pods, &token, &decision, record).await?;
+
+    let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
+    let applied = kube_io::apply(&deployments, &build(&token, replicas)?.deployment).await?;
+
+    let status = status::status(
+        &Observed {
+            generation: composition.metadata.generation,
+            invalid: None,
+            rollout: Some(Rollout::of(&applied)),
+            replicas,
+            halt: Some(&decision),
+            now,
+        },
+        previous,
+    );
+    if status::changed(previous, &status) {
+        kube_io::patch_status(&compositions, &name, &status).await?;
+    }
+
+    Ok(match decision.step {
+        Step::Nothing if decision.unreachable.is_empty() && !status_pending(&status) => {
+            Action::requeue(RESYNC)
+        }
+        Step::WaitUntil(at) => {
+            let wait = Duration::try_from(at.duration_since(now)).unwrap_or(Duration::ZERO);
+            Action::requeue(wait.clamp(Duration::from_secs(1), HALT_POLL))
+        }
+        _ => Action::requeue(HALT_POLL),
+    })
+}
+
+/// Whether a rollout is still under way, so the composition is looked at again soon (the owned
+/// Deployment's changes also trigger reconciles; this is the fallback).
+fn status_pending(status: &crate::CompositionStatus) -> bool {
+    status.conditions.iter().any(|condition| {
+        condition.type_ == crate::crd::conditions::PROGRESSING && condition.status == "True"
+    })
+}
+
+/// Each pod's report, asked of all agents at once; each request gives up after 2 s.
+async fn reports(context: &Context, pods: &[PodAddress], token: &str) -> Vec<halt::Pod> {
+    let asks = pods.iter().map(|pod| async move {
+        let report = match context.agents.status(pod.ip, token).await {
+            Ok(status) => Report::Status(status),
+            Err(error) => Report::Unreachable(error.to_string()),
+        };
+        halt::Pod {
+            name: pod.name.clone(),
+            report,
+        }
+    });
+    futures::future::join_all(asks).await
+}
+
+/// Does the halt's one step; returns the record as it stands afterwards.
+async fn step(
+    context: &Context,
+    composition: &Composition,
+    compositions: &Api<Composition>,
+    pods: &[PodAddress],
+    token: &str,
+    decision: &Decision,
+    record: Option<Record>,
+) -> Result<Option<Record>, Error> {
+    let name = composition.name_any();
+    let ip = |pod: &str| pods.iter().find(|p| p.name == pod).map(|p| p.ip);
+    match &decision.step {
+        Step::Record(new) => {
+            kube_io::record_halt(compositions, &name, Some(new)).await?;
+            publish(context, composition, decision.phase.reason(), format!("halt {new}")).await;
+            Ok(Some(new.clone()))
+        }
+        Step::Clear => {
+            kube_io::record_halt(compositions, &name, None).await?;
+            publish(context, composition, "HaltOver", "the halt record is removed".to_owned())
+                .await;
+            Ok(None)
+        }
+        Step::Halt { id, pods: targets } => {
+            let sends = targets.iter().filter_map(|pod| {
+                let ip = ip(pod)?;
+                Some(async move { (pod, context.agents.halt(ip, token, id).await) })
+            });
+            for (pod, result) in futures::future::join_all(sends).await {
+                if let Err(error) = result {
+                    tracing::warn!(composition = %name, pod, %error, "halt not taken");
+                }
+            }
+            Ok(record)
+        }
+        Step::Resume(targets) => {
+            let sends = targets.iter().filter_map(|(pod, id)| {
+                let ip = ip(pod)?;
+                Some(async move { (pod, context.agents.resume(ip, token, id).await) })
+            });
+            for (pod, result) in futures::future::join_all(sends).await {
+                if let Err(error) = result {
+                    tracing::warn!(composition = %name, pod, %error, "resume not taken");
+                }
+            }
+            Ok(record)
+        }
+        Step::WaitUntil(_) | Step::Nothing => Ok(record),
+    }
+}
+
+/// Publishes an event on the Composition; a failure is logged, never fatal.
+async fn publish(context: &Context, composition: &Composition, reason: &str, note: String) {
+    let Some(recorder) = &context.recorder else {
+        return;
+    };
+    let event = Event {
+        type_: EventType::Normal,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "Halt".to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, &composition.object_ref(&())).await {
+        tracing::warn!(%error, "cannot publish an event");
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,299 @@
+//! The `Composition` custom resource (`toa.io/v1alpha1`): a set of components deployed together,
+//! with their image, replicas, manifests and the application's context for one environment.
+//!
+//! The CRD in `crds/composition.yaml` is generated from these types (`cargo run -p toa-operator
+//! --bin crdgen`); a test fails when the two differ. The schema checks what an API server can
+//! check; [`crate::validate`] checks everything again at reconcile time, for servers without CEL.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, CustomResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Condition types written to `status.conditions`.
+pub mod conditions {
+    /// Whether the composition runs as its spec says; `False` with [`super::reasons`] otherwise.
+    pub const READY: &str = "Ready";
+    /// Whether the composition is stopped by a halt (`spec.halted`).
+    pub const HALTED: &str = "Halted";
+    /// Whether a rollout of the composition's Deployment is under way.
+    pub const PROGRESSING: &str = "Progressing";
+    /// Whether something is wrong that the operator cannot fix alone (agents not answering).
+    pub const DEGRADED: &str = "Degraded";
+}
+
+/// Condition reasons (CamelCase, as Kubernetes expects).
+pub mod reasons {
+    /// The spec was refused at reconcile time; what runs is left untouched.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// Every pod runs the current spec and is available.
+    pub const ROLLED_OUT: &str = "RolledOut";
+    /// The Deployment has not yet rolled out the current spec.
+    pub const ROLLING_OUT: &str = "RollingOut";
+    /// A halt stopped the composition (`Ready=False`, `Halted=True`).
+    pub const HALTED: &str = "Halted";
+    /// Some pods' agents did not answer the control endpoint.
+    pub const AGENTS_UNREACHABLE: &str = "AgentsUnreachable";
+    /// Nothing wrong (`Degraded=False`).
+    pub const AS_EXPECTED: &str = "AsExpected";
+    // The `Halted` condition's other reasons name the halt's phase: see `crate::halt::Phase`.
+}
+
+/// The desired state of a composition.
+// Printer columns repeat `type_ = "string"`; clippy takes the repeats for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "toa.io",
+    version = "v1alpha1",
+    kind = "Composition",
+    plural = "compositions",
+    shortname = "comp",
+    namespaced,
+    status = "CompositionStatus",
+    derive = "PartialEq",
+    doc = "A set of toa components deployed together, with the agent beside each replica.",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Ready")].status"#
+    ),
+    printcolumn(
+        name = "Halted",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Halted")].status"#
+    ),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CompositionSpec {
+    /// The application the components belong to (`name` in context.toa.yaml); Redis keys and
+    /// queues are namespaced by it. A DNS label.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9-]+$"))]
+    pub application: String,
+    /// The container image that runs every component of the composition.
+    #[schemars(length(min = 1))]
+    pub image: String,
+    /// How many pods run the composition.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0))]
+    pub replicas: i32,
+    /// Requests and limits of the component container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// The components, each with its manifest (`manifest.toa.yaml`). Names are unique.
+    #[schemars(
+        length(min = 1),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
+    pub components: Vec<ComponentSpec>,
+    /// The application's context annotations, resolved for one environment.
+    #[serde(default)]
+    pub context: ContextSpec,
+    /// Where the credentials for Redis and the broker are; addresses never carry them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<CredentialsSpec>,
+    /// `true` asks for a halt: the composition is stopped once quiet (see `halt`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub halted: bool,
+    /// How a halt proceeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halt: Option<HaltSpec>,
+}
+
+/// One component of the composition.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentSpec {
+    /// The component's full name, `namespace.name` or `name`, as its manifest says: lowercase
+    /// letters, digits and '-', each part starting with a letter.
+    #[schemars(length(min = 1, max = 127), regex(pattern = COMPONENT_NAME_PATTERN))]
+    pub name: String,
+    /// The component's manifest, as written in its `manifest.toa.yaml`.
+    #[schemars(schema_with = "free_form_object")]
+    pub manifest: Map<String, Value>,
+}
+
+/// The schema's check of a component's full name; the manifest's own rules (toa-context) are the
+/// reference, applied again at reconcile time.
+pub const COMPONENT_NAME_PATTERN: &str = r"^[a-z][a-z0-9-]{0,62}(\.[a-z][a-z0-9-]{0,62})?$";
+
+/// The context annotations of context.toa.yaml, with values for one environment.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextSpec {
+    /// Coordination across replicas (locks, slots, meter); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub atomicity: Option<AtomicitySpec>,
+    /// Calls to one named process.
+    #[serde(default)]
+    pub addressed: AddressedSpec,
+    /// The broker, `amqp://host[:port][/vhost]`; absent: no broker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqp: Option<String>,
+}
+
+/// The odd-address rule as the API server checks it (Kubernetes ≥ 1.25; `messageExpression` from
+/// 1.27, `message` before). Its message matches the reconcile-time and agent refusals.
+pub const ODD_ADDRESSES_RULE: &str = "size(self) % 2 == 1";
+pub const ODD_ADDRESSES_MESSAGE_EXPRESSION: &str =
+    r#""Atomicity takes an odd number of addresses, " + string(size(self)) + " given.""#;
+pub const ODD_ADDRESSES_MESSAGE: &str = "Atomicity takes an odd number of addresses.";
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AtomicitySpec {
+    /// One or an odd number of independent Redis servers, `redis://host[:port][/db]`, without
+    /// credentials. Slots and meter use the first.
+    #[schemars(
+        length(min = 1),
+        extend("x-kubernetes-validations" = [{
+            "rule": ODD_ADDRESSES_RULE,
+            "messageExpression": ODD_ADDRESSES_MESSAGE_EXPRESSION,
+            "message": ODD_ADDRESSES_MESSAGE,
+        }])
+    )]
+    pub redis: Vec<String>,
+    /// The heartbeat interval of slots, in milliseconds.
+    #[serde(default = "default_interval")]
+    #[schemars(range(min = 1))]
+    pub interval: i64,
+    /// How long a lock outlives a holder that stopped extending it, in milliseconds.
+    #[serde(default = "default_ttl")]
+    #[schemars(range(min = 1))]
+    pub ttl: i64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressedSpec {
+    /// How long a call to one named process waits for its reply by default, in milliseconds.
+    #[serde(default = "default_timeout")]
+    #[schemars(range(min = 1))]
+    pub timeout: i64,
+}
+
+impl Default for AddressedSpec {
+    fn default() -> Self {
+        Self {
+            timeout: default_timeout(),
+        }
+    }
+}
+
+/// Keys read from the Secret: `redis-username`, `redis-password`, `amqp-username`,
+/// `amqp-password`, each optional.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialsSpec {
+    /// A Secret in the composition's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HaltSpec {
+    /// How long, in seconds, no pod may make or receive a call before the composition is stopped.
+    #[serde(default = "default_quiet_window")]
+    #[schemars(range(min = 1))]
+    pub quiet_window: i64,
+    /// How long, in seconds, a halt waits for a quiet window before it is called off.
+    #[serde(default = "default_grace")]
+    #[schemars(range(min = 1))]
+    pub grace: i64,
+}
+
+impl Default for HaltSpec {
+    fn default() -> Self {
+        Self {
+            quiet_window: default_quiet_window(),
+            grace: default_grace(),
+        }
+    }
+}
+
+/// What the operator observed and concluded.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CompositionStatus {
+    /// The `metadata.generation` the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// One entry per type (`Ready`, `Halted`): a map keyed by `type`, so server-side apply merges
+    /// them by type rather than replacing the list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+impl Composition {
+    /// The condition of type `type_`, if the status has one.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|condition| condition.type_ == type_)
+    }
+}
+
+/// The CRD as written to `crds/composition.yaml`.
+pub fn crd_yaml() -> String {
+    let body = serde_yaml::to_string(&Composition::crd()).expect("the CRD serializes to YAML");
+    format!(
+        "# Generated from operator/src/crd.rs by `cargo run -p toa-operator --bin crdgen > crds/composition.yaml`; do not edit.\n{body}"
+    )
+}
+
+pub const DEFAULT_REPLICAS: i32 = 1;
+
+fn default_replicas() -> i32 {
+    DEFAULT_REPLICAS
+}
+
+fn default_interval() -> i64 {
+    millis(toa_context::annotations::DEFAULT_INTERVAL)
+}
+
+fn default_ttl() -> i64 {
+    millis(toa_context::annotations::DEFAULT_TTL)
+}
+
+fn default_timeout() -> i64 {
+    millis(toa_context::annotations::DEFAULT_ADDRESSED_TIMEOUT)
+}
+
+fn default_quiet_window() -> i64 {
+    30
+}
+
+fn default_grace() -> i64 {
+    60
+}
+
+fn millis(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
+}
+
+/// Manifests are free-form: the API server keeps every field as given.
+fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,398 @@
+//! Pure: a validated Composition → the objects the operator applies for it. No I/O and no
+//! randomness: the control token and the replica count are inputs, so every output is a function
+//! of what the caller passes and the tests compare whole objects.
+//!
+//! For a Composition `shop` the operator applies:
+//! - ConfigMap `shop-components`: each component's manifest as YAML (`<component>.yaml`), mounted
+//!   into the agent at `/components/<component>/manifest.toa.yaml`;
+//! - Secret `shop-control`: the control endpoint's token (`token`), mounted into the agent at
+//!   `/var/run/toa/control/token`; created once, never rewritten (see [`crate::kube_io`]);
+//! - Deployment `shop`: the component container from `spec.image` and the agent beside it, a native
+//!   sidecar (an init container with `restartPolicy: Always`) on Kubernetes ≥ 1.29 and a plain
+//!   container below, since server-side apply refuses fields a server does not know.
+
+use crate::crd::Composition;
+use crate::validate::Valid;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, Secret, SecretKeySelector,
+    SecretVolumeSource, TCPSocketAction, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::ByteString;
+use kube::{Resource, ResourceExt};
+use std::collections::BTreeMap;
+
+/// The port of the agent's control endpoint on the pod network (halt, resume, status).
+pub const CONTROL_PORT: u16 = 7091;
+/// The agent's local API, on loopback only: the component calls it, and so does `preStop`.
+pub const LOCAL_LISTEN: &str = "127.0.0.1:7090";
+/// Where the control token Secret is mounted in the agent container.
+pub const CONTROL_DIR: &str = "/var/run/toa/control";
+/// The key of the control token in the `<name>-control` Secret.
+pub const TOKEN_KEY: &str = "token";
+/// Where component manifests are mounted in the agent container.
+pub const COMPONENTS_DIR: &str = "/components";
+/// The container names in every pod.
+pub const COMPONENT_CONTAINER: &str = "component";
+pub const AGENT_CONTAINER: &str = "agent";
+/// Labels and the field manager of everything the operator applies.
+pub const MANAGER: &str = "toa-operator";
+pub const LABEL_COMPOSITION: &str = "toa.io/composition";
+
+/// How the agent runs beside the component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sidecar {
+    /// An init container with `restartPolicy: Always` (Kubernetes ≥ 1.29): started before the
+    /// component and stopped after it.
+    Native,
+    /// A second ordinary container, for older servers.
+    Plain,
+}
+
+impl Sidecar {
+    /// The style a server of this version accepts. `minor` may carry a suffix (`"29+"` on some
+    /// managed clusters); an unreadable version is taken as old, the style every server accepts.
+    pub fn for_server(major: &str, minor: &str) -> Self {
+        let number = |text: &str| {
+            text.trim_end_matches(|c: char| !c.is_ascii_digit())
+                .parse::<u32>()
+                .ok()
+        };
+        match (number(major), number(minor)) {
+            (Some(major), Some(minor)) if (major, minor) >= (1, 29) => Self::Native,
+            _ => Self::Plain,
+        }
+    }
+}
+
+/// Operator settings that shape every Composition's objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The image holding `toa-agent`.
+    pub agent_image: String,
+    pub sidecar: Sidecar,
+}
+
+/// The objects for one Composition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    pub components: ConfigMap,
+    pub control: Secret,
+    pub deployment: Deployment,
+}
+
+/// Why no objects could be built: the Composition lacks what an owner reference needs (it was
+/// not read from the API server).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Composition {0:?} has no uid or namespace: expected an object read from the API server")]
+pub struct NotStored(pub String);
+
+/// The objects for `composition`, validated as `valid`, with `replicas` pods (the spec's count,
+/// or 0 once a halt has stopped the composition) and `token` in the control Secret.
+pub fn desired(
+    composition: &Composition,
+    valid: &Valid,
+    settings: &Settings,
+    token: &str,
+    replicas: i32,
+) -> Result<Desired, NotStored> {
+    let name = composition.name_any();
+    let stored = || NotStored(name.clone());
+    let namespace = composition.namespace().ok_or_else(stored)?;
+    let owner = composition.controller_owner_ref(&()).ok_or_else(stored)?;
+    let meta = |object_name: String| ObjectMeta {
+        name: Some(object_name),
+        namespace: Some(namespace.clone()),
+        labels: Some(labels(&name)),
+        owner_references: Some(vec![owner.clone()]),
+        ..ObjectMeta::default()
+    };
+    Ok(Desired {
+        components: ConfigMap {
+            metadata: meta(components_name(&name)),
+            data: Some(manifests(composition)),
+            ..ConfigMap::default()
+        },
+        control: Secret {
+            metadata: meta(control_name(&name)),
+            data: Some(BTreeMap::from([(
+                TOKEN_KEY.to_owned(),
+                ByteString(token.as_bytes().to_vec()),
+            )])),
+            type_: Some("Opaque".to_owned()),
+            ..Secret::default()
+        },
+        deployment: deployment(
+            meta(name.clone()),
+            &name,
+            composition,
+            valid,
+            settings,
+            replicas,
+        ),
+    })
+}
+
+/// The ConfigMap holding the manifests.
+pub fn components_name(composition: &str) -> String {
+    format!("{composition}-components")
+}
+
+/// The Secret holding the control token.
+pub fn control_name(composition: &str) -> String {
+    format!("{composition}-control")
+}
+
+/// The labels of every object of a composition; the Deployment selects its pods by the last two.
+pub fn labels(composition: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), "toa".to_owned()),
+        (
+            "app.kubernetes.io/instance".to_owned(),
+            composition.to_owned(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            MANAGER.to_owned(),
+        ),
+        (LABEL_COMPOSITION.to_owned(), composition.to_owned()),
+    ])
+}
+
+/// The label selector of a composition's pods, as `Api::list` takes it.
+pub fn pod_selector(composition: &str) -> String {
+    format!("{LABEL_COMPOSITION}={composition}")
+}
+
+fn manifests(composition: &Composition) -> BTreeMap<String, String> {
+    composition
+        .spec
+        .components
+        .iter()
+        .map(|component| {
+            let yaml = serde_yaml::to_string(&component.manifest)
+                .expect("a JSON object serializes to YAML");
+            (format!("{}.yaml", component.name), yaml)
+        })
+        .collect()
+}
+
+fn deployment(
+    metadata: ObjectMeta,
+    name: &str,
+    composition: &Composition,
+    valid: &Valid,
+    settings: &Settings,
+    replicas: i32,
+) -> Deployment {
+    let selector = BTreeMap::from([
+        ("app.kubernetes.io/instance".to_owned(), name.to_owned()),
+        (LABEL_COMPOSITION.to_owned(), name.to_owned()),
+    ]);
+    let component = Container {
+        name: COMPONENT_CONTAINER.to_owned(),
+        image: Some(composition.spec.image.clone()),
+        resources: composition.spec.resources.clone(),
+        ..Container::default()
+    };
+    let mut agent = agent(composition, valid, settings);
+    let (containers, init_containers) = match settings.sidecar {
+        Sidecar::Native => {
+            agent.restart_policy = Some("Always".to_owned());
+            (vec![component], Some(vec![agent]))
+        }
+        Sidecar::Plain => (vec![component, agent], None),
+    };
+    Deployment {
+        metadata,
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(name)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    containers,
+                    init_containers,
+                    volumes: Some(volumes(name, composition)),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
+}
+
+fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {
+    let items = composition
+        .spec
+        .components
+        .iter()
+        .map(|component| KeyToPath {
+            key: format!("{}.yaml", component.name),
+            path: format!("{}/manifest.toa.yaml", component.name),
+            mode: None,
+        })
+        .collect();
+    vec![
+        Volume {
+            name: "components".to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: components_name(name),
+                items: Some(items),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        Volume {
+            name: "control".to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(control_name(name)),
+                // Read by the agent only; no one else in the pod needs the token.
+                default_mode: Some(0o400),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+    ]
+}
+
+fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Container {
+    let mut command = vec!["toa-agent".to_owned(), "compose".to_owned()];
+    command.extend(
+        composition
+            .spec
+            .components
+            .iter()
+            .map(|component| format!("{COMPONENTS_DIR}/{}", component.name)),
+    );
+    command.extend(
+        [
+            "--listen",
+            LOCAL_LISTEN,
+            "--control-listen",
+            &format!("0.0.0.0:{CONTROL_PORT}"),
+            "--control-token-file",
+            &format!("{CONTROL_DIR}/{TOKEN_KEY}"),
+        ]
+        .map(str::to_owned),
+    );
+    Container {
+        name: AGENT_CONTAINER.to_owned(),
+        image: Some(settings.agent_image.clone()),
+        command: Some(command),
+        env: Some(agent_env(valid)),
+        ports: Some(vec![ContainerPort {
+            name: Some("control".to_owned()),
+            container_port: i32::from(CONTROL_PORT),
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        // Readiness needs a probe endpoint on the pod network, which the agent does not serve
+        // yet (its /readyz is on loopback); liveness checks that the control endpoint accepts.
+        liveness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::Int(i32::from(CONTROL_PORT)),
+                host: None,
+            }),
+            period_seconds: Some(10),
+            failure_threshold: Some(3),
+            ..Probe::default()
+        }),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "components".to_owned(),
+                mount_path: COMPONENTS_DIR.to_owned(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: "control".to_owned(),
+                mount_path: CONTROL_DIR.to_owned(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ]),
+        ..Container::default()
+    }
+}
+
+fn agent_env(valid: &Valid) -> Vec<EnvVar> {
+    let context = &valid.context;
+    let value = |name: &str, value: String| EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        value_from: None,
+    };
+    let mut env = vec![value("TOA_APPLICATION", context.name.clone())];
+    if let Some(atomicity) = &context.atomicity {
+        let redis: Vec<String> = atomicity.redis.iter().map(ToString::to_string).collect();
+        env.push(value("TOA_ATOMICITY_REDIS", redis.join(",")));
+        env.push(value(
+            "TOA_ATOMICITY_INTERVAL",
+            atomicity.interval.as_millis().to_string(),
+        ));
+        env.push(value(
+            "TOA_ATOMICITY_TTL",
+            atomicity.ttl.as_millis().to_string(),
+        ));
+    }
+    env.push(value(
+        "TOA_ADDRESSED_TIMEOUT",
+        context.addressed.timeout.as_millis().to_string(),
+    ));
+    if let Some(amqp) = &context.amqp {
+        env.push(value("TOA_AMQP", amqp.to_string()));
+    }
+    env.push(EnvVar {
+        name: "TOA_INSTANCE".to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "metadata.name".to_owned(),
+                api_version: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+    });
+    if let Some(secret) = &valid.credentials {
+        for (variable, key) in [
+            ("TOA_REDIS_USERNAME", "redis-username"),
+            ("TOA_REDIS_PASSWORD", "redis-password"),
+            ("TOA_AMQP_USERNAME", "amqp-username"),
+            ("TOA_AMQP_PASSWORD", "amqp-password"),
+        ] {
+            env.push(EnvVar {
+                name: variable.to_owned(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: secret.clone(),
+                        key: key.to_owned(),
+                        // Each key is optional: a Redis without ACLs needs none.
+                        optional: Some(true),
+                    }),
+                    ..EnvVarSource::default()
+                }),
+            });
+        }
+    }
+    env
+}
+
+/// The owner reference every object carries, for tests and for callers that build patches.
+pub fn owner(composition: &Composition) -> Option<OwnerReference> {
+    composition.controller_owner_ref(&())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,58 @@
+//! Test builders: `CompositionSpec::test().with_redis(&["redis://a"])`.
+
+use crate::crd::{AtomicitySpec, ComponentSpec, CompositionSpec, ContextSpec};
+use serde_json::json;
+
+impl CompositionSpec {
+    /// A valid spec: application `shop`, one component `store.orders`, no atomicity.
+    pub fn test() -> Self {
+        Self {
+            application: "shop".into(),
+            image: "registry.example.com/shop:1.0".into(),
+            replicas: 2,
+            resources: None,
+            components: vec![ComponentSpec::test("store", "orders")],
+            context: ContextSpec::default(),
+            credentials: None,
+            halted: false,
+            halt: None,
+        }
+    }
+
+    /// Atomicity over these addresses, with the default timings.
+    pub fn with_redis(mut self, redis: &[&str]) -> Self {
+        self.context.atomicity = Some(AtomicitySpec {
+            redis: redis.iter().map(|address| (*address).to_owned()).collect(),
+            interval: 5000,
+            ttl: 10_000,
+        });
+        self
+    }
+
+    pub fn with_components(mut self, components: Vec<ComponentSpec>) -> Self {
+        self.components = components;
+        self
+    }
+}
+
+impl ComponentSpec {
+    /// `namespace.name` with a minimal manifest.
+    pub fn test(namespace: &str, name: &str) -> Self {
+        let manifest = json!({ "name": name, "namespace": namespace, "lifecycle": ["ready"] });
+        Self {
+            name: format!("{namespace}.{name}"),
+            manifest: manifest.as_object().cloned().unwrap_or_default(),
+        }
+    }
+}
+
+impl crate::crd::Composition {
+    /// `shop` in namespace `shop`, as read from the API server (uid, generation 1).
+    pub fn test(spec: CompositionSpec) -> Self {
+        let mut composition = Self::new("shop", spec);
+        composition.metadata.namespace = Some("shop".into());
+        composition.metadata.uid = Some("6f1a2b3c-0000-4000-8000-000000000001".into());
+        composition.metadata.generation = Some(1);
+        composition
+    }
+}

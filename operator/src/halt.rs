@@ -1,0 +1,409 @@
+//! Pure: the halt of DESIGN decision 8 as a state machine. [`decide`] takes what the operator
+//! knows (the spec's `halted`, the halt recorded on the Composition, each pod's report from its
+//! agent, the time) and returns the phase and the one next step; the controller does that step and
+//! asks again. No I/O, so every transition is a plain test.
+//!
+//! The halt's state lives in one annotation on the Composition, [`ANNOTATION`]
+//! (`toa.io/halt: "<id>@<start>"`, then `"<id>@<start> stopped"` or
+//! `"<id>@<start> called-off@<when>"`), so an operator that restarts, or another replica that
+//! becomes the leader, continues the same halt. The agents' reports are the truth about each pod.
+//!
+//! The course of a halt while `spec.halted` is `true`:
+//! 1. Requested: no record yet → record a new halt (id and start).
+//! 2. Pausing: a reachable pod that is not paused for this halt (including a pod that started
+//!    during the halt) is sent `halt`. New pods count as quiet from their pause on.
+//! 3. QuietWatch: every pod is paused for this halt; the composition has been quiet since the
+//!    later of the halt's start and the last call any pod reports.
+//! 4. Quiet for `quietWindow`, within `grace` of the start → record `stopped`; the Deployment goes
+//!    to 0 replicas (ScalingDown, then Halted once no pod is left).
+//! 5. Not quiet within `grace` → record `called-off`, and every pod paused for the halt is sent
+//!    `resume` (CalledOff). After a further `grace` a new halt starts, since `spec.halted` still
+//!    asks for one.
+//!
+//! `spec.halted: false` with a record → Resuming: pods paused for any halt are resumed, then the
+//! record is removed (a stopped composition simply starts again, running `preflight` anew).
+
+use crate::validate::Halt;
+use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::Duration;
+
+/// The annotation on the Composition that records the current halt.
+pub const ANNOTATION: &str = "toa.io/halt";
+
+/// What a pod's agent reports on `GET /control/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub phase: AgentPhase,
+    /// The halt the process is paused for, if any.
+    pub halt: Option<String>,
+    pub instance: String,
+    pub calls: Calls,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentPhase {
+    Starting,
+    Running,
+    Paused,
+    Draining,
+    /// A phase this operator does not know (a newer agent): neither paused nor busy.
+    #[serde(other)]
+    Unknown,
+}
+
+/// Calls made or received by the process's components since its last pause.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Calls {
+    pub since_pause: u64,
+    /// Milliseconds since the Unix epoch of the last such call.
+    pub last_at_ms: Option<i64>,
+}
+
+/// One pod as the operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    pub name: String,
+    pub report: Report,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    Status(AgentStatus),
+    /// The control endpoint did not answer in time, or answered with an error: why.
+    Unreachable(String),
+}
+
+/// The halt recorded on the Composition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub id: String,
+    pub started: Timestamp,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Pausing or watching for quiet.
+    InProgress,
+    /// Quiet long enough: the composition is scaled to zero.
+    Stopped,
+    /// Not quiet within grace, at this time: pods resume.
+    CalledOff(Timestamp),
+}
+
+impl Record {
+    /// A new halt starting `now`; its id is derived from the time, unique per composition.
+    pub fn start(now: Timestamp) -> Self {
+        Self {
+            id: format!("h{}", now.as_millisecond()),
+            started: now,
+            outcome: Outcome::InProgress,
+        }
+    }
+
+    pub fn with(&self, outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            ..self.clone()
+        }
+    }
+
+    /// Reads the annotation's value.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let expected = || {
+            format!(
+                "`{ANNOTATION}`: expected \"<id>@<RFC 3339 time>\", optionally followed by \" stopped\" or \" called-off@<RFC 3339 time>\", got {text:?}"
+            )
+        };
+        let (head, tail) = match text.split_once(' ') {
+            Some((head, tail)) => (head, Some(tail)),
+            None => (text, None),
+        };
+        let (id, started) = head.split_once('@').ok_or_else(expected)?;
+        let started: Timestamp = started.parse().map_err(|_| expected())?;
+        if id.is_empty() {
+            return Err(expected());
+        }
+        let outcome = match tail {
+            None => Outcome::InProgress,
+            Some("stopped") => Outcome::Stopped,
+            Some(tail) => match tail.strip_prefix("called-off@") {
+                Some(at) => Outcome::CalledOff(at.parse().map_err(|_| expected())?),
+                None => return Err(expected()),
+            },
+        };
+        Ok(Self {
+            id: id.to_owned(),
+            started,
+            outcome,
+        })
+    }
+}
+
+impl fmt::Display for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.id, self.started)?;
+        match self.outcome {
+            Outcome::InProgress => Ok(()),
+            Outcome::Stopped => f.write_str(" stopped"),
+            Outcome::CalledOff(at) => write!(f, " called-off@{at}"),
+        }
+    }
+}
+
+/// Where a halt stands; the `Halted` condition's reason names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// No halt asked for, none recorded.
+    Running,
+    Requested,
+    Pausing,
+    QuietWatch,
+    ScalingDown,
+    Halted,
+    CalledOff,
+    Resuming,
+}
+
+impl Phase {
+    /// The condition reason for the phase.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Running => "Running",
+            Self::Requested => "HaltRequested",
+            Self::Pausing => "Pausing",
+            Self::QuietWatch => "QuietWatch",
+            Self::ScalingDown => "ScalingDown",
+            Self::Halted => "Halted",
+            Self::CalledOff => "HaltCalledOff",
+            Self::Resuming => "Resuming",
+        }
+    }
+}
+
+/// The one next step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Write this record into the annotation.
+    Record(Record),
+    /// Remove the annotation.
+    Clear,
+    /// Send `halt` with this id to these pods.
+    Halt {
+        id: String,
+        pods: Vec<String>,
+    },
+    /// Send `resume` to each pod with the halt it is paused for.
+    Resume(Vec<(String, String)>),
+    /// Nothing to do before this time (unless something changes).
+    WaitUntil(Timestamp),
+    Nothing,
+}
+
+/// What [`decide`] concluded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub phase: Phase,
+    pub step: Step,
+    /// Pods whose agent did not answer, with why: for the `Degraded` condition.
+    pub unreachable: Vec<(String, String)>,
+}
+
+/// What the operator knows about a composition's halt.
+#[derive(Debug, Clone, Copy)]
+pub struct Observation<'a> {
+    /// `spec.halted`.
+    pub halted: bool,
+    pub timing: Halt,
+    pub record: Option<&'a Record>,
+    pub pods: &'a [Pod],
+    pub now: Timestamp,
+}
+
+/// The phase and the next step; see the module's documentation for the course of a halt.
+pub fn decide(observation: &Observation<'_>) -> Decision {
+    let Observation {
+        halted,
+        timing,
+        record,
+        pods,
+        now,
+    } = *observation;
+    let unreachable: Vec<(String, String)> = pods
+        .iter()
+        .filter_map(|pod| match &pod.report {
+            Report::Unreachable(why) => Some((pod.name.clone(), why.clone())),
+            Report::Status(_) => None,
+        })
+        .collect();
+    let decision = |phase, step| Decision {
+        phase,
+        step,
+        unreachable: unreachable.clone(),
+    };
+    // Pods paused for a halt other than `active`, with that halt: they are resumed first, so no
+    // process stays paused for a halt nobody pursues any more.
+    let stale = |active: Option<&str>| -> Vec<(String, String)> {
+        statuses(pods)
+            .filter(|(_, status)| status.phase == AgentPhase::Paused)
+            .filter_map(|(name, status)| {
+                let halt = status.halt.clone().unwrap_or_default();
+                (Some(halt.as_str()) != active).then(|| (name.to_owned(), halt))
+            })
+            .collect()
+    };
+
+    let Some(record) = record else {
+        if halted {
+            return decision(Phase::Requested, Step::Record(Record::start(now)));
+        }
+        let stale = stale(None);
+        return if stale.is_empty() {
+            decision(Phase::Running, Step::Nothing)
+        } else {
+            decision(Phase::Running, Step::Resume(stale))
+        };
+    };
+
+    if !halted {
+        let stale = stale(None);
+        return if stale.is_empty() {
+            decision(Phase::Resuming, Step::Clear)
+        } else {
+            decision(Phase::Resuming, Step::Resume(stale))
+        };
+    }
+
+    match record.outcome {
+        Outcome::Stopped => {
+            // Pods still listed are on their way out; their agents drain on SIGTERM.
+            let phase = if pods.is_empty() {
+                Phase::Halted
+            } else {
+                Phase::ScalingDown
+            };
+            decision(phase, Step::Nothing)
+        }
+        Outcome::CalledOff(at) => {
+            let stale = stale(None);
+            if !stale.is_empty() {
+                return decision(Phase::CalledOff, Step::Resume(stale));
+            }
+            let retry = add(at, timing.grace);
+            if now >= retry {
+                decision(Phase::Requested, Step::Record(Record::start(now)))
+            } else {
+                decision(Phase::CalledOff, Step::WaitUntil(retry))
+            }
+        }
+        Outcome::InProgress => in_progress(record, timing, pods, now, stale, decision),
+    }
+}
+
+fn in_progress(
+    record: &Record,
+    timing: Halt,
+    pods: &[Pod],
+    now: Timestamp,
+    stale: impl Fn(Option<&str>) -> Vec<(String, String)>,
+    decision: impl Fn(Phase, Step) -> Decision,
+) -> Decision {
+    let stale = stale(Some(&record.id));
+    if !stale.is_empty() {
+        return decision(Phase::Pausing, Step::Resume(stale));
+    }
+    let paused_here = |status: &AgentStatus| {
+        status.phase == AgentPhase::Paused && status.halt.as_deref() == Some(&record.id)
+    };
+    let to_halt: Vec<String> = statuses(pods)
+        .filter(|(_, status)| matches!(status.phase, AgentPhase::Running | AgentPhase::Starting))
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    let all_paused = pods.iter().all(|pod| match &pod.report {
+        Report::Status(status) => paused_here(status) || status.phase == AgentPhase::Draining,
+        Report::Unreachable(_) => false,
+    });
+
+    let deadline = add(record.started, timing.grace);
+    // Quiet since the later of the start and the last call any paused pod reports; a pod that
+    // counts calls but gives no time is taken as busy now.
+    let quiet_since = statuses(pods)
+        .filter(|(_, status)| paused_here(status))
+        .map(|(_, status)| match status.calls {
+            Calls {
+                since_pause: 0,
+                last_at_ms: None,
+            } => record.started,
+            Calls {
+                last_at_ms: Some(ms),
+                ..
+            } => Timestamp::from_millisecond(ms).unwrap_or(now),
+            Calls {
+                last_at_ms: None, ..
+            } => now,
+        })
+        .fold(record.started, Ord::max);
+    let quiet_until = add(quiet_since, timing.quiet_window);
+
+    if all_paused && quiet_until <= now && quiet_until <= deadline {
+        return decision(
+            Phase::ScalingDown,
+            Step::Record(record.with(Outcome::Stopped)),
+        );
+    }
+    if now >= deadline {
+        return decision(
+            Phase::CalledOff,
+            Step::Record(record.with(Outcome::CalledOff(now))),
+        );
+    }
+    if !to_halt.is_empty() {
+        return decision(
+            Phase::Pausing,
+            Step::Halt {
+                id: record.id.clone(),
+                pods: to_halt,
+            },
+        );
+    }
+    if all_paused {
+        decision(
+            Phase::QuietWatch,
+            Step::WaitUntil(quiet_until.min(deadline)),
+        )
+    } else {
+        // Some pod is unreachable or in a phase of its own: ask again soon, and no later than
+        // the deadline.
+        decision(Phase::Pausing, Step::WaitUntil(deadline))
+    }
+}
+
+/// The replicas the Deployment should have: none once a halt has stopped the composition.
+pub fn replicas(spec_replicas: i32, halted: bool, record: Option<&Record>) -> i32 {
+    match record {
+        Some(Record {
+            outcome: Outcome::Stopped,
+            ..
+        }) if halted => 0,
+        _ => spec_replicas,
+    }
+}
+
+fn statuses(pods: &[Pod]) -> impl Iterator<Item = (&str, &AgentStatus)> {
+    pods.iter().filter_map(|pod| match &pod.report {
+        Report::Status(status) => Some((pod.name.as_str(), status)),
+        Report::Unreachable(_) => None,
+    })
+}
+
+/// `at + duration`, at the end of time rather than overflowing.
+pub fn add(at: Timestamp, duration: Duration) -> Timestamp {
+    let ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+    Timestamp::from_millisecond(at.as_millisecond().saturating_add(ms)).unwrap_or(Timestamp::MAX)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,104 @@
+//! The operator's requests to the API server, each one small so the controller reads as a list
+//! of steps: server-side apply with the field manager [`MANAGER`], the control token Secret
+//! (created once, never rewritten), the composition's pods, the halt annotation and the status
+//! subresource.
+
+use crate::crd::{Composition, CompositionStatus};
+use crate::desired::{pod_selector, Sidecar, MANAGER, TOKEN_KEY};
+use crate::halt::{Record, ANNOTATION};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use rand::distr::{Alphanumeric, SampleString};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::fmt::Debug;
+use std::net::IpAddr;
+
+/// Applies `object` (server-side, forcing ownership of the fields it sets: the operator is the
+/// only writer of what it manages).
+pub async fn apply<K>(api: &Api<K>, object: &K) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
+    let params = PatchParams::apply(MANAGER).force();
+    api.patch(&object.name_any(), &params, &Patch::Apply(object))
+        .await
+}
+
+/// The composition's control token: read from the Secret `name`, or, when the Secret or its
+/// token is missing, a new random one applied with `build(token)`. An existing token is never
+/// replaced, since the running agents read it once at start.
+pub async fn control_token(
+    api: &Api<Secret>,
+    name: &str,
+    build: impl FnOnce(&str) -> Secret,
+) -> Result<String, kube::Error> {
+    let existing = api.get_opt(name).await?.and_then(|secret| {
+        let bytes = secret.data?.remove(TOKEN_KEY)?.0;
+        String::from_utf8(bytes).ok().filter(|token| !token.is_empty())
+    });
+    if let Some(token) = existing {
+        return Ok(token);
+    }
+    // 43 alphanumerics: about 256 bits.
+    let token = Alphanumeric.sample_string(&mut rand::rng(), 43);
+    apply(api, &build(&token)).await?;
+    Ok(token)
+}
+
+/// A pod of the composition, with the IP its agent's control endpoint listens on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodAddress {
+    pub name: String,
+    pub ip: IpAddr,
+}
+
+/// The composition's pods that have an IP (the others run no agent yet).
+pub async fn pods(api: &Api<Pod>, composition: &str) -> Result<Vec<PodAddress>, kube::Error> {
+    let list = api
+        .list(&ListParams::default().labels(&pod_selector(composition)))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|pod| {
+            let ip = pod.status.as_ref()?.pod_ip.as_ref()?.parse().ok()?;
+            Some(PodAddress {
+                name: pod.name_any(),
+                ip,
+            })
+        })
+        .collect())
+}
+
+/// Writes the halt record into the annotation, or removes it.
+pub async fn record_halt(
+    api: &Api<Composition>,
+    name: &str,
+    record: Option<&Record>,
+) -> Result<(), kube::Error> {
+    let value = record.map(ToString::to_string);
+    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: value } } });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Replaces `status` (a merge patch of the status subresource; the conditions are written whole).
+pub async fn patch_status(
+    api: &Api<Composition>,
+    name: &str,
+    status: &CompositionStatus,
+) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// The sidecar style the API server accepts, from its version (read once at start).
+pub async fn sidecar(client: &Client) -> Result<Sidecar, kube::Error> {
+    let version = client.apiserver_version().await?;
+    Ok(Sidecar::for_server(&version.major, &version.minor))
+}

@@ -1,0 +1,244 @@
+//! Pure: what the operator observed → the Composition's `status`. Time is a parameter, and a
+//! condition whose status did not change keeps its `lastTransitionTime`, so [`changed`] can tell
+//! the controller to skip a patch that would only move timestamps.
+//!
+//! | type | `True` when | reasons |
+//! |---|---|---|
+//! | `Ready` | the Deployment has rolled out this generation and is not stopped by a halt | `RolledOut`; `False`: `InvalidSpec`, `RollingOut`, `Halted` |
+//! | `Progressing` | a rollout of this generation is under way | `RollingOut`, `RolledOut`, `InvalidSpec` |
+//! | `Halted` | a halt stopped the composition (0 replicas, none left) | the halt's phase ([`crate::halt::Phase::reason`]) |
+//! | `Degraded` | some agents do not answer the control endpoint, or the spec is refused | `AgentsUnreachable`, `InvalidSpec`; `False`: `AsExpected` |
+
+use crate::crd::{conditions, reasons, CompositionStatus};
+use crate::halt::{Decision, Phase};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+/// How far the Deployment is, from its own `metadata.generation` and `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rollout {
+    /// The Deployment's `metadata.generation`.
+    pub generation: Option<i64>,
+    pub observed_generation: Option<i64>,
+    /// Pods of any revision.
+    pub replicas: i32,
+    pub updated_replicas: i32,
+    pub available_replicas: i32,
+}
+
+impl Rollout {
+    pub fn of(deployment: &Deployment) -> Self {
+        let status = deployment.status.clone().unwrap_or_default();
+        Self {
+            generation: deployment.metadata.generation,
+            observed_generation: status.observed_generation,
+            replicas: status.replicas.unwrap_or(0),
+            updated_replicas: status.updated_replicas.unwrap_or(0),
+            available_replicas: status.available_replicas.unwrap_or(0),
+        }
+    }
+
+    /// The Deployment controller has seen the latest template and every one of `desired` pods
+    /// runs it and is available, with no pod of an older revision left.
+    pub fn done(&self, desired: i32) -> bool {
+        self.generation.is_some()
+            && self.observed_generation >= self.generation
+            && self.updated_replicas == desired
+            && self.available_replicas == desired
+            && self.replicas == desired
+    }
+}
+
+/// What the status is computed from.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    /// The Composition's `metadata.generation`.
+    pub generation: Option<i64>,
+    /// The refusal's message when the spec was refused.
+    pub invalid: Option<&'a str>,
+    /// The Deployment as applied for this generation; `None` when there is none (yet).
+    pub rollout: Option<Rollout>,
+    /// The replicas the Deployment should have.
+    pub replicas: i32,
+    /// The halt's phase and unreachable pods; `None` when the spec was refused.
+    pub halt: Option<&'a Decision>,
+    pub now: Timestamp,
+}
+
+/// The new status; `previous` provides the transition times of conditions that did not change
+/// status, and the `Halted` condition when the spec was refused (a refused spec changes nothing).
+pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> CompositionStatus {
+    let Observed {
+        generation,
+        invalid,
+        rollout,
+        replicas,
+        halt,
+        now,
+    } = *observed;
+    let condition = |type_: &str, status: bool, reason: &str, message: String| Condition {
+        type_: type_.to_owned(),
+        status: if status { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time: Time(now),
+    };
+    let mut conditions = Vec::with_capacity(4);
+    // Without a halt decision the spec was refused (the controller decides halts only for valid
+    // specs); `invalid` carries why.
+    match (invalid, halt) {
+        (Some(_), _) | (None, None) => {
+            let message = invalid.unwrap_or("the spec was not checked").to_owned();
+            conditions.push(condition(
+                conditions::READY,
+                false,
+                reasons::INVALID_SPEC,
+                message.clone(),
+            ));
+            conditions.push(condition(
+                conditions::PROGRESSING,
+                false,
+                reasons::INVALID_SPEC,
+                "the refused spec is not rolled out; what runs is left as it was".to_owned(),
+            ));
+            conditions.push(condition(
+                conditions::DEGRADED,
+                true,
+                reasons::INVALID_SPEC,
+                message,
+            ));
+            if let Some(halted) = previous.and_then(|p| find(&p.conditions, conditions::HALTED)) {
+                conditions.push(halted.clone());
+            }
+        }
+        (None, Some(decision)) => {
+            let done = rollout.is_some_and(|rollout| rollout.done(replicas));
+            let progress = match rollout {
+                None => "waiting for the Deployment".to_owned(),
+                Some(rollout) => format!(
+                    "{} of {replicas} pods updated, {} available, {} in all",
+                    rollout.updated_replicas, rollout.available_replicas, rollout.replicas
+                ),
+            };
+            let stopped = matches!(decision.phase, Phase::ScalingDown | Phase::Halted);
+            conditions.push(if stopped {
+                condition(
+                    conditions::READY,
+                    false,
+                    reasons::HALTED,
+                    "stopped by a halt".to_owned(),
+                )
+            } else if done {
+                condition(
+                    conditions::READY,
+                    true,
+                    reasons::ROLLED_OUT,
+                    progress.clone(),
+                )
+            } else {
+                condition(
+                    conditions::READY,
+                    false,
+                    reasons::ROLLING_OUT,
+                    progress.clone(),
+                )
+            });
+            conditions.push(if done {
+                condition(
+                    conditions::PROGRESSING,
+                    false,
+                    reasons::ROLLED_OUT,
+                    progress,
+                )
+            } else {
+                condition(
+                    conditions::PROGRESSING,
+                    true,
+                    reasons::ROLLING_OUT,
+                    progress,
+                )
+            });
+            conditions.push(condition(
+                conditions::HALTED,
+                decision.phase == Phase::Halted,
+                decision.phase.reason(),
+                halt_message(decision.phase).to_owned(),
+            ));
+            conditions.push(if decision.unreachable.is_empty() {
+                condition(
+                    conditions::DEGRADED,
+                    false,
+                    reasons::AS_EXPECTED,
+                    String::new(),
+                )
+            } else {
+                let pods: Vec<String> = decision
+                    .unreachable
+                    .iter()
+                    .map(|(pod, why)| format!("{pod}: {why}"))
+                    .collect();
+                condition(
+                    conditions::DEGRADED,
+                    true,
+                    reasons::AGENTS_UNREACHABLE,
+                    format!("the control endpoint did not answer on {}", pods.join("; ")),
+                )
+            });
+        }
+    }
+    // A condition whose status is unchanged keeps the time it last changed.
+    if let Some(previous) = previous {
+        for condition in &mut conditions {
+            if let Some(old) = find(&previous.conditions, &condition.type_) {
+                if old.status == condition.status {
+                    condition.last_transition_time = old.last_transition_time.clone();
+                }
+            }
+        }
+    }
+    CompositionStatus {
+        observed_generation: generation,
+        conditions,
+    }
+}
+
+fn halt_message(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Running => "no halt asked for",
+        Phase::Requested => "a halt was asked for",
+        Phase::Pausing => "telling every pod to pause",
+        Phase::QuietWatch => "every pod is paused; waiting for the quiet window",
+        Phase::ScalingDown => "quiet for the window: scaling to zero",
+        Phase::Halted => "stopped: no pod runs",
+        Phase::CalledOff => "not quiet within grace: every pod resumes; a new halt follows later",
+        Phase::Resuming => "the halt is over: resuming every pod",
+    }
+}
+
+/// Whether writing `new` would change anything but transition times: the linkerd rule that keeps
+/// the controller from patching status on every reconcile.
+pub fn changed(old: Option<&CompositionStatus>, new: &CompositionStatus) -> bool {
+    let Some(old) = old else { return true };
+    if old.observed_generation != new.observed_generation
+        || old.conditions.len() != new.conditions.len()
+    {
+        return true;
+    }
+    new.conditions.iter().any(|condition| {
+        find(&old.conditions, &condition.type_).is_none_or(|old| {
+            old.status != condition.status
+                || old.reason != condition.reason
+                || old.message != condition.message
+                || old.observed_generation != condition.observed_generation
+        })
+    })
+}
+
+fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|condition| condition.type_ == type_)
+}
+
+#[cfg(test)]
+mod tests;

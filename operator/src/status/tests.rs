@@ -1,0 +1,241 @@
+use super::*;
+use crate::halt::Step;
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+}
+
+fn running() -> Decision {
+    Decision {
+        phase: Phase::Running,
+        step: Step::Nothing,
+        unreachable: vec![],
+    }
+}
+
+fn rolled_out(generation: i64, replicas: i32) -> Rollout {
+    Rollout {
+        generation: Some(generation),
+        observed_generation: Some(generation),
+        replicas,
+        updated_replicas: replicas,
+        available_replicas: replicas,
+    }
+}
+
+fn observed<'a>(rollout: Option<Rollout>, halt: &'a Decision, now: Timestamp) -> Observed<'a> {
+    Observed {
+        generation: Some(2),
+        invalid: None,
+        rollout,
+        replicas: 3,
+        halt: Some(halt),
+        now,
+    }
+}
+
+fn get<'a>(status: &'a CompositionStatus, type_: &str) -> &'a Condition {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status:?}"))
+}
+
+#[test]
+fn a_refused_spec_is_ready_false_with_the_exact_message() {
+    let message = "Atomicity takes an odd number of addresses, 2 given.";
+    let status = status(
+        &Observed {
+            generation: Some(4),
+            invalid: Some(message),
+            rollout: Some(rolled_out(1, 3)),
+            replicas: 3,
+            halt: None,
+            now: at(0),
+        },
+        None,
+    );
+    assert_eq!(status.observed_generation, Some(4));
+    let ready = get(&status, conditions::READY);
+    assert_eq!(ready.status, "False");
+    assert_eq!(ready.reason, reasons::INVALID_SPEC);
+    assert_eq!(ready.message, message);
+    assert_eq!(ready.observed_generation, Some(4));
+    assert_eq!(get(&status, conditions::DEGRADED).status, "True");
+    assert_eq!(get(&status, conditions::PROGRESSING).status, "False");
+}
+
+#[test]
+fn ready_only_once_the_deployment_rolled_out_this_generation() {
+    let halt = running();
+    let status = status(&observed(Some(rolled_out(5, 3)), &halt, at(0)), None);
+    let ready = get(&status, conditions::READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "RolledOut")
+    );
+    assert_eq!(ready.observed_generation, Some(2));
+    let progressing = get(&status, conditions::PROGRESSING);
+    assert_eq!(progressing.status, "False");
+    assert_eq!(get(&status, conditions::HALTED).status, "False");
+    assert_eq!(get(&status, conditions::HALTED).reason, "Running");
+    assert_eq!(get(&status, conditions::DEGRADED).status, "False");
+}
+
+#[test]
+fn not_ready_while_any_rollout_measure_lags() {
+    let halt = running();
+    let lagging = [
+        None,
+        Some(Rollout {
+            observed_generation: Some(4),
+            ..rolled_out(5, 3)
+        }),
+        Some(Rollout {
+            updated_replicas: 2,
+            ..rolled_out(5, 3)
+        }),
+        Some(Rollout {
+            available_replicas: 2,
+            ..rolled_out(5, 3)
+        }),
+        // An old pod still terminating.
+        Some(Rollout {
+            replicas: 4,
+            ..rolled_out(5, 3)
+        }),
+        Some(Rollout {
+            generation: None,
+            ..rolled_out(5, 3)
+        }),
+    ];
+    for rollout in lagging {
+        let status = status(&observed(rollout, &halt, at(0)), None);
+        let ready = get(&status, conditions::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "RollingOut"),
+            "{rollout:?}"
+        );
+        assert_eq!(get(&status, conditions::PROGRESSING).status, "True");
+    }
+}
+
+#[test]
+fn a_stopped_halt_is_halted_and_not_ready() {
+    let halt = Decision {
+        phase: Phase::Halted,
+        ..running()
+    };
+    let status = status(
+        &Observed {
+            replicas: 0,
+            ..observed(Some(rolled_out(5, 0)), &halt, at(0))
+        },
+        None,
+    );
+    let halted = get(&status, conditions::HALTED);
+    assert_eq!(
+        (halted.status.as_str(), halted.reason.as_str()),
+        ("True", "Halted")
+    );
+    let ready = get(&status, conditions::READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Halted")
+    );
+}
+
+#[test]
+fn unreachable_agents_make_the_composition_degraded() {
+    let halt = Decision {
+        phase: Phase::Pausing,
+        step: Step::Nothing,
+        unreachable: vec![("shop-1".into(), "timed out after 2 s".into())],
+    };
+    let status = status(&observed(Some(rolled_out(5, 3)), &halt, at(0)), None);
+    let degraded = get(&status, conditions::DEGRADED);
+    assert_eq!(degraded.status, "True");
+    assert_eq!(degraded.reason, reasons::AGENTS_UNREACHABLE);
+    assert!(
+        degraded.message.contains("shop-1: timed out after 2 s"),
+        "{}",
+        degraded.message
+    );
+    assert_eq!(get(&status, conditions::HALTED).reason, "Pausing");
+}
+
+#[test]
+fn unchanged_conditions_keep_their_transition_time_and_need_no_patch() {
+    let halt = running();
+    let first = status(&observed(Some(rolled_out(5, 3)), &halt, at(0)), None);
+    let second = status(
+        &observed(Some(rolled_out(5, 3)), &halt, at(60)),
+        Some(&first),
+    );
+    assert_eq!(first, second);
+    assert!(!changed(Some(&first), &second));
+}
+
+#[test]
+fn a_changed_condition_gets_a_new_transition_time_and_a_patch() {
+    let halt = running();
+    let first = status(&observed(None, &halt, at(0)), None);
+    let second = status(
+        &observed(Some(rolled_out(5, 3)), &halt, at(60)),
+        Some(&first),
+    );
+    assert!(changed(Some(&first), &second));
+    assert_eq!(
+        get(&second, conditions::READY).last_transition_time,
+        Time(at(60))
+    );
+    // Halted stayed False: its time is kept.
+    assert_eq!(
+        get(&second, conditions::HALTED).last_transition_time,
+        Time(at(0))
+    );
+}
+
+#[test]
+fn changed_ignores_only_transition_times() {
+    let halt = running();
+    let base = status(&observed(Some(rolled_out(5, 3)), &halt, at(0)), None);
+    assert!(changed(None, &base));
+    let mut later = base.clone();
+    for condition in &mut later.conditions {
+        condition.last_transition_time = Time(at(99));
+    }
+    assert!(!changed(Some(&base), &later));
+    let mut new_message = base.clone();
+    new_message.conditions[0].message = "other".into();
+    assert!(changed(Some(&base), &new_message));
+    let mut new_generation = base.clone();
+    new_generation.observed_generation = Some(3);
+    assert!(changed(Some(&base), &new_generation));
+    let mut fewer = base.clone();
+    fewer.conditions.pop();
+    assert!(changed(Some(&base), &fewer));
+}
+
+#[test]
+fn a_refused_spec_keeps_the_previous_halted_condition() {
+    let halt = Decision {
+        phase: Phase::QuietWatch,
+        ..running()
+    };
+    let before = status(&observed(Some(rolled_out(5, 3)), &halt, at(0)), None);
+    let after = status(
+        &Observed {
+            invalid: Some("bad"),
+            halt: None,
+            ..observed(Some(rolled_out(5, 3)), &halt, at(10))
+        },
+        Some(&before),
+    );
+    assert_eq!(
+        get(&after, conditions::HALTED),
+        get(&before, conditions::HALTED)
+    );
+}

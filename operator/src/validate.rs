@@ -1,0 +1,227 @@
+//! The reconcile-time check of a Composition's spec. The CRD schema checks what an API server can,
+//! but clusters without CEL (before Kubernetes 1.25) never see the odd-address rule, and no schema
+//! can say that an address carries credentials or that a manifest is well-formed. So every spec is
+//! checked again here, with toa-context's own constructors: the messages are the ones the agent
+//! gives for the same input, `Atomicity takes an odd number of addresses, 2 given.` among them.
+//!
+//! Pure: no I/O, so the controller can call it on every reconcile and write the message into a
+//! `Ready=False` condition with reason [`crate::crd::reasons::INVALID_SPEC`].
+
+use crate::crd::{AtomicitySpec, CompositionSpec, ContextSpec, HaltSpec};
+use crate::manifest;
+use std::time::Duration;
+use toa_context::{Addressed, AmqpAddress, Atomicity, Context, ContextError, Manifest};
+
+/// Why a spec was refused: one message naming the field and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidSpec(pub String);
+
+/// A spec that passed, in the types the pods' settings are made from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Valid {
+    /// The application's context; its `name` is `spec.application`.
+    pub context: Context,
+    /// The components' manifests, in the spec's order.
+    pub components: Vec<Manifest>,
+    pub replicas: i32,
+    /// How a halt proceeds (`spec.halt` or its defaults).
+    pub halt: Halt,
+    /// The Secret holding Redis and broker credentials, if any.
+    pub credentials: Option<String>,
+}
+
+/// The timings of a halt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Halt {
+    /// How long no pod may make or receive a call before the composition is stopped.
+    pub quiet_window: Duration,
+    /// How long a halt waits for a quiet window before it is called off.
+    pub grace: Duration,
+}
+
+/// Checks `spec` field by field, in the spec's order, and reports the first refusal.
+pub fn validate(spec: &CompositionSpec) -> Result<Valid, InvalidSpec> {
+    application(&spec.application)?;
+    image(&spec.image)?;
+    if spec.replicas < 0 {
+        return Err(invalid(
+            "spec.replicas",
+            format!("expected 0 or more, got {}", spec.replicas),
+        ));
+    }
+    let components = components(spec)?;
+    let context = context(&spec.application, &spec.context)?;
+    let credentials = spec
+        .credentials
+        .as_ref()
+        .map(|credentials| secret_name(&credentials.secret_name))
+        .transpose()?;
+    let halt = halt(spec.halt.as_ref().unwrap_or(&HaltSpec::default()))?;
+    Ok(Valid {
+        context,
+        components,
+        replicas: spec.replicas,
+        halt,
+        credentials,
+    })
+}
+
+fn application(name: &str) -> Result<(), InvalidSpec> {
+    // The same DNS-label rule as `name` in context.toa.yaml; toa-context's `Context` has no
+    // public constructor that checks the name alone.
+    let label = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if label {
+        Ok(())
+    } else {
+        Err(invalid(
+            "spec.application",
+            format!("expected 1 to 63 lowercase letters, digits or '-', got {name:?}"),
+        ))
+    }
+}
+
+fn image(image: &str) -> Result<(), InvalidSpec> {
+    if image.is_empty() || image.chars().any(char::is_whitespace) {
+        return Err(invalid(
+            "spec.image",
+            format!(
+                "expected an image reference such as registry.example.com/shop:1.0, got {image:?}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn components(spec: &CompositionSpec) -> Result<Vec<Manifest>, InvalidSpec> {
+    if spec.components.is_empty() {
+        return Err(invalid(
+            "spec.components",
+            "expected at least one component",
+        ));
+    }
+    let mut manifests: Vec<Manifest> = Vec::with_capacity(spec.components.len());
+    for (index, component) in spec.components.iter().enumerate() {
+        let origin = format!("spec.components[{index}].manifest");
+        let manifest = manifest::check(&component.manifest, &origin)
+            .map_err(|error| InvalidSpec(error.to_string()))?;
+        let full_name = manifest.full_name();
+        if component.name != full_name {
+            return Err(invalid(
+                &format!("spec.components[{index}].name"),
+                format!(
+                    "expected {full_name:?}, the manifest's namespace.name, got {:?}",
+                    component.name
+                ),
+            ));
+        }
+        if manifests.iter().any(|seen| seen.full_name() == full_name) {
+            return Err(invalid(
+                &format!("spec.components[{index}].name"),
+                format!("expected each component once, {full_name} is listed twice"),
+            ));
+        }
+        manifests.push(manifest);
+    }
+    Ok(manifests)
+}
+
+fn context(application: &str, spec: &ContextSpec) -> Result<Context, InvalidSpec> {
+    let atomicity = spec.atomicity.as_ref().map(atomicity).transpose()?;
+    let addressed = Addressed {
+        timeout: millis(spec.addressed.timeout, "addressed.timeout")?,
+    };
+    let amqp = spec
+        .amqp
+        .as_deref()
+        .map(|text| AmqpAddress::parse(text, "amqp"))
+        .transpose()
+        .map_err(in_context)?;
+    Ok(Context {
+        name: application.to_owned(),
+        atomicity,
+        addressed,
+        amqp,
+    })
+}
+
+fn atomicity(spec: &AtomicitySpec) -> Result<Atomicity, InvalidSpec> {
+    let interval = millis(spec.interval, "atomicity.interval")?;
+    let ttl = millis(spec.ttl, "atomicity.ttl")?;
+    Atomicity::new(&spec.redis, Some(interval), Some(ttl)).map_err(in_context)
+}
+
+fn secret_name(name: &str) -> Result<String, InvalidSpec> {
+    let subdomain = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    if subdomain {
+        Ok(name.to_owned())
+    } else {
+        Err(invalid(
+            "spec.credentials.secretName",
+            format!(
+                "expected the name of a Secret (lowercase letters, digits, '-', '.'), got {name:?}"
+            ),
+        ))
+    }
+}
+
+fn halt(spec: &HaltSpec) -> Result<Halt, InvalidSpec> {
+    let seconds = |value: i64, key: &str| match u64::try_from(value) {
+        Ok(seconds) if seconds > 0 => Ok(Duration::from_secs(seconds)),
+        _ => Err(invalid(
+            key,
+            format!("expected a positive whole number of seconds, got {value}"),
+        )),
+    };
+    let quiet_window = seconds(spec.quiet_window, "spec.halt.quietWindow")?;
+    let grace = seconds(spec.grace, "spec.halt.grace")?;
+    if grace < quiet_window {
+        return Err(invalid(
+            "spec.halt.grace",
+            format!(
+                "expected at least quietWindow ({} s), since a halt waits that long for quiet, got {} s",
+                spec.quiet_window, spec.grace
+            ),
+        ));
+    }
+    Ok(Halt {
+        quiet_window,
+        grace,
+    })
+}
+
+/// `key` is relative to `spec.context`, as toa-context names keys.
+fn millis(value: i64, key: &str) -> Result<Duration, InvalidSpec> {
+    match u64::try_from(value) {
+        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(invalid(
+            &format!("spec.context.{key}"),
+            format!("expected a positive whole number of milliseconds, got {value}"),
+        )),
+    }
+}
+
+/// toa-context names keys from the context's root (`atomicity.redis[1]`); here they sit under
+/// `spec.context`. The odd-address message stays exactly as toa-context words it.
+fn in_context(error: ContextError) -> InvalidSpec {
+    match error {
+        ContextError::Invalid { key, message } => invalid(&format!("spec.context.{key}"), message),
+        other => InvalidSpec(other.to_string()),
+    }
+}
+
+/// Worded as toa-context words its refusals.
+fn invalid(key: &str, message: impl std::fmt::Display) -> InvalidSpec {
+    InvalidSpec(format!("`{key}`: {message}"))
+}
+
+#[cfg(test)]
+mod tests;

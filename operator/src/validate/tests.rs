@@ -1,0 +1,178 @@
+use super::*;
+use crate::crd::{ComponentSpec, CredentialsSpec};
+
+fn refused(spec: &CompositionSpec) -> String {
+    validate(spec).unwrap_err().to_string()
+}
+
+#[test]
+fn a_valid_spec_gives_the_context_and_manifests() {
+    let valid = validate(&CompositionSpec::test().with_redis(&[
+        "redis://redis-0",
+        "redis://redis-1:7000",
+        "redis://redis-2/1",
+    ]))
+    .unwrap();
+    assert_eq!(valid.context.name, "shop");
+    let atomicity = valid.context.atomicity.unwrap();
+    assert_eq!(atomicity.redis.len(), 3);
+    assert_eq!(atomicity.redis[1].port, 7000);
+    assert_eq!(atomicity.interval, Duration::from_millis(5000));
+    assert_eq!(atomicity.ttl, Duration::from_millis(10_000));
+    assert_eq!(valid.context.addressed.timeout, Duration::from_millis(5000));
+    assert_eq!(valid.components[0].full_name(), "store.orders");
+    assert_eq!(valid.replicas, 2);
+    assert_eq!(
+        valid.halt,
+        Halt {
+            quiet_window: Duration::from_secs(30),
+            grace: Duration::from_secs(60)
+        }
+    );
+}
+
+#[test]
+fn one_or_three_addresses_pass_and_two_are_refused_with_the_count() {
+    assert!(validate(&CompositionSpec::test().with_redis(&["redis://a"])).is_ok());
+    assert!(validate(&CompositionSpec::test().with_redis(&[
+        "redis://a",
+        "redis://b",
+        "redis://c"
+    ]))
+    .is_ok());
+    assert_eq!(
+        refused(&CompositionSpec::test().with_redis(&["redis://a", "redis://b"])),
+        "Atomicity takes an odd number of addresses, 2 given."
+    );
+    assert_eq!(
+        refused(&CompositionSpec::test().with_redis(&[
+            "redis://a",
+            "redis://b",
+            "redis://c",
+            "redis://d"
+        ])),
+        "Atomicity takes an odd number of addresses, 4 given."
+    );
+}
+
+#[test]
+fn credentials_in_an_address_are_refused_without_repeating_them() {
+    let message =
+        refused(&CompositionSpec::test().with_redis(&["redis://admin:s3cret@redis:6379"]));
+    assert!(
+        message.starts_with("`spec.context.atomicity.redis`: the address redis://***@redis:6379 carries credentials"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("s3cret") && !message.contains("admin"),
+        "{message}"
+    );
+
+    let mut spec = CompositionSpec::test();
+    spec.context.amqp = Some("amqp://guest:hunter2@rabbitmq".into());
+    let message = refused(&spec);
+    assert!(
+        message.starts_with("`spec.context.amqp`: the address"),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+}
+
+#[test]
+fn refusals_name_the_field_and_what_was_expected() {
+    let cases: Vec<(CompositionSpec, &str)> = vec![
+        (
+            CompositionSpec { application: "Shop".into(), ..CompositionSpec::test() },
+            "`spec.application`: expected 1 to 63 lowercase letters, digits or '-', got \"Shop\"",
+        ),
+        (
+            CompositionSpec { image: "".into(), ..CompositionSpec::test() },
+            "`spec.image`: expected an image reference such as registry.example.com/shop:1.0, got \"\"",
+        ),
+        (
+            CompositionSpec { replicas: -1, ..CompositionSpec::test() },
+            "`spec.replicas`: expected 0 or more, got -1",
+        ),
+        (
+            CompositionSpec::test().with_components(vec![]),
+            "`spec.components`: expected at least one component",
+        ),
+        (
+            CompositionSpec::test().with_components(vec![ComponentSpec {
+                name: "orders".into(),
+                ..ComponentSpec::test("store", "orders")
+            }]),
+            "`spec.components[0].name`: expected \"store.orders\", the manifest's namespace.name, got \"orders\"",
+        ),
+        (
+            CompositionSpec::test().with_components(vec![
+                ComponentSpec::test("store", "orders"),
+                ComponentSpec::test("store", "orders"),
+            ]),
+            "`spec.components[1].name`: expected each component once, store.orders is listed twice",
+        ),
+        (
+            {
+                let mut spec = CompositionSpec::test().with_redis(&["redis://a"]);
+                spec.context.atomicity.as_mut().unwrap().interval = 0;
+                spec
+            },
+            "`spec.context.atomicity.interval`: expected a positive whole number of milliseconds, got 0",
+        ),
+        (
+            {
+                let mut spec = CompositionSpec::test();
+                spec.context.addressed.timeout = -5;
+                spec
+            },
+            "`spec.context.addressed.timeout`: expected a positive whole number of milliseconds, got -5",
+        ),
+        (
+            CompositionSpec::test().with_redis(&["redis://a", "redis://a", "redis://c"]),
+            "`spec.context.atomicity.redis[1]`: expected independent servers, redis://a:6379 is listed twice",
+        ),
+        (
+            CompositionSpec::test().with_redis(&[]),
+            "`spec.context.atomicity.redis`: expected one address or a list of them",
+        ),
+        (
+            CompositionSpec {
+                credentials: Some(CredentialsSpec { secret_name: "Shop_Secrets".into() }),
+                ..CompositionSpec::test()
+            },
+            "`spec.credentials.secretName`: expected the name of a Secret (lowercase letters, digits, '-', '.'), got \"Shop_Secrets\"",
+        ),
+        (
+            CompositionSpec {
+                halt: Some(HaltSpec { quiet_window: 30, grace: 10 }),
+                ..CompositionSpec::test()
+            },
+            "`spec.halt.grace`: expected at least quietWindow (30 s), since a halt waits that long for quiet, got 10 s",
+        ),
+        (
+            CompositionSpec {
+                halt: Some(HaltSpec { quiet_window: 0, grace: 10 }),
+                ..CompositionSpec::test()
+            },
+            "`spec.halt.quietWindow`: expected a positive whole number of seconds, got 0",
+        ),
+    ];
+    for (spec, message) in cases {
+        assert_eq!(refused(&spec), message);
+    }
+}
+
+#[test]
+fn a_manifest_is_checked_with_the_agents_rules() {
+    let mut component = ComponentSpec::test("store", "orders");
+    component
+        .manifest
+        .insert("lifecycle".into(), serde_json::json!(["pause"]));
+    let message = refused(&CompositionSpec::test().with_components(vec![component]));
+    assert!(
+        message.starts_with(
+            "spec.components[0].manifest: component store.orders exports pause and no resume"
+        ),
+        "{message}"
+    );
+}
