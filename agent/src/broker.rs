@@ -63,6 +63,8 @@ pub struct Broker {
     pending: Pending,
     prefix: String,
     address: String,
+    /// Shared queues this process declared already: declaring costs a round trip.
+    declared: Mutex<std::collections::HashSet<String>>,
 }
 
 fn now_ms() -> i64 {
@@ -172,6 +174,7 @@ impl Broker {
             pending,
             prefix: format!("toa.{application}."),
             address: address.to_string(),
+            declared: Mutex::default(),
         }))
     }
 
@@ -210,10 +213,14 @@ impl Broker {
     ) -> Result<Outcome, CallError> {
         let queue = self.queue(component, instance);
         let failed = |message: String| CallError::Failed(format!("{}: {message}", self.address));
-        if instance.is_none() {
+        if instance.is_none() && !self.declared.lock().expect("declared").contains(&queue) {
             self.declare_shared(&self.channel, &queue)
                 .await
                 .map_err(|e| failed(e.to_string()))?;
+            self.declared
+                .lock()
+                .expect("declared")
+                .insert(queue.clone());
         }
         let id = format!("{:032x}", rand::random::<u128>());
         let body =
@@ -241,18 +248,31 @@ impl Broker {
                 .with_expiration(timeout.as_millis().to_string().into())
                 .with_headers(headers);
         }
+        // Mandatory for every call: a call to a process nobody holds is an Addressee; an ordinary
+        // call whose shared queue vanished (a broker restarted empty) declares it and goes again.
         let options = BasicPublishOptions {
-            mandatory: instance.is_some(),
+            mandatory: true,
             ..Default::default()
         };
-        let confirm = self
-            .channel
-            .basic_publish("".into(), queue.as_str().into(), options, &body, properties)
-            .await
-            .map_err(|e| failed(e.to_string()))?
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        let publish = |properties: BasicProperties| async {
+            self.channel
+                .basic_publish("".into(), queue.as_str().into(), options, &body, properties)
+                .await
+                .map_err(|e| failed(e.to_string()))?
+                .await
+                .map_err(|e| failed(e.to_string()))
+        };
+        let mut confirm = publish(properties.clone()).await?;
+        if instance.is_none() && matches!(confirm, Confirmation::Ack(Some(_))) {
+            self.declare_shared(&self.channel, &queue)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            confirm = publish(properties).await?;
+        }
         match confirm {
+            Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) if instance.is_none() => {
+                return Err(failed(format!("the queue {queue} takes no calls")))
+            }
             Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => {
                 return Err(CallError::Addressee {
                     component: component.to_owned(),

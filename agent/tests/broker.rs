@@ -205,3 +205,90 @@ fn a_second_process_with_a_taken_name_waits_for_it_and_then_answers() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_messages_get_an_error_reply_and_the_agent_keeps_serving() {
+    use futures::StreamExt;
+    use lapin::options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+    let (context, application) = context("malformed");
+    let charges_file = record("malformed");
+    let till = tokio::task::spawn_blocking(move || {
+        let till = terminals(&context, "till-1", &charges_file, &[]);
+        till.wait_ready();
+        till
+    })
+    .await
+    .unwrap();
+    let connection = Connection::connect(
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        ConnectionProperties::default(),
+    )
+    .await
+    .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let replies = channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut consumer = channel
+        .basic_consume(
+            replies.name().clone(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let queue = format!("toa.{application}.test.terminals");
+    for (body, expected) in [
+        (&b"\xff not json"[..], "expected a JSON call"),
+        (&br#"{"input": {}}"#[..], "expected {\"operation\""),
+    ] {
+        let properties = BasicProperties::default()
+            .with_reply_to(replies.name().clone())
+            .with_correlation_id("c".into());
+        channel
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                body,
+                properties,
+            )
+            .await
+            .unwrap();
+        let delivery = tokio::time::timeout(Duration::from_secs(5), consumer.next())
+            .await
+            .expect("a reply")
+            .unwrap()
+            .unwrap();
+        let reply: Value = serde_json::from_slice(&delivery.data).unwrap();
+        assert!(
+            reply["failure"].as_str().unwrap().contains(expected),
+            "{reply}"
+        );
+    }
+    // Still serving.
+    let till = tokio::task::spawn_blocking(move || {
+        let (ok, answer) = till.call("test.terminals.connect", "{ input: { terminal: t1 } }");
+        assert!(ok, "{answer}");
+        till
+    })
+    .await
+    .unwrap();
+    drop(till);
+}

@@ -290,3 +290,39 @@ fn halt_pauses_and_resume_takes_back_in_the_same_process_only_with_the_token() {
     assert!(stopped, "{log}");
     assert_eq!(count(&events(&record), "dispose"), 1);
 }
+
+#[test]
+fn the_rust_terminals_example_speaks_the_same_protocol() {
+    let composition = Composition::start(&["examples/terminals"], &[("TOA_INSTANCE", "till-1")]);
+    composition.wait_ready();
+    let (ok, answer) = composition.call("terminals.connect", "{ input: { terminal: t1 } }");
+    assert!(ok, "{answer}");
+    assert_eq!(answer["reply"]["holder"], "till-1");
+    let (ok, answer) = composition.call(
+        "terminals.charge",
+        "{ input: { terminal: t1, amount: 5 }, instance: till-1 }",
+    );
+    assert!(ok, "{answer}");
+    assert_eq!(answer["reply"], json!({"charged": 5, "by": "till-1"}));
+    let (_, answer) = composition.call(
+        "terminals.charge",
+        "{ input: { terminal: t2, amount: 5 }, instance: till-1 }",
+    );
+    assert_eq!(
+        answer["error"]["code"], "NOT_HELD",
+        "the operation's own error passes through"
+    );
+    let (_, answer) = composition.call(
+        "terminals.charge",
+        "{ input: { terminal: t1, amount: 5 }, instance: till-9 }",
+    );
+    assert_eq!(
+        (
+            answer["error"]["code"].as_str(),
+            answer["error"]["number"].as_u64()
+        ),
+        (Some("Addressee"), Some(403))
+    );
+    let (stopped, log) = composition.terminate(Duration::from_secs(20));
+    assert!(stopped, "{log}");
+}

@@ -1,7 +1,10 @@
-//! The command line. `render` is the only command so far; the controller's `run` comes with it.
+//! The command line: `render` (a Composition from an application's files) and `run` (the
+//! controller).
 
 use crate::render;
-use clap::{Parser, Subcommand};
+use crate::run;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
@@ -20,6 +23,106 @@ pub enum Command {
     /// Print a Composition rendered from context.toa.yaml and component manifests, for
     /// `kubectl apply -f -`.
     Render(RenderArgs),
+    /// Run the controller: watch Compositions and run their Deployments, halts and status.
+    Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The image holding `toa-agent`, run beside every component.
+    #[arg(long, env = "TOA_AGENT_IMAGE", value_name = "IMAGE")]
+    pub agent_image: String,
+    /// Where /health, /ready and /metrics are served.
+    #[arg(
+        long,
+        env = "TOA_METRICS_LISTEN",
+        value_name = "ADDRESS",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub metrics_listen: SocketAddr,
+    /// Leader election on a Lease; `off` only when a single replica runs.
+    #[arg(long, env = "TOA_LEADER_ELECTION", value_enum, default_value_t = OnOff::On)]
+    pub leader_election: OnOff,
+    /// The Lease's name.
+    #[arg(long, env = "TOA_LEASE_NAME", default_value = "toa-operator")]
+    pub lease_name: String,
+    /// The Lease's namespace [default: the operator's own namespace].
+    #[arg(long, env = "TOA_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// This replica's name in the Lease [default: $POD_NAME, else $HOSTNAME].
+    #[arg(long, env = "TOA_LEASE_IDENTITY")]
+    pub lease_identity: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+/// A `run` setting that was refused: what and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{option}`: expected {expected}, got {given:?}")]
+pub struct RunArgsError {
+    pub option: &'static str,
+    pub expected: &'static str,
+    pub given: String,
+}
+
+impl RunArgs {
+    /// Checks the settings; `vars` reads the environment (`POD_NAME`, `HOSTNAME`).
+    pub fn into_config(
+        self,
+        vars: impl Fn(&str) -> Option<String>,
+    ) -> Result<run::Config, RunArgsError> {
+        // Destructured so that a new argument that is not passed on fails to compile.
+        let Self {
+            agent_image,
+            metrics_listen,
+            leader_election,
+            lease_name,
+            lease_namespace,
+            lease_identity,
+        } = self;
+        if agent_image.is_empty() || agent_image.chars().any(char::is_whitespace) {
+            return Err(RunArgsError {
+                option: "--agent-image",
+                expected: "an image reference such as registry.example.com/toa-agent:0.1",
+                given: agent_image,
+            });
+        }
+        let lease = match leader_election {
+            OnOff::Off => None,
+            OnOff::On => {
+                let identity = lease_identity
+                    .or_else(|| vars("POD_NAME"))
+                    .or_else(|| vars("HOSTNAME"))
+                    .filter(|identity| !identity.is_empty())
+                    .ok_or_else(|| RunArgsError {
+                        option: "--lease-identity",
+                        expected: "this replica's name (or $POD_NAME or $HOSTNAME set)",
+                        given: String::new(),
+                    })?;
+                if lease_name.is_empty() {
+                    return Err(RunArgsError {
+                        option: "--lease-name",
+                        expected: "the name of a Lease",
+                        given: lease_name,
+                    });
+                }
+                Some(run::LeaseSettings {
+                    name: lease_name,
+                    namespace: lease_namespace,
+                    identity,
+                })
+            }
+        };
+        Ok(run::Config {
+            agent_image,
+            metrics_listen,
+            lease,
+        })
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -73,5 +176,81 @@ impl RenderArgs {
             replicas,
             credentials,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let mut all = vec!["toa-operator", "run"];
+        all.extend(args);
+        match Args::try_parse_from(all)?.command {
+            Command::Run(run) => Ok(run),
+            Command::Render(_) => panic!("parsed as render"),
+        }
+    }
+
+    fn no_vars(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn run_takes_its_settings_with_defaults() {
+        let config = parse(&["--agent-image", "toa-agent:1", "--lease-identity", "op-0"])
+            .unwrap()
+            .into_config(no_vars)
+            .unwrap();
+        assert_eq!(
+            config,
+            run::Config {
+                agent_image: "toa-agent:1".into(),
+                metrics_listen: "0.0.0.0:8080".parse().unwrap(),
+                lease: Some(run::LeaseSettings {
+                    name: "toa-operator".into(),
+                    namespace: None,
+                    identity: "op-0".into(),
+                }),
+            }
+        );
+    }
+
+    #[test]
+    fn the_identity_falls_back_to_the_pod_name_then_the_host_name() {
+        let args = || parse(&["--agent-image", "a:1"]).unwrap();
+        let config = args()
+            .into_config(|name| (name == "HOSTNAME").then(|| "host".to_owned()))
+            .unwrap();
+        assert_eq!(config.lease.unwrap().identity, "host");
+        let config = args()
+            .into_config(|name| Some(format!("from-{name}")))
+            .unwrap();
+        assert_eq!(config.lease.unwrap().identity, "from-POD_NAME");
+        let error = args().into_config(no_vars).unwrap_err();
+        assert_eq!(error.option, "--lease-identity");
+    }
+
+    #[test]
+    fn leader_election_off_needs_no_identity() {
+        let config = parse(&["--agent-image", "a:1", "--leader-election", "off"])
+            .unwrap()
+            .into_config(no_vars)
+            .unwrap();
+        assert_eq!(config.lease, None);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_naming_the_option() {
+        let error = parse(&["--agent-image", "has space", "--leader-election", "off"])
+            .unwrap()
+            .into_config(no_vars)
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "`--agent-image`: expected an image reference such as registry.example.com/toa-agent:0.1, got \"has space\""
+        );
+        assert!(parse(&["--agent-image", "a:1", "--metrics-listen", "nowhere"]).is_err());
+        assert!(parse(&["--agent-image", "a:1", "--leader-election", "maybe"]).is_err());
     }
 }

@@ -47,6 +47,9 @@ pub const NOT_LEADER: Duration = Duration::from_secs(15);
 pub const BACKOFF_FIRST: Duration = Duration::from_secs(5);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
+/// The label selector of everything the operator applies (see [`desired::labels`]).
+const MANAGED: &str = "app.kubernetes.io/managed-by=toa-operator";
+
 /// What every reconcile shares.
 pub struct Context {
     pub client: Client,
@@ -85,16 +88,22 @@ impl Context {
 }
 
 /// Runs the controller until `shutdown` completes (reconciles under way finish first).
-pub async fn run(context: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+pub async fn run(
+    context: Arc<Context>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let client = context.client.clone();
     let compositions = Api::<Composition>::all(client.clone());
     // Reconcile everything when this replica becomes the leader: it skipped them until now.
     let mut leader = context.leader.clone();
     let became_leader = async_stream_leader(&mut leader);
+    // Owned objects are watched by the operator's label only: watching every Secret and
+    // ConfigMap of the cluster would cost memory and need wider RBAC than the operator uses.
+    let owned = || watcher::Config::default().labels(MANAGED);
     Controller::new(compositions, watcher::Config::default().any_semantic())
-        .owns(Api::<Deployment>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Secret>::all(client), watcher::Config::default())
+        .owns(Api::<Deployment>::all(client.clone()), owned())
+        .owns(Api::<ConfigMap>::all(client.clone()), owned())
+        .owns(Api::<Secret>::all(client), owned())
         .reconcile_all_on(became_leader)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
@@ -145,7 +154,10 @@ pub fn error_policy(composition: Arc<Composition>, error: &Error, context: Arc<C
 }
 
 /// Brings one Composition's objects, halt and status in line with its spec.
-pub async fn reconcile(composition: Arc<Composition>, context: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(
+    composition: Arc<Composition>,
+    context: Arc<Context>,
+) -> Result<Action, Error> {
     if !*context.leader.borrow() {
         return Ok(Action::requeue(NOT_LEADER));
     }
@@ -215,16 +227,17 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     };
 
     // The halt.
-    let record = composition
-        .annotations()
-        .get(halt::ANNOTATION)
-        .and_then(|text| match Record::parse(text) {
-            Ok(record) => Some(record),
-            Err(error) => {
-                tracing::warn!(composition = %name, %error, "ignoring the halt record");
-                None
-            }
-        });
+    let record =
+        composition
+            .annotations()
+            .get(halt::ANNOTATION)
+            .and_then(|text| match Record::parse(text) {
+                Ok(record) => Some(record),
+                Err(error) => {
+                    tracing::warn!(composition = %name, %error, "ignoring the halt record");
+                    None
+                }
+            });
     let pods = kube_io::pods(&Api::<Pod>::namespaced(client.clone(), &namespace), &name).await?;
     let reports = reports(context, &pods, &token).await;
     let decision = halt::decide(&Observation {
@@ -234,7 +247,16 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
         pods: &reports,
         now,
     });
-    let record = step(context, composition, &compositions, &pods, &token, &decision, record).await?;
+    let record = step(
+        context,
+        composition,
+        &compositions,
+        &pods,
+        &token,
+        &decision,
+        record,
+    )
+    .await?;
 
     let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
     let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
@@ -305,13 +327,24 @@ async fn step(
     match &decision.step {
         Step::Record(new) => {
             kube_io::record_halt(compositions, &name, Some(new)).await?;
-            publish(context, composition, decision.phase.reason(), format!("halt {new}")).await;
+            publish(
+                context,
+                composition,
+                decision.phase.reason(),
+                format!("halt {new}"),
+            )
+            .await;
             Ok(Some(new.clone()))
         }
         Step::Clear => {
             kube_io::record_halt(compositions, &name, None).await?;
-            publish(context, composition, "HaltOver", "the halt record is removed".to_owned())
-                .await;
+            publish(
+                context,
+                composition,
+                "HaltOver",
+                "the halt record is removed".to_owned(),
+            )
+            .await;
             Ok(None)
         }
         Step::Halt { id, pods: targets } => {

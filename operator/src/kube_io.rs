@@ -36,7 +36,9 @@ pub async fn control_token(
 ) -> Result<String, kube::Error> {
     let existing = api.get_opt(name).await?.and_then(|secret| {
         let bytes = secret.data?.remove(TOKEN_KEY)?.0;
-        String::from_utf8(bytes).ok().filter(|token| !token.is_empty())
+        String::from_utf8(bytes)
+            .ok()
+            .filter(|token| !token.is_empty())
     });
     if let Some(token) = existing {
         return Ok(token);

@@ -14,6 +14,9 @@
 //! - [`controller`]: the kube-runtime controller: reconcile and error policy, wiring only;
 //! - [`kube_io`]: the requests to the API server (apply, token Secret, pods, halt record, status);
 //! - [`metrics`]: reconcile counters and durations;
+//! - [`lease`]: leader election on a Lease, so only one replica reconciles;
+//! - [`http`]: `/health`, `/ready`, `/metrics`;
+//! - [`run`]: `toa-operator run`: controller, HTTP endpoint and lease together;
 //! - [`args`]: the command line.
 
 pub mod agent_client;
@@ -24,10 +27,13 @@ pub mod desired;
 #[cfg(test)]
 mod fixtures;
 pub mod halt;
+pub mod http;
 pub mod kube_io;
+pub mod lease;
 pub mod manifest;
 pub mod metrics;
 pub mod render;
+pub mod run;
 pub mod status;
 pub mod validate;
 

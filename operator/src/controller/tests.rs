@@ -68,14 +68,13 @@ fn context(agents: Arc<FakeAgents>, leader: bool) -> (Arc<Context>, Handle) {
     (Arc::new(context), handle)
 }
 
-/// Answers the next request after checking its method and path (query left out); returns the
-/// request's query and JSON body.
+/// Answers the next request after checking its method and path (query left out) with what
+/// `answer` makes of the request's JSON body; returns the request's query and body.
 async fn expect(
     handle: &mut Handle,
     method: &str,
     path: &str,
-    status: StatusCode,
-    answer: Value,
+    answer: impl FnOnce(&Value) -> (StatusCode, Value),
 ) -> (String, Value) {
     let (request, send) = tokio::time::timeout(Duration::from_secs(1), handle.next_request())
         .await
@@ -95,12 +94,18 @@ async fn expect(
     } else {
         serde_json::from_slice(&bytes).unwrap()
     };
+    let (status, answer) = answer(&body);
     let response = Response::builder()
         .status(status)
         .body(Body::from(serde_json::to_vec(&answer).unwrap()))
         .unwrap();
     send.send_response(response);
     (query, body)
+}
+
+/// Answers with the object as sent, as an API server does for an apply.
+fn echo(body: &Value) -> (StatusCode, Value) {
+    (StatusCode::OK, body.clone())
 }
 
 /// Fails when the reconcile made a request nobody expected.
@@ -123,11 +128,19 @@ fn composition(spec: CompositionSpec) -> Arc<Composition> {
     Arc::new(Composition::test(spec))
 }
 
-/// The answer to an apply: the object as sent, with a generation and (for Deployments) a status.
-fn applied(mut body: Value, status: Value) -> Value {
-    body["metadata"]["generation"] = json!(1);
-    body["status"] = status;
-    body
+/// The Composition as the API server answers a patch of it.
+fn stored(composition: &Composition) -> impl FnOnce(&Value) -> (StatusCode, Value) + '_ {
+    move |_| (StatusCode::OK, serde_json::to_value(composition).unwrap())
+}
+
+/// A Deployment answered with this status (generation 1).
+fn deployment_with(status: Value) -> impl FnOnce(&Value) -> (StatusCode, Value) {
+    move |body| {
+        let mut body = body.clone();
+        body["metadata"]["generation"] = json!(1);
+        body["status"] = status;
+        (StatusCode::OK, body)
+    }
 }
 
 fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
@@ -139,67 +152,83 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} in {status}"))
 }
 
-/// The requests of a valid reconcile up to the pod list, with no control Secret yet.
-async fn up_to_pods(handle: &mut Handle, pods: Value) -> String {
+/// ConfigMap apply, control Secret (created when `existing` is `None`), pod list.
+async fn up_to_pods(handle: &mut Handle, existing: Option<&str>, pods: Value) -> String {
     let (query, body) = expect(
         handle,
         "PATCH",
         "/api/v1/namespaces/shop/configmaps/shop-components",
-        StatusCode::OK,
-        Value::Null,
+        echo,
     )
     .await;
     assert!(query.contains("fieldManager=toa-operator"), "{query}");
     assert!(query.contains("force=true"), "{query}");
     assert_eq!(body["kind"], "ConfigMap");
-    // The answer must parse as a ConfigMap; echo the request.
-    let _ = body;
-    let token = secret_created(handle).await;
-    expect(
-        handle,
-        "GET",
-        "/api/v1/namespaces/shop/pods",
-        StatusCode::OK,
-        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}),
-    )
+    assert!(body["data"]["store.orders.yaml"].is_string(), "{body}");
+    let secret = "/api/v1/namespaces/shop/secrets/shop-control";
+    let token = match existing {
+        Some(token) => {
+            let answer = json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "shop-control", "namespace": "shop"},
+                "data": {"token": base64(token)}});
+            expect(handle, "GET", secret, |_| (StatusCode::OK, answer)).await;
+            token.to_owned()
+        }
+        None => {
+            expect(handle, "GET", secret, |_| {
+                (StatusCode::NOT_FOUND, not_found())
+            })
+            .await;
+            let (query, body) = expect(handle, "PATCH", secret, echo).await;
+            assert!(query.contains("fieldManager=toa-operator"), "{query}");
+            let token = body["data"]["token"].as_str().unwrap().to_owned();
+            // 43 random characters, base64-encoded in the object.
+            assert_eq!(token.len(), 60, "{token:?}");
+            token
+        }
+    };
+    let (query, _) = expect(handle, "GET", "/api/v1/namespaces/shop/pods", |_| {
+        (
+            StatusCode::OK,
+            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}),
+        )
+    })
     .await;
+    assert!(
+        query.contains("labelSelector=toa.io%2Fcomposition%3Dshop"),
+        "{query}"
+    );
     token
 }
 
-async fn secret_created(handle: &mut Handle) -> String {
-    expect(
-        handle,
-        "GET",
-        "/api/v1/namespaces/shop/secrets/shop-control",
-        StatusCode::NOT_FOUND,
-        not_found(),
-    )
-    .await;
-    let (query, body) = expect(
-        handle,
-        "PATCH",
-        "/api/v1/namespaces/shop/secrets/shop-control",
-        StatusCode::OK,
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "shop-control"}}),
-    )
-    .await;
-    assert!(query.contains("fieldManager=toa-operator"), "{query}");
-    let token = body["data"]["token"].as_str().unwrap().to_owned();
-    assert!(token.len() > 40, "a base64 token of 43 characters, got {token:?}");
-    token
+fn base64(text: &str) -> String {
+    serde_json::to_value(k8s_openapi::ByteString(text.as_bytes().to_vec()))
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn pod(name: &str, ip: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "shop"}, "status": {"podIP": ip}})
+}
+
+fn rolled_out(replicas: i32) -> Value {
+    json!({"observedGeneration": 1, "replicas": replicas, "updatedReplicas": replicas,
+           "availableReplicas": replicas})
 }
 
 #[tokio::test]
 async fn an_invalid_spec_writes_ready_false_and_touches_nothing_else() {
     let (context, mut handle) = context(Arc::default(), true);
     let spec = CompositionSpec::test().with_redis(&["redis://a:6379", "redis://b:6379"]);
-    let task = tokio::spawn(reconcile(composition(spec), context.clone()));
+    let composition = composition(spec);
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
     let (_, body) = expect(
         &mut handle,
         "PATCH",
         &format!("{COMPOSITIONS}/status"),
-        StatusCode::OK,
-        Value::Null,
+        stored(&composition),
     )
     .await;
     let ready = condition(&body, conditions::READY);
@@ -211,13 +240,12 @@ async fn an_invalid_spec_writes_ready_false_and_touches_nothing_else() {
     );
     assert_eq!(ready["observedGeneration"], 1);
     assert_eq!(body["status"]["observedGeneration"], 1);
-    // The answer (null) does not parse as a Composition; the reconcile only needs it to succeed.
-    let _ = task.await.unwrap();
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(RESYNC));
     expect_nothing_more(handle, context).await;
 }
 
 #[tokio::test]
-async fn an_invalid_spec_with_that_status_already_written_makes_no_request() {
+async fn an_invalid_spec_whose_status_is_written_makes_no_request() {
     let (context, handle) = context(Arc::default(), true);
     let spec = CompositionSpec::test().with_redis(&["redis://a:6379", "redis://b:6379"]);
     let mut stored = Composition::test(spec);
@@ -240,36 +268,211 @@ async fn an_invalid_spec_with_that_status_already_written_makes_no_request() {
 #[tokio::test]
 async fn a_valid_spec_applies_configmap_secret_deployment_then_status() {
     let (context, mut handle) = context(Arc::default(), true);
-    let task = tokio::spawn(reconcile(composition(CompositionSpec::test()), context.clone()));
-    let token = up_to_pods(&mut handle, json!([])).await;
+    let composition = composition(CompositionSpec::test());
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    up_to_pods(&mut handle, None, json!([])).await;
     let (query, deployment) = expect(
         &mut handle,
         "PATCH",
         "/apis/apps/v1/namespaces/shop/deployments/shop",
-        StatusCode::OK,
-        Value::Null,
+        deployment_with(json!({})),
     )
     .await;
     assert!(query.contains("fieldManager=toa-operator"), "{query}");
     assert_eq!(deployment["kind"], "Deployment");
     assert_eq!(deployment["spec"]["replicas"], 2);
-    assert!(!token.is_empty());
-    // The deployment's answer is checked below; this one stands for an API server that has not
-    // rolled anything out yet.
-    let _ = deployment;
     let (_, status) = expect(
         &mut handle,
         "PATCH",
         &format!("{COMPOSITIONS}/status"),
-        StatusCode::OK,
-        Value::Null,
+        stored(&composition),
     )
     .await;
     let ready = condition(&status, conditions::READY);
-    assert_eq!((&ready["status"], &ready["reason"]), (&json!("False"), &json!("RollingOut")));
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("False"), &json!("RollingOut"))
+    );
+    assert_eq!(
+        condition(&status, conditions::PROGRESSING)["status"],
+        "True"
+    );
     assert_eq!(condition(&status, conditions::HALTED)["status"], "False");
-    // The null answer to the Deployment apply does not parse, so the reconcile fails there; see
-    // the next test for a full run.
-    let _ = task.await.unwrap();
+    // A rollout under way is looked at again soon.
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(HALT_POLL));
     expect_nothing_more(handle, context).await;
+}
+
+#[tokio::test]
+async fn an_existing_token_is_kept_and_a_rolled_out_deployment_is_ready() {
+    let (context, mut handle) = context(Arc::default(), true);
+    let composition = composition(CompositionSpec::test());
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    up_to_pods(&mut handle, Some("kept-token"), json!([])).await;
+    expect(
+        &mut handle,
+        "PATCH",
+        "/apis/apps/v1/namespaces/shop/deployments/shop",
+        deployment_with(rolled_out(2)),
+    )
+    .await;
+    let (_, status) = expect(
+        &mut handle,
+        "PATCH",
+        &format!("{COMPOSITIONS}/status"),
+        stored(&composition),
+    )
+    .await;
+    let ready = condition(&status, conditions::READY);
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("True"), &json!("RolledOut"))
+    );
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(RESYNC));
+    expect_nothing_more(handle, context).await;
+}
+
+#[tokio::test]
+async fn a_requested_halt_is_recorded_on_the_composition() {
+    let ip: IpAddr = "10.0.0.7".parse().unwrap();
+    let agents = FakeAgents {
+        statuses: HashMap::from([(
+            ip,
+            AgentStatus {
+                phase: AgentPhase::Running,
+                halt: None,
+                instance: "shop-a".into(),
+                calls: Calls::default(),
+            },
+        )]),
+        ..FakeAgents::default()
+    };
+    let agents = Arc::new(agents);
+    let (context, mut handle) = context(agents.clone(), true);
+    let mut spec = CompositionSpec::test();
+    spec.halted = true;
+    let composition = composition(spec);
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    up_to_pods(&mut handle, Some("t"), json!([pod("shop-a", "10.0.0.7")])).await;
+    let (_, patch) = expect(&mut handle, "PATCH", COMPOSITIONS, stored(&composition)).await;
+    let expected = format!("h{}@2027-01-15T08:00:00Z", now().as_millisecond());
+    assert_eq!(
+        patch,
+        json!({"metadata": {"annotations": {"toa.io/halt": expected}}})
+    );
+    let (_, deployment) = expect(
+        &mut handle,
+        "PATCH",
+        "/apis/apps/v1/namespaces/shop/deployments/shop",
+        deployment_with(rolled_out(2)),
+    )
+    .await;
+    // Recorded is not stopped: the pods keep running.
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let (_, status) = expect(
+        &mut handle,
+        "PATCH",
+        &format!("{COMPOSITIONS}/status"),
+        stored(&composition),
+    )
+    .await;
+    assert_eq!(
+        condition(&status, conditions::HALTED)["reason"],
+        "HaltRequested"
+    );
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(HALT_POLL));
+    expect_nothing_more(handle, context).await;
+    assert!(agents.told.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_recorded_halt_tells_running_pods_to_halt_with_the_token() {
+    let ip: IpAddr = "10.0.0.7".parse().unwrap();
+    let agents = Arc::new(FakeAgents {
+        statuses: HashMap::from([(
+            ip,
+            AgentStatus {
+                phase: AgentPhase::Running,
+                halt: None,
+                instance: "shop-a".into(),
+                calls: Calls::default(),
+            },
+        )]),
+        ..FakeAgents::default()
+    });
+    let (context, mut handle) = context(agents.clone(), true);
+    let mut spec = CompositionSpec::test();
+    spec.halted = true;
+    let mut stored_composition = Composition::test(spec);
+    stored_composition.metadata.annotations = Some(
+        [(
+            halt::ANNOTATION.to_owned(),
+            "h1@2027-01-15T07:59:50Z".to_owned(),
+        )]
+        .into(),
+    );
+    let composition = Arc::new(stored_composition);
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    // Two pods; the second one's agent does not answer.
+    up_to_pods(
+        &mut handle,
+        Some("t0k"),
+        json!([pod("shop-a", "10.0.0.7"), pod("shop-b", "10.0.0.8")]),
+    )
+    .await;
+    expect(
+        &mut handle,
+        "PATCH",
+        "/apis/apps/v1/namespaces/shop/deployments/shop",
+        deployment_with(rolled_out(2)),
+    )
+    .await;
+    let (_, status) = expect(
+        &mut handle,
+        "PATCH",
+        &format!("{COMPOSITIONS}/status"),
+        stored(&composition),
+    )
+    .await;
+    assert_eq!(condition(&status, conditions::HALTED)["reason"], "Pausing");
+    let degraded = condition(&status, conditions::DEGRADED);
+    assert_eq!(degraded["status"], "True");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("shop-b: no answer from 10.0.0.8"),
+        "{degraded}"
+    );
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(HALT_POLL));
+    expect_nothing_more(handle, context).await;
+    assert_eq!(*agents.told.lock().unwrap(), ["halt h1 10.0.0.7 t0k"]);
+}
+
+#[tokio::test]
+async fn a_replica_without_the_lease_makes_no_request() {
+    let (context, handle) = context(Arc::default(), false);
+    let action = reconcile(composition(CompositionSpec::test()), context.clone())
+        .await
+        .unwrap();
+    assert_eq!(action, Action::requeue(NOT_LEADER));
+    expect_nothing_more(handle, context).await;
+}
+
+#[tokio::test]
+async fn failures_back_off_doubling_up_to_five_minutes() {
+    let (context, _handle) = context(Arc::default(), true);
+    let composition = composition(CompositionSpec::test());
+    let error = Error::NotStored(desired::NotStored("shop".into()));
+    let delays: Vec<_> = (0..8)
+        .map(|_| error_policy(composition.clone(), &error, context.clone()))
+        .collect();
+    let expected: Vec<_> = [5, 10, 20, 40, 80, 160, 300, 300]
+        .map(|s| Action::requeue(Duration::from_secs(s)))
+        .to_vec();
+    assert_eq!(delays, expected);
+    assert!(context
+        .metrics
+        .encode()
+        .contains("toa_operator_reconcile_errors_total{error=\"not_stored\"} 8"));
 }

@@ -266,3 +266,15 @@ fn a_composition_not_read_from_the_server_is_refused() {
     let error = desired(&composition, &valid, &settings(Sidecar::Plain), "t", 1).unwrap_err();
     assert_eq!(error, NotStored("shop".into()));
 }
+
+#[test]
+fn the_controllers_watch_selector_matches_the_labels() {
+    let labels = labels("shop");
+    assert_eq!(
+        labels
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some(MANAGER)
+    );
+    assert_eq!(pod_selector("shop"), "toa.io/composition=shop");
+}

@@ -1,0 +1,383 @@
+//! Calls through two agents over the local RabbitMQ, against a bare lapin request/reply between
+//! two processes, and the agent's memory.
+//!
+//!   cargo build --release -p toa-example-terminals && cargo bench -p toa-agent --bench calls
+//!
+//! Prints `BENCH <name> <ours> <baseline> <ratio>`; latencies in µs, rates per second, RSS in MB.
+//! Ours: caller → agent B (HTTP) → broker → agent A → the Rust terminals program (HTTP) and back.
+//! The baseline: a request published to a queue, consumed by another process that replies at
+//! once — the broker's round trip with nothing else.
+
+use futures::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+const BROKER: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+fn line(name: &str, ours: f64, baseline: Option<f64>) {
+    match baseline {
+        Some(b) => println!("BENCH {name} {ours:.1} {b:.1} {:.2}", ours / b),
+        None => println!("BENCH {name} {ours:.1} - -"),
+    }
+}
+
+struct Figures {
+    p50: f64,
+    p99: f64,
+    rate: f64,
+}
+
+async fn measure<F, Fut>(callers: usize, total: usize, call: F) -> Figures
+where
+    F: Fn() -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|_| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                for _ in 0..total / callers {
+                    let t = Instant::now();
+                    call().await;
+                    latencies.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    all.sort_by(f64::total_cmp);
+    let pick = |q: f64| all[((all.len() - 1) as f64 * q) as usize];
+    Figures {
+        p50: pick(0.5),
+        p99: pick(0.99),
+        rate: all.len() as f64 / seconds,
+    }
+}
+
+fn rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// The bare responder: consumes `queue` and replies to each request at once.
+async fn respond(queue: &str) {
+    let connection = Connection::connect(BROKER, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    println!("ready");
+    while let Some(Ok(delivery)) = consumer.next().await {
+        let channel = channel.clone();
+        tokio::spawn(async move {
+            let properties = BasicProperties::default()
+                .with_correlation_id(delivery.properties.correlation_id().clone().unwrap());
+            let to = delivery.properties.reply_to().clone().unwrap();
+            channel
+                .basic_publish(
+                    "".into(),
+                    to,
+                    BasicPublishOptions::default(),
+                    &delivery.data,
+                    properties,
+                )
+                .await
+                .unwrap();
+            delivery
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .unwrap();
+        });
+    }
+}
+
+fn agent(bin: &str, dir: &Path, context: &Path, instance: &str, port: u16) -> Child {
+    Command::new(bin)
+        .args([
+            "compose",
+            dir.to_str().unwrap(),
+            "--context",
+            context.to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .env("TOA_INSTANCE", instance)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(position) = args.iter().position(|a| a == "--responder") {
+        return respond(&args[position + 1]).await;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let release = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .to_path_buf();
+    let program = release.join("toa-example-terminals");
+    assert!(
+        program.exists(),
+        "{} is missing: run `cargo build --release -p toa-example-terminals` first",
+        program.display()
+    );
+
+    // A component directory whose program is the release build of the Rust example.
+    let application = format!("bench-{}", std::process::id());
+    let dir = std::env::temp_dir().join(&application).join("terminals");
+    std::fs::create_dir_all(&dir).unwrap();
+    let manifest = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/terminals/manifest.toa.yaml"),
+    )
+    .unwrap();
+    let manifest = manifest.replace(
+        "program: [cargo, run, --quiet, -p, toa-example-terminals]",
+        &format!("program: [{}]", program.display()),
+    );
+    std::fs::write(dir.join("manifest.toa.yaml"), manifest).unwrap();
+    let context = dir.parent().unwrap().join("context.toa.yaml");
+    std::fs::write(
+        &context,
+        format!("name: {application}\namqp: amqp://127.0.0.1:5672\n"),
+    )
+    .unwrap();
+
+    let bin = env!("CARGO_BIN_EXE_toa-agent");
+    let (port_a, port_b) = (17301, 17302);
+    let mut a = agent(bin, &dir, &context, "till-a", port_a);
+    let mut b = agent(bin, &dir, &context, "till-b", port_b);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for port in [port_a, port_b] {
+        while http
+            .get(format!("http://127.0.0.1:{port}/readyz"))
+            .send()
+            .await
+            .map(|r| r.status() != 200)
+            .unwrap_or(true)
+        {
+            assert!(Instant::now() < deadline, "the agents did not get ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let idle = rss_mb(a.id());
+    // Agent A holds terminal t1 (the call is addressed to it, so it lands there).
+    let connect = serde_json::json!({"input": {"terminal": "t1"}});
+    http.post(format!(
+        "http://127.0.0.1:{port_a}/v1/call/terminals/connect"
+    ))
+    .json(&connect)
+    .send()
+    .await
+    .unwrap();
+    loop {
+        let answer: serde_json::Value = http
+            .post(format!("http://127.0.0.1:{port_b}/v1/call/terminals/charge"))
+            .json(&serde_json::json!({"input": {"terminal": "t1", "amount": 1}, "instance": "till-a"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if answer["reply"]["by"] == "till-a" {
+            break;
+        }
+        // The ordinary connect may have landed on B: connect on A's own name is not possible,
+        // so connect again until A holds it.
+        http.post(format!(
+            "http://127.0.0.1:{port_a}/v1/call/terminals/connect"
+        ))
+        .json(&connect)
+        .send()
+        .await
+        .unwrap();
+    }
+
+    // The baseline's two processes: this one asks, the responder answers.
+    let queue = format!("bench-bare-{}", std::process::id());
+    let mut responder = Command::new(&exe)
+        .args(["--responder", &queue])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut out = std::io::BufReader::new(responder.stdout.take().unwrap());
+        let mut ready = String::new();
+        out.read_line(&mut ready).unwrap();
+    }
+    let connection = Connection::connect(BROKER, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let replies = channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap()
+        .name()
+        .as_str()
+        .to_owned();
+    let pending: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>> = Arc::default();
+    let mut consumer = channel
+        .basic_consume(
+            replies.as_str().into(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let waiting = pending.clone();
+    tokio::spawn(async move {
+        while let Some(Ok(delivery)) = consumer.next().await {
+            let id = delivery.properties.correlation_id().clone().unwrap();
+            if let Some(tx) = waiting.lock().unwrap().remove(id.as_str()) {
+                let _ = tx.send(());
+            }
+        }
+    });
+
+    for callers in [1usize, 32] {
+        let total = if callers == 1 { 1000 } else { 6400 };
+        let bare = {
+            let (channel, pending, queue, replies) = (
+                channel.clone(),
+                pending.clone(),
+                queue.clone(),
+                replies.clone(),
+            );
+            measure(callers, total, move || {
+                let (channel, pending, queue, replies) = (
+                    channel.clone(),
+                    pending.clone(),
+                    queue.clone(),
+                    replies.clone(),
+                );
+                async move {
+                    let id = format!("{:x}", rand::random::<u64>());
+                    let (tx, rx) = oneshot::channel();
+                    pending.lock().unwrap().insert(id.clone(), tx);
+                    let properties = BasicProperties::default()
+                        .with_correlation_id(id.as_str().into())
+                        .with_reply_to(replies.as_str().into());
+                    channel
+                        .basic_publish(
+                            "".into(),
+                            queue.as_str().into(),
+                            BasicPublishOptions::default(),
+                            br#"{"input":{"terminal":"t1","amount":1}}"#,
+                            properties,
+                        )
+                        .await
+                        .unwrap();
+                    rx.await.unwrap();
+                }
+            })
+            .await
+        };
+        for (name, path, body) in [
+            (
+                "addressed",
+                "terminals/charge",
+                serde_json::json!({"input": {"terminal": "t1", "amount": 1}, "instance": "till-a"}),
+            ),
+            (
+                "ordinary",
+                "terminals/echo",
+                serde_json::json!({"input": {"n": 1}}),
+            ),
+        ] {
+            let url = format!("http://127.0.0.1:{port_b}/v1/call/{path}");
+            let (http, body) = (http.clone(), body.clone());
+            let ours = measure(callers, total, move || {
+                let (http, url, body) = (http.clone(), url.clone(), body.clone());
+                async move {
+                    let response = http.post(&url).json(&body).send().await.unwrap();
+                    assert_eq!(response.status(), 200);
+                    let _ = response.bytes().await.unwrap();
+                }
+            })
+            .await;
+            line(
+                &format!("call_{name}_{callers}callers_p50_us_vs_bare_lapin"),
+                ours.p50,
+                Some(bare.p50),
+            );
+            line(
+                &format!("call_{name}_{callers}callers_p99_us_vs_bare_lapin"),
+                ours.p99,
+                Some(bare.p99),
+            );
+            line(
+                &format!("call_{name}_{callers}callers_per_s_vs_bare_lapin"),
+                ours.rate,
+                Some(bare.rate),
+            );
+        }
+    }
+    line("agent_rss_idle_mb", idle, None);
+    line("agent_rss_loaded_mb", rss_mb(a.id()), None);
+    for child in [&mut a, &mut b, &mut responder] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+}

@@ -1,0 +1,180 @@
+//! `toa-operator run`: the controller, the HTTP endpoint and the lease, together until shutdown.
+
+use crate::agent_client::HttpAgentControl;
+use crate::controller::{self, Context};
+use crate::desired::Settings;
+use crate::http;
+use crate::kube_io;
+use crate::lease;
+use crate::metrics::Metrics;
+use futures::FutureExt;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Api, Client};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// What `run` needs, checked by [`crate::args::RunArgs::into_config`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub agent_image: String,
+    pub metrics_listen: SocketAddr,
+    /// `None`: leader election off, this replica always reconciles (run one replica only).
+    pub lease: Option<LeaseSettings>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSettings {
+    pub name: String,
+    /// `None`: the client's default namespace (the pod's own, in a cluster).
+    pub namespace: Option<String>,
+    pub identity: String,
+}
+
+/// Why `run` stopped before its shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No kubeconfig and not in a cluster: a configuration error (exit 64).
+    #[error("cannot configure the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("cannot read the API server's version (to choose the sidecar style): {0}")]
+    Version(#[source] kube::Error),
+    #[error("cannot listen on {address} for /health, /ready and /metrics: {source}")]
+    Listen {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot build the agents' control client: {0}")]
+    AgentClient(#[source] reqwest::Error),
+    #[error("the HTTP endpoint stopped: {0}")]
+    Http(#[source] std::io::Error),
+    #[error("the {0} stopped before shutdown")]
+    Stopped(&'static str),
+}
+
+impl RunError {
+    /// Whether the configuration is at fault (exit 64) rather than the environment.
+    pub fn is_configuration(&self) -> bool {
+        matches!(self, Self::Client(_) | Self::Listen { .. })
+    }
+}
+
+/// Runs until `shutdown` completes; the controller lets reconciles under way finish and the
+/// leader gives up its lease.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let Config {
+        agent_image,
+        metrics_listen,
+        lease,
+    } = config;
+    let client = Client::try_default().await.map_err(RunError::Client)?;
+    let sidecar = kube_io::sidecar(&client).await.map_err(RunError::Version)?;
+    tracing::info!(
+        ?sidecar,
+        "agent sidecar style chosen from the server version"
+    );
+    let listener = tokio::net::TcpListener::bind(metrics_listen)
+        .await
+        .map_err(|source| RunError::Listen {
+            address: metrics_listen,
+            source,
+        })?;
+    let agents = HttpAgentControl::new().map_err(RunError::AgentClient)?;
+    let metrics = Metrics::default();
+    let (leader_tx, leader_rx) = watch::channel(lease.is_none());
+
+    // One shutdown, seen by every task.
+    let shutdown = shutdown.shared();
+
+    let mut context = Context::new(
+        client.clone(),
+        Settings {
+            agent_image,
+            sidecar,
+        },
+        Arc::new(agents),
+        metrics.clone(),
+        leader_rx.clone(),
+    );
+    context.recorder = Some(Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "toa-operator".to_owned(),
+            instance: lease.as_ref().map(|lease| lease.identity.clone()),
+        },
+    ));
+    let ready = Arc::new(AtomicBool::new(false));
+    let server = http::serve(
+        listener,
+        http::router(metrics.clone(), ready.clone()),
+        shutdown.clone(),
+    );
+    // The lease is given up only once the controller has stopped, so no reconcile of this
+    // replica overlaps with the next leader's.
+    let (controller_done, controller_stopped) = tokio::sync::oneshot::channel::<()>();
+    let election = async move {
+        match lease {
+            Some(settings) => {
+                let namespace = settings
+                    .namespace
+                    .unwrap_or_else(|| client.default_namespace().to_owned());
+                let api = Api::namespaced(client, &namespace);
+                let config = lease::Config {
+                    name: settings.name,
+                    namespace,
+                    identity: settings.identity,
+                };
+                let stopped = async move {
+                    let _ = controller_stopped.await;
+                };
+                lease::run(api, config, leader_tx, stopped).await;
+            }
+            None => {
+                let _ = controller_stopped.await;
+            }
+        }
+    };
+    let gauge = {
+        let mut leader = leader_rx;
+        let metrics = metrics.clone();
+        async move {
+            loop {
+                metrics.leader.set(i64::from(*leader.borrow_and_update()));
+                if leader.changed().await.is_err() {
+                    // The lease loop ended: nothing more to report.
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    };
+    ready.store(true, Ordering::Release);
+    let controller = controller::run(Arc::new(context), shutdown.clone());
+
+    let mut election = std::pin::pin!(election);
+    let mut server = std::pin::pin!(server);
+    let mut controller = std::pin::pin!(controller);
+    // Until shutdown, every task runs; one that ends earlier stops the process with an error,
+    // rather than leaving an operator without its lease, endpoint or controller unnoticed.
+    tokio::select! {
+        biased;
+        () = shutdown.clone() => {}
+        () = &mut election => return Err(RunError::Stopped("lease loop")),
+        result = &mut server => {
+            result.map_err(RunError::Http)?;
+            return Err(RunError::Stopped("HTTP endpoint"));
+        }
+        () = &mut controller => return Err(RunError::Stopped("controller")),
+        () = gauge => return Err(RunError::Stopped("leader gauge")),
+    }
+    tracing::info!("shutting down: finishing reconciles under way");
+    controller.await;
+    let _ = controller_done.send(());
+    election.await;
+    server.await.map_err(RunError::Http)
+}
