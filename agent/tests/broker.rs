@@ -292,3 +292,53 @@ async fn malformed_messages_get_an_error_reply_and_the_agent_keeps_serving() {
     .unwrap();
     drop(till);
 }
+
+#[test]
+fn a_killed_process_abandons_calls_in_flight_and_then_is_an_addressee() {
+    let (context, _) = context("killed");
+    let charges_file = record("killed");
+    let till = terminals(&context, "till-1", &charges_file, &[]);
+    till.wait_ready();
+    let caller = terminals(&context, "till-2", &charges_file, &[]);
+    caller.wait_ready();
+    // Connect on till-1: ordinary calls may land on either, so ask till-1 by trying until it holds.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, answer) = caller.call("test.terminals.connect", "{ input: { terminal: t1 } }");
+        if answer["reply"]["holder"] == "till-1" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "connect never landed on till-1");
+    }
+    let agent = caller.agent.clone();
+    let in_flight = std::thread::spawn(move || {
+        let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+            .args(["call", "test.terminals.charge", "{ input: { terminal: t1, amount: 1, sleep_ms: 3000 }, instance: till-1, timeout: 1500 }", "--agent", &agent])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&output.stdout).unwrap_or(Value::Null)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    till.kill();
+    let answer = in_flight.join().unwrap();
+    assert_eq!(
+        answer["error"]["code"], "Abandoned",
+        "a call in flight when its process died: {answer}"
+    );
+    // Its own queue went with its connection: new calls find nobody.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, answer) = caller.call(
+            "test.terminals.charge",
+            "{ input: { terminal: t1, amount: 2 }, instance: till-1, timeout: 1000 }",
+        );
+        if answer["error"]["code"] == "Addressee" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "calls to the killed process never became Addressee: {answer}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

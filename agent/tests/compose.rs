@@ -326,3 +326,25 @@ fn the_rust_terminals_example_speaks_the_same_protocol() {
     let (stopped, log) = composition.terminate(Duration::from_secs(20));
     assert!(stopped, "{log}");
 }
+
+#[test]
+fn the_run_commands_of_one_phase_run_at_once() {
+    let record = std::env::temp_dir().join(format!("toa-sleepers-{}", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let composition = Composition::start(
+        &[
+            "agent/tests/components/sleepers/a",
+            "agent/tests/components/sleepers/b",
+        ],
+        &[("TOA_RECORD", record.to_str().unwrap())],
+    );
+    composition.wait_ready();
+    let runs = events(&record);
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let (a, b) = (&runs[0], &runs[1]);
+    let overlap = a["from"].as_f64() < b["to"].as_f64() && b["from"].as_f64() < a["to"].as_f64();
+    assert!(
+        overlap,
+        "preflight of both components ran one after the other: {runs:?}"
+    );
+}

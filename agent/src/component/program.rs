@@ -29,7 +29,16 @@ impl Program {
             .and_then(|listener| listener.local_addr())
             .map_err(|e| failed(format!("no free port: {e}")))?
             .port();
-        let mut child = Command::new(&command[0])
+        let mut command_line = Command::new(&command[0]);
+        // SAFETY: prctl is async-signal-safe; it only asks the kernel to send SIGTERM to the
+        // program when the agent dies, so a killed agent leaves no program behind.
+        unsafe {
+            command_line.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let mut child = command_line
             .args(&command[1..])
             .current_dir(dir)
             .env("TOA_PORT", port.to_string())

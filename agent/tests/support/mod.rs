@@ -113,3 +113,11 @@ pub fn compose_once(components: &[&str], env: &[(&str, &str)]) -> Output {
     }
     command.output().unwrap()
 }
+
+impl Composition {
+    /// SIGKILL: the agent dies without draining (its programs get SIGTERM from the kernel).
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
