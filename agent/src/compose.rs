@@ -36,6 +36,9 @@ pub struct Options {
     pub on_ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
     /// Where the control endpoint listens, and the token every control request must carry.
     pub control: Option<(SocketAddr, String)>,
+    /// Attach to programs started by someone else (a pod's component containers) instead of
+    /// starting them: component i serves 127.0.0.1:(this port + i).
+    pub attach: Option<u16>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +59,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         instance,
         on_ready,
         control,
+        attach,
     } = options;
     let mut loaded = Vec::new();
     for dir in &components {
@@ -100,9 +104,16 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     let agent_url = format!("http://{address}");
 
     // Start every program at once.
-    let starts = loaded
-        .iter()
-        .map(|component| component.start(&agent_url, instance.as_str()));
+    let starts = loaded.iter().enumerate().map(|(index, component)| {
+        let (agent_url, instance) = (agent_url.clone(), instance.clone());
+        async move {
+            match attach {
+                // Component i serves first_port + i, as the operator tells its container.
+                Some(first_port) => component.attach(first_port + index as u16).await,
+                None => component.start(&agent_url, instance.as_str()).await,
+            }
+        }
+    });
     let mut programs: Vec<Program> = Vec::new();
     let mut members = Vec::new();
     let mut failure = None;

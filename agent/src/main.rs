@@ -51,6 +51,10 @@ enum Command {
         /// The file holding the token every control request must carry.
         #[arg(long, env = "TOA_CONTROL_TOKEN_FILE")]
         control_token_file: Option<PathBuf>,
+        /// Attach to programs started by someone else (a pod's component containers): component
+        /// i (in the order given) serves 127.0.0.1:(PORT + i). Without it, compose starts them.
+        #[arg(long, value_name = "PORT", env = "TOA_ATTACH")]
+        attach: Option<u16>,
     },
     /// Call an operation of a running composition: `store.catalog.appraise '{ input: {...} }'`.
     Call {
@@ -85,6 +89,7 @@ async fn main() -> ExitCode {
             listen,
             control_listen,
             control_token_file,
+            attach,
         } => {
             let control = match (control_listen, control_token_file) {
                 (Some(address), Some(file)) => match read_token(&file) {
@@ -98,7 +103,7 @@ async fn main() -> ExitCode {
             };
             let options = match compose_options(components, &context, &environment, listen, control)
             {
-                Ok(options) => options,
+                Ok(options) => Options { attach, ..options },
                 Err(message) => {
                     eprintln!("{message}");
                     return ExitCode::from(USAGE);
@@ -149,6 +154,7 @@ fn compose_options(
         instance,
         on_ready: None,
         control,
+        attach: None,
     })
 }
 

@@ -348,3 +348,42 @@ fn the_run_commands_of_one_phase_run_at_once() {
         "preflight of both components ran one after the other: {runs:?}"
     );
 }
+
+#[test]
+fn attached_programs_started_by_someone_else_are_served_and_left_running() {
+    // As in a pod: the program runs in its own container, started before the agent, on the port
+    // the operator gives it; the agent attaches to it instead of starting it.
+    let (program_port, agent_port) = (free_port(), free_port());
+    let mut program = std::process::Command::new("python3")
+        .arg("examples/store.catalog/catalog.py")
+        .current_dir(support::root())
+        .env("TOA_PORT", program_port.to_string())
+        .env("TOA_AGENT", format!("http://127.0.0.1:{agent_port}"))
+        .env("TOA_COMPONENT", "store.catalog")
+        .env("TOA_INSTANCE", "pod-1")
+        .spawn()
+        .unwrap();
+    let composition = Composition::start_at(
+        agent_port,
+        &[
+            "examples/store.catalog",
+            "--attach",
+            &program_port.to_string(),
+        ],
+        &[],
+    );
+    composition.wait_ready();
+    let (ok, answer) = composition.call(
+        "store.catalog.appraise",
+        "{ input: { customer: c1, product: a1 } }",
+    );
+    assert!(ok, "{answer}");
+    let (stopped, log) = composition.terminate(Duration::from_secs(20));
+    assert!(stopped, "{log}");
+    assert!(
+        program.try_wait().unwrap().is_none(),
+        "an attached program is not the agent's to stop"
+    );
+    program.kill().unwrap();
+    program.wait().unwrap();
+}

@@ -95,6 +95,12 @@ impl Component {
     }
 
     /// Starts the program and waits until it serves.
+    /// Attaches to the program serving 127.0.0.1:`port` (started by someone else).
+    pub async fn attach(&self, port: u16) -> Result<(Program, ProgramClient), ComponentError> {
+        let program = Program::attach(&self.name, port).await?;
+        Ok((program, ProgramClient::new(&self.name, port)))
+    }
+
     pub async fn start(
         &self,
         agent: &str,

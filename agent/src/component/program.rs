@@ -8,10 +8,15 @@ use tokio::process::{Child, Command};
 /// How long a program may take to serve its port.
 const START_LIMIT: Duration = Duration::from_secs(30);
 
+/// The component's program: a child of the agent (local runs), or a process someone else
+/// started and the agent attaches to (a pod, where it runs in its own container).
 pub struct Program {
-    child: Child,
+    child: Option<Child>,
     port: u16,
 }
+
+/// How long an attached program may take to serve its port (a container may start slowly).
+const ATTACH_LIMIT: Duration = Duration::from_secs(300);
 
 impl Program {
     pub async fn start(
@@ -54,7 +59,10 @@ impl Program {
                 .await
                 .is_ok()
             {
-                return Ok(Self { child, port });
+                return Ok(Self {
+                    child: Some(child),
+                    port,
+                });
             }
             if let Some(status) = child.try_wait().map_err(|e| failed(e.to_string()))? {
                 return Err(failed(format!(
@@ -70,21 +78,49 @@ impl Program {
         }
     }
 
+    /// Waits until a program started by someone else serves 127.0.0.1:`port`.
+    pub async fn attach(name: &str, port: u16) -> Result<Self, ComponentError> {
+        let deadline = tokio::time::Instant::now() + ATTACH_LIMIT;
+        let mut told = false;
+        loop {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Ok(Self { child: None, port });
+            }
+            if !told {
+                tracing::info!(
+                    component = name,
+                    port,
+                    "waiting for the program to serve its port"
+                );
+                told = true;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(ComponentError::Start {
+                    component: name.to_owned(),
+                    message: format!("nothing served 127.0.0.1:{port} within {ATTACH_LIMIT:?}"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// Asks the program to stop (SIGTERM), then kills it after `grace`.
-    pub async fn stop(mut self, grace: Duration) {
-        if let Some(pid) = self.child.id() {
+    /// Asks the program to stop (SIGTERM), then kills it after `grace`. An attached program is
+    /// not the agent's to stop.
+    pub async fn stop(self, grace: Duration) {
+        let Some(mut child) = self.child else { return };
+        if let Some(pid) = child.id() {
             // SAFETY: signalling our own child process.
             unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         }
-        if tokio::time::timeout(grace, self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
+        if tokio::time::timeout(grace, child.wait()).await.is_err() {
+            let _ = child.kill().await;
         }
     }
 }

@@ -26,7 +26,11 @@ pub struct Composition {
 
 impl Composition {
     pub fn start(components: &[&str], env: &[(&str, &str)]) -> Self {
-        let port = free_port();
+        Self::start_at(free_port(), components, env)
+    }
+
+    /// Starts with the local API on `port`.
+    pub fn start_at(port: u16, components: &[&str], env: &[(&str, &str)]) -> Self {
         let log = std::env::temp_dir().join(format!("toa-compose-{port}.log"));
         let mut command = Command::new(env!("CARGO_BIN_EXE_toa-agent"));
         command
