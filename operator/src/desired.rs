@@ -7,9 +7,16 @@
 //!   into the agent at `/components/<component>/manifest.toa.yaml`;
 //! - Secret `shop-control`: the control endpoint's token (`token`), mounted into the agent at
 //!   `/var/run/toa/control/token`; created once, never rewritten (see [`crate::kube_io`]);
-//! - Deployment `shop`: the component container from `spec.image` and the agent beside it, a native
-//!   sidecar (an init container with `restartPolicy: Always`) on Kubernetes ≥ 1.29 and a plain
-//!   container below, since server-side apply refuses fields a server does not know.
+//! - Deployment `shop`: one container per component, each running the component's `program` from
+//!   `spec.image`, and the agent beside them in attach mode (`toa-agent compose … --attach`), a
+//!   native sidecar (an init container with `restartPolicy: Always`) on Kubernetes ≥ 1.29 and a
+//!   plain container below, since server-side apply refuses fields a server does not know.
+//!
+//! The image layout convention: `spec.image` holds each component under
+//! `/components/<namespace.name>/` (its program and whatever it reads), the directory a component
+//! container starts in, so a `program` written relative to the component's directory (as for a
+//! local run) starts the same way in a pod. The agent does not see the image: it gets only the
+//! manifests, mounted from the ConfigMap at the same paths in its own container.
 
 use crate::crd::Composition;
 use crate::validate::Valid;
@@ -35,9 +42,16 @@ pub const CONTROL_DIR: &str = "/var/run/toa/control";
 pub const TOKEN_KEY: &str = "token";
 /// Where component manifests are mounted in the agent container.
 pub const COMPONENTS_DIR: &str = "/components";
-/// The container names in every pod.
-pub const COMPONENT_CONTAINER: &str = "component";
+/// The agent's container name; component *i* (in the spec's order) runs in the container
+/// `component-<i>` ([`COMPONENT_CONTAINER`] and the index), a DNS label however long the
+/// component's name, and unique.
 pub const AGENT_CONTAINER: &str = "agent";
+pub const COMPONENT_CONTAINER: &str = "component";
+/// The agent's `--attach` port: component *i* (in the order of the agent's component arguments,
+/// the spec's order) serves `127.0.0.1:(ATTACH_PORT + i)` in its own container, and the agent,
+/// which does not start programs in a pod, waits for it there. Clear of the agent's own ports
+/// (7090 local, 7091 control).
+pub const ATTACH_PORT: u16 = 7100;
 /// Labels and the field manager of everything the operator applies.
 pub const MANAGER: &str = "toa-operator";
 pub const LABEL_COMPOSITION: &str = "toa.io/composition";
@@ -192,19 +206,17 @@ fn deployment(
         ("app.kubernetes.io/instance".to_owned(), name.to_owned()),
         (LABEL_COMPOSITION.to_owned(), name.to_owned()),
     ]);
-    let component = Container {
-        name: COMPONENT_CONTAINER.to_owned(),
-        image: Some(composition.spec.image.clone()),
-        resources: composition.spec.resources.clone(),
-        ..Container::default()
-    };
+    let mut containers = components(composition, valid);
     let mut agent = agent(composition, valid, settings);
-    let (containers, init_containers) = match settings.sidecar {
+    let init_containers = match settings.sidecar {
         Sidecar::Native => {
             agent.restart_policy = Some("Always".to_owned());
-            (vec![component], Some(vec![agent]))
+            Some(vec![agent])
         }
-        Sidecar::Plain => (vec![component, agent], None),
+        Sidecar::Plain => {
+            containers.push(agent);
+            None
+        }
     };
     Deployment {
         metadata,
@@ -266,6 +278,41 @@ fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {
     ]
 }
 
+/// One container per component, in the spec's order (the order of the agent's arguments, which
+/// gives each its attach port): the component's `program` from `spec.image`, started in its
+/// directory in the image, with the variables `toa-agent compose` would give it.
+fn components(composition: &Composition, valid: &Valid) -> Vec<Container> {
+    valid
+        .components
+        .iter()
+        .enumerate()
+        .map(|(index, manifest)| {
+            let full_name = manifest.full_name();
+            let port = usize::from(ATTACH_PORT) + index;
+            let value = |name: &str, value: String| EnvVar {
+                name: name.to_owned(),
+                value: Some(value),
+                value_from: None,
+            };
+            Container {
+                name: format!("{COMPONENT_CONTAINER}-{index}"),
+                image: Some(composition.spec.image.clone()),
+                // Validation refuses a manifest without one.
+                command: manifest.program.clone(),
+                working_dir: Some(format!("{COMPONENTS_DIR}/{full_name}")),
+                env: Some(vec![
+                    value("TOA_PORT", port.to_string()),
+                    value("TOA_AGENT", format!("http://{LOCAL_LISTEN}")),
+                    value("TOA_COMPONENT", full_name),
+                    instance(),
+                ]),
+                resources: composition.spec.resources.clone(),
+                ..Container::default()
+            }
+        })
+        .collect()
+}
+
 fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Container {
     let mut command = vec!["toa-agent".to_owned(), "compose".to_owned()];
     command.extend(
@@ -283,6 +330,8 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
             &format!("0.0.0.0:{CONTROL_PORT}"),
             "--control-token-file",
             &format!("{CONTROL_DIR}/{TOKEN_KEY}"),
+            "--attach",
+            &ATTACH_PORT.to_string(),
         ]
         .map(str::to_owned),
     );
@@ -353,17 +402,7 @@ fn agent_env(valid: &Valid) -> Vec<EnvVar> {
     if let Some(amqp) = &context.amqp {
         env.push(value("TOA_AMQP", amqp.to_string()));
     }
-    env.push(EnvVar {
-        name: "TOA_INSTANCE".to_owned(),
-        value: None,
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: "metadata.name".to_owned(),
-                api_version: None,
-            }),
-            ..EnvVarSource::default()
-        }),
-    });
+    env.push(instance());
     if let Some(secret) = &valid.credentials {
         for (variable, key) in [
             ("TOA_REDIS_USERNAME", "redis-username"),
@@ -387,6 +426,21 @@ fn agent_env(valid: &Valid) -> Vec<EnvVar> {
         }
     }
     env
+}
+
+/// `TOA_INSTANCE`, the pod's name: the agent and the components of a pod share it.
+fn instance() -> EnvVar {
+    EnvVar {
+        name: "TOA_INSTANCE".to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "metadata.name".to_owned(),
+                api_version: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
 }
 
 /// The owner reference every object carries, for tests and for callers that build patches.

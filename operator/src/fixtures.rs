@@ -36,9 +36,14 @@ impl CompositionSpec {
 }
 
 impl ComponentSpec {
-    /// `namespace.name` with a minimal manifest.
+    /// `namespace.name` with a minimal manifest; its program is `[python3, <name>.py]`.
     pub fn test(namespace: &str, name: &str) -> Self {
-        let manifest = json!({ "name": name, "namespace": namespace, "lifecycle": ["ready"] });
+        let manifest = json!({
+            "name": name,
+            "namespace": namespace,
+            "program": ["python3", format!("{name}.py")],
+            "lifecycle": ["ready"],
+        });
         Self {
             name: format!("{namespace}.{name}"),
             manifest: manifest.as_object().cloned().unwrap_or_default(),

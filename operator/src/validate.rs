@@ -125,6 +125,16 @@ fn components(spec: &CompositionSpec) -> Result<Vec<Manifest>, InvalidSpec> {
                 format!("expected each component once, {full_name} is listed twice"),
             ));
         }
+        if manifest.program.is_none() {
+            // The manifest may omit it (the agent checks it only when it starts programs), but in
+            // a pod the component's own container runs exactly this command.
+            return Err(invalid(
+                &format!("spec.components[{index}].manifest.program"),
+                format!(
+                    "component {full_name} has none; a pod needs the command that starts its program, as [python3, main.py]"
+                ),
+            ));
+        }
         manifests.push(manifest);
     }
     Ok(manifests)

@@ -12,7 +12,7 @@ fn application(name: &str, context: &str) -> PathBuf {
     std::fs::write(dir.join("context.toa.yaml"), context).unwrap();
     std::fs::write(
         dir.join("orders/manifest.toa.yaml"),
-        "name: orders\nnamespace: store\n",
+        "name: orders\nnamespace: store\nprogram: [python3, orders.py]\n",
     )
     .unwrap();
     dir

@@ -80,7 +80,7 @@ fn the_agent_is_a_native_sidecar_on_new_servers_and_a_container_on_old_ones() {
     let native = build(CompositionSpec::test(), Sidecar::Native, 1);
     let pod_spec = pod(&native);
     assert_eq!(pod_spec.containers.len(), 1);
-    assert_eq!(pod_spec.containers[0].name, "component");
+    assert_eq!(pod_spec.containers[0].name, "component-0");
     assert_eq!(
         pod_spec.containers[0].image.as_deref(),
         Some("registry.example.com/shop:1.0")
@@ -97,7 +97,7 @@ fn the_agent_is_a_native_sidecar_on_new_servers_and_a_container_on_old_ones() {
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(names, ["component", "agent"]);
+    assert_eq!(names, ["component-0", "agent"]);
     assert_eq!(pod_spec.containers[1].restart_policy, None);
 }
 
@@ -118,7 +118,8 @@ fn the_agent_composes_every_component_with_its_control_endpoint() {
         crate::crd::ComponentSpec::test("store", "mail"),
     ]);
     let desired = build(spec, Sidecar::Plain, 1);
-    let agent = &pod(&desired).containers[1];
+    let agent = &pod(&desired).containers[2];
+    assert_eq!(agent.name, "agent");
     assert_eq!(
         agent.image.as_deref(),
         Some("registry.example.com/toa-agent:0.1")
@@ -136,6 +137,8 @@ fn the_agent_composes_every_component_with_its_control_endpoint() {
             "0.0.0.0:7091",
             "--control-token-file",
             "/var/run/toa/control/token",
+            "--attach",
+            "7100",
         ]
     );
     let probe = agent.liveness_probe.clone().unwrap();
@@ -277,4 +280,137 @@ fn the_controllers_watch_selector_matches_the_labels() {
         Some(MANAGER)
     );
     assert_eq!(pod_selector("shop"), "toa.io/composition=shop");
+}
+
+#[test]
+fn the_agent_attaches_to_the_components_from_port_7100() {
+    for sidecar in [Sidecar::Native, Sidecar::Plain] {
+        let desired = build(CompositionSpec::test(), sidecar, 1);
+        let pod_spec = pod(&desired);
+        let agent = pod_spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&pod_spec.containers)
+            .find(|c| c.name == "agent")
+            .unwrap();
+        let command = agent.command.clone().unwrap();
+        let at = command.iter().position(|arg| arg == "--attach").unwrap();
+        assert_eq!(command[at + 1], "7100", "{sidecar:?}");
+        assert_eq!(ATTACH_PORT, 7100);
+    }
+}
+
+#[test]
+fn each_component_runs_its_program_in_its_own_container_in_the_agents_order() {
+    let mut mail = crate::crd::ComponentSpec::test("store", "mail");
+    mail.manifest.insert(
+        "program".into(),
+        serde_json::json!(["node", "mail.js", "--quiet"]),
+    );
+    let spec = CompositionSpec::test().with_components(vec![
+        crate::crd::ComponentSpec::test("store", "orders"),
+        mail,
+    ]);
+    let desired = build(spec, Sidecar::Native, 1);
+    let pod_spec = pod(&desired);
+    let agent = &pod_spec.init_containers.clone().unwrap()[0];
+    let arguments: Vec<_> = agent
+        .command
+        .clone()
+        .unwrap()
+        .into_iter()
+        .filter(|arg| arg.starts_with("/components/"))
+        .collect();
+    assert_eq!(
+        arguments,
+        ["/components/store.orders", "/components/store.mail"]
+    );
+
+    let containers = &pod_spec.containers;
+    let names: Vec<_> = containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["component-0", "component-1"]);
+    let expected = [
+        ("store.orders", "7100", vec!["python3", "orders.py"]),
+        ("store.mail", "7101", vec!["node", "mail.js", "--quiet"]),
+    ];
+    for (container, (full_name, port, program)) in containers.iter().zip(expected) {
+        assert_eq!(
+            container.image.as_deref(),
+            Some("registry.example.com/shop:1.0")
+        );
+        assert_eq!(container.command.clone().unwrap(), program);
+        assert_eq!(container.args, None);
+        assert_eq!(
+            container.working_dir.as_deref(),
+            Some(format!("/components/{full_name}").as_str())
+        );
+        let env = container.env.clone().unwrap();
+        let names: Vec<_> = env.iter().map(|var| var.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["TOA_PORT", "TOA_AGENT", "TOA_COMPONENT", "TOA_INSTANCE"]
+        );
+        assert_eq!(env[0].value.as_deref(), Some(port));
+        assert_eq!(env[1].value.as_deref(), Some("http://127.0.0.1:7090"));
+        assert_eq!(env[2].value.as_deref(), Some(full_name));
+        let instance = env[3].value_from.clone().unwrap();
+        assert_eq!(instance.field_ref.unwrap().field_path, "metadata.name");
+        // The image's own /components/<name>/ is the program's directory: nothing is mounted
+        // over it, and the control token stays with the agent.
+        assert_eq!(container.volume_mounts, None);
+    }
+}
+
+#[test]
+fn the_resources_apply_to_every_component_container_and_not_to_the_agent() {
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let resources = ResourceRequirements {
+        limits: Some(BTreeMap::from([(
+            "memory".into(),
+            Quantity("256Mi".into()),
+        )])),
+        ..ResourceRequirements::default()
+    };
+    let mut spec = CompositionSpec::test().with_components(vec![
+        crate::crd::ComponentSpec::test("store", "orders"),
+        crate::crd::ComponentSpec::test("store", "mail"),
+    ]);
+    spec.resources = Some(resources.clone());
+    let desired = build(spec, Sidecar::Plain, 1);
+    let containers = &pod(&desired).containers;
+    assert_eq!(containers.len(), 3);
+    assert_eq!(containers[0].resources.as_ref(), Some(&resources));
+    assert_eq!(containers[1].resources.as_ref(), Some(&resources));
+    assert_eq!(containers[2].name, "agent");
+    assert_eq!(containers[2].resources, None);
+}
+
+#[test]
+fn container_names_are_short_unique_dns_labels_however_long_the_component_names() {
+    let long = "a".repeat(63);
+    let spec = CompositionSpec::test().with_components(vec![
+        crate::crd::ComponentSpec::test(&long, &long),
+        crate::crd::ComponentSpec::test("a-b", "c"),
+        crate::crd::ComponentSpec::test("a", "b-c"),
+    ]);
+    let desired = build(spec, Sidecar::Plain, 1);
+    let names: Vec<_> = pod(&desired)
+        .containers
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(
+        names,
+        ["component-0", "component-1", "component-2", "agent"]
+    );
+    for name in &names {
+        assert!(name.len() <= 63, "{name}");
+        assert!(
+            name.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+            "{name}"
+        );
+    }
 }

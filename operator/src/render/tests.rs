@@ -47,9 +47,12 @@ fn application(context: &str) -> (TempDir, Options) {
     let context = dir.write("context.toa.yaml", context);
     dir.write(
         "orders/manifest.toa.yaml",
-        "name: orders\nnamespace: store\nlifecycle: [ready]\noperations:\n  place: { type: effect }\n",
+        "name: orders\nnamespace: store\nprogram: [python3, orders.py]\nlifecycle: [ready]\noperations:\n  place: { type: effect }\n",
     );
-    dir.write("mail/manifest.toa.yaml", "name: mail\n");
+    dir.write(
+        "mail/manifest.toa.yaml",
+        "name: mail\nprogram: [python3, mail.py]\n",
+    );
     let options = Options {
         context,
         environment: "production".into(),
@@ -82,7 +85,8 @@ fn renders_the_context_for_the_environment_and_the_manifests() {
     assert_eq!(
         serde_json::Value::Object(spec.components[0].manifest.clone()),
         serde_json::json!({
-            "name": "orders", "namespace": "store", "lifecycle": ["ready"],
+            "name": "orders", "namespace": "store", "program": ["python3", "orders.py"],
+            "lifecycle": ["ready"],
             "operations": { "place": { "type": "effect" } }
         })
     );

@@ -176,3 +176,24 @@ fn a_manifest_is_checked_with_the_agents_rules() {
         "{message}"
     );
 }
+
+#[test]
+fn a_manifest_without_program_is_refused_since_a_pod_runs_it() {
+    let mut component = ComponentSpec::test("store", "orders");
+    component.manifest.remove("program");
+    let spec = CompositionSpec::test()
+        .with_components(vec![ComponentSpec::test("store", "mail"), component]);
+    assert_eq!(
+        refused(&spec),
+        "`spec.components[1].manifest.program`: component store.orders has none; a pod needs the command that starts its program, as [python3, main.py]"
+    );
+}
+
+#[test]
+fn the_program_is_kept_in_the_valid_manifests() {
+    let valid = validate(&CompositionSpec::test()).unwrap();
+    assert_eq!(
+        valid.components[0].program.as_deref(),
+        Some(&["python3".to_owned(), "orders.py".to_owned()][..])
+    );
+}
