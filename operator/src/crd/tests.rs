@@ -22,6 +22,17 @@ fn the_generated_crd_matches_crds_composition_yaml() {
 }
 
 #[test]
+fn the_helm_charts_crd_matches_the_generated_crd() {
+    let chart = include_str!("../../../charts/toa-operator/crds/composition.yaml");
+    assert!(
+        crd_yaml() == chart,
+        "charts/toa-operator/crds/composition.yaml differs from the CRD generated from \
+         operator/src/crd.rs; copy it from crds/composition.yaml after regenerating that \
+         (`cargo run -p toa-operator --bin crdgen > crds/composition.yaml`)"
+    );
+}
+
+#[test]
 fn the_cel_rule_passes_one_and_three_addresses_and_refuses_two_with_the_count() {
     assert_eq!(cel_messages(&with_redis(&["redis://a"])), Ok(()));
     assert_eq!(

@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""Offline test of the toa-operator Helm chart.
+
+Lints and renders charts/toa-operator with helm-python-sdk (Helm v4 as a library: no helm binary,
+no cluster, no network), validates every rendered object with kubernetes-validate against the
+Kubernetes schemas it ships, and checks what the chart promises: the Deployment runs
+`toa-operator run` with the agent image, two replicas, as non-root on a read-only root; RBAC
+grants no wildcards; the Lease is granted by a namespaced Role only.
+
+Needs: python3 -m pip install helm-python-sdk kubernetes-validate
+Prints `N passed, 0 failed` at the end and exits 1 when anything failed.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import yaml  # a dependency of kubernetes-validate
+
+CHART = Path(__file__).resolve().parent / "toa-operator"
+RELEASE = "toa"
+NAMESPACE = "toa-system"
+KUBE_VERSIONS = ["1.29.0", "1.33.0"]
+
+results = {"passed": 0, "failed": 0}
+
+
+def check(name):
+    """Runs the decorated function as one test, counting it."""
+
+    def run(function):
+        try:
+            function()
+        except Exception:  # noqa: BLE001 - every failure is reported and counted
+            results["failed"] += 1
+            print(f"FAIL {name}")
+            traceback.print_exc(file=sys.stdout)
+        else:
+            results["passed"] += 1
+            print(f"ok   {name}")
+        return function
+
+    return run
+
+
+def render(values=None):
+    """The rendered objects, by kind and name; NOTES.txt is left out."""
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects = []
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for document in yaml.safe_load_all(text):
+            if document:
+                objects.append(document)
+    return objects
+
+
+def one(objects, kind):
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def container(objects):
+    deployment = one(objects, "Deployment")
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, containers
+    return deployment, containers[0]
+
+
+def lint(values=None):
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+    assert report["total_charts_linted"] == 1, report
+    problems = [m for m in report["messages"] if m["severity"] >= 2] + report.get("errors", [])
+    assert not problems, problems
+
+
+def validate(objects):
+    for version in KUBE_VERSIONS:
+        for obj in objects:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                raise AssertionError(
+                    f"{obj['kind']}/{obj['metadata']['name']} is invalid for {version}: "
+                    f"{error.message} at {'.'.join(map(str, error.path))}"
+                ) from None
+
+
+DEFAULT = render()
+SINGLE = render({"leaderElection": False, "replicas": 1})
+
+
+@check("the chart lints cleanly (strict) with default values")
+def _():
+    lint()
+
+
+@check("the chart lints cleanly (strict) with leaderElection=false")
+def _():
+    lint({"leaderElection": False, "replicas": 1})
+
+
+@check("Chart.yaml: apiVersion v2, toa-operator 0.1.0, appVersion 0.1.0")
+def _():
+    with helm.Chart.load(CHART) as chart:
+        meta = chart.metadata
+    assert meta["apiVersion"] == "v2", meta
+    assert meta["name"] == "toa-operator", meta
+    assert meta["version"] == "0.1.0", meta
+    assert meta["appVersion"] == "0.1.0", meta
+
+
+@check("the chart ships the Composition CRD in crds/")
+def _():
+    with helm.Chart.load(CHART) as chart:
+        crds = chart.crds
+    assert len(crds) == 1, crds
+    crd = yaml.safe_load(crds[0]["data"])
+    assert crd["kind"] == "CustomResourceDefinition"
+    assert crd["metadata"]["name"] == "compositions.toa.io", crd["metadata"]
+    committed = (CHART.parent.parent / "crds" / "composition.yaml").read_text()
+    assert crds[0]["data"] == committed, "charts/toa-operator/crds differs from crds/"
+
+
+@check("default values render the expected objects")
+def _():
+    kinds = sorted(o["kind"] for o in DEFAULT)
+    assert kinds == sorted(
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+        ]
+    ), kinds
+
+
+@check("every object rendered with default values is valid Kubernetes")
+def _():
+    validate(DEFAULT)
+
+
+@check("every object rendered with leaderElection=false is valid Kubernetes")
+def _():
+    validate(SINGLE)
+
+
+@check("the Deployment runs `run` with the agent image, 2 replicas, leader election on")
+def _():
+    deployment, c = container(DEFAULT)
+    assert deployment["spec"]["replicas"] == 2, deployment["spec"]["replicas"]
+    assert c["image"] == "registry.example.com/toa-operator:0.1.0", c["image"]
+    args = c["args"]
+    assert args[0] == "run", args
+    assert "--agent-image=registry.example.com/toa-agent:0.1.0" in args, args
+    assert "--metrics-listen=0.0.0.0:8080" in args, args
+    assert "--leader-election=on" in args, args
+    assert "--lease-name=toa-operator" in args, args
+    assert f"--lease-namespace={NAMESPACE}" in args, args
+    env = {e["name"]: e for e in c.get("env", [])}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", env
+
+
+@check("the Deployment passes only flags that `toa-operator run` takes")
+def _():
+    known = {
+        "--agent-image",
+        "--metrics-listen",
+        "--leader-election",
+        "--lease-name",
+        "--lease-namespace",
+        "--lease-identity",
+    }
+    source = (CHART.parent.parent / "operator" / "src" / "args.rs").read_text()
+    for objects in (DEFAULT, SINGLE):
+        _, c = container(objects)
+        for arg in c["args"][1:]:
+            flag = arg.split("=", 1)[0]
+            assert flag in known, arg
+            field = flag[2:].replace("-", "_")
+            assert f"pub {field}:" in source, f"{flag} is not a field of RunArgs"
+
+
+@check("the Deployment runs as non-root on a read-only root filesystem")
+def _():
+    deployment, c = container(DEFAULT)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True, pod["securityContext"]
+    assert pod["securityContext"]["runAsUser"] != 0, pod["securityContext"]
+    security = c["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True, security
+    assert security["allowPrivilegeEscalation"] is False, security
+    assert security["capabilities"]["drop"] == ["ALL"], security
+    assert pod["serviceAccountName"] == one(DEFAULT, "ServiceAccount")["metadata"]["name"]
+
+
+@check("the metrics port is served and exposed by the Service")
+def _():
+    _, c = container(DEFAULT)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"metrics": 8080}, ports
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    service = one(DEFAULT, "Service")
+    assert service["spec"]["ports"][0]["port"] == 8080, service["spec"]
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics", service["spec"]
+    selector = service["spec"]["selector"]
+    labels = one(DEFAULT, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in selector.items()), (selector, labels)
+
+
+@check("RBAC grants no wildcard verbs, resources or groups")
+def _():
+    for objects in (DEFAULT, SINGLE):
+        for role in (o for o in objects if o["kind"] in ("ClusterRole", "Role")):
+            for rule in role["rules"]:
+                for key in ("verbs", "resources", "apiGroups"):
+                    assert "*" not in rule.get(key, []), (role["metadata"]["name"], rule)
+                assert "nonResourceURLs" not in rule, rule
+
+
+@check("the ClusterRole grants what the controller uses and never delete")
+def _():
+    rules = one(DEFAULT, "ClusterRole")["rules"]
+    granted = {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    needed = {
+        ("toa.io", "compositions", "list"),
+        ("toa.io", "compositions", "watch"),
+        ("toa.io", "compositions", "patch"),
+        ("toa.io", "compositions/status", "patch"),
+        ("apps", "deployments", "list"),
+        ("apps", "deployments", "watch"),
+        ("apps", "deployments", "patch"),
+        ("", "configmaps", "watch"),
+        ("", "configmaps", "patch"),
+        ("", "secrets", "get"),
+        ("", "secrets", "watch"),
+        ("", "secrets", "patch"),
+        ("", "pods", "list"),
+        ("events.k8s.io", "events", "create"),
+    }
+    assert needed <= granted, needed - granted
+    assert not any(verb in ("delete", "deletecollection", "escalate", "bind", "impersonate")
+                   for _, _, verb in granted), granted
+    assert not any(resource == "leases" for _, resource, _ in granted), granted
+
+
+@check("the Lease is granted by a Role in the release namespace only")
+def _():
+    role = one(DEFAULT, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE, role["metadata"]
+    for rule in role["rules"]:
+        assert rule["apiGroups"] == ["coordination.k8s.io"], rule
+        assert rule["resources"] == ["leases"], rule
+    verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
+    assert verbs == {"get", "create", "update"}, verbs
+    binding = one(DEFAULT, "RoleBinding")
+    assert binding["metadata"]["namespace"] == NAMESPACE, binding["metadata"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }, binding["roleRef"]
+    account = one(DEFAULT, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}
+    ], binding["subjects"]
+
+
+@check("the ClusterRoleBinding binds the ClusterRole to the operator's ServiceAccount")
+def _():
+    binding = one(DEFAULT, "ClusterRoleBinding")
+    assert binding["roleRef"]["kind"] == "ClusterRole", binding["roleRef"]
+    assert binding["roleRef"]["name"] == one(DEFAULT, "ClusterRole")["metadata"]["name"]
+    account = one(DEFAULT, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}
+    ], binding["subjects"]
+
+
+@check("leaderElection=false: no Lease RBAC, `--leader-election=off`, no lease flags")
+def _():
+    kinds = {o["kind"] for o in SINGLE}
+    assert "Role" not in kinds and "RoleBinding" not in kinds, kinds
+    deployment, c = container(SINGLE)
+    assert deployment["spec"]["replicas"] == 1
+    assert "--leader-election=off" in c["args"], c["args"]
+    assert not any(a.startswith("--lease-") for a in c["args"]), c["args"]
+
+
+@check("leaderElection=false with more than one replica is refused")
+def _():
+    try:
+        render({"leaderElection": False})
+    except helm.HelmError as error:
+        assert "one replica" in str(error), error
+    else:
+        raise AssertionError("rendered two replicas without leader election")
+
+
+@check("image tags and names can be overridden")
+def _():
+    objects = render(
+        {
+            "image": {"repository": "r.example/op", "tag": "2.0"},
+            "agentImage": {"repository": "r.example/agent", "tag": "2.1"},
+            "serviceAccount": {"name": "custom"},
+        }
+    )
+    deployment, c = container(objects)
+    assert c["image"] == "r.example/op:2.0", c["image"]
+    assert "--agent-image=r.example/agent:2.1" in c["args"], c["args"]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "custom"
+    assert one(objects, "ServiceAccount")["metadata"]["name"] == "custom"
+    validate(objects)
+
+
+@check("NOTES.txt renders")
+def _():
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render({}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    notes = [text for path, text in manifests.items() if path.endswith("NOTES.txt")]
+    assert len(notes) == 1 and "toa-system" in notes[0], manifests.keys()
+
+
+print(f"{results['passed']} passed, {results['failed']} failed")
+sys.exit(1 if results["failed"] else 0)
