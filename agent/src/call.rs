@@ -45,3 +45,23 @@ pub async fn run(target: &str, request: &str, agent: &str) -> ExitCode {
         }
     }
 }
+
+/// `toa-agent drain`: asks the agent to drain and waits until dispose ran.
+pub async fn drain(agent: &str) -> ExitCode {
+    let url = format!("{}/v1/drain", agent.trim_end_matches('/'));
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("an HTTP client");
+    match client.post(&url).send().await {
+        Ok(response) if response.status().is_success() => ExitCode::SUCCESS,
+        Ok(response) => {
+            eprintln!("the agent at {agent} answered {}", response.status());
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("no agent answers at {agent}: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

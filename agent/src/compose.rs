@@ -191,6 +191,9 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         }
     };
     let (drain_tx, mut drain) = tokio::sync::mpsc::channel::<()>(1);
+    // True once dispose ran: `POST /v1/drain` (a preStop hook) answers only then.
+    let (drained_tx, drained) = watch::channel(false);
+    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let host = Arc::new(Host {
         atoms: atoms.clone(),
         calls: Some(calls.clone()),
@@ -200,14 +203,21 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     let app = api::router(host).route(
         "/v1/drain",
         axum::routing::post(move || {
-            let drain_tx = drain_tx.clone();
+            let (drain_tx, mut drained) = (drain_tx.clone(), drained.clone());
             async move {
                 let _ = drain_tx.try_send(());
-                "draining"
+                let _ = drained.wait_for(|done| *done).await;
+                "drained"
             }
         }),
     );
-    let server = tokio::spawn(axum::serve(listener, app).into_future());
+    let server = tokio::spawn(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = server_stopped.await;
+            })
+            .into_future(),
+    );
     tracing::info!(agent = %agent_url, instance = %instance, "serving the local API");
 
     let started = async {
@@ -254,11 +264,19 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     if let Err(error) = lifecycle::phase(&members, RunCommand::Dispose).await {
         tracing::error!(%error, "dispose failed");
     }
+    drained_tx.send_replace(true);
     for atom in atoms.values() {
         atom.shutdown().await;
     }
     stop_programs(programs).await;
-    server.abort();
+    // Let a waiting drain request have its answer, then stop serving.
+    let _ = stop_server.send(());
+    if tokio::time::timeout(Duration::from_secs(2), server)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the local API did not close within 2 s");
+    }
     tracing::info!("stopped");
     Ok(())
 }

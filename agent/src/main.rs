@@ -3,6 +3,7 @@
 //!   toa-agent compose DIR...            run components locally
 //!   toa-agent call COMPONENT.OPERATION '{ input: {...} }'
 //!   toa-agent demo                      the examples' flows, end to end
+//!   toa-agent drain                     drain the running composition (preStop)
 
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
@@ -69,6 +70,13 @@ enum Command {
     },
     /// Compose the examples and run their flows: meter, lock, a pulse with slots, then drain.
     Demo,
+    /// Drain the running composition (a preStop hook): stop taking calls, run dispose; returns
+    /// when done.
+    Drain {
+        /// The agent's local API.
+        #[arg(long, default_value = "http://127.0.0.1:7090", env = "TOA_AGENT")]
+        agent: String,
+    },
 }
 
 #[tokio::main]
@@ -77,6 +85,7 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     match args.command {
         Command::Demo => demo::run().await,
+        Command::Drain { agent } => call::drain(&agent).await,
         Command::Call {
             target,
             request,

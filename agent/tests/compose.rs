@@ -387,3 +387,42 @@ fn attached_programs_started_by_someone_else_are_served_and_left_running() {
     program.kill().unwrap();
     program.wait().unwrap();
 }
+
+#[test]
+fn drain_returns_once_dispose_ran_and_the_composition_stops() {
+    let record = std::env::temp_dir().join(format!("toa-drain-{}", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let mut composition = Composition::start(
+        &["agent/tests/components/recorder"],
+        &[("TOA_RECORD", record.to_str().unwrap())],
+    );
+    composition.wait_ready();
+    let drained = std::process::Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+        .args(["drain", "--agent", &composition.agent])
+        .output()
+        .unwrap();
+    assert!(
+        drained.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drained.stderr)
+    );
+    let names: Vec<String> = events(&record)
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("dispose"),
+        "dispose ran before drain returned: {names:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while composition.exited().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "compose did not stop after the drain:\n{}",
+            composition.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(composition.exited(), Some(true));
+}

@@ -79,6 +79,14 @@ impl Composition {
         )
     }
 
+    /// Whether the process exited (and whether successfully), without waiting.
+    pub fn exited(&mut self) -> Option<bool> {
+        self.child
+            .try_wait()
+            .unwrap()
+            .map(|status| status.success())
+    }
+
     /// SIGTERM, then the exit status within `limit`.
     pub fn terminate(mut self, limit: Duration) -> (bool, String) {
         // SAFETY: signalling the child we started.
