@@ -4,6 +4,7 @@
 //!   toa-agent call COMPONENT.OPERATION '{ input: {...} }'
 //!   toa-agent demo                      the examples' flows, end to end
 //!   toa-agent drain                     drain the running composition (preStop)
+//!   toa-agent install DIR               copy this binary into DIR (for the preStop hook)
 
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
@@ -70,6 +71,9 @@ enum Command {
     },
     /// Compose the examples and run their flows: meter, lock, a pulse with slots, then drain.
     Demo,
+    /// Copy this binary into DIR (an init container does, so the component containers' preStop
+    /// hook can run `toa-agent drain`).
+    Install { dir: PathBuf },
     /// Drain the running composition (a preStop hook): stop taking calls, run dispose; returns
     /// when done.
     Drain {
@@ -86,6 +90,7 @@ async fn main() -> ExitCode {
     match args.command {
         Command::Demo => demo::run().await,
         Command::Drain { agent } => call::drain(&agent).await,
+        Command::Install { dir } => install(&dir),
         Command::Call {
             target,
             request,
@@ -179,4 +184,25 @@ fn read_token(path: &PathBuf) -> Result<String, String> {
         ));
     }
     Ok(token.to_owned())
+}
+
+fn install(dir: &std::path::Path) -> ExitCode {
+    use std::os::unix::fs::PermissionsExt;
+    let copy = || -> std::io::Result<PathBuf> {
+        let target = dir.join("toa-agent");
+        std::fs::create_dir_all(dir)?;
+        std::fs::copy(std::env::current_exe()?, &target)?;
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))?;
+        Ok(target)
+    };
+    match copy() {
+        Ok(target) => {
+            println!("installed {}", target.display());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("cannot install toa-agent into {}: {error}", dir.display());
+            ExitCode::FAILURE
+        }
+    }
 }

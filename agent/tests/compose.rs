@@ -426,3 +426,25 @@ fn drain_returns_once_dispose_ran_and_the_composition_stops() {
     }
     assert_eq!(composition.exited(), Some(true));
 }
+
+#[test]
+fn install_copies_a_working_agent_for_the_pre_stop_hook() {
+    let dir = std::env::temp_dir().join(format!("toa-bin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+        .args(["install", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let copied = std::process::Command::new(dir.join("toa-agent"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(copied.status.success());
+    assert!(String::from_utf8_lossy(&copied.stdout).starts_with("toa-agent "));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -22,9 +22,10 @@ use crate::crd::Composition;
 use crate::validate::Valid;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath,
-    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, Secret, SecretKeySelector,
-    SecretVolumeSource, TCPSocketAction, Volume, VolumeMount,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, ExecAction, KeyToPath, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSpec,
+    PodTemplateSpec, Probe, Secret, SecretKeySelector, SecretVolumeSource, TCPSocketAction, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -47,6 +48,12 @@ pub const COMPONENTS_DIR: &str = "/components";
 /// component's name, and unique.
 pub const AGENT_CONTAINER: &str = "agent";
 pub const COMPONENT_CONTAINER: &str = "component";
+/// The init container that copies the agent's binary where the component containers find it, so
+/// their `preStop` hook can run `toa-agent drain` (the drain listens on loopback, which an
+/// `httpGet` hook, aimed at the pod IP, cannot reach).
+pub const INSTALL_CONTAINER: &str = "install-agent";
+/// Where the component containers find `toa-agent` (an emptyDir shared with the init container).
+pub const AGENT_BIN_DIR: &str = "/toa/bin";
 /// The agent's `--attach` port: component *i* (in the order of the agent's component arguments,
 /// the spec's order) serves `127.0.0.1:(ATTACH_PORT + i)` in its own container, and the agent,
 /// which does not start programs in a pod, waits for it there. Clear of the agent's own ports
@@ -208,14 +215,15 @@ fn deployment(
     ]);
     let mut containers = components(composition, valid);
     let mut agent = agent(composition, valid, settings);
+    let install = install_agent(settings);
     let init_containers = match settings.sidecar {
         Sidecar::Native => {
             agent.restart_policy = Some("Always".to_owned());
-            Some(vec![agent])
+            Some(vec![install, agent])
         }
         Sidecar::Plain => {
             containers.push(agent);
-            None
+            Some(vec![install])
         }
     };
     Deployment {
@@ -256,6 +264,11 @@ fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {
         })
         .collect();
     vec![
+        Volume {
+            name: "toa-bin".to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        },
         Volume {
             name: "components".to_owned(),
             config_map: Some(ConfigMapVolumeSource {
@@ -307,10 +320,49 @@ fn components(composition: &Composition, valid: &Valid) -> Vec<Container> {
                     instance(),
                 ]),
                 resources: composition.spec.resources.clone(),
+                // Stopping a pod drains the agent first: no more calls in, dispose runs while the
+                // component still serves, then the kubelet stops the container.
+                lifecycle: Some(Lifecycle {
+                    pre_stop: Some(LifecycleHandler {
+                        exec: Some(ExecAction {
+                            command: Some(vec![
+                                format!("{AGENT_BIN_DIR}/toa-agent"),
+                                "drain".to_owned(),
+                            ]),
+                        }),
+                        ..LifecycleHandler::default()
+                    }),
+                    ..Lifecycle::default()
+                }),
+                volume_mounts: Some(vec![VolumeMount {
+                    name: "toa-bin".to_owned(),
+                    mount_path: AGENT_BIN_DIR.to_owned(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                }]),
                 ..Container::default()
             }
         })
         .collect()
+}
+
+/// Copies the agent's binary into the shared emptyDir (`toa-agent install`).
+fn install_agent(settings: &Settings) -> Container {
+    Container {
+        name: INSTALL_CONTAINER.to_owned(),
+        image: Some(settings.agent_image.clone()),
+        command: Some(vec![
+            "toa-agent".to_owned(),
+            "install".to_owned(),
+            AGENT_BIN_DIR.to_owned(),
+        ]),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "toa-bin".to_owned(),
+            mount_path: AGENT_BIN_DIR.to_owned(),
+            ..VolumeMount::default()
+        }]),
+        ..Container::default()
+    }
 }
 
 fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Container {

@@ -28,6 +28,29 @@ fn pod(desired: &Desired) -> &PodSpec {
         .unwrap()
 }
 
+/// The agent container, wherever the sidecar style puts it.
+fn agent_of(desired: &Desired) -> Container {
+    let pod_spec = pod(desired);
+    pod_spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&pod_spec.containers)
+        .find(|c| c.name == AGENT_CONTAINER)
+        .cloned()
+        .unwrap()
+}
+
+fn volume(desired: &Desired, name: &str) -> Volume {
+    pod(desired)
+        .volumes
+        .clone()
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == name)
+        .unwrap()
+}
+
 fn env(container: &Container) -> BTreeMap<String, EnvVar> {
     container
         .env
@@ -86,12 +109,15 @@ fn the_agent_is_a_native_sidecar_on_new_servers_and_a_container_on_old_ones() {
         Some("registry.example.com/shop:1.0")
     );
     let init = pod_spec.init_containers.clone().unwrap();
-    assert_eq!(init[0].name, "agent");
-    assert_eq!(init[0].restart_policy.as_deref(), Some("Always"));
+    let init_names: Vec<_> = init.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(init_names, ["install-agent", "agent"]);
+    assert_eq!(init[1].restart_policy.as_deref(), Some("Always"));
 
     let plain = build(CompositionSpec::test(), Sidecar::Plain, 1);
     let pod_spec = pod(&plain);
-    assert_eq!(pod_spec.init_containers, None);
+    let init = pod_spec.init_containers.clone().unwrap();
+    assert_eq!(init.len(), 1);
+    assert_eq!(init[0].name, "install-agent");
     let names: Vec<_> = pod_spec
         .containers
         .iter()
@@ -161,8 +187,7 @@ fn manifests_are_mounted_one_per_component_directory() {
     let manifest = toa_context::Manifest::parse(&data["store.orders.yaml"], "cm").unwrap();
     assert_eq!(manifest.full_name(), "store.orders");
 
-    let volumes = pod(&desired).volumes.clone().unwrap();
-    let config_map = volumes[0].config_map.clone().unwrap();
+    let config_map = volume(&desired, "components").config_map.unwrap();
     assert_eq!(config_map.name, "shop-components");
     let items: Vec<_> = config_map
         .items
@@ -183,9 +208,9 @@ fn manifests_are_mounted_one_per_component_directory() {
             ),
         ]
     );
-    let secret = volumes[1].secret.clone().unwrap();
+    let secret = volume(&desired, "control").secret.unwrap();
     assert_eq!(secret.secret_name.as_deref(), Some("shop-control"));
-    let agent = &pod(&desired).init_containers.clone().unwrap()[0];
+    let agent = &agent_of(&desired);
     let mounts: Vec<_> = agent
         .volume_mounts
         .clone()
@@ -218,7 +243,7 @@ fn the_agent_gets_the_context_and_credentials_from_the_environment() {
         secret_name: "shop-backends".into(),
     });
     let desired = build(spec, Sidecar::Native, 1);
-    let agent = &pod(&desired).init_containers.clone().unwrap()[0];
+    let agent = &agent_of(&desired);
     let env = env(agent);
     let value = |name: &str| env[name].value.clone().unwrap();
     assert_eq!(value("TOA_APPLICATION"), "shop");
@@ -254,7 +279,7 @@ fn the_agent_gets_the_context_and_credentials_from_the_environment() {
 #[test]
 fn without_atomicity_broker_or_credentials_their_variables_are_absent() {
     let desired = build(CompositionSpec::test(), Sidecar::Native, 1);
-    let env = env(&pod(&desired).init_containers.clone().unwrap()[0]);
+    let env = env(&agent_of(&desired));
     let names: Vec<_> = env.keys().map(String::as_str).collect();
     assert_eq!(
         names,
@@ -314,7 +339,7 @@ fn each_component_runs_its_program_in_its_own_container_in_the_agents_order() {
     ]);
     let desired = build(spec, Sidecar::Native, 1);
     let pod_spec = pod(&desired);
-    let agent = &pod_spec.init_containers.clone().unwrap()[0];
+    let agent = &agent_of(&desired);
     let arguments: Vec<_> = agent
         .command
         .clone()
@@ -357,8 +382,19 @@ fn each_component_runs_its_program_in_its_own_container_in_the_agents_order() {
         let instance = env[3].value_from.clone().unwrap();
         assert_eq!(instance.field_ref.unwrap().field_path, "metadata.name");
         // The image's own /components/<name>/ is the program's directory: nothing is mounted
-        // over it, and the control token stays with the agent.
-        assert_eq!(container.volume_mounts, None);
+        // over it, and the control token stays with the agent; only the agent's binary is
+        // shared, for the preStop drain.
+        let mounts = container.volume_mounts.clone().unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(
+            (mounts[0].name.as_str(), mounts[0].mount_path.as_str()),
+            ("toa-bin", "/toa/bin")
+        );
+        let pre_stop = container.lifecycle.clone().unwrap().pre_stop.unwrap();
+        assert_eq!(
+            pre_stop.exec.unwrap().command.unwrap(),
+            ["/toa/bin/toa-agent", "drain"]
+        );
     }
 }
 
@@ -412,5 +448,27 @@ fn container_names_are_short_unique_dns_labels_however_long_the_component_names(
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
             "{name}"
         );
+    }
+}
+
+#[test]
+fn an_init_container_shares_the_agents_binary_for_the_components_pre_stop_drain() {
+    for sidecar in [Sidecar::Native, Sidecar::Plain] {
+        let desired = build(CompositionSpec::test(), sidecar, 1);
+        let install = pod(&desired).init_containers.clone().unwrap()[0].clone();
+        assert_eq!(
+            install.name, INSTALL_CONTAINER,
+            "{sidecar:?}: it runs first"
+        );
+        assert_eq!(
+            install.image.as_deref(),
+            Some("registry.example.com/toa-agent:0.1")
+        );
+        assert_eq!(
+            install.command.unwrap(),
+            ["toa-agent", "install", "/toa/bin"]
+        );
+        assert_eq!(install.volume_mounts.unwrap()[0].name, "toa-bin");
+        assert!(volume(&desired, "toa-bin").empty_dir.is_some());
     }
 }
