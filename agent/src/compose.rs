@@ -36,6 +36,8 @@ pub struct Options {
     pub on_ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
     /// Where the control endpoint listens, and the token every control request must carry.
     pub control: Option<(SocketAddr, String)>,
+    /// Where the probes (`/healthz`, `/readyz`) listen on the pod network, if anywhere.
+    pub probe: Option<SocketAddr>,
     /// Attach to programs started by someone else (a pod's component containers) instead of
     /// starting them: component i serves 127.0.0.1:(this port + i).
     pub attach: Option<u16>,
@@ -60,6 +62,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         on_ready,
         control,
         attach,
+        probe,
     } = options;
     let mut loaded = Vec::new();
     for dir in &components {
@@ -138,6 +141,16 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
 
     let (serving_tx, serving) = watch::channel(false);
     let (ready_tx, ready) = watch::channel(false);
+    let probes = match probe {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| ComposeError::Setup(format!("probe endpoint {address}: {e}")))?;
+            let app = api::calls::probes(ready.clone());
+            Some(tokio::spawn(axum::serve(listener, app).into_future()))
+        }
+        None => None,
+    };
     let callees = members
         .iter()
         .map(|m| {
@@ -260,6 +273,9 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     process.drain().await;
     if let Some(control) = control {
         control.abort();
+    }
+    if let Some(probes) = probes {
+        probes.abort();
     }
     if let Err(error) = lifecycle::phase(&members, RunCommand::Dispose).await {
         tracing::error!(%error, "dispose failed");

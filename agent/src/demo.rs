@@ -25,6 +25,7 @@ pub async fn run() -> ExitCode {
         on_ready: Some(ready_tx),
         control: None,
         attach: None,
+        probe: None,
     };
     println!("composing examples/store.catalog, examples/store.orders, examples/notifications (embedded default: no Redis, no broker)");
     let composition = tokio::spawn(compose::run(options, async {

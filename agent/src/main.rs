@@ -57,6 +57,9 @@ enum Command {
         /// i (in the order given) serves 127.0.0.1:(PORT + i). Without it, compose starts them.
         #[arg(long, value_name = "PORT", env = "TOA_ATTACH")]
         attach: Option<u16>,
+        /// Where the probes (/healthz, /readyz; no token) listen on the pod network.
+        #[arg(long, env = "TOA_PROBE_LISTEN")]
+        probe_listen: Option<SocketAddr>,
     },
     /// Call an operation of a running composition: `store.catalog.appraise '{ input: {...} }'`.
     Call {
@@ -104,6 +107,7 @@ async fn main() -> ExitCode {
             control_listen,
             control_token_file,
             attach,
+            probe_listen,
         } => {
             let control = match (control_listen, control_token_file) {
                 (Some(address), Some(file)) => match read_token(&file) {
@@ -117,7 +121,11 @@ async fn main() -> ExitCode {
             };
             let options = match compose_options(components, &context, &environment, listen, control)
             {
-                Ok(options) => Options { attach, ..options },
+                Ok(options) => Options {
+                    attach,
+                    probe: probe_listen,
+                    ..options
+                },
                 Err(message) => {
                     eprintln!("{message}");
                     return ExitCode::from(USAGE);
@@ -169,6 +177,7 @@ fn compose_options(
         on_ready: None,
         control,
         attach: None,
+        probe: None,
     })
 }
 

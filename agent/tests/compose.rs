@@ -17,7 +17,7 @@ fn the_seed_examples_run_end_to_end() {
         &[],
     );
     composition.wait_ready();
-    let ready = http_status(&format!("{}/readyz", composition.agent));
+    let ready = support::http_status(&format!("{}/readyz", composition.agent));
     assert_eq!(ready, 200);
     let request = "{ input: { customer: 'c1', product: 'a1' } }";
     for n in 1..=10 {
@@ -135,24 +135,6 @@ fn a_start_that_cannot_succeed_stops_with_a_clear_error() {
         stderr.contains("TOA_INSTANCE: expected 1 to 64 ASCII letters"),
         "{stderr}"
     );
-}
-
-/// A GET over a plain TCP socket: the status code.
-fn http_status(url: &str) -> u16 {
-    use std::io::{Read, Write};
-    let rest = url.strip_prefix("http://").unwrap();
-    let (host, path) = rest
-        .split_once('/')
-        .map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
-    let mut stream = std::net::TcpStream::connect(host).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 fn events(record: &std::path::Path) -> Vec<Value> {
@@ -447,4 +429,29 @@ fn install_copies_a_working_agent_for_the_pre_stop_hook() {
     assert!(copied.status.success());
     assert!(String::from_utf8_lossy(&copied.stdout).starts_with("toa-agent "));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn probes_on_their_own_port_answer_without_a_token_and_serve_nothing_else() {
+    let probe_port = free_port();
+    let composition = Composition::start(
+        &[
+            "examples/store.catalog",
+            "--probe-listen",
+            &format!("127.0.0.1:{probe_port}"),
+        ],
+        &[],
+    );
+    composition.wait_ready();
+    let probe = |path: &str| support::http_status(&format!("http://127.0.0.1:{probe_port}{path}"));
+    assert_eq!(probe("/healthz"), 200);
+    assert_eq!(probe("/readyz"), 200, "ready after `ready` ran");
+    assert_eq!(
+        probe("/v1/instance"),
+        404,
+        "the local API stays on loopback"
+    );
+    assert_eq!(probe("/control/status"), 404);
+    let (stopped, log) = composition.terminate(Duration::from_secs(20));
+    assert!(stopped, "{log}");
 }

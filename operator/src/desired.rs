@@ -23,9 +23,9 @@ use crate::validate::Valid;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, ExecAction, KeyToPath, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSpec,
-    PodTemplateSpec, Probe, Secret, SecretKeySelector, SecretVolumeSource, TCPSocketAction, Volume,
-    VolumeMount,
+    EnvVarSource, ExecAction, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, Secret, SecretKeySelector,
+    SecretVolumeSource, TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -35,6 +35,8 @@ use std::collections::BTreeMap;
 
 /// The port of the agent's control endpoint on the pod network (halt, resume, status).
 pub const CONTROL_PORT: u16 = 7091;
+/// Where the agent's probes (`/healthz`, `/readyz`, no token) listen on the pod network.
+pub const PROBE_PORT: u16 = 7092;
 /// The agent's local API, on loopback only: the component calls it, and so does `preStop`.
 pub const LOCAL_LISTEN: &str = "127.0.0.1:7090";
 /// Where the control token Secret is mounted in the agent container.
@@ -384,6 +386,8 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
             &format!("{CONTROL_DIR}/{TOKEN_KEY}"),
             "--attach",
             &ATTACH_PORT.to_string(),
+            "--probe-listen",
+            &format!("0.0.0.0:{PROBE_PORT}"),
         ]
         .map(str::to_owned),
     );
@@ -392,14 +396,31 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
         image: Some(settings.agent_image.clone()),
         command: Some(command),
         env: Some(agent_env(valid)),
-        ports: Some(vec![ContainerPort {
-            name: Some("control".to_owned()),
-            container_port: i32::from(CONTROL_PORT),
-            protocol: Some("TCP".to_owned()),
-            ..ContainerPort::default()
-        }]),
-        // Readiness needs a probe endpoint on the pod network, which the agent does not serve
-        // yet (its /readyz is on loopback); liveness checks that the control endpoint accepts.
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("control".to_owned()),
+                container_port: i32::from(CONTROL_PORT),
+                protocol: Some("TCP".to_owned()),
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some("probe".to_owned()),
+                container_port: i32::from(PROBE_PORT),
+                protocol: Some("TCP".to_owned()),
+                ..ContainerPort::default()
+            },
+        ]),
+        // Ready once every component ran `ready` (the agent's probe listener); liveness checks
+        // that the control endpoint accepts.
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/readyz".to_owned()),
+                port: IntOrString::Int(i32::from(PROBE_PORT)),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(5),
+            ..Probe::default()
+        }),
         liveness_probe: Some(Probe {
             tcp_socket: Some(TCPSocketAction {
                 port: IntOrString::Int(i32::from(CONTROL_PORT)),

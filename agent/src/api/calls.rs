@@ -86,6 +86,27 @@ async fn instance(State(host): State<Arc<Host>>) -> Json<serde_json::Value> {
     Json(json!({"instance": host.instance}))
 }
 
+/// The probes alone, for a listener on the pod network: no token, nothing but alive and ready.
+pub fn probes(ready: tokio::sync::watch::Receiver<bool>) -> axum::Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move { readiness(*ready.borrow()) }
+            }),
+        )
+}
+
+fn readiness(ready: bool) -> Response {
+    if ready {
+        "ready".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
 async fn ready(State(host): State<Arc<Host>>) -> Response {
     if *host.ready.borrow() {
         "ready".into_response()

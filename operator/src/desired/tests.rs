@@ -165,11 +165,16 @@ fn the_agent_composes_every_component_with_its_control_endpoint() {
             "/var/run/toa/control/token",
             "--attach",
             "7100",
+            "--probe-listen",
+            "0.0.0.0:7092",
         ]
     );
     let probe = agent.liveness_probe.clone().unwrap();
     assert_eq!(probe.tcp_socket.unwrap().port, IntOrString::Int(7091));
-    assert_eq!(agent.readiness_probe, None);
+    assert!(
+        agent.readiness_probe.is_some(),
+        "ready by its probe listener"
+    );
 }
 
 #[test]
@@ -471,4 +476,21 @@ fn an_init_container_shares_the_agents_binary_for_the_components_pre_stop_drain(
         assert_eq!(install.volume_mounts.unwrap()[0].name, "toa-bin");
         assert!(volume(&desired, "toa-bin").empty_dir.is_some());
     }
+}
+
+#[test]
+fn the_agent_is_ready_by_its_probe_listener() {
+    let desired = build(CompositionSpec::test(), Sidecar::Native, 1);
+    let agent = agent_of(&desired);
+    let command = agent.command.clone().unwrap();
+    let at = command
+        .iter()
+        .position(|arg| arg == "--probe-listen")
+        .unwrap();
+    assert_eq!(command[at + 1], "0.0.0.0:7092");
+    let readiness = agent.readiness_probe.unwrap().http_get.unwrap();
+    assert_eq!(
+        (readiness.path.as_deref(), readiness.port),
+        (Some("/readyz"), IntOrString::Int(7092))
+    );
 }
