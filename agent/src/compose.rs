@@ -17,7 +17,7 @@ use crate::lifecycle::{self, Member};
 use crate::metrics::Metrics;
 use crate::supervisor::Process;
 use std::collections::HashMap;
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -212,6 +212,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         calls: Some(calls.clone()),
         instance: instance.to_string(),
         ready,
+        listeners: Default::default(),
     });
     let app = api::router(host).route(
         "/v1/drain",
@@ -342,5 +343,3 @@ pub async fn signals() {
         _ = term.recv() => {}
     }
 }
-
-use std::future::IntoFuture;

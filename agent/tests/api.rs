@@ -55,6 +55,7 @@ async fn serve() -> Served {
         calls: None,
         instance: "api-test".into(),
         ready,
+        listeners: Default::default(),
     };
     tokio::spawn(axum::serve(listener, router(Arc::new(host))).into_future());
     Served {

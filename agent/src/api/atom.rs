@@ -11,10 +11,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::collections::HashSet;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -137,25 +135,17 @@ async fn slots(
     Ok(Json(json!({"slots": atom.slots(query.total)})))
 }
 
-/// Live listeners, by component and id, for the failure report.
-static LISTENERS: LazyLock<Mutex<HashSet<(String, u64)>>> = LazyLock::new(Mutex::default);
-static NEXT_LISTENER: AtomicU64 = AtomicU64::new(1);
-
 async fn onassigned(
     State(host): State<Arc<Host>>,
     Path(component): Path<String>,
 ) -> Result<Response, ApiError> {
     let atom = host.atom(&component)?.clone();
-    let id = NEXT_LISTENER.fetch_add(1, Ordering::Relaxed);
+    let id = host.listeners.open(&component);
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let (changes, mut changed) = mpsc::unbounded_channel();
     let listening = atom.onassigned(move |assignment| {
         let _ = changes.send(line(json!({"listener": id, "assignment": assignment})));
     });
-    LISTENERS
-        .lock()
-        .expect("listeners")
-        .insert((component.clone(), id));
     tokio::spawn(async move {
         let mut keepalive = tokio::time::interval(KEEPALIVE);
         loop {
@@ -166,10 +156,7 @@ async fn onassigned(
             }
         }
         drop(listening);
-        LISTENERS
-            .lock()
-            .expect("listeners")
-            .remove(&(component, id));
+        host.listeners.close(&component, id);
     });
     Ok(ndjson(rx))
 }
@@ -179,11 +166,7 @@ async fn listener_failed(
     Path((component, listener)): Path<(String, u64)>,
 ) -> Result<Json<Value>, ApiError> {
     let atom = host.atom(&component)?;
-    if !LISTENERS
-        .lock()
-        .expect("listeners")
-        .contains(&(component.clone(), listener))
-    {
+    if !host.listeners.is_open(&component, listener) {
         return Err(ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             "UNKNOWN_LISTENER",

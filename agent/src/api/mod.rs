@@ -37,6 +37,40 @@ pub struct Host {
     pub instance: String,
     /// True once every component ran `ready`.
     pub ready: tokio::sync::watch::Receiver<bool>,
+    /// Open `onassigned` streams, for their failure reports.
+    pub listeners: Listeners,
+}
+
+/// The `onassigned` streams open now, by component and id.
+#[derive(Default)]
+pub struct Listeners {
+    next: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<std::collections::HashSet<(String, u64)>>,
+}
+
+impl Listeners {
+    fn open(&self, component: &str) -> u64 {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        self.open
+            .lock()
+            .expect("listeners")
+            .insert((component.to_owned(), id));
+        id
+    }
+
+    fn close(&self, component: &str, id: u64) {
+        self.open
+            .lock()
+            .expect("listeners")
+            .remove(&(component.to_owned(), id));
+    }
+
+    fn is_open(&self, component: &str, id: u64) -> bool {
+        self.open
+            .lock()
+            .expect("listeners")
+            .contains(&(component.to_owned(), id))
+    }
 }
 
 impl Host {
