@@ -71,15 +71,19 @@ fn check_run(
     );
     let lost = held.len() - list.len();
     eprintln!("{} holdings, {lost} lost, counter {count}", held.len());
-    // The work really went through the Redis servers: each keeps the component's fencing counter.
-    for server in servers.iter().filter(|s| s.running()) {
-        let keys = server.keys(&format!("toa:test:{component}:*"));
-        assert!(
-            keys.contains(&format!("toa:test:{component}:fence")),
-            "server {} has {keys:?}",
-            server.port
-        );
-    }
+    // The work really went through the Redis servers: a majority keeps the component's fencing
+    // counter (a server emptied by the last fault may not have been written since).
+    let fence = format!("toa:test:{component}:fence");
+    let with_fence: Vec<u16> = servers
+        .iter()
+        .filter(|s| s.running() && s.keys(&format!("toa:test:{component}:*")).contains(&fence))
+        .map(|s| s.port)
+        .collect();
+    assert!(
+        with_fence.len() > servers.len() / 2,
+        "only servers {with_fence:?} of {} keep {fence}",
+        servers.len()
+    );
 }
 
 #[test]
