@@ -1,6 +1,8 @@
 //! What the compose tests share: a `toa-agent compose` process and calls to it.
 #![allow(dead_code)] // each test file uses part of it
 
+pub mod rabbit;
+
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -150,4 +152,17 @@ pub fn http_status(url: &str) -> u16 {
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     response.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+impl Composition {
+    /// SIGSTOP: the agent stops answering, its connections stay open (a lost node).
+    pub fn freeze(&self) {
+        // SAFETY: signalling the child we started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGSTOP) };
+    }
+
+    pub fn thaw(&self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
+    }
 }

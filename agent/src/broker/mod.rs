@@ -1,0 +1,447 @@
+//! Calls over RabbitMQ (DESIGN decision 5), through `lapin`.
+//!
+//! Queues (default exchange, routing key = queue name), for application `app`:
+//! - `toa.app.{component}`: ordinary calls, shared by the component's replicas. A caller declares
+//!   it too, so a call to a component not running yet waits in it for the component to appear;
+//! - `toa.app.{component}@{instance}`: calls to one process, declared *exclusive* by that process,
+//!   so only one process holds a name. Another process given the same name logs
+//!   `Instance name taken` and keeps trying until the name is free;
+//! - a server-named exclusive queue per process for its replies.
+//!
+//! A call to one process is published `mandatory` with publisher confirms: unroutable means no
+//! process holds the name (`Addressee`); no reply before the deadline means `Abandoned`. It carries
+//! its deadline twice: as the message's TTL (a call still queued at its deadline is dropped by the
+//! broker) and as a header the receiving agent checks when it takes the message, so a call not
+//! started before its deadline never runs. Calls still run concurrently, up to [`PREFETCH`] at a
+//! time per queue.
+//!
+//! The connection's heartbeat is [`HEARTBEAT_S`] seconds (`TOA_AMQP_HEARTBEAT`): the broker drops
+//! the connection of a process that stopped answering (a lost node) after about that long, and
+//! with it the process's own queue, so calls to it are `Abandoned` (queued, never answered) until
+//! then and `Addressee` after. When the connection ends (a broker restart, a network failure),
+//! calls waiting for a reply end at once (`Abandoned` for a call to one process; an ordinary call
+//! fails: it may have run), calls to a process are `Addressee` while the agent reconnects, and
+//! ordinary calls wait for the connection. Once back, the agent declares its queues again and
+//! answers under its name (see [`session`]).
+
+use crate::calls::CallError;
+use crate::component::client::{Outcome, ProgramClient};
+use lapin::options::BasicPublishOptions;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Confirmation};
+use serde_json::{json, Value};
+use session::{Session, Settings};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use toa_context::{AmqpAddress, Credentials};
+use tokio::sync::watch;
+
+mod serve;
+mod session;
+
+/// How many calls one queue's consumer runs at once, unless `TOA_PREFETCH` says otherwise.
+pub const PREFETCH: u16 = 32;
+/// The AMQP heartbeat in seconds, unless `TOA_AMQP_HEARTBEAT` says otherwise.
+pub const HEARTBEAT_S: u16 = 10;
+const DEADLINE: &str = "toa-deadline";
+/// The longest pause between two attempts to reconnect.
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("the broker at {address} is unreachable: {message}")]
+    Unreachable { address: String, message: String },
+    #[error("the broker refused {what}: {message}")]
+    Refused { what: String, message: String },
+    #[error("{name} must be a whole number from {min} to {max}, got {value:?}")]
+    Setting {
+        name: &'static str,
+        min: u16,
+        max: u16,
+        value: String,
+    },
+}
+
+/// A component served by this process: replayed on every session.
+#[derive(Clone)]
+struct Served {
+    component: String,
+    client: ProgramClient,
+    instance: String,
+    serving: watch::Receiver<bool>,
+}
+
+pub struct Broker {
+    settings: Settings,
+    prefix: String,
+    prefetch: u16,
+    /// The open session; `None` while reconnecting.
+    current: watch::Sender<Option<Arc<Session>>>,
+    served: tokio::sync::Mutex<Vec<Served>>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A positive number from the environment, or `default` when the variable is not set.
+fn setting(name: &'static str, default: u16, max: u16) -> Result<u16, BrokerError> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(value) => value
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or(BrokerError::Setting {
+                name,
+                min: 1,
+                max,
+                value,
+            }),
+    }
+}
+
+impl Broker {
+    pub async fn connect(
+        address: &AmqpAddress,
+        credentials: &Credentials,
+        application: &str,
+    ) -> Result<Arc<Self>, BrokerError> {
+        let heartbeat = setting("TOA_AMQP_HEARTBEAT", HEARTBEAT_S, 3600)?;
+        let prefetch = setting("TOA_PREFETCH", PREFETCH, u16::MAX)?;
+        let user = credentials.username.as_deref().unwrap_or("guest");
+        let password = credentials
+            .password
+            .as_ref()
+            .map_or("guest", |p| p.expose());
+        let settings = Settings {
+            uri: format!(
+                "amqp://{}:{}@{}:{}/{}?heartbeat={heartbeat}",
+                encode(user),
+                encode(password),
+                address.host,
+                address.port,
+                encode(&address.vhost)
+            ),
+            shown: address.to_string(),
+        };
+        let session = Session::open(&settings)
+            .await
+            .map_err(|error| BrokerError::Unreachable {
+                address: settings.shown.clone(),
+                message: error.to_string(),
+            })?;
+        let (current, _) = watch::channel(Some(session));
+        let broker = Arc::new(Self {
+            settings,
+            prefix: format!("toa.{application}."),
+            prefetch,
+            current,
+            served: tokio::sync::Mutex::default(),
+        });
+        tokio::spawn(keep_connected(Arc::downgrade(&broker)));
+        Ok(broker)
+    }
+
+    pub fn queue(&self, component: &str, instance: Option<&str>) -> String {
+        match instance {
+            Some(instance) => format!("{}{component}@{instance}", self.prefix),
+            None => format!("{}{component}", self.prefix),
+        }
+    }
+
+    /// The open session, unless the connection is gone.
+    fn session(&self) -> Option<Arc<Session>> {
+        self.current
+            .borrow()
+            .as_ref()
+            .filter(|s| !s.is_lost())
+            .cloned()
+    }
+
+    /// Waits until a session is open.
+    async fn next_session(&self) -> Arc<Session> {
+        let mut current = self.current.subscribe();
+        loop {
+            if let Some(session) = self.session() {
+                return session;
+            }
+            if current.changed().await.is_err() {
+                // The sender lives as long as `self`.
+                unreachable!("the broker's session watch closed while the broker lives");
+            }
+        }
+    }
+
+    /// Sends a call and waits for its reply (not for a task). `timeout` is set for calls to one
+    /// process: their deadline.
+    pub async fn call(
+        &self,
+        component: &str,
+        operation: &str,
+        input: &Value,
+        instance: Option<&str>,
+        timeout: Option<Duration>,
+        task: bool,
+    ) -> Result<Outcome, CallError> {
+        let queue = self.queue(component, instance);
+        let addressee = || CallError::Addressee {
+            component: component.to_owned(),
+            instance: instance.unwrap_or_default().to_owned(),
+        };
+        let session = match (self.session(), instance) {
+            (Some(session), _) => session,
+            // Reconnecting: no process holds a name on this broker connection.
+            (None, Some(_)) => return Err(addressee()),
+            (None, None) => self.next_session().await,
+        };
+        let failed =
+            |message: String| CallError::Failed(format!("{}: {message}", self.settings.shown));
+        if instance.is_none() && !session.declared.lock().expect("declared").contains(&queue) {
+            declare_shared(&session, &queue)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+        }
+        let id = format!("{:032x}", rand::random::<u128>());
+        let body =
+            serde_json::to_vec(&json!({"operation": operation, "input": input})).expect("JSON");
+        let mut properties = BasicProperties::default().with_correlation_id(id.as_str().into());
+        let receiver = if task {
+            None
+        } else {
+            properties = properties.with_reply_to(session.replies.as_str().into());
+            Some(session.expect(&id))
+        };
+        let _forget = Forget {
+            session: &session,
+            id: &id,
+        };
+        if let Some(timeout) = timeout {
+            let mut headers = FieldTable::default();
+            headers.insert(
+                ShortString::from(DEADLINE),
+                AMQPValue::LongLongInt(now_ms() + timeout.as_millis() as i64),
+            );
+            properties = properties
+                .with_expiration(timeout.as_millis().to_string().into())
+                .with_headers(headers);
+        }
+        // Mandatory for every call: a call to a process nobody holds is an Addressee; an ordinary
+        // call whose shared queue vanished (a broker restarted empty) declares it and goes again.
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        };
+        let publish = |properties: BasicProperties| async {
+            let sent = async {
+                session
+                    .channel
+                    .basic_publish("".into(), queue.as_str().into(), options, &body, properties)
+                    .await?
+                    .await
+            };
+            sent.await.map_err(|e| {
+                if instance.is_some() && session.is_lost() {
+                    addressee()
+                } else {
+                    failed(e.to_string())
+                }
+            })
+        };
+        let mut confirm = publish(properties.clone()).await?;
+        if instance.is_none() && matches!(confirm, Confirmation::Ack(Some(_))) {
+            session.declared.lock().expect("declared").remove(&queue);
+            declare_shared(&session, &queue)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            confirm = publish(properties).await?;
+        }
+        match confirm {
+            Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) if instance.is_none() => {
+                return Err(failed(format!("the queue {queue} takes no calls")))
+            }
+            Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => return Err(addressee()),
+            Confirmation::Nack(None) => {
+                return Err(failed("the broker did not take the call".into()))
+            }
+            _ => {}
+        }
+        let Some(receiver) = receiver else {
+            return Ok(Outcome::Reply(Value::Null));
+        };
+        let abandoned = |limit: Duration| CallError::Abandoned {
+            component: component.to_owned(),
+            timeout_ms: limit.as_millis() as u64,
+        };
+        let reply = match timeout {
+            Some(limit) => match tokio::time::timeout(limit, receiver).await {
+                Ok(Ok(reply)) => reply,
+                // Timed out, or the connection ended: the reply will not come.
+                _ => return Err(abandoned(limit)),
+            },
+            None => receiver.await.map_err(|_| {
+                failed(
+                    "the connection to the broker ended before the reply came; the call may have run"
+                        .into(),
+                )
+            })?,
+        };
+        decode_reply(reply)
+    }
+
+    /// Takes calls for `component` from its shared queue and from this process's own queue, on
+    /// this connection and on every one after it. Never fails after it started: a name taken by
+    /// another process is retried.
+    pub async fn serve(
+        &self,
+        component: &str,
+        client: ProgramClient,
+        instance: &str,
+        serving: watch::Receiver<bool>,
+    ) -> Result<(), BrokerError> {
+        let served = Served {
+            component: component.to_owned(),
+            client,
+            instance: instance.to_owned(),
+            serving,
+        };
+        let mut all = self.served.lock().await;
+        if let Some(session) = self.session() {
+            self.serve_on(&session, &served).await?;
+        }
+        all.push(served);
+        Ok(())
+    }
+
+    async fn serve_on(&self, session: &Arc<Session>, served: &Served) -> Result<(), BrokerError> {
+        let shared = self.queue(&served.component, None);
+        let own = self.queue(&served.component, Some(&served.instance));
+        serve::serve(session, served, shared.clone(), own, self.prefetch)
+            .await
+            .map_err(|e| BrokerError::Refused {
+                what: format!("consuming {shared}"),
+                message: e.to_string(),
+            })
+    }
+}
+
+async fn declare_shared(session: &Session, queue: &str) -> Result<(), BrokerError> {
+    session
+        .channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| BrokerError::Refused {
+            what: format!("the queue {queue}"),
+            message: e.to_string(),
+        })?;
+    session
+        .declared
+        .lock()
+        .expect("declared")
+        .insert(queue.to_owned());
+    Ok(())
+}
+
+/// Watches the session; when its connection ends, opens the next one (backing off up to
+/// [`RECONNECT_MAX`]) and serves every served component on it again.
+async fn keep_connected(broker: Weak<Broker>) {
+    loop {
+        let Some(session) = broker.upgrade().and_then(|b| b.current.borrow().clone()) else {
+            return;
+        };
+        session.lost.cancelled().await;
+        drop(session);
+        let Some(this) = broker.upgrade() else { return };
+        this.current.send_replace(None);
+        tracing::warn!(
+            broker = %this.settings.shown,
+            "the connection to the broker ended: calls to named processes are Addressee and waiting calls are abandoned; reconnecting"
+        );
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match Session::open(&this.settings).await {
+                Ok(session) => {
+                    let served = this.served.lock().await;
+                    let mut replayed = Ok(());
+                    for one in served.iter() {
+                        replayed = this.serve_on(&session, one).await;
+                        if replayed.is_err() {
+                            break;
+                        }
+                    }
+                    match replayed {
+                        Ok(()) => {
+                            this.current.send_replace(Some(session));
+                            tracing::info!(broker = %this.settings.shown, "reconnected to the broker");
+                            break;
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "reconnected, but cannot serve; trying again")
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%error, broker = %this.settings.shown, "the broker is still unreachable")
+                }
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RECONNECT_MAX);
+        }
+    }
+}
+
+fn decode_reply(reply: Value) -> Result<Outcome, CallError> {
+    if let Some(value) = reply.get("reply") {
+        return Ok(Outcome::Reply(value.clone()));
+    }
+    if let Some(error) = reply.get("error") {
+        if let Some(code) = error.get("code").and_then(Value::as_str) {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            return Ok(Outcome::Error {
+                code: code.to_owned(),
+                message,
+            });
+        }
+    }
+    Err(CallError::Failed(
+        reply
+            .get("failure")
+            .and_then(Value::as_str)
+            .unwrap_or("a malformed reply")
+            .to_owned(),
+    ))
+}
+
+/// Removes a call's waiter however the call ends (also when the caller gives up).
+struct Forget<'a> {
+    session: &'a Session,
+    id: &'a str,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.session.forget(self.id);
+    }
+}

@@ -1,0 +1,151 @@
+//! One connection to the broker and what lives and dies with it: the channel calls and replies
+//! are published on (with publisher confirms), this process's reply queue, the calls waiting for
+//! a reply there, and the shared queues declared on it. A session ends when its connection does
+//! (the broker restarted, the network failed, or the broker's heartbeat gave up on this process);
+//! [`super::Broker`] then opens the next one.
+
+use futures::StreamExt;
+use lapin::options::{BasicConsumeOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties, Event};
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+/// What a session is opened with.
+pub(super) struct Settings {
+    /// Holds the password: never logged (errors name `shown`).
+    pub uri: String,
+    pub shown: String,
+}
+
+pub(super) struct Session {
+    pub connection: Connection,
+    pub channel: Channel,
+    pub replies: String,
+    /// Calls waiting for their reply, by correlation id. Dropped with the session, which tells
+    /// every waiting caller that its reply will never come.
+    pending: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+    /// Shared queues declared on this connection: declaring costs a round trip.
+    pub declared: Mutex<HashSet<String>>,
+    /// Cancelled once the connection is gone.
+    pub lost: CancellationToken,
+}
+
+impl Session {
+    pub async fn open(settings: &Settings) -> Result<Arc<Self>, lapin::Error> {
+        let connection =
+            Connection::connect(&settings.uri, ConnectionProperties::default()).await?;
+        let lost = CancellationToken::new();
+        let mut events = connection.events_listener();
+        let on_error = lost.clone();
+        // A channel's error (a name taken, say) is an event too: only the connection's counts.
+        let status = connection.status().clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = on_error.cancelled() => return,
+                    event = events.next() => match event {
+                        Some(Event::Error(error)) if !status.connected() => {
+                            tracing::warn!(%error, "the connection to the broker failed");
+                            on_error.cancel();
+                            return;
+                        }
+                        Some(_) => {}
+                        None => {
+                            on_error.cancel();
+                            return;
+                        }
+                    },
+                }
+            }
+        });
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let replies = channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?
+            .name()
+            .as_str()
+            .to_owned();
+        let consumer_channel = connection.create_channel().await?;
+        let mut consumer = consumer_channel
+            .basic_consume(
+                replies.as_str().into(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        let session = Arc::new(Self {
+            connection,
+            channel,
+            replies,
+            pending: Mutex::default(),
+            declared: Mutex::default(),
+            lost,
+        });
+        // The reply consumer holds the session weakly: a session nobody uses any more ends.
+        let weak = Arc::downgrade(&session);
+        let lost = session.lost.clone();
+        tokio::spawn(async move {
+            let _channel = consumer_channel;
+            loop {
+                let delivery = tokio::select! {
+                    () = lost.cancelled() => break,
+                    delivery = consumer.next() => delivery,
+                };
+                let Some(Ok(delivery)) = delivery else { break };
+                let Some(session) = weak.upgrade() else { break };
+                let Some(id) = delivery.properties.correlation_id().as_ref() else {
+                    continue;
+                };
+                let reply = serde_json::from_slice(&delivery.data)
+                    .unwrap_or_else(|_| json!({"failure": "a reply that is not JSON"}));
+                if let Some(caller) = session.forget(id.as_str()) {
+                    let _ = caller.send(reply);
+                }
+            }
+            // However the consumer ended, the session is over: its waiting callers learn it.
+            lost.cancel();
+            if let Some(session) = weak.upgrade() {
+                session.pending.lock().expect("pending").clear();
+            }
+        });
+        Ok(session)
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled() || !self.connection.status().connected()
+    }
+
+    /// Registers a call waiting for its reply; the receiver fails when the session ends first.
+    pub fn expect(&self, id: &str) -> oneshot::Receiver<Value> {
+        let (tx, rx) = oneshot::channel();
+        let mut pending = self.pending.lock().expect("pending");
+        // Registered after the session ended: nobody will clear it, so drop it at once.
+        if !self.lost.is_cancelled() {
+            pending.insert(id.to_owned(), tx);
+        }
+        rx
+    }
+
+    pub fn forget(&self, id: &str) -> Option<oneshot::Sender<Value>> {
+        self.pending.lock().expect("pending").remove(id)
+    }
+}

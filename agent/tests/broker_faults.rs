@@ -1,0 +1,233 @@
+//! Calls when the broker or a process fails: a broker of the test's own restarted mid-run, and a
+//! process that stops answering (a lost node) on the shared broker.
+
+mod support;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::rabbit::{queue_exists, RabbitNode};
+use support::Composition;
+
+fn context(name: &str, amqp: &str) -> (PathBuf, String) {
+    let application = format!("{name}-{}", std::process::id());
+    let path = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
+    std::fs::write(&path, format!("name: {application}\namqp: {amqp}\n")).unwrap();
+    (path, application)
+}
+
+fn terminals(context: &Path, instance: &str, extra: &[(&str, &str)]) -> Composition {
+    let record = std::env::temp_dir().join(format!("toa-charges-faults-{}", std::process::id()));
+    let record = record.to_str().unwrap().to_owned();
+    let mut env = vec![("TOA_INSTANCE", instance), ("TOA_RECORD", record.as_str())];
+    env.extend_from_slice(extra);
+    let composition = Composition::start(
+        &[
+            "agent/tests/components/terminals",
+            "--context",
+            context.to_str().unwrap(),
+        ],
+        &env,
+    );
+    composition.wait_ready();
+    composition
+}
+
+/// A call made from another thread: the answer once it ends, and how long it took.
+fn call_async(
+    agent: &str,
+    target: &str,
+    request: &str,
+) -> std::thread::JoinHandle<(Value, Duration)> {
+    let (agent, target, request) = (agent.to_owned(), target.to_owned(), request.to_owned());
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+            .args(["call", &target, &request, "--agent", &agent])
+            .output()
+            .unwrap();
+        (
+            serde_json::from_slice::<Value>(&output.stdout).unwrap_or(Value::Null),
+            started.elapsed(),
+        )
+    })
+}
+
+/// Calls until `accept` takes the answer, within `limit`; the last answer and the time it took.
+fn call_until(
+    caller: &Composition,
+    target: &str,
+    request: &str,
+    limit: Duration,
+    accept: impl Fn(&Value) -> bool,
+) -> (Value, Duration) {
+    let started = Instant::now();
+    loop {
+        let (_, answer) = caller.call(target, request);
+        if accept(&answer) {
+            return (answer, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{target} {request}: still {answer} after {limit:?}\n{}",
+            caller.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn connect_on(caller: &Composition, holder: &str, terminal: &str) {
+    call_until(
+        caller,
+        "test.terminals.connect",
+        &format!("{{ input: {{ terminal: {terminal} }} }}"),
+        Duration::from_secs(15),
+        |answer| answer["reply"]["holder"] == holder,
+    );
+}
+
+#[test]
+fn a_broker_restart_abandons_waiting_calls_refuses_names_and_recovers() {
+    let mut broker = RabbitNode::start();
+    let (context, application) = context("restart", &broker.url());
+    let till = terminals(&context, "till-1", &[]);
+    let caller = terminals(&context, "till-2", &[]);
+    connect_on(&caller, "till-1", "t1");
+    let charge = |amount: u32, extra: &str| {
+        format!("{{ input: {{ terminal: t1, amount: {amount}{extra} }}, instance: till-1, timeout: 8000 }}")
+    };
+
+    // A call waiting for its reply when the broker goes away ends at once, not at its timeout.
+    let waiting = call_async(
+        &caller.agent,
+        "test.terminals.charge",
+        &charge(1, ", sleep_ms: 3000"),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    broker.stop();
+    let (answer, took) = waiting.join().unwrap();
+    assert_eq!(answer["error"]["code"], "Abandoned", "{answer}");
+    assert!(
+        took < Duration::from_secs(8),
+        "the waiting call ended at its timeout ({took:?}), not when the connection ended"
+    );
+
+    // While the broker is away: a call to a process is an Addressee, at once.
+    let (answer, took) = call_until(
+        &caller,
+        "test.terminals.charge",
+        &charge(2, ""),
+        Duration::from_secs(5),
+        |answer| answer["error"]["code"] == "Addressee",
+    );
+    assert_eq!(answer["error"]["number"], 403);
+    // An ordinary call waits for the broker and goes through once it is back.
+    let ordinary = call_async(
+        &caller.agent,
+        "test.terminals.connect",
+        "{ input: { terminal: t9 } }",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !ordinary.is_finished(),
+        "an ordinary call did not wait for the broker"
+    );
+
+    broker.start_again();
+    // Back: the process answers under its name again, its queues are declared again.
+    let (answer, back_after) = call_until(
+        &caller,
+        "test.terminals.charge",
+        &charge(3, ""),
+        Duration::from_secs(30),
+        |answer| answer["reply"]["charged"] == 3,
+    );
+    assert_eq!(answer["reply"]["charged"], 3);
+    let (answer, _) = ordinary.join().unwrap();
+    assert!(
+        answer["reply"]["holder"].is_string(),
+        "the ordinary call made while the broker was away: {answer}"
+    );
+    for queue in [
+        format!("toa.{application}.test.terminals"),
+        format!("toa.{application}.test.terminals@till-1"),
+        format!("toa.{application}.test.terminals@till-2"),
+    ] {
+        assert!(
+            queue_exists(&broker.url(), &queue),
+            "{queue} missing after the restart"
+        );
+    }
+    eprintln!("Addressee while away took {took:?}; answering again {back_after:?} after the start");
+    assert!(
+        till.log().contains("reconnected to the broker"),
+        "{}",
+        till.log()
+    );
+}
+
+#[test]
+fn a_lost_node_is_abandoned_until_the_heartbeat_drops_it_then_an_addressee() {
+    let (context, _) = context("lost", "amqp://127.0.0.1:5672");
+    let heartbeat = 2;
+    let till = terminals(&context, "till-1", &[("TOA_AMQP_HEARTBEAT", "2")]);
+    let caller = terminals(&context, "till-2", &[]);
+    connect_on(&caller, "till-1", "t1");
+    let charge = "{ input: { terminal: t1, amount: 1 }, instance: till-1, timeout: 700 }";
+
+    till.freeze();
+    let frozen = Instant::now();
+    // The broker still holds its connection and queue: the call is queued, never answered.
+    let (_, answer) = caller.call("test.terminals.charge", charge);
+    assert_eq!(answer["error"]["code"], "Abandoned", "{answer}");
+    assert_eq!(answer["error"]["number"], 404);
+    // Once the broker's heartbeat gives up on it, nobody holds the name.
+    let (_, _) = call_until(
+        &caller,
+        "test.terminals.charge",
+        charge,
+        Duration::from_secs(heartbeat * 4 + 10),
+        |answer| answer["error"]["code"] == "Addressee",
+    );
+    let dropped_after = frozen.elapsed();
+    eprintln!(
+        "the broker dropped the frozen process after {dropped_after:?} (heartbeat {heartbeat} s)"
+    );
+    assert!(
+        dropped_after >= Duration::from_secs(heartbeat),
+        "Addressee after {dropped_after:?}: sooner than the heartbeat could notice"
+    );
+
+    // The process comes back: it reconnects and answers under its name again.
+    till.thaw();
+    call_until(
+        &caller,
+        "test.terminals.charge",
+        charge,
+        Duration::from_secs(30),
+        |answer| answer["reply"]["charged"] == 1,
+    );
+}
+
+#[test]
+fn a_bad_heartbeat_or_prefetch_is_refused_at_start() {
+    let (context, _) = context("bad-heartbeat", "amqp://127.0.0.1:5672");
+    for (name, value) in [("TOA_AMQP_HEARTBEAT", "0"), ("TOA_PREFETCH", "many")] {
+        let output = support::compose_once(
+            &[
+                "agent/tests/components/terminals",
+                "--context",
+                context.to_str().unwrap(),
+            ],
+            &[(name, value)],
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{name}={value} was taken");
+        assert!(
+            stderr.contains(&format!("{name} must be a whole number from 1 to"))
+                && stderr.contains(value),
+            "{name}={value}: {stderr}"
+        );
+    }
+}
