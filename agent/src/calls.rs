@@ -8,6 +8,7 @@
 //! - a call to an ordinary operation that names one, or that states a timeout;
 //! - a task that names an instance.
 
+use crate::catalog::Catalog;
 use crate::component::client::{Outcome, ProgramClient, ProgramError};
 use crate::component::Component;
 use crate::control::Activity;
@@ -85,7 +86,7 @@ pub struct Callee {
 pub struct Calls {
     callees: HashMap<String, Callee>,
     /// Every component whose declarations this process knows (its own and the others').
-    catalog: HashMap<String, Arc<Component>>,
+    catalog: Arc<Catalog>,
     broker: Option<Arc<crate::broker::Broker>>,
     instance: String,
     default_timeout: Duration,
@@ -95,6 +96,9 @@ pub struct Calls {
     since_pause: AtomicU64,
     last_at_ms: AtomicU64,
 }
+
+/// How long a call over the broker waits for the declarations of a component nobody declared yet.
+pub const LOOKUP: Duration = Duration::from_secs(30);
 
 /// How long an ordinary call may take before the agent gives up on the program.
 const ORDINARY_LIMIT: Duration = Duration::from_secs(60);
@@ -106,10 +110,8 @@ impl Calls {
         default_timeout: Duration,
         serving: watch::Receiver<bool>,
     ) -> Self {
-        let catalog = callees
-            .iter()
-            .map(|(name, callee)| (name.clone(), callee.component.clone()))
-            .collect();
+        let own: Vec<Arc<Component>> = callees.values().map(|c| c.component.clone()).collect();
+        let catalog = Catalog::new(&own, Vec::new());
         Self {
             callees,
             catalog,
@@ -122,15 +124,13 @@ impl Calls {
         }
     }
 
-    /// Routes over `broker`; `catalog` adds the declarations of components other processes run.
+    /// Routes over `broker`; `catalog` knows the declarations of components other processes run.
     pub fn over_broker(
         mut self,
         broker: Arc<crate::broker::Broker>,
-        catalog: HashMap<String, Arc<Component>>,
+        catalog: Arc<Catalog>,
     ) -> Self {
-        for (name, component) in catalog {
-            self.catalog.entry(name).or_insert(component);
-        }
+        self.catalog = catalog;
         self.broker = Some(broker);
         self
     }
@@ -166,11 +166,18 @@ impl Calls {
         task: bool,
     ) -> Result<Outcome, CallError> {
         self.record_activity();
-        let declared = self
-            .catalog
-            .get(component)
-            .ok_or_else(|| CallError::UnknownComponent(component.to_owned()))?;
-        let stateful = check_contract(declared, operation, &request, task)?;
+        let declared = match self.catalog.get(component) {
+            Some(declared) => declared,
+            // Over a broker, a component may be deployed later: its declarations are looked up
+            // for a while. A call closed meanwhile is made nowhere.
+            None if self.broker.is_some() => self
+                .catalog
+                .find(component, LOOKUP)
+                .await
+                .ok_or_else(|| CallError::UnknownComponent(component.to_owned()))?,
+            None => return Err(CallError::UnknownComponent(component.to_owned())),
+        };
+        let stateful = check_contract(&declared, operation, &request, task)?;
         if let Some(broker) = &self.broker {
             let timeout = stateful.then(|| {
                 request

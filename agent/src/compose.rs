@@ -10,6 +10,7 @@ use crate::api::{self, Host};
 use crate::atom::{Atom, AtomConfig, Mode, Scope};
 use crate::broker::Broker;
 use crate::calls::{Callee, Calls};
+use crate::catalog::{Catalog, Source};
 use crate::component::program::Program;
 use crate::component::{Component, ComponentError};
 use crate::instance::Instance;
@@ -41,6 +42,8 @@ pub struct Options {
     /// Attach to programs started by someone else (a pod's component containers) instead of
     /// starting them: component i serves 127.0.0.1:(this port + i).
     pub attach: Option<u16>,
+    /// A directory of other components' manifests, `<component>.yaml` (see [`crate::catalog`]).
+    pub declarations: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +66,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         control,
         attach,
         probe,
+        declarations,
     } = options;
     let mut loaded = Vec::new();
     for dir in &components {
@@ -194,7 +198,9 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
             match connected.await {
                 Ok(broker) => {
                     tracing::info!(broker = %address, "calls go over the broker");
-                    Arc::new(calls.over_broker(broker, catalog(&components, &loaded)))
+                    let catalog = Catalog::new(&loaded, sources(&components, declarations));
+                    catalog.keep_reloading();
+                    Arc::new(calls.over_broker(broker, catalog))
                 }
                 Err(message) => {
                     stop_programs(programs).await;
@@ -298,36 +304,18 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     Ok(())
 }
 
-/// The declarations of the other components beside the given ones (the directories next to
-/// theirs), so calls to components other processes run are checked before they are sent.
-fn catalog(dirs: &[PathBuf], local: &[Arc<Component>]) -> HashMap<String, Arc<Component>> {
-    let mut catalog: HashMap<String, Arc<Component>> =
-        local.iter().map(|c| (c.name.clone(), c.clone())).collect();
+/// Where the other components' declarations are: the directories beside the given ones (a local
+/// run), and the declarations directory (a pod).
+fn sources(dirs: &[PathBuf], declarations: Option<PathBuf>) -> Vec<Source> {
     let parents: std::collections::BTreeSet<PathBuf> = dirs
         .iter()
         .filter_map(|dir| std::fs::canonicalize(dir).ok()?.parent().map(PathBuf::from))
         .collect();
-    for parent in parents {
-        let Ok(entries) = std::fs::read_dir(&parent) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            if !entry.path().join("manifest.toa.yaml").exists() {
-                continue;
-            }
-            match Component::load(&entry.path()) {
-                Ok(component) => {
-                    catalog
-                        .entry(component.name.clone())
-                        .or_insert_with(|| Arc::new(component));
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "a neighbouring component's manifest is not valid; calls to it are refused")
-                }
-            }
-        }
-    }
-    catalog
+    parents
+        .into_iter()
+        .map(Source::Neighbours)
+        .chain(declarations.map(Source::Manifests))
+        .collect()
 }
 
 async fn stop_programs(programs: Vec<Program>) {

@@ -26,6 +26,7 @@ pub async fn run() -> ExitCode {
         control: None,
         attach: None,
         probe: None,
+        declarations: None,
     };
     println!("composing examples/store.catalog, examples/store.orders, examples/notifications (embedded default: no Redis, no broker)");
     let composition = tokio::spawn(compose::run(options, async {

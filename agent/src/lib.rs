@@ -18,6 +18,7 @@ pub mod api;
 pub mod atom;
 pub mod broker;
 pub mod calls;
+pub mod catalog;
 pub mod component;
 pub mod compose;
 pub mod control;

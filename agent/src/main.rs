@@ -60,6 +60,10 @@ enum Command {
         /// Where the probes (/healthz, /readyz; no token) listen on the pod network.
         #[arg(long, env = "TOA_PROBE_LISTEN")]
         probe_listen: Option<SocketAddr>,
+        /// A directory of other components' manifests (`<component>.yaml`), read again when it
+        /// changes: calls to them are checked against their declarations.
+        #[arg(long, value_name = "DIR", env = "TOA_DECLARATIONS")]
+        declarations: Option<PathBuf>,
     },
     /// Call an operation of a running composition: `store.catalog.appraise '{ input: {...} }'`.
     Call {
@@ -108,6 +112,7 @@ async fn main() -> ExitCode {
             control_token_file,
             attach,
             probe_listen,
+            declarations,
         } => {
             let control = match (control_listen, control_token_file) {
                 (Some(address), Some(file)) => match read_token(&file) {
@@ -124,6 +129,7 @@ async fn main() -> ExitCode {
                 Ok(options) => Options {
                     attach,
                     probe: probe_listen,
+                    declarations,
                     ..options
                 },
                 Err(message) => {
@@ -178,6 +184,7 @@ fn compose_options(
         control,
         attach: None,
         probe: None,
+        declarations: None,
     })
 }
 
