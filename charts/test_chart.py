@@ -339,5 +339,24 @@ def _():
     assert len(notes) == 1 and "toa-system" in notes[0], manifests.keys()
 
 
+@check("the Dockerfiles build the binaries the chart and the operator run, as the chart's user")
+def _():
+    objects = render()
+    deployment, c = container(objects)
+    uid = deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    root = CHART.parent.parent
+    for dockerfile, binary in [("operator/Dockerfile", "toa-operator"), ("agent/Dockerfile", "toa-agent")]:
+        text = (root / dockerfile).read_text()
+        lines = [line.strip() for line in text.splitlines()]
+        assert f"cargo build --release --locked -p {binary} \\" in lines, (dockerfile, lines)
+        assert f'ENTRYPOINT ["/usr/local/bin/{binary}"]' in lines, dockerfile
+        assert f"USER {uid}:{uid}" in lines, (dockerfile, uid)
+        # Multi-stage: the final image is not the build image.
+        froms = [line for line in lines if line.startswith("FROM ")]
+        assert len(froms) == 2 and "distroless" in froms[-1], froms
+    # The operator's image runs `toa-operator run`, which the chart's args start with.
+    assert c["args"][0] == "run", c["args"]
+
+
 print(f"{results['passed']} passed, {results['failed']} failed")
 sys.exit(1 if results["failed"] else 0)
