@@ -208,7 +208,14 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     };
     // The ConfigMap does not depend on the token or the replicas.
     let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
-    kube_io::apply(&config_maps, &build("", 0)?.components).await?;
+    let objects = build("", 0)?;
+    kube_io::apply(&config_maps, &objects.components).await?;
+    kube_io::apply_as(
+        &config_maps,
+        &objects.declarations,
+        &desired::declarations_manager(&name),
+    )
+    .await?;
     let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
     let token = {
         let control = build("", 0)?;

@@ -5,6 +5,9 @@
 //! For a Composition `shop` the operator applies:
 //! - ConfigMap `shop-components`: each component's manifest as YAML (`<component>.yaml`), mounted
 //!   into the agent at `/components/<component>/manifest.toa.yaml`;
+//! - ConfigMap `toa-declarations`, shared by the namespace: this Composition's keys of it (the
+//!   same manifests), mounted into the agent at `/var/run/toa/declarations` (`--declarations`), so
+//!   callers in every pod know every component's declarations;
 //! - Secret `shop-control`: the control endpoint's token (`token`), mounted into the agent at
 //!   `/var/run/toa/control/token`; created once, never rewritten (see [`crate::kube_io`]);
 //! - Deployment `shop`: one container per component, each running the component's `program` from
@@ -45,6 +48,13 @@ pub const CONTROL_DIR: &str = "/var/run/toa/control";
 pub const TOKEN_KEY: &str = "token";
 /// Where component manifests are mounted in the agent container.
 pub const COMPONENTS_DIR: &str = "/components";
+/// The namespace's ConfigMap of every Composition's component manifests (`<component>.yaml`):
+/// each Composition applies its own keys with a field manager of its own
+/// ([`declarations_manager`]), so callers in every pod of the namespace know every component's
+/// declarations; the agent reads the mounted files again when they change.
+pub const DECLARATIONS: &str = "toa-declarations";
+/// Where [`DECLARATIONS`] is mounted in the agent container (`--declarations`).
+pub const DECLARATIONS_DIR: &str = "/var/run/toa/declarations";
 /// The agent's container name; component *i* (in the spec's order) runs in the container
 /// `component-<i>` ([`COMPONENT_CONTAINER`] and the index), a DNS label however long the
 /// component's name, and unique.
@@ -103,6 +113,8 @@ pub struct Settings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Desired {
     pub components: ConfigMap,
+    /// This Composition's part of the namespace's [`DECLARATIONS`].
+    pub declarations: ConfigMap,
     pub control: Secret,
     pub deployment: Deployment,
 }
@@ -139,6 +151,26 @@ pub fn desired(
             data: Some(manifests(composition)),
             ..ConfigMap::default()
         },
+        // Shared by the namespace's Compositions: each is an owner, none the controller, so the
+        // ConfigMap goes when the last of them does.
+        declarations: ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(DECLARATIONS.to_owned()),
+                namespace: Some(namespace.clone()),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    MANAGER.to_owned(),
+                )])),
+                owner_references: Some(vec![OwnerReference {
+                    controller: None,
+                    block_owner_deletion: None,
+                    ..owner.clone()
+                }]),
+                ..ObjectMeta::default()
+            },
+            data: Some(manifests(composition)),
+            ..ConfigMap::default()
+        },
         control: Secret {
             metadata: meta(control_name(&name)),
             data: Some(BTreeMap::from([(
@@ -157,6 +189,11 @@ pub fn desired(
             replicas,
         ),
     })
+}
+
+/// The field manager a Composition applies its part of [`DECLARATIONS`] with.
+pub fn declarations_manager(composition: &str) -> String {
+    format!("{MANAGER}.{composition}")
 }
 
 /// The ConfigMap holding the manifests.
@@ -281,6 +318,16 @@ fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {
             ..Volume::default()
         },
         Volume {
+            name: "declarations".to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: DECLARATIONS.to_owned(),
+                // Applied before the Deployment; optional so a pod never waits on it.
+                optional: Some(true),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        Volume {
             name: "control".to_owned(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(control_name(name)),
@@ -388,6 +435,8 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
             &ATTACH_PORT.to_string(),
             "--probe-listen",
             &format!("0.0.0.0:{PROBE_PORT}"),
+            "--declarations",
+            DECLARATIONS_DIR,
         ]
         .map(str::to_owned),
     );
@@ -434,6 +483,12 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
             VolumeMount {
                 name: "components".to_owned(),
                 mount_path: COMPONENTS_DIR.to_owned(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: "declarations".to_owned(),
+                mount_path: DECLARATIONS_DIR.to_owned(),
                 read_only: Some(true),
                 ..VolumeMount::default()
             },

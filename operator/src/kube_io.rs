@@ -21,7 +21,16 @@ pub async fn apply<K>(api: &Api<K>, object: &K) -> Result<K, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
-    let params = PatchParams::apply(MANAGER).force();
+    apply_as(api, object, MANAGER).await
+}
+
+/// Applies `object` as `manager`: for an object several Compositions share, each applying only
+/// its own fields.
+pub async fn apply_as<K>(api: &Api<K>, object: &K, manager: &str) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
+    let params = PatchParams::apply(manager).force();
     api.patch(&object.name_any(), &params, &Patch::Apply(object))
         .await
 }

@@ -165,6 +165,24 @@ async fn up_to_pods(handle: &mut Handle, existing: Option<&str>, pods: Value) ->
     assert!(query.contains("force=true"), "{query}");
     assert_eq!(body["kind"], "ConfigMap");
     assert!(body["data"]["store.orders.yaml"].is_string(), "{body}");
+    // The namespace's declarations: this Composition's keys, under a manager of its own.
+    let (query, body) = expect(
+        handle,
+        "PATCH",
+        "/api/v1/namespaces/shop/configmaps/toa-declarations",
+        echo,
+    )
+    .await;
+    assert!(query.contains("fieldManager=toa-operator.shop"), "{query}");
+    assert!(body["data"]["store.orders.yaml"].is_string(), "{body}");
+    assert_eq!(
+        body["metadata"]["ownerReferences"][0]["kind"],
+        "Composition"
+    );
+    assert!(
+        body["metadata"]["ownerReferences"][0]["controller"].is_null(),
+        "{body}"
+    );
     let secret = "/api/v1/namespaces/shop/secrets/shop-control";
     let token = match existing {
         Some(token) => {

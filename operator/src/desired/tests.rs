@@ -167,6 +167,8 @@ fn the_agent_composes_every_component_with_its_control_endpoint() {
             "7100",
             "--probe-listen",
             "0.0.0.0:7092",
+            "--declarations",
+            "/var/run/toa/declarations",
         ]
     );
     let probe = agent.liveness_probe.clone().unwrap();
@@ -227,8 +229,38 @@ fn manifests_are_mounted_one_per_component_directory() {
         mounts,
         [
             ("components".to_owned(), "/components".to_owned()),
+            (
+                "declarations".to_owned(),
+                "/var/run/toa/declarations".to_owned()
+            ),
             ("control".to_owned(), "/var/run/toa/control".to_owned()),
         ]
+    );
+    // The namespace's declarations: optional (a pod never waits on them), read by the agent.
+    let declarations = volume(&desired, "declarations").config_map.unwrap();
+    assert_eq!(
+        (declarations.name.as_str(), declarations.optional),
+        ("toa-declarations", Some(true))
+    );
+    let command = agent.command.clone().unwrap();
+    let at = command.iter().position(|a| a == "--declarations").unwrap();
+    assert_eq!(command[at + 1], "/var/run/toa/declarations");
+}
+
+#[test]
+fn the_namespace_declarations_hold_the_manifests_and_are_owned_not_controlled() {
+    let desired = build(CompositionSpec::test(), Sidecar::Native, 1);
+    let declarations = &desired.declarations;
+    assert_eq!(
+        declarations.metadata.name.as_deref(),
+        Some("toa-declarations")
+    );
+    assert_eq!(declarations.data, desired.components.data);
+    let owners = declarations.metadata.owner_references.clone().unwrap();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(
+        (owners[0].kind.as_str(), owners[0].controller),
+        ("Composition", None)
     );
 }
 
