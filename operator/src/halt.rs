@@ -210,6 +210,10 @@ pub struct Decision {
     pub step: Step,
     /// Pods whose agent did not answer, with why: for the `Degraded` condition.
     pub unreachable: Vec<(String, String)>,
+    /// When a halt is called off: each pod that kept the composition from being quiet, with
+    /// why (`"shop-1: 12 calls since the pause"`), for the `Halted` condition's message. Empty
+    /// otherwise.
+    pub busy: Vec<String>,
 }
 
 /// What the operator knows about a composition's halt.
@@ -243,6 +247,7 @@ pub fn decide(observation: &Observation<'_>) -> Decision {
         phase,
         step,
         unreachable: unreachable.clone(),
+        busy: Vec::new(),
     };
     // Pods paused for a halt other than `active`, with that halt: they are resumed first, so no
     // process stays paused for a halt nobody pursues any more.
@@ -355,10 +360,13 @@ fn in_progress(
         );
     }
     if now >= deadline {
-        return decision(
-            Phase::CalledOff,
-            Step::Record(record.with(Outcome::CalledOff(now))),
-        );
+        return Decision {
+            busy: busy(pods, paused_here),
+            ..decision(
+                Phase::CalledOff,
+                Step::Record(record.with(Outcome::CalledOff(now))),
+            )
+        };
     }
     if !to_halt.is_empty() {
         return decision(
@@ -379,6 +387,27 @@ fn in_progress(
         // the deadline.
         decision(Phase::Pausing, Step::WaitUntil(deadline))
     }
+}
+
+/// The pods that kept a halt from being quiet, each with why: calls since its pause, not
+/// paused for the halt, or not answering.
+fn busy(pods: &[Pod], paused_here: impl Fn(&AgentStatus) -> bool) -> Vec<String> {
+    pods.iter()
+        .filter_map(|pod| {
+            let why = match &pod.report {
+                Report::Unreachable(_) => "its agent does not answer".to_owned(),
+                Report::Status(status) if status.phase == AgentPhase::Draining => return None,
+                Report::Status(status) if !paused_here(status) => {
+                    format!("not paused for the halt ({:?})", status.phase).to_lowercase()
+                }
+                Report::Status(status) if status.calls.since_pause > 0 => {
+                    format!("{} calls since the pause", status.calls.since_pause)
+                }
+                Report::Status(_) => return None,
+            };
+            Some(format!("{}: {why}", pod.name))
+        })
+        .collect()
 }
 
 /// The replicas the Deployment should have: none once a halt has stopped the composition.

@@ -164,14 +164,16 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
                 conditions::HALTED,
                 decision.phase == Phase::Halted,
                 decision.phase.reason(),
-                halt_message(decision.phase).to_owned(),
+                halted_message(decision, previous),
             ));
             conditions.push(if decision.unreachable.is_empty() {
+                // Never an empty message: a v1.20 API server turns "" into null in a merge
+                // patch of a custom resource and refuses the status (found end to end).
                 condition(
                     conditions::DEGRADED,
                     false,
                     reasons::AS_EXPECTED,
-                    String::new(),
+                    "every pod's agent answers the control endpoint".to_owned(),
                 )
             } else {
                 let pods: Vec<String> = decision
@@ -202,6 +204,28 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
         observed_generation: generation,
         conditions,
     }
+}
+
+/// The `Halted` message: the phase's, except for a called-off halt, which names the pods that
+/// were busy: given by the decision that called it off, then kept from the previous status
+/// while the halt stays called off (later reconciles see the pods resumed, no longer busy).
+fn halted_message(decision: &Decision, previous: Option<&CompositionStatus>) -> String {
+    if decision.phase != Phase::CalledOff {
+        return halt_message(decision.phase).to_owned();
+    }
+    if !decision.busy.is_empty() {
+        return format!(
+            "not quiet within grace; busy: {}; every pod resumes, a new halt follows later",
+            decision.busy.join(", ")
+        );
+    }
+    previous
+        .and_then(|p| find(&p.conditions, conditions::HALTED))
+        .filter(|old| old.reason == decision.phase.reason())
+        .map_or_else(
+            || halt_message(decision.phase).to_owned(),
+            |old| old.message.clone(),
+        )
 }
 
 fn halt_message(phase: Phase) -> &'static str {

@@ -179,6 +179,8 @@ fn not_quiet_within_grace_calls_the_halt_off_and_resumes_every_pod() {
     assert_eq!(decision.phase, Phase::CalledOff);
     let called_off = record.with(Outcome::CalledOff(t(GRACE as i64)));
     assert_eq!(decision.step, Step::Record(called_off.clone()));
+    // The busy pod is named, the quiet one is not.
+    assert_eq!(decision.busy, ["b: 3 calls since the pause"]);
 
     let decision = decide_at(true, Some(&called_off), &pods, t(61));
     assert_eq!(decision.phase, Phase::CalledOff);
@@ -226,6 +228,7 @@ fn unreachable_pods_block_quiet_and_are_reported() {
     );
     let decision = decide_at(true, Some(&record), &pods, t(GRACE as i64));
     assert_eq!(decision.phase, Phase::CalledOff);
+    assert_eq!(decision.busy, ["b: its agent does not answer"]);
 }
 
 #[test]

@@ -10,6 +10,7 @@ fn running() -> Decision {
         phase: Phase::Running,
         step: Step::Nothing,
         unreachable: vec![],
+        busy: vec![],
     }
 }
 
@@ -153,6 +154,7 @@ fn unreachable_agents_make_the_composition_degraded() {
         phase: Phase::Pausing,
         step: Step::Nothing,
         unreachable: vec![("shop-1".into(), "timed out after 2 s".into())],
+        busy: vec![],
     };
     let status = status(&observed(Some(rolled_out(5, 3)), &halt, at(0)), None);
     let degraded = get(&status, conditions::DEGRADED);
@@ -238,4 +240,71 @@ fn a_refused_spec_keeps_the_previous_halted_condition() {
         get(&after, conditions::HALTED),
         get(&before, conditions::HALTED)
     );
+}
+
+#[test]
+fn every_condition_has_a_message() {
+    // A v1.20 API server turns an empty message into null in a merge patch of the status and
+    // refuses it; the end-to-end suite found it on Degraded=False.
+    let halts = [
+        running(),
+        Decision {
+            phase: Phase::CalledOff,
+            ..running()
+        },
+        Decision {
+            phase: Phase::Halted,
+            ..running()
+        },
+    ];
+    for halt in &halts {
+        for rollout in [None, Some(rolled_out(5, 3))] {
+            let status = status(&observed(rollout, halt, at(0)), None);
+            for condition in &status.conditions {
+                assert!(!condition.message.is_empty(), "{condition:?}");
+            }
+        }
+    }
+    let refused = status(
+        &Observed {
+            invalid: Some("bad"),
+            halt: None,
+            ..observed(None, &halts[0], at(0))
+        },
+        None,
+    );
+    assert!(refused.conditions.iter().all(|c| !c.message.is_empty()));
+}
+
+#[test]
+fn a_called_off_halt_names_the_busy_pods_and_keeps_naming_them() {
+    let calling_off = Decision {
+        phase: Phase::CalledOff,
+        busy: vec!["shop-1: 12 calls since the pause".into()],
+        ..running()
+    };
+    let first = status(&observed(Some(rolled_out(5, 3)), &calling_off, at(0)), None);
+    let halted = get(&first, conditions::HALTED);
+    assert_eq!(
+        (halted.status.as_str(), halted.reason.as_str()),
+        ("False", "HaltCalledOff")
+    );
+    assert!(
+        halted
+            .message
+            .contains("busy: shop-1: 12 calls since the pause"),
+        "{}",
+        halted.message
+    );
+    // Later reconciles see the pods resumed, no longer busy: the message stays.
+    let resuming = Decision {
+        phase: Phase::CalledOff,
+        ..running()
+    };
+    let later = status(
+        &observed(Some(rolled_out(5, 3)), &resuming, at(5)),
+        Some(&first),
+    );
+    assert_eq!(get(&later, conditions::HALTED).message, halted.message);
+    assert!(!changed(Some(&first), &later));
 }

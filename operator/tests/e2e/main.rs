@@ -1,0 +1,988 @@
+//! End to end: the operator against a real API server (kube-apiserver and kube-controller-manager
+//! v1.20 from `scripts/control-plane`), with real agents.
+//!
+//! One test, `end_to_end`, starts one control plane for every scenario: nextest runs each test in
+//! a process of its own, and a control plane takes seconds to start and two cores to run, so one
+//! process owns it, from start to stop. The scenarios run concurrently, each in a namespace of its
+//! own, on the same operator; the operator restart runs last, alone. A failed scenario does not
+//! stop the others: all run, then the test fails naming each failure.
+//!
+//! Setup: the chart rendered by `charts/render.py` is applied server-side (CRD, ServiceAccount,
+//! RBAC, Service); the operator runs as a process with the chart Deployment's arguments under the
+//! chart's ServiceAccount (its token from the Secret v1.20's token controller creates), so a
+//! permission the chart lacks fails the suite (and any `forbidden` in its log fails it too); the
+//! suite's kubelet ([`kubelet`]) runs each pod as local processes: the agent (`toa-agent compose
+//! … --attach`) and the component `e2e.recorder` (`operator/tests/fixtures/image`), which records
+//! its lifecycle commands in a file the scenarios read.
+//!
+//! The control plane is v1.20: no CEL, so a Composition with two Redis addresses is accepted by
+//! the API server and refused by the operator's reconcile-time check, which is what the
+//! `invalid_spec` scenario asserts (on a server with CEL the create itself is refused).
+
+mod cluster;
+mod kubelet;
+mod operator;
+mod wait;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use toa_operator::Composition;
+
+use cluster::ControlPlane;
+use kubelet::{Kubelet, PodInfo};
+use operator::Operator;
+use wait::eventually;
+
+const COMPONENT: &str = "e2e.recorder";
+/// How long anything may take to happen once asked for.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The suite's shared parts.
+struct Suite {
+    admin: Client,
+    kubelet: Kubelet,
+    operator: tokio::sync::Mutex<Operator>,
+}
+
+/// The `toa-agent` binary of this workspace, built now when missing or stale (a test of this
+/// package cannot name another package's binary).
+fn agent_binary() -> PathBuf {
+    let operator = PathBuf::from(env!("CARGO_BIN_EXE_toa-operator"));
+    let profile_dir = operator.parent().unwrap();
+    let target = profile_dir.parent().unwrap();
+    let mut command = Command::new(env!("CARGO"));
+    command
+        .current_dir(cluster::repo())
+        .args(["build", "--quiet", "-p", "toa-agent", "--bin", "toa-agent"])
+        .env("CARGO_TARGET_DIR", target);
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => {}
+        Some("release") => {
+            command.arg("--release");
+        }
+        Some(other) => {
+            command.args(["--profile", other]);
+        }
+        None => {}
+    }
+    let status = command.status().expect("cargo runs");
+    assert!(status.success(), "cargo build -p toa-agent failed");
+    profile_dir.join("toa-agent")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn end_to_end() {
+    let started = Instant::now();
+    let root = std::env::temp_dir().join(format!("toa-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let agent = agent_binary();
+
+    let plane = ControlPlane::start(&root.join("control-plane"));
+    let admin = cluster::client(&plane.kubeconfig).await;
+    let chart = cluster::install_chart(&admin, "toa-system").await;
+    let kubeconfig = cluster::service_account_kubeconfig(
+        &admin,
+        &plane,
+        &chart,
+        &root.join("operator.kubeconfig"),
+    )
+    .await;
+    let mut operator = Operator::new(&chart, &kubeconfig, &root.join("operator.log"));
+    operator.start().await;
+    let kubelet = Kubelet::start(admin.clone(), &root.join("pods"), agent).await;
+    eprintln!(
+        "e2e: control plane, chart, operator and kubelet up in {:.1} s (state in {})",
+        started.elapsed().as_secs_f64(),
+        root.display()
+    );
+    let suite = Arc::new(Suite {
+        admin,
+        kubelet,
+        operator: tokio::sync::Mutex::new(operator),
+    });
+
+    type Scenario = fn(Arc<Suite>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    let concurrent: Vec<(&str, Scenario)> = vec![
+        ("ready", |s| Box::pin(ready(s))),
+        ("invalid_spec", |s| Box::pin(invalid_spec(s))),
+        ("halt_quiet_then_unhalt", |s| {
+            Box::pin(halt_quiet_then_unhalt(s))
+        }),
+        ("halt_busy_called_off", |s| {
+            Box::pin(halt_busy_called_off(s))
+        }),
+        ("spec_change_rolls_out", |s| {
+            Box::pin(spec_change_rolls_out(s))
+        }),
+        ("deletion_cleans_up", |s| Box::pin(deletion_cleans_up(s))),
+    ];
+    let alone: Vec<(&str, Scenario)> = vec![("operator_restart_during_halt", |s| {
+        Box::pin(operator_restart_during_halt(s))
+    })];
+    let mut failures = Vec::new();
+    for batch in [concurrent, alone] {
+        let runs = batch.into_iter().map(|(name, scenario)| {
+            let suite = suite.clone();
+            async move {
+                let start = Instant::now();
+                let result = tokio::spawn(scenario(suite)).await;
+                let took = start.elapsed().as_secs_f64();
+                match result {
+                    Ok(()) => {
+                        eprintln!("e2e: {name} passed in {took:.1} s");
+                        None
+                    }
+                    Err(error) => {
+                        let message = match error.try_into_panic() {
+                            Ok(payload) => payload
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_default(),
+                            Err(error) => error.to_string(),
+                        };
+                        eprintln!("e2e: {name} FAILED in {took:.1} s: {message}");
+                        Some(format!("{name}: {message}"))
+                    }
+                }
+            }
+        });
+        failures.extend(futures::future::join_all(runs).await.into_iter().flatten());
+    }
+
+    let mut operator = suite.operator.lock().await;
+    operator.check_running();
+    let log = operator.log();
+    let forbidden: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("forbidden") || line.contains("Forbidden"))
+        .take(5)
+        .collect();
+    if !forbidden.is_empty() {
+        failures.push(format!(
+            "the operator was refused requests its RBAC should grant:\n{}",
+            forbidden.join("\n")
+        ));
+    }
+    operator.stop().await;
+    drop(operator);
+    suite.kubelet.shutdown();
+    eprintln!(
+        "e2e: all scenarios done in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    if !failures.is_empty() {
+        let tail = suite.operator.lock().await.tail(80);
+        panic!(
+            "{} scenario(s) failed:\n{}\n\nthe operator's log, last lines:\n{tail}\n(pods' logs under {})",
+            failures.len(),
+            failures.join("\n"),
+            root.join("pods").display()
+        );
+    }
+    drop(plane);
+    if std::env::var_os("TOA_E2E_KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn manifest() -> serde_json::Value {
+    json!({
+        "name": "recorder",
+        "namespace": "e2e",
+        "program": ["python3", "recorder.py"],
+        "lifecycle": ["preflight", "ready", "pause", "resume", "dispose"],
+        "operations": { "echo": { "input": { "type": "object" } } }
+    })
+}
+
+/// A Composition of the recorder, with `spec` merged over the defaults.
+fn composition(namespace: &str, name: &str, spec: serde_json::Value) -> serde_json::Value {
+    let mut base = json!({
+        "application": "e2e",
+        "image": "e2e.local/recorder:1",
+        "replicas": 1,
+        "components": [{ "name": COMPONENT, "manifest": manifest() }],
+    });
+    for (key, value) in spec.as_object().unwrap() {
+        base[key] = value.clone();
+    }
+    json!({
+        "apiVersion": "toa.io/v1alpha1",
+        "kind": "Composition",
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": base,
+    })
+}
+
+/// Applies a Composition as a user would (server-side apply, field manager `e2e`).
+async fn apply(suite: &Suite, object: &serde_json::Value) -> Composition {
+    let namespace = object["metadata"]["namespace"].as_str().unwrap();
+    let name = object["metadata"]["name"].as_str().unwrap();
+    compositions(suite, namespace)
+        .patch(
+            name,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .unwrap_or_else(|error| panic!("applying Composition {namespace}/{name}: {error}"))
+}
+
+fn compositions(suite: &Suite, namespace: &str) -> Api<Composition> {
+    Api::namespaced(suite.admin.clone(), namespace)
+}
+
+fn condition(composition: &Composition, type_: &str) -> Option<Condition> {
+    composition
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .cloned()
+}
+
+fn describe(composition: &Composition) -> String {
+    let conditions: Vec<String> = composition
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter())
+        .map(|c| {
+            format!(
+                "{}={} ({}: {}; gen {:?})",
+                c.type_, c.status, c.reason, c.message, c.observed_generation
+            )
+        })
+        .collect();
+    format!(
+        "generation {:?}, annotations {:?}, conditions [{}]",
+        composition.metadata.generation,
+        composition.annotations(),
+        conditions.join(", ")
+    )
+}
+
+/// Waits until the Composition's condition `type_` has `status` (and `reason`, when given) for
+/// its current generation; returns the Composition.
+async fn wait_condition(
+    suite: &Suite,
+    namespace: &str,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+    timeout: Duration,
+) -> Composition {
+    let api = compositions(suite, namespace);
+    eventually(
+        &format!("{namespace}/{name} has {type_}={status} ({reason:?})"),
+        timeout,
+        || {
+            let api = api.clone();
+            async move {
+                let composition = api.get(name).await.map_err(|e| e.to_string())?;
+                let found = condition(&composition, type_).is_some_and(|c| {
+                    c.status == status
+                        && reason.is_none_or(|r| c.reason == r)
+                        && c.observed_generation == composition.metadata.generation
+                });
+                if found {
+                    Ok(composition)
+                } else {
+                    Err(describe(&composition))
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// Waits until the suite's kubelet runs exactly `count` ready pods of the composition
+/// (none other being stopped); returns them.
+async fn wait_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> Vec<PodInfo> {
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(suite.admin.clone(), namespace);
+    eventually(
+        &format!("{namespace}/{name} runs {count} ready pods"),
+        PATIENCE,
+        || {
+            let pods = pods.clone();
+            async move {
+                let list = pods
+                    .list(
+                        &kube::api::ListParams::default()
+                            .labels(&format!("toa.io/composition={name}")),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let ready: Vec<String> = list
+                    .items
+                    .iter()
+                    .filter(|pod| {
+                        pod.metadata.deletion_timestamp.is_none()
+                            && pod
+                                .status
+                                .as_ref()
+                                .and_then(|s| s.conditions.as_ref())
+                                .is_some_and(|cs| {
+                                    cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                                })
+                    })
+                    .filter_map(|pod| pod.uid())
+                    .collect();
+                if list.items.len() != count || ready.len() != count {
+                    return Err(format!(
+                        "{} pods, {} ready: {:?}",
+                        list.items.len(),
+                        ready.len(),
+                        list.items.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+                    ));
+                }
+                let mut pods = ready
+                    .iter()
+                    .map(|uid| {
+                        suite
+                            .kubelet
+                            .pod(uid)
+                            .ok_or(format!("pod {uid} not run here"))
+                    })
+                    .collect::<Result<Vec<PodInfo>, String>>()?;
+                pods.sort_by(|a, b| a.name.cmp(&b.name));
+                Ok(pods)
+            }
+        },
+    )
+    .await
+}
+
+/// Waits until no pod of the composition is left, and every pod the suite ran for it stopped.
+async fn wait_no_pods(suite: &Suite, namespace: &str, name: &str) {
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(suite.admin.clone(), namespace);
+    eventually(&format!("{namespace}/{name} has no pods"), PATIENCE, || {
+        let pods = pods.clone();
+        async move {
+            let list = pods
+                .list(
+                    &kube::api::ListParams::default().labels(&format!("toa.io/composition={name}")),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let running: Vec<String> = suite
+                .kubelet
+                .pods(namespace, name)
+                .into_iter()
+                .filter(|pod| !pod.gone)
+                .map(|pod| pod.name)
+                .collect();
+            if list.items.is_empty() && running.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "pods {:?}; still running here: {running:?}",
+                    list.items.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+                ))
+            }
+        }
+    })
+    .await
+}
+
+async fn control_token(suite: &Suite, namespace: &str, name: &str) -> String {
+    let secret = Api::<Secret>::namespaced(suite.admin.clone(), namespace)
+        .get(&format!("{name}-control"))
+        .await
+        .expect("the control Secret");
+    String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap()
+}
+
+/// The agent's own report, from its control endpoint.
+async fn agent_status(pod: &PodInfo, token: &str) -> serde_json::Value {
+    reqwest::Client::new()
+        .get(format!("http://{}:7091/control/status", pod.ip))
+        .bearer_auth(token)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .unwrap_or_else(|error| panic!("status of {}: {error}", pod.name))
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn deployment(suite: &Suite, namespace: &str, name: &str) -> Option<Deployment> {
+    Api::<Deployment>::namespaced(suite.admin.clone(), namespace)
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+fn uids(pods: &[PodInfo]) -> BTreeSet<String> {
+    pods.iter().map(|p| p.uid.clone()).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios
+
+/// A valid Composition → its Deployment → pods → `Ready=True`.
+async fn ready(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-ready", "shop");
+    cluster::namespace(&suite.admin, namespace).await;
+    let start = Instant::now();
+    apply(
+        &suite,
+        &composition(namespace, name, json!({ "replicas": 2 })),
+    )
+    .await;
+    let created = eventually("the Deployment exists", PATIENCE, || {
+        let suite = suite.clone();
+        async move {
+            deployment(&suite, namespace, name)
+                .await
+                .ok_or("no Deployment yet".to_owned())
+        }
+    })
+    .await;
+    eprintln!(
+        "e2e: ready: Deployment created {:.2} s after apply",
+        start.elapsed().as_secs_f64()
+    );
+    let owner = created
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        owner
+            .iter()
+            .any(|o| o.kind == "Composition" && o.name == name && o.controller == Some(true)),
+        "the Deployment is owned by the Composition: {owner:?}"
+    );
+    let composition = wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Ready",
+        "True",
+        Some("RolledOut"),
+        PATIENCE,
+    )
+    .await;
+    eprintln!(
+        "e2e: ready: Ready=True {:.2} s after apply",
+        start.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        composition.status.as_ref().unwrap().observed_generation,
+        composition.metadata.generation
+    );
+    for (type_, status) in [
+        ("Progressing", "False"),
+        ("Halted", "False"),
+        ("Degraded", "False"),
+    ] {
+        let found = condition(&composition, type_);
+        assert_eq!(
+            found.as_ref().map(|c| c.status.as_str()),
+            Some(status),
+            "{type_}: {}",
+            describe(&composition)
+        );
+    }
+    let pods = wait_pods(&suite, namespace, name, 2).await;
+    let token = control_token(&suite, namespace, name).await;
+    for pod in &pods {
+        let status = agent_status(pod, &token).await;
+        assert_eq!(status["phase"], "running", "{}: {status}", pod.name);
+        assert_eq!(status["instance"], pod.name.as_str(), "{status}");
+        assert_eq!(
+            pod.lifecycle(COMPONENT),
+            ["preflight", "ready"],
+            "{}",
+            pod.name
+        );
+    }
+    let manifests = Api::<ConfigMap>::namespaced(suite.admin.clone(), namespace)
+        .get(&format!("{name}-components"))
+        .await
+        .expect("the ConfigMap of manifests");
+    assert!(manifests
+        .data
+        .unwrap()
+        .contains_key(&format!("{COMPONENT}.yaml")));
+}
+
+/// Two Redis addresses: `Ready=False`, `InvalidSpec`, the exact message, nothing deployed; and a
+/// running composition changed to that keeps its Deployment and pods as they were.
+async fn invalid_spec(suite: Arc<Suite>) {
+    const MESSAGE: &str = "Atomicity takes an odd number of addresses, 2 given.";
+    let namespace = "e2e-invalid";
+    cluster::namespace(&suite.admin, namespace).await;
+    let two =
+        json!({ "atomicity": { "redis": ["redis://127.0.0.1:6379", "redis://127.0.0.1:6380"] } });
+
+    // New: v1.20 has no CEL, so the API server takes it and the operator refuses it.
+    apply(
+        &suite,
+        &composition(namespace, "even", json!({ "context": two })),
+    )
+    .await;
+    let refused = wait_condition(
+        &suite,
+        namespace,
+        "even",
+        "Ready",
+        "False",
+        Some("InvalidSpec"),
+        PATIENCE,
+    )
+    .await;
+    assert_eq!(condition(&refused, "Ready").unwrap().message, MESSAGE);
+    let degraded = condition(&refused, "Degraded").unwrap();
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "InvalidSpec")
+    );
+    assert!(
+        deployment(&suite, namespace, "even").await.is_none(),
+        "nothing deployed"
+    );
+    assert!(Api::<ConfigMap>::namespaced(suite.admin.clone(), namespace)
+        .get_opt("even-components")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(Api::<Secret>::namespaced(suite.admin.clone(), namespace)
+        .get_opt("even-control")
+        .await
+        .unwrap()
+        .is_none());
+
+    // Running, then refused: what runs stays.
+    apply(&suite, &composition(namespace, "kept", json!({}))).await;
+    wait_condition(&suite, namespace, "kept", "Ready", "True", None, PATIENCE).await;
+    let before = deployment(&suite, namespace, "kept").await.unwrap();
+    let pods = wait_pods(&suite, namespace, "kept", 1).await;
+    apply(
+        &suite,
+        &composition(
+            namespace,
+            "kept",
+            json!({ "context": two, "image": "e2e.local/recorder:2" }),
+        ),
+    )
+    .await;
+    let refused = wait_condition(
+        &suite,
+        namespace,
+        "kept",
+        "Ready",
+        "False",
+        Some("InvalidSpec"),
+        PATIENCE,
+    )
+    .await;
+    assert_eq!(condition(&refused, "Ready").unwrap().message, MESSAGE);
+    let after = deployment(&suite, namespace, "kept").await.unwrap();
+    assert_eq!(
+        after.metadata.generation, before.metadata.generation,
+        "the Deployment is untouched"
+    );
+    assert_eq!(after.spec, before.spec);
+    assert_eq!(
+        uids(&wait_pods(&suite, namespace, "kept", 1).await),
+        uids(&pods)
+    );
+}
+
+/// A quiet composition halts: agents paused → scaled to zero → `Halted=True`, and `dispose` ran;
+/// then `halted: false` brings it back, `preflight` running anew in new pods.
+async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-halt-quiet", "quiet");
+    cluster::namespace(&suite.admin, namespace).await;
+    let spec = |halted: bool| {
+        composition(
+            namespace,
+            name,
+            json!({ "replicas": 2, "halted": halted, "halt": { "quietWindow": 2, "grace": 30 } }),
+        )
+    };
+    apply(&suite, &spec(false)).await;
+    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    let pods = wait_pods(&suite, namespace, name, 2).await;
+
+    let start = Instant::now();
+    apply(&suite, &spec(true)).await;
+    let halted = wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Halted",
+        "True",
+        Some("Halted"),
+        PATIENCE,
+    )
+    .await;
+    eprintln!(
+        "e2e: halt_quiet: Halted=True {:.1} s after halted: true",
+        start.elapsed().as_secs_f64()
+    );
+    let ready = condition(&halted, "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Halted")
+    );
+    assert_eq!(
+        deployment(&suite, namespace, name)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .replicas,
+        Some(0)
+    );
+    wait_no_pods(&suite, namespace, name).await;
+    for pod in &pods {
+        assert_eq!(
+            pod.lifecycle(COMPONENT),
+            ["preflight", "ready", "pause", "dispose"],
+            "{}: paused, then disposed on the way down",
+            pod.name
+        );
+    }
+
+    apply(&suite, &spec(false)).await;
+    let back = wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    assert_eq!(condition(&back, "Halted").unwrap().status, "False");
+    let again = wait_pods(&suite, namespace, name, 2).await;
+    assert!(uids(&again).is_disjoint(&uids(&pods)), "new pods");
+    for pod in &again {
+        assert_eq!(
+            pod.lifecycle(COMPONENT),
+            ["preflight", "ready"],
+            "{}",
+            pod.name
+        );
+    }
+    eventually("the halt record is removed", PATIENCE, || {
+        let api = compositions(&suite, namespace);
+        async move {
+            let composition = api.get(name).await.map_err(|e| e.to_string())?;
+            if composition.annotations().contains_key("toa.io/halt") {
+                Err(describe(&composition))
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
+}
+
+/// A busy composition's halt is called off: the pods resume (same pods, same processes),
+/// `dispose` does not run, `Halted=False` names the busy pod.
+async fn halt_busy_called_off(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-halt-busy", "busy");
+    cluster::namespace(&suite.admin, namespace).await;
+    let spec = |halted: bool| {
+        composition(
+            namespace,
+            name,
+            json!({ "replicas": 2, "halted": halted, "halt": { "quietWindow": 3, "grace": 8 } }),
+        )
+    };
+    apply(&suite, &spec(false)).await;
+    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    let pods = wait_pods(&suite, namespace, name, 2).await;
+    let busy = pods[0].clone();
+
+    // Calls into the first pod, all along, through its agent's local API.
+    let calling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let caller = {
+        let calling = calling.clone();
+        let url = format!("{}/v1/call/{COMPONENT}/echo", busy.local_api());
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut answered = 0u32;
+            while calling.load(std::sync::atomic::Ordering::Relaxed) {
+                let reply = http
+                    .post(&url)
+                    .json(&json!({ "input": { "n": answered } }))
+                    .timeout(Duration::from_secs(5))
+                    .send()
+                    .await;
+                if reply.is_ok_and(|r| r.status().is_success()) {
+                    answered += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            answered
+        })
+    };
+
+    let start = Instant::now();
+    apply(&suite, &spec(true)).await;
+    let called_off = wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Halted",
+        "False",
+        Some("HaltCalledOff"),
+        PATIENCE,
+    )
+    .await;
+    eprintln!(
+        "e2e: halt_busy: called off {:.1} s after halted: true",
+        start.elapsed().as_secs_f64()
+    );
+    let message = condition(&called_off, "Halted").unwrap().message;
+    assert!(
+        message.contains(&busy.name),
+        "names the busy pod {}: {message}",
+        busy.name
+    );
+    assert!(
+        !message.contains(&pods[1].name),
+        "names only the busy pod: {message}"
+    );
+    // Stop asking for the halt before it is tried again (grace after the call-off).
+    apply(&suite, &spec(false)).await;
+    calling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let answered = caller.await.unwrap();
+    assert!(
+        answered > 5,
+        "the calls went through during the halt: {answered}"
+    );
+
+    let token = control_token(&suite, namespace, name).await;
+    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    let after = wait_pods(&suite, namespace, name, 2).await;
+    assert_eq!(uids(&after), uids(&pods), "the same pods");
+    for (pod, before) in after.iter().zip(&pods) {
+        assert_eq!(pod.pids, before.pids, "{}: the same processes", pod.name);
+        let status = agent_status(pod, &token).await;
+        assert_eq!(status["phase"], "running", "{}: {status}", pod.name);
+        let lifecycle = pod.lifecycle(COMPONENT);
+        assert_eq!(
+            lifecycle,
+            ["preflight", "ready", "pause", "resume"],
+            "{}",
+            pod.name
+        );
+    }
+}
+
+/// A spec change rolls out: new pods replace the old ones, `Ready=True` for the new generation.
+async fn spec_change_rolls_out(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-rollout", "roll");
+    cluster::namespace(&suite.admin, namespace).await;
+    apply(
+        &suite,
+        &composition(namespace, name, json!({ "replicas": 2 })),
+    )
+    .await;
+    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    let old = wait_pods(&suite, namespace, name, 2).await;
+    let generation = deployment(&suite, namespace, name)
+        .await
+        .unwrap()
+        .metadata
+        .generation;
+
+    let changed = apply(
+        &suite,
+        &composition(
+            namespace,
+            name,
+            json!({ "replicas": 2, "image": "e2e.local/recorder:2" }),
+        ),
+    )
+    .await;
+    let rolled = wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Ready",
+        "True",
+        Some("RolledOut"),
+        PATIENCE,
+    )
+    .await;
+    assert_eq!(rolled.metadata.generation, changed.metadata.generation);
+    let new = wait_pods(&suite, namespace, name, 2).await;
+    assert!(uids(&new).is_disjoint(&uids(&old)), "every pod replaced");
+    let deployment = deployment(&suite, namespace, name).await.unwrap();
+    assert!(deployment.metadata.generation > generation);
+    let images: Vec<Option<String>> = deployment
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers
+        .iter()
+        .map(|c| c.image.clone())
+        .collect();
+    assert!(
+        images.contains(&Some("e2e.local/recorder:2".to_owned())),
+        "{images:?}"
+    );
+    for pod in &old {
+        eventually(
+            &format!("old pod {} stopped", pod.name),
+            PATIENCE,
+            || async {
+                match suite.kubelet.pod(&pod.uid) {
+                    Some(info) if info.gone => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+        assert_eq!(
+            pod.lifecycle(COMPONENT).last().map(String::as_str),
+            Some("dispose"),
+            "{}",
+            pod.name
+        );
+    }
+}
+
+/// Deleting the Composition deletes what it owns (the garbage collector, by owner references).
+async fn deletion_cleans_up(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-delete", "gone");
+    cluster::namespace(&suite.admin, namespace).await;
+    apply(&suite, &composition(namespace, name, json!({}))).await;
+    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    wait_pods(&suite, namespace, name, 1).await;
+    compositions(&suite, namespace)
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("everything the composition owned is gone", PATIENCE, || {
+        let suite = suite.clone();
+        async move {
+            let deployment = deployment(&suite, namespace, name).await.is_some();
+            let config_map = Api::<ConfigMap>::namespaced(suite.admin.clone(), namespace)
+                .get_opt(&format!("{name}-components"))
+                .await
+                .map_err(|e| e.to_string())?
+                .is_some();
+            let secret = Api::<Secret>::namespaced(suite.admin.clone(), namespace)
+                .get_opt(&format!("{name}-control"))
+                .await
+                .map_err(|e| e.to_string())?
+                .is_some();
+            if deployment || config_map || secret {
+                Err(format!(
+                    "left: Deployment {deployment}, ConfigMap {config_map}, Secret {secret}"
+                ))
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
+    wait_no_pods(&suite, namespace, name).await;
+}
+
+/// The operator stops in the middle of a halt; the next one completes it.
+async fn operator_restart_during_halt(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-restart", "restart");
+    cluster::namespace(&suite.admin, namespace).await;
+    let spec = |halted: bool| {
+        composition(
+            namespace,
+            name,
+            json!({ "replicas": 2, "halted": halted, "halt": { "quietWindow": 4, "grace": 60 } }),
+        )
+    };
+    apply(&suite, &spec(false)).await;
+    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    let pods = wait_pods(&suite, namespace, name, 2).await;
+    let token = control_token(&suite, namespace, name).await;
+
+    apply(&suite, &spec(true)).await;
+    // Every agent paused for the recorded halt: the halt is under way.
+    let record = eventually(
+        "the halt is recorded and every pod paused",
+        PATIENCE,
+        || {
+            let suite = suite.clone();
+            let (pods, token) = (pods.clone(), token.clone());
+            async move {
+                let composition = compositions(&suite, namespace)
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let record = composition
+                    .annotations()
+                    .get("toa.io/halt")
+                    .cloned()
+                    .ok_or_else(|| describe(&composition))?;
+                for pod in &pods {
+                    let status = agent_status(pod, &token).await;
+                    if status["phase"] != "paused" {
+                        return Err(format!("{}: {status}", pod.name));
+                    }
+                }
+                Ok(record)
+            }
+        },
+    )
+    .await;
+    assert!(!record.contains("stopped"), "not stopped yet: {record}");
+
+    let mut operator = suite.operator.lock().await;
+    operator.stop().await;
+    operator.start().await;
+    drop(operator);
+
+    wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Halted",
+        "True",
+        Some("Halted"),
+        PATIENCE,
+    )
+    .await;
+    wait_no_pods(&suite, namespace, name).await;
+    let composition = compositions(&suite, namespace).get(name).await.unwrap();
+    let after = composition
+        .annotations()
+        .get("toa.io/halt")
+        .cloned()
+        .unwrap_or_default();
+    let id = |record: &str| record.split('@').next().unwrap_or_default().to_owned();
+    assert_eq!(
+        id(&after),
+        id(&record),
+        "the same halt completed: {record} → {after}"
+    );
+    assert!(after.contains("stopped"), "{after}");
+    for pod in &pods {
+        assert_eq!(
+            pod.lifecycle(COMPONENT),
+            ["preflight", "ready", "pause", "dispose"],
+            "{}",
+            pod.name
+        );
+    }
+}

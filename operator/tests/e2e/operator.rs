@@ -1,0 +1,138 @@
+//! The operator as a process: `toa-operator` with the chart Deployment's arguments, under the
+//! chart's ServiceAccount (a kubeconfig holding its token), so a permission the chart's RBAC lacks
+//! fails the suite. Its output is appended to `operator.log`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cluster::Chart;
+
+pub struct Operator {
+    child: Option<Child>,
+    kubeconfig: PathBuf,
+    log: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    metrics_port: u16,
+    pub starts: u32,
+}
+
+impl Operator {
+    pub fn new(chart: &Chart, kubeconfig: &Path, log: &Path) -> Self {
+        Self {
+            child: None,
+            kubeconfig: kubeconfig.to_path_buf(),
+            log: log.to_path_buf(),
+            args: chart.args.clone(),
+            env: chart.env.clone(),
+            metrics_port: chart.metrics_port,
+            starts: 0,
+        }
+    }
+
+    /// Starts it and waits until `/ready` answers.
+    pub async fn start(&mut self) {
+        assert!(self.child.is_none(), "the operator runs already");
+        self.starts += 1;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_toa-operator"))
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            // The Deployment's POD_NAME comes from a fieldRef: a name per start, as a new pod has.
+            .env("POD_NAME", format!("toa-toa-operator-e2e-{}", self.starts))
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info,toa_operator=debug")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("toa-operator starts");
+        self.child = Some(child);
+        let url = format!("http://127.0.0.1:{}/ready", self.metrics_port);
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "the operator exited at start: {status}; its log:\n{}",
+                    self.tail(40)
+                );
+            }
+            if http
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the operator's /ready did not answer within 30 s; its log:\n{}",
+                self.tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// SIGTERM, then waits for it to exit (it finishes its reconciles and gives up its lease).
+    pub async fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // SAFETY: a signal to the process this suite started.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(
+                    status.success(),
+                    "the operator exited {status} on SIGTERM; its log:\n{}",
+                    self.tail(40)
+                );
+                return;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the operator did not stop within 30 s of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Whether it still runs (it must not have stopped on its own).
+    pub fn check_running(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the operator exited: {status}; its log:\n{}", self.tail(60));
+            }
+        }
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let mut last: Vec<&str> = text.lines().rev().take(lines).collect();
+        last.reverse();
+        last.join("\n")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! Bounded waits: a condition polled until a deadline, never a sleep that hopes.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// How often a condition is looked at again.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Polls `check` until it answers `Ok`, at most `timeout`; panics with `what` and the last `Err`
+/// (what was seen instead) when the deadline passes.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(seen) if Instant::now() >= deadline => {
+                panic!("timed out after {timeout:?} waiting until {what}; last seen: {seen}")
+            }
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+}
