@@ -22,6 +22,32 @@ pub fn repo() -> PathBuf {
         .to_path_buf()
 }
 
+/// The `toa-agent` binary of this workspace, built now when missing or stale (a test of this
+/// package cannot name another package's binary).
+pub fn agent_binary() -> PathBuf {
+    let operator = PathBuf::from(env!("CARGO_BIN_EXE_toa-operator"));
+    let profile_dir = operator.parent().unwrap();
+    let target = profile_dir.parent().unwrap();
+    let mut command = Command::new(env!("CARGO"));
+    command
+        .current_dir(repo())
+        .args(["build", "--quiet", "-p", "toa-agent", "--bin", "toa-agent"])
+        .env("CARGO_TARGET_DIR", target);
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => {}
+        Some("release") => {
+            command.arg("--release");
+        }
+        Some(other) => {
+            command.args(["--profile", other]);
+        }
+        None => {}
+    }
+    let status = command.status().expect("cargo runs");
+    assert!(status.success(), "cargo build -p toa-agent failed");
+    profile_dir.join("toa-agent")
+}
+
 /// A free port on 127.0.0.1 followed by `count - 1` free ones, from `range`.
 pub fn free_ports(range: std::ops::Range<u16>, count: u16) -> u16 {
     for _ in 0..200 {

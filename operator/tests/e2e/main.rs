@@ -32,9 +32,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::path::PathBuf;
 use std::pin::Pin;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use toa_operator::Composition;
@@ -55,39 +53,13 @@ struct Suite {
     operator: tokio::sync::Mutex<Operator>,
 }
 
-/// The `toa-agent` binary of this workspace, built now when missing or stale (a test of this
-/// package cannot name another package's binary).
-fn agent_binary() -> PathBuf {
-    let operator = PathBuf::from(env!("CARGO_BIN_EXE_toa-operator"));
-    let profile_dir = operator.parent().unwrap();
-    let target = profile_dir.parent().unwrap();
-    let mut command = Command::new(env!("CARGO"));
-    command
-        .current_dir(cluster::repo())
-        .args(["build", "--quiet", "-p", "toa-agent", "--bin", "toa-agent"])
-        .env("CARGO_TARGET_DIR", target);
-    match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => {}
-        Some("release") => {
-            command.arg("--release");
-        }
-        Some(other) => {
-            command.args(["--profile", other]);
-        }
-        None => {}
-    }
-    let status = command.status().expect("cargo runs");
-    assert!(status.success(), "cargo build -p toa-agent failed");
-    profile_dir.join("toa-agent")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn end_to_end() {
     let started = Instant::now();
     let root = std::env::temp_dir().join(format!("toa-e2e-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
-    let agent = agent_binary();
+    let agent = cluster::agent_binary();
 
     let plane = ControlPlane::start(&root.join("control-plane"));
     let admin = cluster::client(&plane.kubeconfig).await;
@@ -164,6 +136,11 @@ async fn end_to_end() {
 
     let mut operator = suite.operator.lock().await;
     operator.check_running();
+    if let Some(pid) = operator.pid() {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let rss = status.lines().find(|line| line.starts_with("VmRSS:"));
+        eprintln!("e2e: the operator's memory at the end: {rss:?}");
+    }
     let log = operator.log();
     let forbidden: Vec<&str> = log
         .lines()

@@ -1,0 +1,330 @@
+//! The operator's benchmark on the real control plane (not a test): how long from `apply` until
+//! the Deployments exist and until `Ready=True`, for 1 and for 100 Compositions, and the
+//! operator's memory with 100 Compositions.
+//!
+//! ```sh
+//! cargo bench -p toa-operator --bench operator
+//! ```
+//!
+//! It sets up what the end-to-end suite does (`operator/tests/e2e`: control plane, the chart, the
+//! operator under the chart's ServiceAccount, the suite's kubelet running real agents) and prints
+//! `BENCH <name> <ours> <baseline> <ratio>` (`-` where there is no baseline); times in ms, memory
+//! in MB. The baseline is a client that applies the same objects itself (the ConfigMaps, the
+//! Secret and the Deployment `toa_operator::desired` builds, without owner references) and waits
+//! for the Deployments to be available: the cost of the operator is the ratio. The baseline runs
+//! first, on an idle control plane; its pods keep running while ours start. Every Composition has
+//! one replica: one pod with a real agent and a real component each.
+
+#[allow(dead_code)]
+#[path = "../tests/e2e/cluster.rs"]
+mod cluster;
+#[allow(dead_code)]
+#[path = "../tests/e2e/kubelet.rs"]
+mod kubelet;
+#[allow(dead_code)]
+#[path = "../tests/e2e/operator.rs"]
+mod operator;
+#[allow(dead_code)]
+#[path = "../tests/e2e/wait.rs"]
+mod wait;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use std::time::{Duration, Instant};
+use toa_operator::desired::{self, Settings, Sidecar};
+use toa_operator::Composition;
+
+/// Applies in flight at once, for ours and for the baseline.
+const IN_FLIGHT: usize = 16;
+const PATIENCE: Duration = Duration::from_secs(600);
+
+fn composition(namespace: &str, name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "toa.io/v1alpha1",
+        "kind": "Composition",
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": {
+            "application": "bench",
+            "image": "e2e.local/recorder:1",
+            "replicas": 1,
+            "components": [{
+                "name": "e2e.recorder",
+                "manifest": {
+                    "name": "recorder",
+                    "namespace": "e2e",
+                    "program": ["python3", "recorder.py"],
+                    "lifecycle": ["preflight", "ready", "pause", "resume", "dispose"],
+                    "operations": { "echo": { "input": { "type": "object" } } }
+                }
+            }]
+        }
+    })
+}
+
+fn names(count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("c{i:03}")).collect()
+}
+
+/// Polls `check` every 50 ms until it is true; the time it took from `start`.
+async fn until<F, Fut>(what: &str, start: Instant, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    loop {
+        if check().await {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "{what}: not within {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn deployments_exist(client: &Client, namespace: &str, count: usize) -> bool {
+    Api::<Deployment>::namespaced(client.clone(), namespace)
+        .list_metadata(&ListParams::default())
+        .await
+        .is_ok_and(|list| list.items.len() == count)
+}
+
+/// Every Deployment of the namespace has rolled out its generation and its replica is available.
+async fn deployments_available(client: &Client, namespace: &str, count: usize) -> bool {
+    let Ok(list) = Api::<Deployment>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+    else {
+        return false;
+    };
+    list.items.len() == count
+        && list.items.iter().all(|deployment| {
+            let want = deployment
+                .spec
+                .as_ref()
+                .and_then(|s| s.replicas)
+                .unwrap_or(1);
+            deployment.status.as_ref().is_some_and(|status| {
+                status.observed_generation == deployment.metadata.generation
+                    && status.updated_replicas.unwrap_or(0) == want
+                    && status.available_replicas.unwrap_or(0) == want
+            })
+        })
+}
+
+async fn compositions_ready(client: &Client, namespace: &str, count: usize) -> bool {
+    let Ok(list) = Api::<Composition>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+    else {
+        return false;
+    };
+    list.items.len() == count
+        && list.items.iter().all(|composition| {
+            composition.status.as_ref().is_some_and(|status| {
+                status.conditions.iter().any(|c| {
+                    c.type_ == "Ready"
+                        && c.status == "True"
+                        && c.observed_generation == composition.metadata.generation
+                })
+            })
+        })
+}
+
+/// Ours: the Compositions applied; (until every Deployment exists, until every one is Ready).
+async fn ours(client: &Client, namespace: &str, count: usize) -> (Duration, Duration) {
+    cluster::namespace(client, namespace).await;
+    let api = Api::<Composition>::namespaced(client.clone(), namespace);
+    let start = Instant::now();
+    let applies = futures::stream::iter(names(count)).map(|name| {
+        let api = api.clone();
+        let object = composition(namespace, &name);
+        async move {
+            api.patch(
+                &name,
+                &PatchParams::apply("bench").force(),
+                &Patch::Apply(&object),
+            )
+            .await
+        }
+    });
+    let watch_deployments = until("ours: every Deployment exists", start, || {
+        deployments_exist(client, namespace, count)
+    });
+    let (applied, created) = tokio::join!(
+        applies.buffer_unordered(IN_FLIGHT).try_collect::<Vec<_>>(),
+        watch_deployments
+    );
+    applied.expect("the Compositions are applied");
+    let ready = until("ours: every Composition is Ready", start, || {
+        compositions_ready(client, namespace, count)
+    })
+    .await;
+    (created, ready)
+}
+
+/// The baseline: a client applies what the operator would, itself; (until every Deployment
+/// exists, until every one is available).
+async fn baseline(
+    client: &Client,
+    namespace: &str,
+    count: usize,
+    settings: &Settings,
+) -> (Duration, Duration) {
+    cluster::namespace(client, namespace).await;
+    let objects: Vec<desired::Desired> = names(count)
+        .iter()
+        .map(|name| {
+            let mut object: Composition =
+                serde_json::from_value(composition(namespace, name)).unwrap();
+            // A uid for the owner references desired() writes; they are taken out below, since
+            // no Composition exists for the baseline.
+            object.meta_mut().uid = Some(format!("00000000-0000-0000-0000-{:012}", 0));
+            let valid = toa_operator::validate::validate(&object.spec).unwrap();
+            let token = "t".repeat(43);
+            let mut objects = desired::desired(&object, &valid, settings, &token, 1).unwrap();
+            objects.components.metadata.owner_references = None;
+            objects.declarations.metadata.owner_references = None;
+            objects.control.metadata.owner_references = None;
+            objects.deployment.metadata.owner_references = None;
+            objects
+        })
+        .collect();
+    let start = Instant::now();
+    let applies = futures::stream::iter(objects).map(|objects| {
+        let client = client.clone();
+        async move {
+            let params = PatchParams::apply("bench-baseline").force();
+            let name = objects.deployment.name_any();
+            let maps = Api::<ConfigMap>::namespaced(client.clone(), namespace);
+            maps.patch(
+                &objects.components.name_any(),
+                &params,
+                &Patch::Apply(&objects.components),
+            )
+            .await?;
+            maps.patch(
+                &objects.declarations.name_any(),
+                &PatchParams::apply(&desired::declarations_manager(&name)).force(),
+                &Patch::Apply(&objects.declarations),
+            )
+            .await?;
+            Api::<Secret>::namespaced(client.clone(), namespace)
+                .patch(
+                    &objects.control.name_any(),
+                    &params,
+                    &Patch::Apply(&objects.control),
+                )
+                .await?;
+            Api::<Deployment>::namespaced(client.clone(), namespace)
+                .patch(&name, &params, &Patch::Apply(&objects.deployment))
+                .await
+        }
+    });
+    let watch_deployments = until("baseline: every Deployment exists", start, || {
+        deployments_exist(client, namespace, count)
+    });
+    let (applied, created) = tokio::join!(
+        applies.buffer_unordered(IN_FLIGHT).try_collect::<Vec<_>>(),
+        watch_deployments
+    );
+    applied.expect("the baseline's objects are applied");
+    let available = until("baseline: every Deployment is available", start, || {
+        deployments_available(client, namespace, count)
+    })
+    .await;
+    (created, available)
+}
+
+/// (VmRSS, VmHWM) of a process, in MB.
+fn memory(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn bench(name: &str, ours: f64, baseline: Option<f64>) {
+    match baseline {
+        Some(b) => println!("BENCH {name} {ours:.1} {b:.1} {:.2}", ours / b),
+        None => println!("BENCH {name} {ours:.1} - -"),
+    }
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    // `cargo bench` passes --bench; nothing else is taken.
+    let root = std::env::temp_dir().join(format!("toa-bench-operator-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let agent = cluster::agent_binary();
+    let plane = cluster::ControlPlane::start(&root.join("control-plane"));
+    let admin = cluster::client(&plane.kubeconfig).await;
+    let chart = cluster::install_chart(&admin, "toa-system").await;
+    let agent_image = chart
+        .args
+        .iter()
+        .find_map(|arg| arg.strip_prefix("--agent-image="))
+        .expect("the chart passes --agent-image")
+        .to_owned();
+    let kubeconfig = cluster::service_account_kubeconfig(
+        &admin,
+        &plane,
+        &chart,
+        &root.join("operator.kubeconfig"),
+    )
+    .await;
+    let mut operator = operator::Operator::new(&chart, &kubeconfig, &root.join("operator.log"));
+    operator.start().await;
+    let kubelet = kubelet::Kubelet::start(admin.clone(), &root.join("pods"), agent).await;
+    let settings = Settings {
+        agent_image,
+        sidecar: Sidecar::Plain,
+    };
+    let pid = operator.pid().unwrap();
+    let (idle, _) = memory(pid);
+
+    let (base_created_1, base_ready_1) = baseline(&admin, "bench-baseline-1", 1, &settings).await;
+    let (created_1, ready_1) = ours(&admin, "bench-ours-1", 1).await;
+    bench(
+        "apply_to_deployment_ms_1",
+        ms(created_1),
+        Some(ms(base_created_1)),
+    );
+    bench("apply_to_ready_ms_1", ms(ready_1), Some(ms(base_ready_1)));
+
+    let (base_created, base_ready) = baseline(&admin, "bench-baseline-100", 100, &settings).await;
+    let (created, ready) = ours(&admin, "bench-ours-100", 100).await;
+    bench(
+        "apply_to_deployment_ms_100",
+        ms(created),
+        Some(ms(base_created)),
+    );
+    bench("apply_to_ready_ms_100", ms(ready), Some(ms(base_ready)));
+
+    let (rss, peak) = memory(pid);
+    bench("operator_rss_mb_idle", idle, None);
+    bench("operator_rss_mb_100", rss, None);
+    bench("operator_peak_rss_mb_100", peak, None);
+
+    operator.check_running();
+    operator.stop().await;
+    kubelet.shutdown();
+    drop(plane);
+    let _ = std::fs::remove_dir_all(&root);
+}
