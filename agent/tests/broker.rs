@@ -342,3 +342,25 @@ fn a_killed_process_abandons_calls_in_flight_and_then_is_an_addressee() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Calls and replies larger than one AMQP frame (32 KiB here) are split and joined again.
+#[test]
+fn a_call_larger_than_a_frame_goes_through() {
+    let (context, _) = context("large");
+    let charges_file = record("large");
+    let till = terminals(&context, "till-1", &charges_file, &[]);
+    till.wait_ready();
+    // One command-line argument holds at most 128 KiB.
+    let terminal = "t".repeat(100 * 1024);
+    let (ok, answer) = till.call(
+        "test.terminals.connect",
+        &format!("{{ \"input\": {{ \"terminal\": \"{terminal}\" }} }}"),
+    );
+    assert!(ok, "{answer}");
+    let (ok, answer) = till.call(
+        "test.terminals.charge",
+        &format!("{{ \"input\": {{ \"terminal\": \"{terminal}\", \"amount\": 7 }}, \"instance\": \"till-1\" }}"),
+    );
+    assert!(ok, "{answer}");
+    assert_eq!(answer["reply"]["charged"], 7);
+}

@@ -120,7 +120,7 @@ async fn consume(
                     }
                     let body = serde_json::to_vec(&reply).expect("JSON");
                     if let Err(error) = session
-                        .channel
+                        .plain
                         .basic_publish(
                             "".into(),
                             to,

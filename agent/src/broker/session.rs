@@ -23,7 +23,10 @@ pub(super) struct Settings {
 
 pub(super) struct Session {
     pub connection: Connection,
+    /// Calls are published here, with publisher confirms.
     pub channel: Channel,
+    /// Replies are published here, without confirms: a lost reply is the caller's `Abandoned`.
+    pub plain: Channel,
     pub replies: String,
     /// Calls waiting for their reply, by correlation id. Dropped with the session, which tells
     /// every waiting caller that its reply will never come.
@@ -66,6 +69,7 @@ impl Session {
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
+        let plain = connection.create_channel().await?;
         let replies = channel
             .queue_declare(
                 "".into(),
@@ -95,6 +99,7 @@ impl Session {
         let session = Arc::new(Self {
             connection,
             channel,
+            plain,
             replies,
             pending: Mutex::default(),
             declared: Mutex::default(),
