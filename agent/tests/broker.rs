@@ -364,3 +364,38 @@ fn a_call_larger_than_a_frame_goes_through() {
     assert!(ok, "{answer}");
     assert_eq!(answer["reply"]["charged"], 7);
 }
+
+/// The drain runs `dispose` once nothing calls into the process any more; `dispose` can still
+/// call other processes.
+#[test]
+fn dispose_during_the_drain_can_still_call_another_process() {
+    let (context, _) = context("dispose");
+    let charges_file = record("dispose");
+    let other = terminals(&context, "till-2", &charges_file, &[]);
+    other.wait_ready();
+    let events_file = record("dispose-events");
+    let recorder = Composition::start(
+        &[
+            "agent/tests/components/recorder",
+            "--context",
+            context.to_str().unwrap(),
+        ],
+        &[
+            ("TOA_RECORD", events_file.to_str().unwrap()),
+            ("RECORDER_DISPOSE_CALL", "test.terminals.connect"),
+        ],
+    );
+    recorder.wait_ready();
+    let drained = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+        .args(["drain", "--agent", &recorder.agent])
+        .output()
+        .unwrap();
+    assert!(drained.status.success(), "{}", recorder.log());
+    let events = charges(&events_file);
+    let dispose = events.last().unwrap();
+    assert_eq!(dispose["event"], "dispose", "{events:?}");
+    assert_eq!(
+        dispose["called"]["holder"], "till-2",
+        "dispose's call to another process: {dispose}"
+    );
+}

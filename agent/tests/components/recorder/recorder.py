@@ -35,7 +35,15 @@ def ready(context):
 @component.lifecycle
 def dispose(context):
     # Nothing calls into it any more, but it can still call out: the agent refuses the call in.
-    record("dispose")
+    target = os.environ.get("RECORDER_DISPOSE_CALL")
+    if target is None:
+        record("dispose")
+        return
+    try:
+        answer = context.agent.call(target, {"terminal": "from-dispose"})
+    except Exception as error:  # noqa: BLE001 - recorded for the test to see
+        answer = {"failed": str(error)}
+    record("dispose", called=answer)
 
 
 @component.operation
