@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use support::Composition;
+use support::{events, Composition};
 
 /// A context of its own (its own application, so its own queues) naming the broker.
 fn context(name: &str) -> (PathBuf, String) {
@@ -40,14 +40,6 @@ fn record(name: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("toa-charges-{name}-{}", std::process::id()));
     let _ = std::fs::remove_file(&path);
     path
-}
-
-fn charges(record: &Path) -> Vec<Value> {
-    std::fs::read_to_string(record)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn queues() -> String {
@@ -116,7 +108,7 @@ fn a_call_to_one_process_reaches_it_or_fails_with_addressee() {
             "{queue} missing in:\n{names}"
         );
     }
-    assert_eq!(charges(&charges_file).len(), 1, "one charge ran");
+    assert_eq!(events(&charges_file).len(), 1, "one charge ran");
 }
 
 #[test]
@@ -156,7 +148,7 @@ fn a_call_not_taken_before_its_deadline_never_runs() {
         "a call queued behind with a longer deadline runs"
     );
     std::thread::sleep(Duration::from_millis(500));
-    let amounts: Vec<u64> = charges(&charges_file)
+    let amounts: Vec<u64> = events(&charges_file)
         .iter()
         .map(|c| c["amount"].as_u64().unwrap())
         .collect();
@@ -391,7 +383,7 @@ fn dispose_during_the_drain_can_still_call_another_process() {
         .output()
         .unwrap();
     assert!(drained.status.success(), "{}", recorder.log());
-    let events = charges(&events_file);
+    let events = events(&events_file);
     let dispose = events.last().unwrap();
     assert_eq!(dispose["event"], "dispose", "{events:?}");
     assert_eq!(

@@ -4,7 +4,7 @@ mod support;
 
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use support::{compose_once, free_port, Composition};
+use support::{compose_once, control, count, events, free_port, Composition};
 
 #[test]
 fn the_seed_examples_run_end_to_end() {
@@ -135,43 +135,6 @@ fn a_start_that_cannot_succeed_stops_with_a_clear_error() {
         stderr.contains("TOA_INSTANCE: expected 1 to 64 ASCII letters"),
         "{stderr}"
     );
-}
-
-fn events(record: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(record)
-        .unwrap_or_default()
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
-}
-
-fn count(events: &[Value], name: &str) -> usize {
-    events.iter().filter(|e| e["event"] == name).count()
-}
-
-/// A request to the control endpoint: (status, body).
-fn control(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, Value) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-    // The body may be chunked: take the JSON object inside.
-    let json = body
-        .find('{')
-        .map(|start| &body[start..=body.rfind('}').unwrap()])
-        .unwrap_or("null");
-    (status, serde_json::from_str(json).unwrap_or(Value::Null))
 }
 
 #[test]

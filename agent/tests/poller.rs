@@ -7,25 +7,13 @@ mod support;
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::{free_port, Composition};
+use support::{control, count, events, free_port, Composition};
 
 /// The poller's interval in this test (`POLLER_INTERVAL_MS`).
 const INTERVAL: Duration = Duration::from_millis(100);
 /// How long a paused poller is watched for polls that should not happen: ten intervals.
 const OBSERVATION: Duration = Duration::from_millis(1000);
 const TOKEN: &str = "poller-token";
-
-fn events(record: &Path) -> Vec<Value> {
-    std::fs::read_to_string(record)
-        .unwrap_or_default()
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
-}
-
-fn count(events: &[Value], name: &str) -> usize {
-    events.iter().filter(|e| e["event"] == name).count()
-}
 
 /// The position of the only `name` event.
 fn only(events: &[Value], name: &str) -> usize {
@@ -47,31 +35,6 @@ fn wait_until(record: &Path, what: &str, done: impl Fn(&[Value]) -> bool) -> Vec
         assert!(Instant::now() < deadline, "{what} within 20 s: {events:#?}");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// A request to the control endpoint, with the token: (status, body).
-fn control(port: u16, method: &str, path: &str, body: &str) -> (u16, Value) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-    // The body may be chunked: take the JSON object inside.
-    let json = body
-        .find('{')
-        .map(|start| &body[start..=body.rfind('}').unwrap()])
-        .unwrap_or("null");
-    (status, serde_json::from_str(json).unwrap_or(Value::Null))
 }
 
 #[test]
@@ -108,7 +71,13 @@ fn the_poller_stops_on_halt_and_polls_again_after_resume_in_the_same_process() {
     });
 
     // Halt: `pause` has run when the halt answers, and no poll comes after it.
-    let (status, body) = control(port, "POST", "/control/halt", r#"{"halt":"h1"}"#);
+    let (status, body) = control(
+        port,
+        "POST",
+        "/control/halt",
+        Some(TOKEN),
+        r#"{"halt":"h1"}"#,
+    );
     assert_eq!(
         (status, body["phase"].as_str()),
         (200, Some("paused")),
@@ -129,12 +98,18 @@ fn the_poller_stops_on_halt_and_polls_again_after_resume_in_the_same_process() {
         "nothing happens while paused: {:#?}",
         &quiet[pause..]
     );
-    let (_, body) = control(port, "GET", "/control/status", "");
+    let (_, body) = control(port, "GET", "/control/status", Some(TOKEN), "");
     assert_eq!(body["phase"], "paused", "{body}");
     assert_eq!(body["calls"]["since_pause"], 0, "{body}");
 
     // Resume: the same process polls again, counting on from where it stopped.
-    let (status, body) = control(port, "POST", "/control/resume", r#"{"halt":"h1"}"#);
+    let (status, body) = control(
+        port,
+        "POST",
+        "/control/resume",
+        Some(TOKEN),
+        r#"{"halt":"h1"}"#,
+    );
     assert_eq!(
         (status, body["phase"].as_str()),
         (200, Some("running")),

@@ -23,17 +23,7 @@ pub(super) async fn serve(
     own: String,
     prefetch: u16,
 ) -> Result<(), lapin::Error> {
-    let channel = session.connection.create_channel().await?;
-    channel
-        .basic_qos(prefetch, BasicQosOptions::default())
-        .await?;
-    channel
-        .queue_declare(
-            shared.as_str().into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    let channel = declare(session, &shared, false, prefetch).await?;
     consume(session, channel, shared, served).await?;
     let (session, served) = (session.clone(), served.clone());
     tokio::spawn(async move {
@@ -74,6 +64,16 @@ pub(super) async fn serve(
 
 /// The instance queue, declared exclusive: the broker refuses it while another process holds it.
 async fn take_name(session: &Session, queue: &str, prefetch: u16) -> Result<Channel, lapin::Error> {
+    declare(session, queue, true, prefetch).await
+}
+
+/// A channel taking `prefetch` calls at a time, with `queue` declared on it.
+async fn declare(
+    session: &Session,
+    queue: &str,
+    exclusive: bool,
+    prefetch: u16,
+) -> Result<Channel, lapin::Error> {
     let channel = session.connection.create_channel().await?;
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
@@ -82,8 +82,8 @@ async fn take_name(session: &Session, queue: &str, prefetch: u16) -> Result<Chan
         .queue_declare(
             queue.into(),
             QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
+                exclusive,
+                auto_delete: exclusive,
                 ..Default::default()
             },
             FieldTable::default(),

@@ -166,3 +166,50 @@ impl Composition {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
     }
 }
+
+/// The JSON lines a test component recorded (none while the file does not exist).
+pub fn events(record: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+pub fn count(events: &[Value], name: &str) -> usize {
+    events.iter().filter(|e| e["event"] == name).count()
+}
+
+/// A request to the control endpoint, with the token if given: (status, body).
+pub fn control(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    // The body may be chunked: take the JSON object inside.
+    let json = body
+        .find('{')
+        .map(|start| &body[start..=body.rfind('}').unwrap()])
+        .unwrap_or("null");
+    (status, serde_json::from_str(json).unwrap_or(Value::Null))
+}
