@@ -391,3 +391,50 @@ fn dispose_during_the_drain_can_still_call_another_process() {
         "dispose's call to another process: {dispose}"
     );
 }
+
+/// Calls to one process run at the same time (up to the prefetch), not one after another.
+#[test]
+fn calls_to_one_process_run_concurrently() {
+    let (context, _) = context("concurrent");
+    let charges_file = record("concurrent");
+    let till = terminals(&context, "till-1", &charges_file, &[]);
+    till.wait_ready();
+    let caller = terminals(&context, "till-2", &charges_file, &[]);
+    caller.wait_ready();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while caller
+        .call("test.terminals.connect", "{ input: { terminal: t1 } }")
+        .1["reply"]["holder"]
+        != "till-1"
+    {
+        assert!(Instant::now() < deadline, "connect never landed on till-1");
+    }
+    let calls: Vec<_> = (1..=4)
+        .map(|amount| {
+            let agent = caller.agent.clone();
+            std::thread::spawn(move || {
+                let request = format!("{{ input: {{ terminal: t1, amount: {amount}, sleep_ms: 700 }}, instance: till-1, timeout: 10000 }}");
+                Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+                    .args(["call", "test.terminals.charge", &request, "--agent", &agent])
+                    .output()
+                    .unwrap()
+            })
+        })
+        .collect();
+    for call in calls {
+        assert!(call.join().unwrap().status.success());
+    }
+    let charges = events(&charges_file);
+    assert_eq!(charges.len(), 4, "{charges:?}");
+    // Every pair of the four ran at overlapping times.
+    let spans: Vec<(f64, f64)> = charges
+        .iter()
+        .map(|c| (c["started"].as_f64().unwrap(), c["ended"].as_f64().unwrap()))
+        .collect();
+    let latest_start = spans.iter().map(|s| s.0).fold(f64::MIN, f64::max);
+    let earliest_end = spans.iter().map(|s| s.1).fold(f64::MAX, f64::min);
+    assert!(
+        latest_start < earliest_end,
+        "the four calls did not all run at once: {spans:?}"
+    );
+}

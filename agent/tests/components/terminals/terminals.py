@@ -1,4 +1,4 @@
-# Records each charge (amount, pid) to the file in $TOA_RECORD.
+# Records each charge (amount, pid, when it ran) to the file in $TOA_RECORD.
 import json
 import os
 import sys
@@ -25,9 +25,11 @@ def connect(input, context):
 def charge(input, context):
     if input["terminal"] not in context.state["connections"]:
         return Error("NOT_HELD")
+    started = time.time()
     time.sleep(input.get("sleep_ms", 0) / 1000)
+    record = {"amount": input["amount"], "pid": os.getpid(), "started": started, "ended": time.time()}
     with open(os.environ["TOA_RECORD"], "a") as out:
-        out.write(json.dumps({"amount": input["amount"], "pid": os.getpid()}) + "\n")
+        out.write(json.dumps(record) + "\n")
     return {"charged": input["amount"]}
 
 
