@@ -12,8 +12,9 @@
 //! in MB. The baseline is a client that applies the same objects itself (the ConfigMaps, the
 //! Secret and the Deployment `toa_operator::desired` builds, without owner references) and waits
 //! for the Deployments to be available: the cost of the operator is the ratio. The baseline runs
-//! first, on an idle control plane; its pods keep running while ours start. Every Composition has
-//! one replica: one pod with a real agent and a real component each.
+//! first, on an idle control plane; its pods keep running while ours start. First 100
+//! Compositions of no replicas (the operator and the API server alone), then 1 and 100 of one
+//! replica each: one pod with a real agent and a real component.
 
 #[allow(dead_code)]
 #[path = "../tests/e2e/cluster.rs"]
@@ -42,7 +43,7 @@ use toa_operator::Composition;
 const IN_FLIGHT: usize = 16;
 const PATIENCE: Duration = Duration::from_secs(600);
 
-fn composition(namespace: &str, name: &str) -> serde_json::Value {
+fn composition(namespace: &str, name: &str, replicas: i32) -> serde_json::Value {
     json!({
         "apiVersion": "toa.io/v1alpha1",
         "kind": "Composition",
@@ -50,7 +51,7 @@ fn composition(namespace: &str, name: &str) -> serde_json::Value {
         "spec": {
             "application": "bench",
             "image": "e2e.local/recorder:1",
-            "replicas": 1,
+            "replicas": replicas,
             "components": [{
                 "name": "e2e.recorder",
                 "manifest": {
@@ -137,13 +138,18 @@ async fn compositions_ready(client: &Client, namespace: &str, count: usize) -> b
 }
 
 /// Ours: the Compositions applied; (until every Deployment exists, until every one is Ready).
-async fn ours(client: &Client, namespace: &str, count: usize) -> (Duration, Duration) {
+async fn ours(
+    client: &Client,
+    namespace: &str,
+    count: usize,
+    replicas: i32,
+) -> (Duration, Duration) {
     cluster::namespace(client, namespace).await;
     let api = Api::<Composition>::namespaced(client.clone(), namespace);
     let start = Instant::now();
     let applies = futures::stream::iter(names(count)).map(|name| {
         let api = api.clone();
-        let object = composition(namespace, &name);
+        let object = composition(namespace, &name, replicas);
         async move {
             api.patch(
                 &name,
@@ -174,6 +180,7 @@ async fn baseline(
     client: &Client,
     namespace: &str,
     count: usize,
+    replicas: i32,
     settings: &Settings,
 ) -> (Duration, Duration) {
     cluster::namespace(client, namespace).await;
@@ -181,13 +188,14 @@ async fn baseline(
         .iter()
         .map(|name| {
             let mut object: Composition =
-                serde_json::from_value(composition(namespace, name)).unwrap();
+                serde_json::from_value(composition(namespace, name, replicas)).unwrap();
             // A uid for the owner references desired() writes; they are taken out below, since
             // no Composition exists for the baseline.
             object.meta_mut().uid = Some(format!("00000000-0000-0000-0000-{:012}", 0));
             let valid = toa_operator::validate::validate(&object.spec).unwrap();
             let token = "t".repeat(43);
-            let mut objects = desired::desired(&object, &valid, settings, &token, 1).unwrap();
+            let mut objects =
+                desired::desired(&object, &valid, settings, &token, replicas).unwrap();
             objects.components.metadata.owner_references = None;
             objects.declarations.metadata.owner_references = None;
             objects.control.metadata.owner_references = None;
@@ -299,8 +307,24 @@ async fn main() {
     let pid = operator.pid().unwrap();
     let (idle, _) = memory(pid);
 
-    let (base_created_1, base_ready_1) = baseline(&admin, "bench-baseline-1", 1, &settings).await;
-    let (created_1, ready_1) = ours(&admin, "bench-ours-1", 1).await;
+    // Without pods first, on an idle machine: the operator and the API server alone.
+    let (base_created_0, base_ready_0) =
+        baseline(&admin, "bench-baseline-100-empty", 100, 0, &settings).await;
+    let (created_0, ready_0) = ours(&admin, "bench-ours-100-empty", 100, 0).await;
+    bench(
+        "apply_to_deployment_ms_100_no_pods",
+        ms(created_0),
+        Some(ms(base_created_0)),
+    );
+    bench(
+        "apply_to_ready_ms_100_no_pods",
+        ms(ready_0),
+        Some(ms(base_ready_0)),
+    );
+
+    let (base_created_1, base_ready_1) =
+        baseline(&admin, "bench-baseline-1", 1, 1, &settings).await;
+    let (created_1, ready_1) = ours(&admin, "bench-ours-1", 1, 1).await;
     bench(
         "apply_to_deployment_ms_1",
         ms(created_1),
@@ -308,8 +332,19 @@ async fn main() {
     );
     bench("apply_to_ready_ms_1", ms(ready_1), Some(ms(base_ready_1)));
 
-    let (base_created, base_ready) = baseline(&admin, "bench-baseline-100", 100, &settings).await;
-    let (created, ready) = ours(&admin, "bench-ours-100", 100).await;
+    let (base_created, base_ready) =
+        baseline(&admin, "bench-baseline-100", 100, 1, &settings).await;
+    let reconciles = operator.reconciles().await;
+    let seconds = operator
+        .metric("toa_operator_reconcile_duration_seconds_sum")
+        .await;
+    let (created, ready) = ours(&admin, "bench-ours-100", 100, 1).await;
+    let reconciles = operator.reconciles().await - reconciles;
+    let seconds = operator
+        .metric("toa_operator_reconcile_duration_seconds_sum")
+        .await
+        - seconds;
+    let errors = operator.metric("toa_operator_reconcile_errors_total").await;
     bench(
         "apply_to_deployment_ms_100",
         ms(created),
@@ -317,6 +352,13 @@ async fn main() {
     );
     bench("apply_to_ready_ms_100", ms(ready), Some(ms(base_ready)));
 
+    bench("reconciles_100", reconciles as f64, None);
+    bench(
+        "reconcile_mean_ms_100",
+        seconds * 1000.0 / reconciles.max(1) as f64,
+        None,
+    );
+    bench("reconcile_errors_total", errors, None);
     let (rss, peak) = memory(pid);
     bench("operator_rss_mb_idle", idle, None);
     bench("operator_rss_mb_100", rss, None);

@@ -191,6 +191,27 @@ pub fn desired(
     })
 }
 
+/// Whether `current` (the namespace's [`DECLARATIONS`] as read) holds this Composition's part
+/// `part`: each of its keys with the same value, and its owner reference.
+pub fn holds(current: &ConfigMap, part: &ConfigMap) -> bool {
+    let data = current.data.clone().unwrap_or_default();
+    let owners = current
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    part.data
+        .iter()
+        .flatten()
+        .all(|(key, value)| data.get(key) == Some(value))
+        && part
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .all(|owner| owners.iter().any(|o| o.uid == owner.uid))
+}
+
 /// The field manager a Composition applies its part of [`DECLARATIONS`] with.
 pub fn declarations_manager(composition: &str) -> String {
     format!("{MANAGER}.{composition}")

@@ -494,3 +494,119 @@ async fn failures_back_off_doubling_up_to_five_minutes() {
         .encode()
         .contains("toa_operator_reconcile_errors_total{error=\"not_stored\"} 8"));
 }
+
+/// Whether `labels` match a selector of `key=value` and `key` (exists) terms, as the API server
+/// reads [`OWNED`].
+fn selects(selector: &str, labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    selector.split(',').all(|term| match term.split_once('=') {
+        Some((key, value)) => labels.and_then(|l| l.get(key)).map(String::as_str) == Some(value),
+        None => labels.is_some_and(|l| l.contains_key(term)),
+    })
+}
+
+#[test]
+fn the_shared_declarations_do_not_reconcile_every_composition() {
+    let mut composition = Composition::test(CompositionSpec::test());
+    composition.metadata.uid = Some("uid-1".into());
+    let valid = crate::validate::validate(&composition.spec).unwrap();
+    let settings = Settings {
+        agent_image: "toa-agent:1".into(),
+        sidecar: Sidecar::Plain,
+    };
+    let objects = desired::desired(&composition, &valid, &settings, "t", 2).unwrap();
+    // Each object of the composition reconciles it when it changes...
+    assert!(selects(OWNED, objects.components.metadata.labels.as_ref()));
+    assert!(selects(OWNED, objects.control.metadata.labels.as_ref()));
+    assert!(selects(OWNED, objects.deployment.metadata.labels.as_ref()));
+    // ...but not the ConfigMap every Composition of the namespace writes into.
+    assert!(!selects(
+        OWNED,
+        objects.declarations.metadata.labels.as_ref()
+    ));
+}
+
+#[tokio::test]
+async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_when_they_lack_its_part(
+) {
+    for holds in [true, false] {
+        let (context, mut handle) = context(Arc::default(), true);
+        let mut stored = Composition::test(CompositionSpec::test());
+        stored.status = Some(crate::CompositionStatus {
+            observed_generation: Some(1),
+            conditions: vec![],
+        });
+        let composition = Arc::new(stored);
+        let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+        expect(
+            &mut handle,
+            "PATCH",
+            "/api/v1/namespaces/shop/configmaps/shop-components",
+            echo,
+        )
+        .await;
+        let valid = crate::validate::validate(&composition.spec).unwrap();
+        let part = desired::desired(&composition, &valid, &context.settings, "", 0)
+            .unwrap()
+            .declarations;
+        let mut current = serde_json::to_value(&part).unwrap();
+        current["data"]["other.component.yaml"] = json!("name: component\n");
+        if !holds {
+            current["data"]["store.orders.yaml"] = json!("name: orders\nold: true\n");
+        }
+        let declarations = "/api/v1/namespaces/shop/configmaps/toa-declarations";
+        expect(&mut handle, "GET", declarations, |_| {
+            (StatusCode::OK, current)
+        })
+        .await;
+        if !holds {
+            let (query, _) = expect(&mut handle, "PATCH", declarations, echo).await;
+            assert!(query.contains("fieldManager=toa-operator.shop"), "{query}");
+        }
+        // Then the Secret, as always.
+        let answer = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "shop-control", "namespace": "shop"},
+            "data": {"token": base64("kept")}});
+        expect(
+            &mut handle,
+            "GET",
+            "/api/v1/namespaces/shop/secrets/shop-control",
+            |_| (StatusCode::OK, answer),
+        )
+        .await;
+        task.abort();
+    }
+}
+
+#[test]
+fn declarations_hold_a_part_with_its_values_and_owner() {
+    let composition = Composition::test(CompositionSpec::test());
+    let valid = crate::validate::validate(&composition.spec).unwrap();
+    let settings = Settings {
+        agent_image: "toa-agent:1".into(),
+        sidecar: Sidecar::Plain,
+    };
+    let part = desired::desired(&composition, &valid, &settings, "", 0)
+        .unwrap()
+        .declarations;
+    assert!(desired::holds(&part, &part));
+    let mut more = part.clone();
+    more.data
+        .as_mut()
+        .unwrap()
+        .insert("other.yaml".into(), "x".into());
+    assert!(
+        desired::holds(&more, &part),
+        "other Compositions' keys do not matter"
+    );
+    let mut changed = part.clone();
+    for value in changed.data.as_mut().unwrap().values_mut() {
+        value.push_str("changed: true\n");
+    }
+    assert!(!desired::holds(&changed, &part));
+    let mut unowned = part.clone();
+    unowned.metadata.owner_references = None;
+    assert!(
+        !desired::holds(&unowned, &part),
+        "its owner reference is missing"
+    );
+}

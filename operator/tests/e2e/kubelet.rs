@@ -4,9 +4,10 @@
 //! It watches the pods labelled `app.kubernetes.io/managed-by=toa-operator` (the pod template's
 //! labels) in every namespace. For each new pod it:
 //! 1. binds it to the suite's Node (`POST pods/NAME/binding`);
-//! 2. gives it an IP of its own, `127.0.0.N`, and a directory: its volumes (the ConfigMap's and the
-//!    Secret's items written as files, as a kubelet mounts them), and for each component container
-//!    a copy of "the image", `operator/tests/fixtures/image`, holding `/components/<component>/`;
+//! 2. gives it an IP of its own on loopback (`127.B.x.y`, B from the suite's process id), and a
+//!    directory: its volumes (the ConfigMap's and the Secret's items written as files, as a
+//!    kubelet mounts them), and for each component container a copy of "the image",
+//!    `operator/tests/fixtures/image`, holding `/components/<component>/`;
 //! 3. starts each container's `command` as a process, translated from the pod's view to this
 //!    machine's: paths under a mount go to the volume's directory, other absolute paths to the
 //!    image copy, `toa-agent` is the binary built from `agent/`; addresses the pod spec gives as
@@ -382,8 +383,11 @@ async fn run_pod(
             attach += components;
         }
         state.next_attach = attach + components;
+        // 127.B.x.y with B from the process id, so that processes a killed run left behind
+        // (holding 127.0.0.2:7091, say) do not take a new run's addresses.
+        let b = 10 + (std::process::id() % 200) as u8;
         (
-            Ipv4Addr::new(127, 0, (n / 250) as u8, (n % 250 + 2) as u8),
+            Ipv4Addr::new(127, b, (n / 250) as u8, (n % 250 + 2) as u8),
             attach,
         )
     };

@@ -99,6 +99,9 @@ async fn end_to_end() {
             Box::pin(spec_change_rolls_out(s))
         }),
         ("deletion_cleans_up", |s| Box::pin(deletion_cleans_up(s))),
+        ("unanswering_pod_during_halt", |s| {
+            Box::pin(unanswering_pod_during_halt(s))
+        }),
     ];
     let alone: Vec<(&str, Scenario)> = vec![("operator_restart_during_halt", |s| {
         Box::pin(operator_restart_during_halt(s))
@@ -136,6 +139,17 @@ async fn end_to_end() {
 
     let mut operator = suite.operator.lock().await;
     operator.check_running();
+    // No hot loop: once everything has settled, a composition is looked at again only on its
+    // resync (5 min) or while something is pending (every 5 s).
+    let before = operator.reconciles().await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let idle = operator.reconciles().await - before;
+    eprintln!("e2e: reconciles in 6 s of idling: {idle}");
+    if idle > 20 {
+        failures.push(format!(
+            "{idle} reconciles in 6 s with nothing changing: a hot loop"
+        ));
+    }
     if let Some(pid) = operator.pid() {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let rss = status.lines().find(|line| line.starts_with("VmRSS:"));
@@ -876,6 +890,105 @@ async fn deletion_cleans_up(suite: Arc<Suite>) {
     })
     .await;
     wait_no_pods(&suite, namespace, name).await;
+}
+
+/// A pod whose agent does not answer (SIGSTOP) during a halt: `Degraded=True` names it and the
+/// composition is not stopped, since that pod cannot prove it is idle; once it answers again the
+/// halt completes.
+async fn unanswering_pod_during_halt(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-unanswering", "frozen");
+    cluster::namespace(&suite.admin, namespace).await;
+    let spec = |halted: bool| {
+        composition(
+            namespace,
+            name,
+            json!({ "replicas": 2, "halted": halted, "halt": { "quietWindow": 1, "grace": 60 } }),
+        )
+    };
+    apply(&suite, &spec(false)).await;
+    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    let pods = wait_pods(&suite, namespace, name, 2).await;
+    let frozen = &pods[0];
+    let agent = frozen.pids["agent"];
+    // SAFETY: a signal to an agent this suite started.
+    unsafe { libc::kill(agent as i32, libc::SIGSTOP) };
+    let thaw = Thaw(agent);
+
+    apply(&suite, &spec(true)).await;
+    let degraded = wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Degraded",
+        "True",
+        Some("AgentsUnreachable"),
+        PATIENCE,
+    )
+    .await;
+    let message = condition(&degraded, "Degraded").unwrap().message;
+    assert!(
+        message.contains(&frozen.name),
+        "names {}: {message}",
+        frozen.name
+    );
+    assert!(!message.contains(&pods[1].name), "{message}");
+    // For four quiet windows, nothing is stopped while the pod cannot answer.
+    wait::always(
+        "the composition is not stopped while a pod does not answer",
+        Duration::from_secs(4),
+        || {
+            let suite = suite.clone();
+            async move {
+                let composition = compositions(&suite, namespace)
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let replicas = deployment(&suite, namespace, name)
+                    .await
+                    .and_then(|d| d.spec?.replicas);
+                let halted = condition(&composition, "Halted").is_some_and(|c| c.status == "True");
+                if halted || replicas != Some(2) {
+                    Err(format!("replicas {replicas:?}; {}", describe(&composition)))
+                } else {
+                    Ok(())
+                }
+            }
+        },
+    )
+    .await;
+
+    drop(thaw);
+    wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Halted",
+        "True",
+        Some("Halted"),
+        PATIENCE,
+    )
+    .await;
+    let composition = compositions(&suite, namespace).get(name).await.unwrap();
+    assert_eq!(condition(&composition, "Degraded").unwrap().status, "False");
+    wait_no_pods(&suite, namespace, name).await;
+    for pod in &pods {
+        assert_eq!(
+            pod.lifecycle(COMPONENT),
+            ["preflight", "ready", "pause", "dispose"],
+            "{}",
+            pod.name
+        );
+    }
+}
+
+/// Sends SIGCONT to a stopped process when dropped, even when the scenario fails.
+struct Thaw(u32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        // SAFETY: a signal to a process this suite started.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
 }
 
 /// The operator stops in the middle of a halt; the next one completes it.

@@ -115,6 +115,29 @@ impl Operator {
         }
     }
 
+    /// `toa_operator_reconciles_total`, from its `/metrics`.
+    pub async fn reconciles(&self) -> u64 {
+        self.metric("toa_operator_reconciles_total").await as u64
+    }
+
+    /// The sum of a metric's samples named exactly `name` (any labels), from its `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
+            .await
+            .and_then(|r| r.error_for_status())
+            .expect("the operator's /metrics answers")
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter_map(|line| {
+                let (key, value) = line.rsplit_once(' ')?;
+                let key = key.split('{').next()?;
+                (key == name).then(|| value.parse::<f64>().ok())?
+            })
+            .sum()
+    }
+
     /// Its process id while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -24,3 +24,19 @@ where
         }
     }
 }
+
+/// Checks that `check` holds, again and again, for `duration`; panics with `what` and what was
+/// seen the first time it does not. For "nothing happens" properties.
+pub async fn always<F, Fut>(what: &str, duration: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let end = Instant::now() + duration;
+    while Instant::now() < end {
+        if let Err(seen) = check().await {
+            panic!("expected that {what}, all along {duration:?}; seen: {seen}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
