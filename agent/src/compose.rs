@@ -44,6 +44,8 @@ pub struct Options {
     pub attach: Option<u16>,
     /// A directory of other components' manifests, `<component>.yaml` (see [`crate::catalog`]).
     pub declarations: Option<PathBuf>,
+    /// A local run coordinates in-process without `atomicity`; a pod does not.
+    pub mode: Mode,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +69,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         attach,
         probe,
         declarations,
+        mode,
     } = options;
     let mut loaded = Vec::new();
     for dir in &components {
@@ -86,7 +89,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     for component in &loaded {
         let config = AtomConfig {
             scope: Scope::new(context.name.clone(), component.name.clone()),
-            mode: Mode::Local,
+            mode,
             atomicity: context.atomicity.clone(),
             credentials: credentials.clone(),
             instance: instance.to_string(),

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use toa_agent::compose::{self, Options};
 use toa_agent::instance::Instance;
+use toa_agent::Mode;
 use toa_context::{Context, Credentials, Environment};
 
 pub async fn run() -> ExitCode {
@@ -27,6 +28,7 @@ pub async fn run() -> ExitCode {
         attach: None,
         probe: None,
         declarations: None,
+        mode: Mode::Local,
     };
     println!("composing examples/store.catalog, examples/store.orders, examples/notifications (embedded default: no Redis, no broker)");
     let composition = tokio::spawn(compose::run(options, async {

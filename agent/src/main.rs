@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use toa_agent::compose::{self, Options};
 use toa_agent::instance::Instance;
+use toa_agent::Mode;
 use toa_context::{Context, Credentials, Environment, ProcessVars};
 
 mod call;
@@ -157,18 +158,25 @@ fn compose_options(
     control: Option<(SocketAddr, String)>,
 ) -> Result<Options, String> {
     let environment = Environment::parse(environment).map_err(|e| e.to_string())?;
-    let context = match std::fs::read_to_string(path) {
-        Ok(text) => {
-            Context::parse(&text, &environment).map_err(|e| format!("{}: {e}", path.display()))?
-        }
-        // Without a context file, a local application named `local` with nothing configured.
-        Err(error)
-            if error.kind() == std::io::ErrorKind::NotFound
-                && path.as_os_str() == "context.toa.yaml" =>
-        {
-            Context::parse("name: local\n", &environment).map_err(|e| e.to_string())?
-        }
-        Err(error) => return Err(format!("{}: {error}", path.display())),
+    // In a pod the operator gives the context as `TOA_*` variables (docs/context.md): they are the
+    // whole context, and the process is a pod (no in-process coordination without atomicity).
+    let (context, mode) = if std::env::var_os("TOA_APPLICATION").is_some() {
+        let context = Context::from_vars(&ProcessVars).map_err(|e| e.to_string())?;
+        (context, Mode::Pod)
+    } else {
+        let context = match std::fs::read_to_string(path) {
+            Ok(text) => Context::parse(&text, &environment)
+                .map_err(|e| format!("{}: {e}", path.display()))?,
+            // Without a context file, a local application named `local` with nothing configured.
+            Err(error)
+                if error.kind() == std::io::ErrorKind::NotFound
+                    && path.as_os_str() == "context.toa.yaml" =>
+            {
+                Context::parse("name: local\n", &environment).map_err(|e| e.to_string())?
+            }
+            Err(error) => return Err(format!("{}: {error}", path.display())),
+        };
+        (context, Mode::Local)
     };
     let credentials =
         Credentials::from_vars(&ProcessVars, "TOA_REDIS").map_err(|e| e.to_string())?;
@@ -185,6 +193,7 @@ fn compose_options(
         attach: None,
         probe: None,
         declarations: None,
+        mode,
     })
 }
 

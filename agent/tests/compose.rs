@@ -418,3 +418,82 @@ fn probes_on_their_own_port_answer_without_a_token_and_serve_nothing_else() {
     let (stopped, log) = composition.terminate(Duration::from_secs(20));
     assert!(stopped, "{log}");
 }
+
+/// In a pod the context is the operator's `TOA_*` variables, and the process is a pod: without
+/// atomicity nothing coordinates in-process; with it, the keys are the named application's.
+#[test]
+fn a_pods_context_comes_from_its_variables() {
+    let record = std::env::temp_dir().join(format!("toa-pod-vars-{}", std::process::id()));
+    let meter = |composition: &Composition| {
+        let output = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/stderr",
+                "-w",
+                "%{http_code}",
+                "-X",
+                "POST",
+            ])
+            .args(["-H", "content-type: application/json"])
+            .args(["-d", r#"{"keys": ["k"], "deltas": [60000]}"#])
+            .arg(format!("{}/v1/test.recorder/meter", composition.agent))
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let application = format!("pod-vars-{}", std::process::id());
+    let without = Composition::start(
+        &["agent/tests/components/recorder"],
+        &[
+            ("TOA_RECORD", record.to_str().unwrap()),
+            ("TOA_APPLICATION", &application),
+        ],
+    );
+    without.wait_ready();
+    let (status, body) = meter(&without);
+    assert_eq!(status, "501", "{body}");
+    assert!(body.contains("REQUIRES_ATOMICITY"), "{body}");
+    drop(without);
+
+    let with = Composition::start(
+        &["agent/tests/components/recorder"],
+        &[
+            ("TOA_RECORD", record.to_str().unwrap()),
+            ("TOA_APPLICATION", &application),
+            ("TOA_ATOMICITY_REDIS", "redis://127.0.0.1:6379"),
+        ],
+    );
+    with.wait_ready();
+    let (status, body) = meter(&with);
+    assert_eq!(status, "200", "{body}");
+    let keys = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "--scan", "--pattern"])
+        .arg(format!("*{application}*"))
+        .output()
+        .unwrap();
+    let keys = String::from_utf8_lossy(&keys.stdout);
+    assert!(
+        keys.lines().any(|k| k.contains("test.recorder")),
+        "no key of {application} in the shared Redis: {keys:?}"
+    );
+
+    // A bad variable stops the start with its name.
+    let output = compose_once(
+        &["agent/tests/components/recorder"],
+        &[
+            ("TOA_APPLICATION", &application),
+            ("TOA_ATOMICITY_REDIS", "redis://a:6379,redis://b:6379"),
+        ],
+    );
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("Atomicity takes an odd number of addresses, 2 given."),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
