@@ -101,6 +101,9 @@ async fn end_to_end() {
         ("unanswering_pod_during_halt", |s| {
             Box::pin(unanswering_pod_during_halt(s))
         }),
+        ("atomicity_splits_slots", |s| {
+            Box::pin(atomicity_splits_slots(s))
+        }),
     ];
     // Second: the operator restart, which must not stop another scenario's operator, and the
     // deletion, which relies on the garbage collector only: it learns of the CRD at its first
@@ -856,6 +859,151 @@ async fn spec_change_rolls_out(suite: Arc<Suite>) {
             "{}",
             pod.name
         );
+    }
+}
+
+/// Atomicity on the shared Redis and the broker, 2 replicas: the pods' agents coordinate through
+/// Redis (not in-process, where each would own every slot), so they split the 16 slots, and the
+/// membership keys of the Composition's application are on the server; the component's shared
+/// queue is on the broker.
+async fn atomicity_splits_slots(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-atomicity", "atom");
+    // An application of this run's own: keys and queues of earlier runs do not count.
+    let application = format!("e2e-atom-{}", std::process::id());
+    cluster::namespace(&suite.admin, namespace).await;
+    let start = Instant::now();
+    apply(
+        &suite,
+        &composition(
+            namespace,
+            name,
+            json!({
+                "application": application,
+                "replicas": 2,
+                "context": {
+                    "atomicity": { "redis": ["redis://127.0.0.1:6379"], "interval": 300 },
+                    "amqp": "amqp://127.0.0.1:5672",
+                },
+            }),
+        ),
+    )
+    .await;
+    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    let pods = wait_pods(&suite, namespace, name, 2).await;
+
+    // Each agent's share, from its local API, until both own some and together own all, once.
+    let http = reqwest::Client::new();
+    let shares = eventually("the two pods' agents split the 16 slots", PATIENCE, || {
+        let (http, pods) = (http.clone(), pods.clone());
+        async move {
+            let mut shares = Vec::new();
+            for pod in &pods {
+                let url = format!("{}/v1/{COMPONENT}/slots?total=16", pod.local_api());
+                let answer: serde_json::Value = http
+                    .get(&url)
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await
+                    .and_then(|r| r.error_for_status())
+                    .map_err(|e| format!("{url}: {e}"))?
+                    .json()
+                    .await
+                    .map_err(|e| format!("{url}: {e}"))?;
+                let slots: Vec<u64> = serde_json::from_value(answer["slots"].clone())
+                    .map_err(|_| format!("{}: {answer}", pod.name))?;
+                shares.push(slots.into_iter().collect::<BTreeSet<u64>>());
+            }
+            let all: BTreeSet<u64> = shares.iter().flatten().copied().collect();
+            let total: usize = shares.iter().map(BTreeSet::len).sum();
+            if shares.iter().all(|s| !s.is_empty()) && total == 16 && all == (0..16).collect() {
+                Ok(shares)
+            } else {
+                Err(format!("{shares:?}"))
+            }
+        }
+    })
+    .await;
+    eprintln!(
+        "e2e: atomicity: slots split {:?} {:.1} s after apply",
+        shares,
+        start.elapsed().as_secs_f64()
+    );
+
+    // Through Redis: the slots' keys of this application, both pods among the members.
+    let prefix = format!("toa:{application}:{COMPONENT}:slots:");
+    eventually(
+        "the shared Redis holds the slots' keys, both pods members",
+        PATIENCE,
+        || {
+            let (prefix, pods) = (prefix.clone(), pods.clone());
+            let pattern = format!("*{application}*");
+            async move {
+                let keys = output("redis-cli", &["--scan", "--pattern", &pattern]).await?;
+                let keys: BTreeSet<&str> = keys.lines().collect();
+                for key in ["members", "view", "epoch", "changed"] {
+                    if !keys.contains(format!("{prefix}{key}").as_str()) {
+                        return Err(format!("no {prefix}{key} among {keys:?}"));
+                    }
+                }
+                let members = output(
+                    "redis-cli",
+                    &["zrange", &format!("{prefix}members"), "0", "-1"],
+                )
+                .await?;
+                // A member is `<instance>#<random>`, the instance being the pod's name.
+                let named: BTreeSet<&str> = members
+                    .lines()
+                    .filter_map(|member| member.split_once('#').map(|(pod, _)| pod))
+                    .collect();
+                let expected: BTreeSet<&str> = pods.iter().map(|p| p.name.as_str()).collect();
+                if named == expected {
+                    Ok(())
+                } else {
+                    Err(format!("members {members:?}, pods {expected:?}"))
+                }
+            }
+        },
+    )
+    .await;
+
+    // The broker: the component's shared queue, under the application's name.
+    let queue = format!("toa.{application}.{COMPONENT}");
+    eventually(
+        &format!("the broker has the queue {queue}"),
+        PATIENCE,
+        || {
+            let queue = queue.clone();
+            async move {
+                let queues = output("rabbitmqctl", &["-q", "list_queues", "name"]).await?;
+                if queues.lines().any(|line| line.trim() == queue) {
+                    Ok(())
+                } else {
+                    Err(format!("{} queues, not {queue}", queues.lines().count()))
+                }
+            }
+        },
+    )
+    .await;
+}
+
+/// What a command prints, or why it failed; at most 20 s.
+async fn output(program: &str, args: &[&str]) -> Result<String, String> {
+    let run = tokio::process::Command::new(program)
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .map_err(|_| format!("{program} {args:?}: no answer in 20 s"))?
+        .map_err(|e| format!("{program} {args:?}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{program} {args:?}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }
 
