@@ -5,7 +5,7 @@
 //!
 //! The halt's state lives in one annotation on the Composition, [`ANNOTATION`]
 //! (`toa.io/halt: "<id>@<start>"`, then `"<id>@<start> stopped"` or
-//! `"<id>@<start> called-off@<when>"`), so an operator that restarts, or another replica that
+//! `"<id>@<start> called-off@<when> busy: <pod>: <why>; …"`), so an operator that restarts, or another replica that
 //! becomes the leader, continues the same halt. The agents' reports are the truth about each pod.
 //!
 //! The course of a halt while `spec.halted` is `true`:
@@ -82,6 +82,9 @@ pub struct Record {
     pub id: String,
     pub started: Timestamp,
     pub outcome: Outcome,
+    /// When called off: each busy pod with why, as the `Halted` message names them. Kept in the
+    /// record so every later reconcile writes the same message, whatever status it last read.
+    pub busy: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,12 +104,23 @@ impl Record {
             id: format!("h{}", now.as_millisecond()),
             started: now,
             outcome: Outcome::InProgress,
+            busy: Vec::new(),
         }
     }
 
     pub fn with(&self, outcome: Outcome) -> Self {
         Self {
             outcome,
+            busy: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    /// Called off at `at`, with the busy pods.
+    pub fn called_off(&self, at: Timestamp, busy: Vec<String>) -> Self {
+        Self {
+            outcome: Outcome::CalledOff(at),
+            busy,
             ..self.clone()
         }
     }
@@ -117,6 +131,10 @@ impl Record {
             format!(
                 "`{ANNOTATION}`: expected \"<id>@<RFC 3339 time>\", optionally followed by \" stopped\" or \" called-off@<RFC 3339 time>\", got {text:?}"
             )
+        };
+        let (text, busy) = match text.split_once(BUSY) {
+            Some((text, busy)) => (text, busy.split("; ").map(str::to_owned).collect()),
+            None => (text, Vec::new()),
         };
         let (head, tail) = match text.split_once(' ') {
             Some((head, tail)) => (head, Some(tail)),
@@ -135,13 +153,20 @@ impl Record {
                 None => return Err(expected()),
             },
         };
+        if !busy.is_empty() && !matches!(outcome, Outcome::CalledOff(_)) {
+            return Err(expected());
+        }
         Ok(Self {
             id: id.to_owned(),
             started,
             outcome,
+            busy,
         })
     }
 }
+
+/// Where the busy pods start in the annotation's value.
+const BUSY: &str = " busy: ";
 
 impl fmt::Display for Record {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -150,7 +175,11 @@ impl fmt::Display for Record {
             Outcome::InProgress => Ok(()),
             Outcome::Stopped => f.write_str(" stopped"),
             Outcome::CalledOff(at) => write!(f, " called-off@{at}"),
+        }?;
+        if self.busy.is_empty() {
+            return Ok(());
         }
+        write!(f, "{BUSY}{}", self.busy.join("; "))
     }
 }
 
@@ -293,15 +322,20 @@ pub fn decide(observation: &Observation<'_>) -> Decision {
             decision(phase, Step::Nothing)
         }
         Outcome::CalledOff(at) => {
+            // Every reconcile of a called-off halt names the same busy pods (from the record).
+            let called_off = |step| Decision {
+                busy: record.busy.clone(),
+                ..decision(Phase::CalledOff, step)
+            };
             let stale = stale(None);
             if !stale.is_empty() {
-                return decision(Phase::CalledOff, Step::Resume(stale));
+                return called_off(Step::Resume(stale));
             }
             let retry = add(at, timing.grace);
             if now >= retry {
                 decision(Phase::Requested, Step::Record(Record::start(now)))
             } else {
-                decision(Phase::CalledOff, Step::WaitUntil(retry))
+                called_off(Step::WaitUntil(retry))
             }
         }
         Outcome::InProgress => in_progress(record, timing, pods, now, stale, decision),
@@ -360,12 +394,10 @@ fn in_progress(
         );
     }
     if now >= deadline {
+        let busy = busy(pods, paused_here);
         return Decision {
-            busy: busy(pods, paused_here),
-            ..decision(
-                Phase::CalledOff,
-                Step::Record(record.with(Outcome::CalledOff(now))),
-            )
+            busy: busy.clone(),
+            ..decision(Phase::CalledOff, Step::Record(record.called_off(now, busy)))
         };
     }
     if !to_halt.is_empty() {

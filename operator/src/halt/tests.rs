@@ -89,6 +89,7 @@ fn a_requested_halt_is_recorded_first() {
             id: format!("h{}", t(5).as_millisecond()),
             started: t(5),
             outcome: Outcome::InProgress,
+            busy: Vec::new(),
         })
     );
 }
@@ -177,13 +178,15 @@ fn not_quiet_within_grace_calls_the_halt_off_and_resumes_every_pod() {
     // Quiet only from 45 + 30 = 75 s, past the grace of 60 s.
     let decision = decide_at(true, Some(&record), &pods, t(GRACE as i64));
     assert_eq!(decision.phase, Phase::CalledOff);
-    let called_off = record.with(Outcome::CalledOff(t(GRACE as i64)));
-    assert_eq!(decision.step, Step::Record(called_off.clone()));
-    // The busy pod is named, the quiet one is not.
+    // The busy pod is named, the quiet one is not; the record keeps the names.
     assert_eq!(decision.busy, ["b: 3 calls since the pause"]);
+    let called_off = record.called_off(t(GRACE as i64), decision.busy.clone());
+    assert_eq!(decision.step, Step::Record(called_off.clone()));
 
+    // Later reconciles (whatever status they read) name the same pods, from the record.
     let decision = decide_at(true, Some(&called_off), &pods, t(61));
     assert_eq!(decision.phase, Phase::CalledOff);
+    assert_eq!(decision.busy, ["b: 3 calls since the pause"]);
     assert_eq!(
         decision.step,
         Step::Resume(vec![
@@ -309,12 +312,23 @@ fn the_record_reads_back_what_it_writes() {
         let written = record.with(outcome);
         assert_eq!(Record::parse(&written.to_string()), Ok(written));
     }
+    let busy = vec![
+        "shop-1: 3 calls since the pause".to_owned(),
+        "shop-2: its agent does not answer".to_owned(),
+    ];
+    let written = record.called_off(t(61), busy);
+    assert!(written
+        .to_string()
+        .ends_with(" busy: shop-1: 3 calls since the pause; shop-2: its agent does not answer"));
+    assert_eq!(Record::parse(&written.to_string()), Ok(written));
+    assert!(Record::parse("h1@2027-01-15T08:00:00Z stopped busy: shop-1").is_err());
     assert_eq!(
         Record::parse("h1@2027-01-15T08:00:00Z stopped").unwrap(),
         Record {
             id: "h1".into(),
             started: "2027-01-15T08:00:00Z".parse().unwrap(),
             outcome: Outcome::Stopped,
+            busy: Vec::new(),
         }
     );
 }
