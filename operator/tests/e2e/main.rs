@@ -4,7 +4,8 @@
 //! One test, `end_to_end`, starts one control plane for every scenario: nextest runs each test in
 //! a process of its own, and a control plane takes seconds to start and two cores to run, so one
 //! process owns it, from start to stop. The scenarios run concurrently, each in a namespace of its
-//! own, on the same operator; the operator restart and the deletion run last. A failed scenario
+//! own, on the same operator; then, alone, two operator replicas (the leader killed); the
+//! operator restart and the deletion run last. A failed scenario
 //! does not stop the others: all run, then the test fails naming each failure.
 //!
 //! Setup: the chart rendered by `charts/render.py` is applied server-side (CRD, ServiceAccount,
@@ -25,8 +26,10 @@ mod operator;
 mod wait;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::SignedDuration;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -35,6 +38,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use toa_operator::lease::{DURATION, RENEW};
 use toa_operator::Composition;
 
 use cluster::ControlPlane;
@@ -105,7 +109,12 @@ async fn end_to_end() {
             Box::pin(atomicity_splits_slots(s))
         }),
     ];
-    // Second: the operator restart, which must not stop another scenario's operator, and the
+    // Second, alone: a second replica, and the leader killed, which leaves no reconciling
+    // operator for seconds; it ends with the suite's operator the leader again.
+    let replicas: Vec<(&str, Scenario)> = vec![("two_replicas_one_leader", |s| {
+        Box::pin(two_replicas_one_leader(s))
+    })];
+    // Last: the operator restart, which must not stop another scenario's operator, and the
     // deletion, which relies on the garbage collector only: it learns of the CRD at its first
     // resync, 30 s after the controller manager started, so the later, the shorter the wait.
     let alone: Vec<(&str, Scenario)> = vec![
@@ -115,7 +124,7 @@ async fn end_to_end() {
         ("deletion_cleans_up", |s| Box::pin(deletion_cleans_up(s))),
     ];
     let mut failures = Vec::new();
-    for batch in [concurrent, alone] {
+    for batch in [concurrent, replicas, alone] {
         let runs = batch.into_iter().map(|(name, scenario)| {
             let suite = suite.clone();
             async move {
@@ -1228,4 +1237,193 @@ async fn operator_restart_during_halt(suite: Arc<Suite>) {
             pod.name
         );
     }
+}
+
+/// The Lease's holder and spec, read as admin.
+async fn lease_spec(leases: &Api<Lease>, name: &str) -> Result<LeaseSpec, String> {
+    leases
+        .get(name)
+        .await
+        .map_err(|e| format!("Lease {name}: {e}"))?
+        .spec
+        .ok_or_else(|| format!("Lease {name} has no spec"))
+}
+
+fn holder(spec: &LeaseSpec) -> &str {
+    spec.holder_identity.as_deref().unwrap_or_default()
+}
+
+/// Two replicas on the same Lease: the second, started while the suite's operator leads, does
+/// not reconcile (its reconcile counter stays 0 while its controller sees every Composition and
+/// the leader reconciles a change); the leader killed (SIGKILL: the Lease is not given up), the
+/// second takes the Lease once it expires and reconciles a Composition applied after the kill.
+/// Then the suite's operator starts again and, the second stopped (giving the Lease up), leads
+/// again, as the later scenarios expect.
+async fn two_replicas_one_leader(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-replicas", "replicas");
+    cluster::namespace(&suite.admin, namespace).await;
+    // Held all along: no other scenario runs now, and none may restart the operator meanwhile.
+    let mut first = suite.operator.lock().await;
+    let (lease_namespace, lease_name) = first.lease();
+    let leases = Api::<Lease>::namespaced(suite.admin.clone(), &lease_namespace);
+    let leader = first.identity();
+    let held_by = |identity: String, what: &str, timeout: Duration| {
+        let leases = leases.clone();
+        let lease_name = lease_name.clone();
+        let what = format!("{what}: the Lease {lease_namespace}/{lease_name} names {identity}");
+        async move {
+            eventually(&what, timeout, || {
+                let (leases, lease_name, identity) =
+                    (leases.clone(), lease_name.clone(), identity.clone());
+                async move {
+                    let spec = lease_spec(&leases, &lease_name).await?;
+                    if holder(&spec) == identity {
+                        Ok(spec)
+                    } else {
+                        Err(format!("{spec:?}"))
+                    }
+                }
+            })
+            .await
+        }
+    };
+    held_by(leader.clone(), "the suite's operator leads", PATIENCE).await;
+    let spec = |replicas: i32| composition(namespace, name, json!({ "replicas": replicas }));
+    apply(&suite, &spec(1)).await;
+    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+
+    // (a) A second replica, same ServiceAccount and Lease, identity of its own.
+    let mut second = first.replica("toa-e2e-second");
+    second.start().await;
+    let follower = second.identity();
+    // Its controller sees the Compositions (every scenario's) and calls reconcile for each,
+    // which returns before counting: the leader gate, not a missing watch, keeps the count 0.
+    let seen = format!("{namespace}/{name}");
+    eventually(
+        "the second replica's controller went through the Composition",
+        PATIENCE,
+        || {
+            let log = second.log();
+            let seen = seen.clone();
+            async move {
+                let went = log.lines().any(|line| {
+                    line.contains("reconciled") && line.contains(name) && line.contains(namespace)
+                });
+                if went {
+                    Ok(())
+                } else {
+                    Err(format!("no \"reconciled\" line for {seen} in its log"))
+                }
+            }
+        },
+    )
+    .await;
+    // Work for the leader while both run: a spec change.
+    let leader_before = first.reconciles().await;
+    let changed = apply(&suite, &spec(2)).await;
+    let window = 3 * RENEW;
+    wait::always(
+        "the first replica holds the Lease and the second neither leads nor reconciles",
+        window,
+        || {
+            let (leases, lease_name, leader) = (leases.clone(), lease_name.clone(), leader.clone());
+            let second = &second;
+            async move {
+                let spec = lease_spec(&leases, &lease_name).await?;
+                let reconciles = second.reconciles().await;
+                let leading = second.metric("toa_operator_leader").await;
+                if holder(&spec) != leader || reconciles != 0 || leading != 0.0 {
+                    Err(format!(
+                        "holder {:?}, the second's reconciles {reconciles}, its leader gauge {leading}",
+                        spec.holder_identity
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
+        },
+    )
+    .await;
+    second.check_running();
+    let rolled = wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    assert_eq!(rolled.metadata.generation, changed.metadata.generation);
+    wait_pods(&suite, namespace, name, 2).await;
+    let leader_reconciles = first.reconciles().await - leader_before;
+    assert!(
+        leader_reconciles > 0,
+        "the leader reconciled the change meanwhile"
+    );
+    assert_eq!(second.reconciles().await, 0, "the follower reconciled");
+
+    // (b) The leader killed: it neither finishes nor gives the Lease up.
+    first.kill();
+    let killed = Instant::now();
+    let last = lease_spec(&leases, &lease_name).await.unwrap();
+    assert_eq!(holder(&last), leader, "still names the killed leader");
+    let after = "after";
+    apply(&suite, &composition(namespace, after, json!({}))).await;
+    // The follower's clock starts when it sees the last renewal (at most RENEW after it), and it
+    // looks every RENEW: DURATION + 2 RENEW at worst (a look a hair short of DURATION waits one
+    // more), plus a margin.
+    let bound = DURATION + 2 * RENEW + Duration::from_secs(5);
+    let taken = held_by(follower.clone(), "the second replica takes over", bound).await;
+    let takeover = killed.elapsed();
+    eprintln!(
+        "e2e: two replicas: the second took the Lease {:.1} s after the leader was killed (bound {:.0} s)",
+        takeover.as_secs_f64(),
+        bound.as_secs_f64()
+    );
+    // Not before the Lease expired: DURATION after the dead leader's last renewal.
+    let (Some(renewed), Some(acquired)) = (&last.renew_time, &taken.acquire_time) else {
+        panic!("renewTime {last:?}, acquireTime {taken:?}");
+    };
+    let waited = acquired.0.duration_since(renewed.0);
+    assert!(
+        waited >= SignedDuration::try_from(DURATION).unwrap(),
+        "taken over {waited:?} after the last renewal, before the Lease expired"
+    );
+    assert_eq!(
+        taken.lease_transitions,
+        last.lease_transitions.map(|t| t + 1),
+        "one more transition"
+    );
+    wait_condition(&suite, namespace, after, "Ready", "True", None, PATIENCE).await;
+    wait_pods(&suite, namespace, after, 1).await;
+    assert!(second.reconciles().await > 0, "the new leader reconciles");
+    assert_eq!(second.metric("toa_operator_leader").await, 1.0);
+    let log = second.log();
+    let forbidden: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("forbidden") || line.contains("Forbidden"))
+        .take(5)
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "the second replica was refused requests its RBAC should grant:\n{}",
+        forbidden.join("\n")
+    );
+
+    // Back to one replica, the suite's: it starts as a follower, and leads as soon as the
+    // second, stopped, gives the Lease up (at its next look, within RENEW).
+    first.start().await;
+    let restarted = first.identity();
+    second.stop().await;
+    let stopped = Instant::now();
+    held_by(restarted, "the suite's operator leads again", 2 * RENEW).await;
+    eventually("the suite's operator reports leading", PATIENCE, || {
+        let first = &first;
+        async move {
+            let leading = first.metric("toa_operator_leader").await;
+            if leading == 1.0 {
+                Ok(())
+            } else {
+                Err(format!("leader gauge {leading}"))
+            }
+        }
+    })
+    .await;
+    eprintln!(
+        "e2e: two replicas: the suite's operator led again {:.1} s after the second stopped",
+        stopped.elapsed().as_secs_f64()
+    );
 }

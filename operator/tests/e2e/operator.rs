@@ -44,7 +44,7 @@ impl Operator {
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             // The Deployment's POD_NAME comes from a fieldRef: a name per start, as a new pod has.
-            .env("POD_NAME", format!("toa-toa-operator-e2e-{}", self.starts))
+            .env("POD_NAME", self.pod_name())
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,toa_operator=debug")
             .env_remove("KUBERNETES_SERVICE_HOST")
@@ -79,6 +79,72 @@ impl Operator {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Another replica of the same operator: the same ServiceAccount, arguments and Lease, with a
+    /// `--lease-identity` of its own, `/metrics` on a port of its own and a log of its own
+    /// (`operator-<identity>.log`, beside this one's).
+    pub fn replica(&self, identity: &str) -> Self {
+        let metrics_port = crate::cluster::free_ports(30000..40000, 1);
+        let mut args: Vec<String> = self
+            .args
+            .iter()
+            .filter(|arg| {
+                !arg.starts_with("--metrics-listen") && !arg.starts_with("--lease-identity")
+            })
+            .cloned()
+            .collect();
+        assert_eq!(
+            args.len() + 1,
+            self.args.len(),
+            "the chart's arguments set --metrics-listen=…: {:?}",
+            self.args
+        );
+        args.push(format!("--metrics-listen=0.0.0.0:{metrics_port}"));
+        args.push(format!("--lease-identity={identity}"));
+        Self {
+            child: None,
+            kubeconfig: self.kubeconfig.clone(),
+            log: self.log.with_file_name(format!("operator-{identity}.log")),
+            args,
+            env: self.env.clone(),
+            metrics_port,
+            starts: 0,
+        }
+    }
+
+    /// The Deployment's POD_NAME of the current (or last) start.
+    fn pod_name(&self) -> String {
+        format!("toa-toa-operator-e2e-{}", self.starts)
+    }
+
+    /// Its name in the Lease: `--lease-identity`, else the POD_NAME of the current start.
+    pub fn identity(&self) -> String {
+        self.args
+            .iter()
+            .find_map(|arg| arg.strip_prefix("--lease-identity="))
+            .map_or_else(|| self.pod_name(), str::to_owned)
+    }
+
+    /// The Lease it elects on: (namespace, name), from its arguments.
+    pub fn lease(&self) -> (String, String) {
+        let arg = |prefix: &str| {
+            self.args
+                .iter()
+                .find_map(|arg| arg.strip_prefix(prefix))
+                .unwrap_or_else(|| panic!("no {prefix}… among {:?}", self.args))
+                .to_owned()
+        };
+        (arg("--lease-namespace="), arg("--lease-name="))
+    }
+
+    /// SIGKILL, as when its node is lost: nothing finishes and the Lease is not given up.
+    pub fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        child.kill().expect("SIGKILL to the operator");
+        child.wait().expect("the killed operator is reaped");
     }
 
     /// SIGTERM, then waits for it to exit (it finishes its reconciles and gives up its lease).
