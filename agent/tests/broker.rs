@@ -6,18 +6,11 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use support::{events, Composition};
+use support::{broker_context, events, Composition};
 
-/// A context of its own (its own application, so its own queues) naming the broker.
+/// A context of its own naming the shared broker.
 fn context(name: &str) -> (PathBuf, String) {
-    let application = format!("{name}-{}", std::process::id());
-    let path = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
-    std::fs::write(
-        &path,
-        format!("name: {application}\namqp: amqp://127.0.0.1:5672\n"),
-    )
-    .unwrap();
-    (path, application)
+    broker_context(name, "amqp://127.0.0.1:5672")
 }
 
 fn terminals(context: &Path, instance: &str, record: &Path, extra: &[(&str, &str)]) -> Composition {
@@ -293,15 +286,7 @@ fn a_killed_process_abandons_calls_in_flight_and_then_is_an_addressee() {
     till.wait_ready();
     let caller = terminals(&context, "till-2", &charges_file, &[]);
     caller.wait_ready();
-    // Connect on till-1: ordinary calls may land on either, so ask till-1 by trying until it holds.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, answer) = caller.call("test.terminals.connect", "{ input: { terminal: t1 } }");
-        if answer["reply"]["holder"] == "till-1" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "connect never landed on till-1");
-    }
+    caller.connect_terminal("till-1", "t1");
     let agent = caller.agent.clone();
     let in_flight = std::thread::spawn(move || {
         let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
@@ -401,14 +386,7 @@ fn calls_to_one_process_run_concurrently() {
     till.wait_ready();
     let caller = terminals(&context, "till-2", &charges_file, &[]);
     caller.wait_ready();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while caller
-        .call("test.terminals.connect", "{ input: { terminal: t1 } }")
-        .1["reply"]["holder"]
-        != "till-1"
-    {
-        assert!(Instant::now() < deadline, "connect never landed on till-1");
-    }
+    caller.connect_terminal("till-1", "t1");
     let calls: Vec<_> = (1..=4)
         .map(|amount| {
             let agent = caller.agent.clone();

@@ -4,18 +4,11 @@
 mod support;
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use support::rabbit::{queue_exists, RabbitNode};
-use support::Composition;
-
-fn context(name: &str, amqp: &str) -> (PathBuf, String) {
-    let application = format!("{name}-{}", std::process::id());
-    let path = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
-    std::fs::write(&path, format!("name: {application}\namqp: {amqp}\n")).unwrap();
-    (path, application)
-}
+use support::{broker_context, Composition};
 
 fn terminals(context: &Path, instance: &str, extra: &[(&str, &str)]) -> Composition {
     let record = std::env::temp_dir().join(format!("toa-charges-faults-{}", std::process::id()));
@@ -54,46 +47,13 @@ fn call_async(
     })
 }
 
-/// Calls until `accept` takes the answer, within `limit`; the last answer and the time it took.
-fn call_until(
-    caller: &Composition,
-    target: &str,
-    request: &str,
-    limit: Duration,
-    accept: impl Fn(&Value) -> bool,
-) -> (Value, Duration) {
-    let started = Instant::now();
-    loop {
-        let (_, answer) = caller.call(target, request);
-        if accept(&answer) {
-            return (answer, started.elapsed());
-        }
-        assert!(
-            started.elapsed() < limit,
-            "{target} {request}: still {answer} after {limit:?}\n{}",
-            caller.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn connect_on(caller: &Composition, holder: &str, terminal: &str) {
-    call_until(
-        caller,
-        "test.terminals.connect",
-        &format!("{{ input: {{ terminal: {terminal} }} }}"),
-        Duration::from_secs(15),
-        |answer| answer["reply"]["holder"] == holder,
-    );
-}
-
 #[test]
 fn a_broker_restart_abandons_waiting_calls_refuses_names_and_recovers() {
     let mut broker = RabbitNode::start();
-    let (context, application) = context("restart", &broker.url());
+    let (context, application) = broker_context("restart", &broker.url());
     let till = terminals(&context, "till-1", &[]);
     let caller = terminals(&context, "till-2", &[]);
-    connect_on(&caller, "till-1", "t1");
+    caller.connect_terminal("till-1", "t1");
     let charge = |amount: u32, extra: &str| {
         format!("{{ input: {{ terminal: t1, amount: {amount}{extra} }}, instance: till-1, timeout: 8000 }}")
     };
@@ -114,8 +74,7 @@ fn a_broker_restart_abandons_waiting_calls_refuses_names_and_recovers() {
     );
 
     // While the broker is away: a call to a process is an Addressee, at once.
-    let (answer, took) = call_until(
-        &caller,
+    let (answer, took) = caller.call_until(
         "test.terminals.charge",
         &charge(2, ""),
         Duration::from_secs(5),
@@ -136,8 +95,7 @@ fn a_broker_restart_abandons_waiting_calls_refuses_names_and_recovers() {
 
     broker.start_again();
     // Back: the process answers under its name again, its queues are declared again.
-    let (answer, back_after) = call_until(
-        &caller,
+    let (answer, back_after) = caller.call_until(
         "test.terminals.charge",
         &charge(3, ""),
         Duration::from_secs(30),
@@ -169,11 +127,11 @@ fn a_broker_restart_abandons_waiting_calls_refuses_names_and_recovers() {
 
 #[test]
 fn a_lost_node_is_abandoned_until_the_heartbeat_drops_it_then_an_addressee() {
-    let (context, _) = context("lost", "amqp://127.0.0.1:5672");
+    let (context, _) = broker_context("lost", "amqp://127.0.0.1:5672");
     let heartbeat = 2;
     let till = terminals(&context, "till-1", &[("TOA_AMQP_HEARTBEAT", "2")]);
     let caller = terminals(&context, "till-2", &[]);
-    connect_on(&caller, "till-1", "t1");
+    caller.connect_terminal("till-1", "t1");
     let charge = "{ input: { terminal: t1, amount: 1 }, instance: till-1, timeout: 700 }";
 
     till.freeze();
@@ -183,8 +141,7 @@ fn a_lost_node_is_abandoned_until_the_heartbeat_drops_it_then_an_addressee() {
     assert_eq!(answer["error"]["code"], "Abandoned", "{answer}");
     assert_eq!(answer["error"]["number"], 404);
     // Once the broker's heartbeat gives up on it, nobody holds the name.
-    let (_, _) = call_until(
-        &caller,
+    let (_, _) = caller.call_until(
         "test.terminals.charge",
         charge,
         Duration::from_secs(heartbeat * 4 + 10),
@@ -201,8 +158,7 @@ fn a_lost_node_is_abandoned_until_the_heartbeat_drops_it_then_an_addressee() {
 
     // The process comes back: it reconnects and answers under its name again.
     till.thaw();
-    call_until(
-        &caller,
+    caller.call_until(
         "test.terminals.charge",
         charge,
         Duration::from_secs(30),
@@ -212,7 +168,7 @@ fn a_lost_node_is_abandoned_until_the_heartbeat_drops_it_then_an_addressee() {
 
 #[test]
 fn a_bad_heartbeat_or_prefetch_is_refused_at_start() {
-    let (context, _) = context("bad-heartbeat", "amqp://127.0.0.1:5672");
+    let (context, _) = broker_context("bad-heartbeat", "amqp://127.0.0.1:5672");
     for (name, value) in [("TOA_AMQP_HEARTBEAT", "0"), ("TOA_PREFETCH", "many")] {
         let output = support::compose_once(
             &[

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::Composition;
+use support::{broker_context, Composition};
 
 const BROKER: &str = "amqp://127.0.0.1:5672";
 
@@ -20,9 +20,7 @@ struct Setup {
 }
 
 fn setup(name: &str) -> Setup {
-    let application = format!("{name}-{}", std::process::id());
-    let context = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
-    std::fs::write(&context, format!("name: {application}\namqp: {BROKER}\n")).unwrap();
+    let (context, application) = broker_context(name, BROKER);
     let declarations = std::env::temp_dir().join(format!("toa-declarations-{application}"));
     let _ = std::fs::remove_dir_all(&declarations);
     std::fs::create_dir_all(&declarations).unwrap();

@@ -213,3 +213,48 @@ pub fn control(
         .unwrap_or("null");
     (status, serde_json::from_str(json).unwrap_or(Value::Null))
 }
+
+/// A context of its own (its own application, so its own queues) naming the broker at `amqp`:
+/// the file and the application's name.
+pub fn broker_context(name: &str, amqp: &str) -> (PathBuf, String) {
+    let application = format!("{name}-{}", std::process::id());
+    let path = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
+    std::fs::write(&path, format!("name: {application}\namqp: {amqp}\n")).unwrap();
+    (path, application)
+}
+
+impl Composition {
+    /// Calls until `accept` takes the answer, within `limit`; the answer and the time it took.
+    pub fn call_until(
+        &self,
+        target: &str,
+        request: &str,
+        limit: Duration,
+        accept: impl Fn(&Value) -> bool,
+    ) -> (Value, Duration) {
+        let started = Instant::now();
+        loop {
+            let (_, answer) = self.call(target, request);
+            if accept(&answer) {
+                return (answer, started.elapsed());
+            }
+            assert!(
+                started.elapsed() < limit,
+                "{target} {request}: still {answer} after {limit:?}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Connects the test terminals' `terminal` on the process `holder`: ordinary calls land on
+    /// any replica, so it calls until that one took it.
+    pub fn connect_terminal(&self, holder: &str, terminal: &str) {
+        self.call_until(
+            "test.terminals.connect",
+            &format!("{{ input: {{ terminal: {terminal} }} }}"),
+            Duration::from_secs(15),
+            |answer| answer["reply"]["holder"] == holder,
+        );
+    }
+}
