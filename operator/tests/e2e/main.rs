@@ -378,6 +378,12 @@ async fn wait_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> 
     .await
 }
 
+/// `Ready=True`, then the composition's `count` running pods.
+async fn ready_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> Vec<PodInfo> {
+    wait_condition(suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    wait_pods(suite, namespace, name, count).await
+}
+
 /// Waits until no pod of the composition is left, and every pod the suite ran for it stopped.
 async fn wait_no_pods(suite: &Suite, namespace: &str, name: &str) {
     let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(suite.admin.clone(), namespace);
@@ -631,8 +637,7 @@ async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
         )
     };
     apply(&suite, &spec(false)).await;
-    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
-    let pods = wait_pods(&suite, namespace, name, 2).await;
+    let pods = ready_pods(&suite, namespace, name, 2).await;
 
     let start = Instant::now();
     apply(&suite, &spec(true)).await;
@@ -714,8 +719,7 @@ async fn halt_busy_called_off(suite: Arc<Suite>) {
         )
     };
     apply(&suite, &spec(false)).await;
-    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
-    let pods = wait_pods(&suite, namespace, name, 2).await;
+    let pods = ready_pods(&suite, namespace, name, 2).await;
     let busy = pods[0].clone();
 
     // Calls into the first pod, all along, through its agent's local API.
@@ -778,8 +782,7 @@ async fn halt_busy_called_off(suite: Arc<Suite>) {
     );
 
     let token = control_token(&suite, namespace, name).await;
-    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
-    let after = wait_pods(&suite, namespace, name, 2).await;
+    let after = ready_pods(&suite, namespace, name, 2).await;
     assert_eq!(uids(&after), uids(&pods), "the same pods");
     for (pod, before) in after.iter().zip(&pods) {
         assert_eq!(pod.pids, before.pids, "{}: the same processes", pod.name);
@@ -804,8 +807,7 @@ async fn spec_change_rolls_out(suite: Arc<Suite>) {
         &composition(namespace, name, json!({ "replicas": 2 })),
     )
     .await;
-    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
-    let old = wait_pods(&suite, namespace, name, 2).await;
+    let old = ready_pods(&suite, namespace, name, 2).await;
     let generation = deployment(&suite, namespace, name)
         .await
         .unwrap()
@@ -897,8 +899,7 @@ async fn atomicity_splits_slots(suite: Arc<Suite>) {
         ),
     )
     .await;
-    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
-    let pods = wait_pods(&suite, namespace, name, 2).await;
+    let pods = ready_pods(&suite, namespace, name, 2).await;
 
     // Each agent's share, from its local API, until both own some and together own all, once.
     let http = reqwest::Client::new();
@@ -1021,8 +1022,7 @@ async fn deletion_cleans_up(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-delete", "gone");
     cluster::namespace(&suite.admin, namespace).await;
     apply(&suite, &composition(namespace, name, json!({}))).await;
-    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
-    wait_pods(&suite, namespace, name, 1).await;
+    ready_pods(&suite, namespace, name, 1).await;
     compositions(&suite, namespace)
         .delete(name, &DeleteParams::default())
         .await
@@ -1068,8 +1068,7 @@ async fn unanswering_pod_during_halt(suite: Arc<Suite>) {
         )
     };
     apply(&suite, &spec(false)).await;
-    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
-    let pods = wait_pods(&suite, namespace, name, 2).await;
+    let pods = ready_pods(&suite, namespace, name, 2).await;
     let frozen = &pods[0];
     let agent = frozen.pids["agent"];
     // SAFETY: a signal to an agent this suite started.
@@ -1165,8 +1164,7 @@ async fn operator_restart_during_halt(suite: Arc<Suite>) {
         )
     };
     apply(&suite, &spec(false)).await;
-    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
-    let pods = wait_pods(&suite, namespace, name, 2).await;
+    let pods = ready_pods(&suite, namespace, name, 2).await;
     let token = control_token(&suite, namespace, name).await;
 
     apply(&suite, &spec(true)).await;
