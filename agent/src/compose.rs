@@ -153,7 +153,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .map_err(|e| ComposeError::Setup(format!("probe endpoint {address}: {e}")))?;
-            let app = api::calls::probes(ready.clone());
+            let app = api::calls::probes(ready.clone(), metrics.clone());
             Some(tokio::spawn(axum::serve(listener, app).into_future()))
         }
         None => None,
@@ -222,6 +222,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         instance: instance.to_string(),
         ready,
         listeners: Default::default(),
+        metrics: metrics.clone(),
     });
     let app = api::router(host).route(
         "/v1/drain",

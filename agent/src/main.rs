@@ -58,7 +58,8 @@ enum Command {
         /// i (in the order given) serves 127.0.0.1:(PORT + i). Without it, compose starts them.
         #[arg(long, value_name = "PORT", env = "TOA_ATTACH")]
         attach: Option<u16>,
-        /// Where the probes (/healthz, /readyz; no token) listen on the pod network.
+        /// Where the probes and metrics (/healthz, /readyz, /metrics; no token) listen on the pod
+        /// network.
         #[arg(long, env = "TOA_PROBE_LISTEN")]
         probe_listen: Option<SocketAddr>,
         /// A directory of other components' manifests (`<component>.yaml`), read again when it

@@ -56,6 +56,7 @@ async fn serve() -> Served {
         instance: "api-test".into(),
         ready,
         listeners: Default::default(),
+        metrics,
     };
     tokio::spawn(axum::serve(listener, router(Arc::new(host))).into_future());
     Served {
@@ -156,6 +157,118 @@ async fn a_lock_is_held_while_the_request_is_open_and_released_when_it_closes() 
             "{component}: {acquired} then {next}"
         );
     }
+}
+
+/// The value of one series of `GET /metrics`, if it is there.
+async fn metric(served: &Served, series: &str) -> Option<f64> {
+    let text = served
+        .client
+        .get(format!("{}/metrics", served.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Waits up to `limit` for a series to have `value`.
+async fn metric_reaches(served: &Served, series: &str, value: f64, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let now = metric(served, series).await;
+        if now == Some(value) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} is {now:?}, expected {value} within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn metrics_follow_locks_slots_and_meter_on_redis() {
+    let served = serve().await;
+    let labels = format!(
+        "{{application=\"{}\",group=\"pod.redis\"}}",
+        served.application
+    );
+    let series = |name: &str| format!("{name}{labels}");
+    let lock = || {
+        served
+            .client
+            .post(format!("{}/v1/pod.redis/lock", served.base))
+            .json(&json!({"keys": ["metered"]}))
+            .send()
+    };
+    let mut first = lock().await.unwrap().bytes_stream();
+    let mut buffer = String::new();
+    let acquired = next_line(&mut first, &mut buffer, Duration::from_secs(5)).await;
+    assert_eq!(acquired.unwrap()["event"], "acquired");
+    assert_eq!(metric(&served, &series("toa_locks_held")).await, Some(1.0));
+
+    // A second holder queues for at least `held` before the first lets go.
+    let held = Duration::from_millis(300);
+    let asked = std::time::Instant::now();
+    let mut second = lock().await.unwrap().bytes_stream();
+    let mut second_buffer = String::new();
+    assert!(next_line(&mut second, &mut second_buffer, held)
+        .await
+        .is_none());
+    drop(first);
+    let next = next_line(&mut second, &mut second_buffer, Duration::from_secs(3)).await;
+    assert_eq!(next.unwrap()["event"], "acquired");
+    let waited = asked.elapsed().as_secs_f64();
+    assert_eq!(
+        metric(&served, &series("toa_lock_wait_seconds_count")).await,
+        Some(2.0)
+    );
+    let total_wait = metric(&served, &series("toa_lock_wait_seconds_sum"))
+        .await
+        .unwrap();
+    assert!(
+        total_wait >= held.as_secs_f64() && total_wait <= waited + 0.5,
+        "lock.wait sums {total_wait} s; the second holder waited {waited} s, at least {held:?}"
+    );
+    drop(second);
+    metric_reaches(
+        &served,
+        &series("toa_locks_held"),
+        0.0,
+        Duration::from_secs(3),
+    )
+    .await;
+
+    let meter = || {
+        served
+            .client
+            .post(format!("{}/v1/pod.redis/meter", served.base))
+            .json(&json!({"keys": ["metered"], "deltas": [0]}))
+            .send()
+    };
+    assert_eq!(meter().await.unwrap().status(), 200);
+    assert_eq!(meter().await.unwrap().status(), 200);
+    assert_eq!(
+        metric(&served, &series("toa_meter_calls_total")).await,
+        Some(2.0)
+    );
+
+    // Alone on its application's membership, the replica comes to own everything: {i 0, n 1}.
+    metric_reaches(
+        &served,
+        &series("toa_slots_replicas"),
+        1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(
+        metric(&served, &series("toa_slots_assigned")).await,
+        Some(0.0)
+    );
 }
 
 #[tokio::test]

@@ -38,7 +38,8 @@ use std::collections::BTreeMap;
 
 /// The port of the agent's control endpoint on the pod network (halt, resume, status).
 pub const CONTROL_PORT: u16 = 7091;
-/// Where the agent's probes (`/healthz`, `/readyz`, no token) listen on the pod network.
+/// Where the agent's probes and metrics (`/healthz`, `/readyz`, `/metrics`, no token) listen on
+/// the pod network.
 pub const PROBE_PORT: u16 = 7092;
 /// The agent's local API, on loopback only: the component calls it, and so does `preStop`.
 pub const LOCAL_LISTEN: &str = "127.0.0.1:7090";
@@ -297,6 +298,7 @@ fn deployment(
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels(name)),
+                    annotations: Some(scrape_annotations()),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
@@ -310,6 +312,19 @@ fn deployment(
         }),
         ..Deployment::default()
     }
+}
+
+/// Where Prometheus finds the agent's `/metrics` (annotation-based scraping; a PodMonitor names
+/// the port `probe` instead).
+fn scrape_annotations() -> BTreeMap<String, String> {
+    [
+        ("prometheus.io/scrape", "true".to_owned()),
+        ("prometheus.io/port", PROBE_PORT.to_string()),
+        ("prometheus.io/path", "/metrics".to_owned()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_owned(), value))
+    .collect()
 }
 
 fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {

@@ -86,8 +86,12 @@ async fn instance(State(host): State<Arc<Host>>) -> Json<serde_json::Value> {
     Json(json!({"instance": host.instance}))
 }
 
-/// The probes alone, for a listener on the pod network: no token, nothing but alive and ready.
-pub fn probes(ready: tokio::sync::watch::Receiver<bool>) -> axum::Router {
+/// The probes and the metrics, for a listener on the pod network: no token, nothing but alive,
+/// ready and the numbers Prometheus scrapes (no keys' values, no addresses, no credentials).
+pub fn probes(
+    ready: tokio::sync::watch::Receiver<bool>,
+    metrics: Arc<crate::metrics::Metrics>,
+) -> axum::Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -97,6 +101,7 @@ pub fn probes(ready: tokio::sync::watch::Receiver<bool>) -> axum::Router {
                 async move { readiness(*ready.borrow()) }
             }),
         )
+        .merge(super::metrics_route(metrics))
 }
 
 fn readiness(ready: bool) -> Response {

@@ -12,6 +12,7 @@
 //! | `GET /v1/{component}/onassigned` | stream: `{"listener":ID,"assignment":{i,n,epoch} \| null}` at once and on every change |
 //! | `POST /v1/{component}/onassigned/{listener}/failed` | the component's listener failed: this replica owns nothing from now on |
 //! | `POST /v1/{component}/meter` `{"keys": [...], "deltas": [...]}` | `{"debts": [...]}` |
+//! | `GET /metrics` | the agent's metrics, OpenMetrics text ([`crate::metrics`]) |
 //!
 //! Calls, the process's name and the probes are in [`calls`].
 
@@ -27,6 +28,7 @@ use std::sync::Arc;
 
 use crate::atom::{Atom, AtomError};
 use crate::calls::Calls;
+use crate::metrics::Metrics;
 
 /// What the API serves: the components of this process.
 pub struct Host {
@@ -39,6 +41,8 @@ pub struct Host {
     pub ready: tokio::sync::watch::Receiver<bool>,
     /// Open `onassigned` streams, for their failure reports.
     pub listeners: Listeners,
+    /// What `GET /metrics` answers.
+    pub metrics: Arc<Metrics>,
 }
 
 /// The `onassigned` streams open now, by component and id.
@@ -92,7 +96,31 @@ impl Host {
 
 /// The router of the local API.
 pub fn router(host: Arc<Host>) -> axum::Router {
-    atom::routes().merge(calls::routes()).with_state(host)
+    let metrics = host.metrics.clone();
+    atom::routes()
+        .merge(calls::routes())
+        .with_state(host)
+        .merge(metrics_route(metrics))
+}
+
+/// `GET /metrics` (OpenMetrics text, which Prometheus reads): on the local API and on the probe
+/// listener.
+pub fn metrics_route(metrics: Arc<Metrics>) -> axum::Router {
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let text = metrics.encode();
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    text,
+                )
+            }
+        }),
+    )
 }
 
 /// An error answered as `{"error": {"code", "message"}}`.

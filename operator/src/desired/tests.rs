@@ -526,3 +526,25 @@ fn the_agent_is_ready_by_its_probe_listener() {
         (Some("/readyz"), IntOrString::Int(7092))
     );
 }
+
+#[test]
+fn prometheus_finds_the_agents_metrics_on_the_probe_port() {
+    for sidecar in [Sidecar::Native, Sidecar::Plain] {
+        let desired = build(CompositionSpec::test(), sidecar, 1);
+        let template = desired.deployment.spec.as_ref().unwrap().template.clone();
+        let annotations = template.metadata.unwrap().annotations.unwrap();
+        assert_eq!(annotations["prometheus.io/scrape"], "true");
+        assert_eq!(annotations["prometheus.io/path"], "/metrics");
+        let port: i32 = annotations["prometheus.io/port"].parse().unwrap();
+        let named = agent_of(&desired)
+            .ports
+            .unwrap()
+            .into_iter()
+            .find(|p| p.name.as_deref() == Some("probe"))
+            .unwrap();
+        assert_eq!(
+            named.container_port, port,
+            "the annotated port is the probe port"
+        );
+    }
+}
