@@ -369,6 +369,8 @@ mod tests {
             ("name: a\natomicity:\n  redis: redis://a\n  interval: -5\n", "`atomicity.interval`: expected a positive whole number of milliseconds, got -5"),
             ("name: a\natomicity:\n  redis: redis://a\n  ttl: 1.5\n", "`atomicity.ttl`: expected a positive whole number of milliseconds, got 1.5"),
             ("name: a\naddressed:\n  timeout: 0\n", "`addressed.timeout`: expected a positive whole number of milliseconds, got 0"),
+            ("name: a\naddressed:\n  timeout: -100\n", "`addressed.timeout`: expected a positive whole number of milliseconds, got -100"),
+            ("name: a\natomicity:\n  redis: redis://a\n  ttl: -1\n", "`atomicity.ttl`: expected a positive whole number of milliseconds, got -1"),
             ("name: a\naddressed:\n  timeout: soon\n", "`addressed.timeout`: expected a positive whole number of milliseconds, got soon"),
             ("name: a\natomicity:\n  interval: 5\n", "`atomicity.redis`: expected one address or a list of them"),
             ("name: a\natomicity:\n  redis: [redis://a, 5, redis://c]\n", "`atomicity.redis[1]`: expected an address, got 5"),

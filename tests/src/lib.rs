@@ -371,3 +371,23 @@ pub fn assert_exclusive(list: &[Interval]) {
         );
     }
 }
+
+/// A replica of `application`'s `component` in this process, on `servers` (a pod's settings:
+/// never the in-process fallback). `interval` and `ttl` default as in the context.
+pub fn replica_on(
+    servers: &[&RedisServer],
+    application: &str,
+    component: &str,
+    interval: Option<Duration>,
+    ttl: Option<Duration>,
+) -> Arc<toa_agent::Atom> {
+    let addresses: Vec<String> = servers.iter().map(|s| s.address()).collect();
+    let config = toa_agent::AtomConfig {
+        scope: toa_agent::Scope::new(application, component),
+        mode: toa_agent::Mode::Pod,
+        atomicity: Some(toa_context::Atomicity::new(&addresses, interval, ttl).unwrap()),
+        credentials: toa_context::Credentials::default(),
+        instance: format!("replica-{}", std::process::id()),
+    };
+    Arc::new(toa_agent::Atom::start(config, toa_agent::Metrics::new()).unwrap())
+}

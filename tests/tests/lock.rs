@@ -362,3 +362,40 @@ fn a_killed_holder_loses_the_lock_by_expiry() {
     );
     assert!(acquired["token"].as_u64() > first["token"].as_u64());
 }
+
+/// Majority decides: with one of three servers frozen, an acquisition does not wait for it. The
+/// servers' command timeout is TTL/10 (200 ms here); waiting for the frozen server would make
+/// every acquisition take at least that, while a majority answers in about a millisecond. The
+/// median of 21 acquisitions is compared with half the timeout, so a load spike cannot decide.
+#[tokio::test]
+async fn a_frozen_server_does_not_stall_acquisition() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let on: Vec<&RedisServer> = servers.iter().collect();
+    let ttl = Duration::from_millis(2000);
+    let command_timeout = ttl / 10;
+    let replica = replica_on(&on, "test", "frozen", None, Some(ttl));
+    // New servers count once they have been up for a TTL (the delayed-restart rule).
+    let warm = tokio::time::timeout(Duration::from_secs(10), replica.acquire("k"))
+        .await
+        .expect("acquired with every server up")
+        .unwrap();
+    warm.release().await;
+    servers[2].freeze();
+    let mut took = Vec::new();
+    for _ in 0..21 {
+        let started = Instant::now();
+        let held = tokio::time::timeout(Duration::from_secs(10), replica.acquire("k"))
+            .await
+            .expect("acquired on the majority")
+            .unwrap();
+        took.push(started.elapsed());
+        held.release().await;
+    }
+    servers[2].thaw();
+    took.sort_unstable();
+    assert!(
+        took[10] < command_timeout / 2,
+        "median acquisition {:?} with a frozen server (timeout {command_timeout:?}): {took:?}",
+        took[10]
+    );
+}

@@ -69,6 +69,27 @@ fn assert_partition(slots: &[Vec<u32>]) {
     );
 }
 
+/// A replica that joins owns nothing for about two intervals (the view settles first): its
+/// first assignment comes no earlier than 1.5 intervals after it started.
+fn assert_owns_nothing_at_first(worker: &Worker) {
+    let events = worker.events();
+    let began = events
+        .iter()
+        .find(|e| e["kind"] == "ready")
+        .and_then(|e| e["began"].as_u64())
+        .unwrap();
+    let first = events
+        .iter()
+        .find(|e| e["kind"] == "assigned" && !e["assignment"].is_null())
+        .and_then(|e| e["at"].as_u64())
+        .unwrap();
+    let after_ms = (first - began) as f64 / 1e6;
+    assert!(
+        after_ms >= 1.5 * INTERVAL_MS as f64,
+        "owned slots {after_ms} ms after it started; expected about two intervals of nothing"
+    );
+}
+
 #[test]
 fn one_two_three_and_five_replicas_split_every_slot() {
     let server = RedisServer::start();
@@ -79,6 +100,9 @@ fn one_two_three_and_five_replicas_split_every_slot() {
             .collect();
         let slots = wait_stable(&workers, Duration::from_secs(10));
         assert_partition(&slots);
+        for worker in &workers {
+            assert_owns_nothing_at_first(worker);
+        }
         if count == 1 {
             assert_eq!(slots[0], (0..TOTAL).collect::<Vec<_>>());
         }
@@ -105,24 +129,26 @@ fn slots_of_four_on_replica_four_of_five_is_empty_not_none() {
         .iter()
         .position(|w| last_assignment(w).unwrap()["i"] == 4)
         .unwrap();
-    // slots(16) is asked through the worker; with 16 slots replica 4 owns [4, 9, 14] — ask for 4.
+    // Asked through the API in the replica's process: slots(16) is [4, 9, 14], slots(4) is
+    // empty (it owns nothing of 0..4) but not none (it is assigned).
     workers[last].send("slots");
     let answer = workers[last].wait_for(Duration::from_secs(5), "slots", |e| e["kind"] == "slots");
     assert_eq!(answer["slots"], serde_json::json!([4, 9, 14]));
-    // The listener's view of slots(4): i = 4 of n = 5 owns none of 0..4, an empty list.
-    let assigned = workers[last]
-        .events()
-        .into_iter()
-        .rev()
-        .find(|e| e["kind"] == "assigned")
+    workers[last].send("slots 4");
+    let answer = workers[last].wait_for(Duration::from_secs(5), "slots(4)", |e| {
+        e["kind"] == "slots" && e["total"] == 4
+    });
+    assert_eq!(answer["slots"], serde_json::json!([]));
+    // A replica that owns some of 0..4 answers them.
+    let first = workers
+        .iter()
+        .position(|w| last_assignment(w).unwrap()["i"] == 0)
         .unwrap();
-    let a = &assigned["assignment"];
-    let (i, n) = (
-        a["i"].as_u64().unwrap() as u32,
-        a["n"].as_u64().unwrap() as u32,
-    );
-    let four: Vec<u32> = (i..4).step_by(n as usize).collect();
-    assert_eq!((i, n, four), (4, 5, vec![]));
+    workers[first].send("slots 4");
+    let answer = workers[first].wait_for(Duration::from_secs(5), "slots(4)", |e| {
+        e["kind"] == "slots" && e["total"] == 4
+    });
+    assert_eq!(answer["slots"], serde_json::json!([0]));
     for worker in workers.drain(..) {
         worker.finish(Duration::from_secs(5));
     }
@@ -278,4 +304,41 @@ fn a_panicking_listener_hands_the_replicas_slots_to_the_others() {
     failed.send("slots");
     let answer = failed.wait_for(Duration::from_secs(5), "slots", |e| e["kind"] == "slots");
     assert!(answer["slots"].is_null());
+}
+
+#[tokio::test]
+async fn a_listener_whose_handle_is_dropped_hears_no_more() {
+    let server = RedisServer::start();
+    let interval = Some(Duration::from_millis(INTERVAL_MS));
+    let first = replica_on(&[&server], "test", "handles", interval, None);
+    type Heard = std::sync::Arc<std::sync::Mutex<Vec<Option<toa_agent::Assignment>>>>;
+    let (kept_heard, dropped_heard) = (Heard::default(), Heard::default());
+    let record = |heard: &Heard| {
+        let heard = heard.clone();
+        move |assignment: Option<toa_agent::Assignment>| heard.lock().unwrap().push(assignment)
+    };
+    let _kept = first.onassigned(record(&kept_heard));
+    let dropped = first.onassigned(record(&dropped_heard));
+    let hears = |heard: &Heard, n: u32| {
+        let heard = heard.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while !heard.lock().unwrap().iter().flatten().any(|a| a.n == n) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("no assignment with n = {n}"));
+        }
+    };
+    hears(&dropped_heard, 1).await;
+    drop(dropped);
+    let before = dropped_heard.lock().unwrap().len();
+    let _second = replica_on(&[&server], "test", "handles", interval, None);
+    hears(&kept_heard, 2).await;
+    assert_eq!(
+        dropped_heard.lock().unwrap().len(),
+        before,
+        "the dropped listener was called after its handle went"
+    );
 }

@@ -4,7 +4,7 @@
 //!
 //!   atom-worker lock COMPONENT KEY TASKS ITERATIONS COUNTER_FILE
 //!   atom-worker hold COMPONENT KEY            (stdin: `release`)
-//!   atom-worker slots COMPONENT TOTAL         (stdin: `panic`)
+//!   atom-worker slots COMPONENT TOTAL         (stdin: `panic`, `slots`, `slots N`)
 //!   atom-worker meter COMPONENT KEY DELTA COUNT
 //!
 //! Settings come from the `TOA_*` variables (see toa_context::annotations).
@@ -68,7 +68,10 @@ async fn main() {
             .await
         }
         "hold" => hold(start(&arg(1)), arg(2)).await,
-        "slots" => slots(start(&arg(1)), arg(2).parse().unwrap()).await,
+        "slots" => {
+            let began = monotonic_ns();
+            slots(start(&arg(1)), arg(2).parse().unwrap(), began).await
+        }
         "meter" => {
             meter(
                 start(&arg(1)),
@@ -147,7 +150,8 @@ async fn hold(atom: Arc<Atom>, key: String) {
     }
 }
 
-async fn slots(atom: Arc<Atom>, total: u32) {
+/// `began`: before the atom started (before its first heartbeat).
+async fn slots(atom: Arc<Atom>, total: u32, began: u64) {
     let mut commands = commands();
     let _listening = atom.onassigned(move |assignment| {
         emit(
@@ -155,13 +159,19 @@ async fn slots(atom: Arc<Atom>, total: u32) {
             "slots": assignment.map(|a| a.slots(total))}),
         );
     });
-    emit(json!({"kind": "ready"}));
+    emit(json!({"kind": "ready", "began": began}));
     let mut panicking = None;
     while let Some(command) = commands.recv().await {
         match command.as_str() {
             "panic" => panicking = Some(atom.onassigned(|_| panic!("listener fails on purpose"))),
             "slots" => emit(json!({"kind": "slots", "slots": atom.slots(total)})),
-            other => panic!("unknown command {other}"),
+            // `slots N`: the API's answer for another total.
+            other => match other.strip_prefix("slots ").map(str::parse::<u32>) {
+                Some(Ok(asked)) => {
+                    emit(json!({"kind": "slots", "total": asked, "slots": atom.slots(asked)}))
+                }
+                _ => panic!("unknown command {other}"),
+            },
         }
     }
     atom.shutdown().await;
