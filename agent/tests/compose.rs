@@ -6,6 +6,76 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use support::{compose_once, control, count, events, free_port, Composition};
 
+/// The README's first command, `toa-agent demo`: its flows give the seed's answers and it ends
+/// by itself, drained.
+#[test]
+fn the_readmes_first_command_runs_the_seeds_flows() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+        .arg("demo")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the demo did not end within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(status.success(), "{status}\n{out}");
+    let line = |prefix: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line {prefix:?} in\n{out}"))
+            .to_owned()
+    };
+    assert!(line("call 10:").contains(r#"{"reply":{"#), "{out}");
+    assert!(
+        line("call 11:").contains(r#""code":"TOO_MANY_REQUESTS""#),
+        "{out}"
+    );
+    assert!(out.contains(r#""code":"RequestContract""#), "{out}");
+    let mut tokens: Vec<u64> = out
+        .lines()
+        .filter(|l| l.contains(r#""submitted""#))
+        .map(|l| {
+            serde_json::from_str::<Value>(l.trim()).unwrap()["reply"]["token"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    tokens.sort_unstable();
+    assert_eq!(
+        tokens,
+        [1, 2, 3],
+        "three settlements, one token each: {out}"
+    );
+    let drained: Value = serde_json::from_str(
+        line("partitions drained so far:")
+            .split_once(": ")
+            .unwrap()
+            .1,
+    )
+    .unwrap();
+    // The demo looks once, after 1.2 s: the pulse ran (how far it got depends on the machine).
+    let partitions = drained["reply"].as_object().unwrap();
+    assert!(
+        !partitions.is_empty()
+            && partitions
+                .keys()
+                .all(|p| p.parse::<u32>().is_ok_and(|p| p < 16)),
+        "{out}"
+    );
+    assert!(out.contains("drained: dispose ran"), "{out}");
+}
+
 #[test]
 fn the_seed_examples_run_end_to_end() {
     let composition = Composition::start(
@@ -395,7 +465,7 @@ fn install_copies_a_working_agent_for_the_pre_stop_hook() {
 }
 
 #[test]
-fn probes_on_their_own_port_answer_without_a_token_and_serve_nothing_else() {
+fn probes_and_metrics_on_their_own_port_answer_without_a_token_and_serve_nothing_else() {
     let probe_port = free_port();
     let composition = Composition::start(
         &[
@@ -415,6 +485,13 @@ fn probes_on_their_own_port_answer_without_a_token_and_serve_nothing_else() {
         "the local API stays on loopback"
     );
     assert_eq!(probe("/control/status"), 404);
+    // The metrics Prometheus scrapes: the component's series, without a token.
+    let (status, metrics) = support::http_get(&format!("http://127.0.0.1:{probe_port}/metrics"));
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("toa_meter_calls_total{application=\"shop\",group=\"store.catalog\"} 0"),
+        "{metrics}"
+    );
     let (stopped, log) = composition.terminate(Duration::from_secs(20));
     assert!(stopped, "{log}");
 }

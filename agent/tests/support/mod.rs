@@ -138,6 +138,11 @@ impl Composition {
 
 /// A GET over a plain TCP socket: the status code.
 pub fn http_status(url: &str) -> u16 {
+    http_get(url).0
+}
+
+/// A GET over a plain TCP socket: the status code and the whole response (head and body).
+pub fn http_get(url: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest
@@ -151,7 +156,8 @@ pub fn http_status(url: &str) -> u16 {
     .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
-    response.split_whitespace().nth(1).unwrap().parse().unwrap()
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, response)
 }
 
 impl Composition {
