@@ -159,7 +159,7 @@ pub fn signal(pid: i32, signal: i32) {
 }
 
 /// The worker binary built with this crate: beside this executable (a binary of the crate), or
-/// beside its `deps/` folder (a test).
+/// beside its `deps/` folder (a test or a benchmark).
 pub fn worker_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("own executable");
     let dir = exe.parent().expect("target directory");
@@ -171,7 +171,8 @@ pub fn worker_binary() -> PathBuf {
     .find(|path| path.exists())
     .unwrap_or_else(|| {
         panic!(
-            "atom-worker is missing beside {}: build with `cargo test -p toa-tests`",
+            "atom-worker is missing beside {}: `cargo test -p toa-tests` and \
+             `cargo bench -p toa-tests` build it",
             exe.display()
         )
     })
