@@ -133,9 +133,9 @@ pub async fn run(
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
-            match result {
-                Ok((object, _)) => tracing::debug!(composition = %object, "reconciled"),
-                Err(error) => tracing::warn!(%error, "reconcile failed"),
+            // Successes are logged by `reconcile`, which knows whether it did anything.
+            if let Err(error) = result {
+                tracing::warn!(%error, "reconcile failed");
             }
         })
         .await;
@@ -184,10 +184,12 @@ pub async fn reconcile(
     context: Arc<Context>,
 ) -> Result<Action, Error> {
     if !*context.leader.borrow() {
+        tracing::trace!(composition = %ObjectRef::from_obj(composition.as_ref()), "not the leader: skipped");
         return Ok(Action::requeue(NOT_LEADER));
     }
     let _measure = context.metrics.reconcile();
     let action = reconcile_inner(&composition, &context).await?;
+    tracing::debug!(composition = %ObjectRef::from_obj(composition.as_ref()), "reconciled");
     context
         .failures
         .lock()
