@@ -210,7 +210,7 @@ impl Server {
         };
         match tokio::time::timeout_at(deadline, call(connection)).await {
             Err(_) => {
-                self.fall_silent();
+                let _ = self.fall_silent();
                 Err(self.timed_out())
             }
             Ok(result) => {
@@ -228,8 +228,8 @@ impl Server {
             ANSWERING => {
                 let since = self.unanswered_since.load(Ordering::Acquire);
                 let waited = micros_since_start(Instant::now()).saturating_sub(since);
-                if since != NONE && waited > self.timeout.as_micros() as u64 {
-                    self.fall_silent();
+                if since != NONE && waited > self.timeout.as_micros() as u64 && self.fall_silent()
+                {
                     return Err(ServerError::Silent(self.address.to_string()));
                 }
                 Ok(())
@@ -255,18 +255,20 @@ impl Server {
 
     /// The server did not answer in time: fail the next commands at once, and probe on the
     /// connection until the server answers (any answer: a frozen server answers everything
-    /// queued once it wakes).
-    fn fall_silent(&self) {
+    /// queued once it wakes). False when there is no connection to probe: what was owed on an
+    /// old one will not come, and the next command connects anew.
+    fn fall_silent(&self) -> bool {
         let Some(mut connection) = self.state.lock().expect("server state").connection.clone()
         else {
-            return; // nothing to probe: the next command connects anew
+            self.unanswered_since.store(NONE, Ordering::Release);
+            return false;
         };
         if self
             .silence
             .compare_exchange(ANSWERING, SILENT, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            return;
+            return true; // already silent
         }
         tracing::warn!(server = %self.address, timeout = ?self.timeout,
             "Redis server did not answer; commands to it fail at once until it answers again");
@@ -295,6 +297,7 @@ impl Server {
             unanswered.store(NONE, Ordering::Release);
             silence.store(next, Ordering::Release);
         });
+        true
     }
 
     fn outcome<T>(&self, result: redis::RedisResult<T>) -> Result<T, ServerError> {
