@@ -228,8 +228,7 @@ impl Server {
             ANSWERING => {
                 let since = self.unanswered_since.load(Ordering::Acquire);
                 let waited = micros_since_start(Instant::now()).saturating_sub(since);
-                if since != NONE && waited > self.timeout.as_micros() as u64 && self.fall_silent()
-                {
+                if since != NONE && waited > self.timeout.as_micros() as u64 && self.fall_silent() {
                     return Err(ServerError::Silent(self.address.to_string()));
                 }
                 Ok(())
