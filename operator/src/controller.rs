@@ -184,7 +184,7 @@ pub async fn reconcile(
     context: Arc<Context>,
 ) -> Result<Action, Error> {
     if !*context.leader.borrow() {
-        tracing::trace!(composition = %ObjectRef::from_obj(composition.as_ref()), "not the leader: skipped");
+        tracing::debug!(composition = %ObjectRef::from_obj(composition.as_ref()), "not the leader: skipped");
         return Ok(Action::requeue(NOT_LEADER));
     }
     let _measure = context.metrics.reconcile();

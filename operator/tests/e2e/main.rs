@@ -1304,13 +1304,17 @@ async fn two_replicas_one_leader(suite: Arc<Suite>) {
             let log = second.log();
             let seen = seen.clone();
             async move {
-                let went = log.lines().any(|line| {
-                    line.contains("reconciled") && line.contains(name) && line.contains(namespace)
+                let skipped = log.lines().any(|line| {
+                    line.contains("not the leader: skipped")
+                        && line.contains(name)
+                        && line.contains(namespace)
                 });
-                if went {
+                if skipped {
                     Ok(())
                 } else {
-                    Err(format!("no \"reconciled\" line for {seen} in its log"))
+                    Err(format!(
+                        "no \"not the leader: skipped\" line for {seen} in its log"
+                    ))
                 }
             }
         },
