@@ -415,19 +415,7 @@ fn slot_reassignment() {
             "two replicas own everything",
             || settled(&workers, 2),
         );
-        let taken = workers
-            .iter()
-            .map(|w| {
-                w.events()
-                    .iter()
-                    .rev()
-                    .find(|e| e["kind"] == "assigned")
-                    .unwrap()["at"]
-                    .as_u64()
-                    .unwrap()
-            })
-            .max()
-            .unwrap();
+        let taken = toa_tests::last_assigned_at(&workers);
         rounds.push((taken - killed_at) as f64 / 1e6 / INTERVAL_MS as f64);
     }
     rounds.sort_by(f64::total_cmp);

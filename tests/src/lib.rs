@@ -392,3 +392,20 @@ pub fn replica_on(
     };
     Arc::new(toa_agent::Atom::start(config, toa_agent::Metrics::new()).unwrap())
 }
+
+/// When the last of `workers` logged its latest assignment (`CLOCK_MONOTONIC` ns): after a
+/// change, when every replica had taken its new share.
+pub fn last_assigned_at(workers: &[Worker]) -> u64 {
+    workers
+        .iter()
+        .map(|w| {
+            w.events()
+                .into_iter()
+                .rev()
+                .find(|e| e["kind"] == "assigned")
+                .and_then(|e| e["at"].as_u64())
+                .expect("an assignment")
+        })
+        .max()
+        .expect("workers")
+}

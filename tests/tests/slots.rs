@@ -283,19 +283,7 @@ fn a_panicking_listener_hands_the_replicas_slots_to_the_others() {
     let failed = workers.remove(0);
     let slots = wait_stable(&workers, Duration::from_secs(5));
     assert_partition(&slots);
-    let taken_at = workers
-        .iter()
-        .map(|w| {
-            w.events()
-                .into_iter()
-                .rev()
-                .find(|e| e["kind"] == "assigned")
-                .unwrap()["at"]
-                .as_u64()
-                .unwrap()
-        })
-        .max()
-        .unwrap();
+    let taken_at = last_assigned_at(&workers);
     let intervals = (taken_at - panicked_at) as f64 / 1e6 / INTERVAL_MS as f64;
     eprintln!("the others own every slot {intervals:.2} intervals after the panic");
     assert!(intervals <= 3.0, "took {intervals:.2} intervals");
