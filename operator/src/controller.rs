@@ -243,26 +243,47 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     // reconciled (so applied), a read that finds it holding this Composition's part is enough.
     let reconciled = previous.and_then(|p| p.observed_generation).is_some()
         && previous.and_then(|p| p.observed_generation) == composition.metadata.generation;
-    let current = if reconciled {
+    let mut shared = if reconciled {
         config_maps.get_opt(desired::DECLARATIONS).await?
     } else {
         None
     };
-    if !current.is_some_and(|current| desired::holds(&current, &objects.declarations)) {
-        let lock = context
-            .declarations
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(namespace.clone())
-            .or_default()
-            .clone();
-        let _one_writer = lock.lock().await;
+    let writers = context
+        .declarations
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(namespace.clone())
+        .or_default()
+        .clone();
+    if !shared
+        .as_ref()
+        .is_some_and(|current| desired::holds(current, &objects.declarations))
+    {
+        let _one_writer = writers.lock().await;
+        shared = Some(
+            kube_io::apply_as(
+                &config_maps,
+                &objects.declarations,
+                &desired::declarations_manager(&name),
+            )
+            .await?,
+        );
+    }
+    // A deleted Composition's keys: taken back by whichever Composition of the namespace
+    // reconciles next, once the garbage collector removed the deleted one's owner reference.
+    for gone in shared
+        .as_ref()
+        .map(desired::orphaned_declarations)
+        .unwrap_or_default()
+    {
+        let _one_writer = writers.lock().await;
         kube_io::apply_as(
             &config_maps,
-            &objects.declarations,
-            &desired::declarations_manager(&name),
+            &desired::withdrawn_declarations(&namespace),
+            &desired::declarations_manager(&gone),
         )
         .await?;
+        tracing::info!(%namespace, composition = %gone, "took back the declarations of a deleted Composition");
     }
     let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
     let token = {

@@ -218,6 +218,45 @@ pub fn declarations_manager(composition: &str) -> String {
     format!("{MANAGER}.{composition}")
 }
 
+/// The Compositions whose part of `current` (the namespace's [`DECLARATIONS`] as read) outlived
+/// them: a field manager [`declarations_manager`] of a name no owner reference has any more (the
+/// garbage collector removes a deleted owner's reference from an object that has other owners).
+pub fn orphaned_declarations(current: &ConfigMap) -> Vec<String> {
+    let owners: Vec<&str> = current
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|owner| owner.name.as_str())
+        .collect();
+    let prefix = format!("{MANAGER}.");
+    let mut orphans: Vec<String> = current
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|entry| entry.manager.as_deref()?.strip_prefix(prefix.as_str()))
+        .filter(|name| !owners.contains(name))
+        .map(str::to_owned)
+        .collect();
+    orphans.sort_unstable();
+    orphans.dedup();
+    orphans
+}
+
+/// Applied as a gone Composition's [`declarations_manager`], takes back everything it applied
+/// to [`DECLARATIONS`] that no other Composition applies too.
+pub fn withdrawn_declarations(namespace: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(DECLARATIONS.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
+
 /// The ConfigMap holding the manifests.
 pub fn components_name(composition: &str) -> String {
     format!("{composition}-components")

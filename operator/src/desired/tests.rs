@@ -548,3 +548,43 @@ fn prometheus_finds_the_agents_metrics_on_the_probe_port() {
         );
     }
 }
+
+#[test]
+fn a_deleted_compositions_declarations_are_orphaned_once_its_owner_reference_is_gone() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    let mut shared = build(CompositionSpec::test(), Sidecar::Native, 1).declarations;
+    let owner = shared.metadata.owner_references.as_ref().unwrap()[0].clone();
+    let managers = [
+        declarations_manager(&owner.name),
+        declarations_manager("gone"),
+        declarations_manager("gone"),
+        MANAGER.to_owned(),
+        "kube-controller-manager".to_owned(),
+    ];
+    shared.metadata.managed_fields = Some(
+        managers
+            .iter()
+            .map(|manager| ManagedFieldsEntry {
+                manager: Some(manager.clone()),
+                ..ManagedFieldsEntry::default()
+            })
+            .collect(),
+    );
+    assert_eq!(orphaned_declarations(&shared), ["gone"]);
+    // While its owner reference is there, a Composition's part is its own.
+    shared
+        .metadata
+        .owner_references
+        .as_mut()
+        .unwrap()
+        .push(OwnerReference {
+            name: "gone".to_owned(),
+            ..owner
+        });
+    assert!(orphaned_declarations(&shared).is_empty());
+    // Withdrawing applies nothing but the object's name: every key of that manager goes.
+    let withdrawn = withdrawn_declarations("shop");
+    assert_eq!(withdrawn.data, None);
+    assert_eq!(withdrawn.metadata.owner_references, None);
+    assert_eq!(withdrawn.metadata.name.as_deref(), Some(DECLARATIONS));
+}

@@ -38,6 +38,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use toa_operator::desired::DECLARATIONS;
 use toa_operator::lease::{DURATION, RENEW};
 use toa_operator::Composition;
 
@@ -210,8 +211,13 @@ async fn end_to_end() {
 // Helpers
 
 fn manifest() -> serde_json::Value {
+    manifest_of("recorder")
+}
+
+/// The recorder's manifest under another name (component `e2e.<name>`).
+fn manifest_of(name: &str) -> serde_json::Value {
     json!({
-        "name": "recorder",
+        "name": name,
         "namespace": "e2e",
         "program": ["python3", "recorder.py"],
         "lifecycle": ["preflight", "ready", "pause", "resume", "dispose"],
@@ -1021,8 +1027,39 @@ async fn output(program: &str, args: &[&str]) -> Result<String, String> {
 async fn deletion_cleans_up(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-delete", "gone");
     cluster::namespace(&suite.admin, namespace).await;
+    // A second Composition in the namespace, of another component, shares toa-declarations and
+    // stays.
+    let stays = "stays";
+    let keeper = json!({ "name": "e2e.keeper", "manifest": manifest_of("keeper") });
+    let spec = json!({ "replicas": 0, "components": [keeper] });
+    apply(&suite, &composition(namespace, stays, spec)).await;
+    wait_condition(&suite, namespace, stays, "Ready", "True", None, PATIENCE).await;
     apply(&suite, &composition(namespace, name, json!({}))).await;
     ready_pods(&suite, namespace, name, 1).await;
+    let declarations = Api::<ConfigMap>::namespaced(suite.admin.clone(), namespace);
+    let managers = || async {
+        let shared = declarations
+            .get(DECLARATIONS)
+            .await
+            .map_err(|e| e.to_string())?;
+        let names: Vec<String> = shared
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter_map(|entry| entry.manager.clone())
+            .collect();
+        Ok::<_, String>((names, shared.data.unwrap_or_default()))
+    };
+    let (before, keys) = managers().await.unwrap();
+    assert!(
+        before.contains(&format!("toa-operator.{name}"))
+            && before.contains(&format!("toa-operator.{stays}"))
+            && keys.contains_key("e2e.recorder.yaml")
+            && keys.contains_key("e2e.keeper.yaml"),
+        "each Composition applies its part of {DECLARATIONS}: {before:?}, {:?}",
+        keys.keys()
+    );
     compositions(&suite, namespace)
         .delete(name, &DeleteParams::default())
         .await
@@ -1052,6 +1089,29 @@ async fn deletion_cleans_up(suite: Arc<Suite>) {
     })
     .await;
     wait_no_pods(&suite, namespace, name).await;
+    // The survivor's next reconcile takes back the deleted one's part of the shared map (poked
+    // with an annotation, which reconciles: the garbage collector may not have removed the
+    // deleted owner's reference by the first poke).
+    let mut poke = 0;
+    eventually("the deleted Composition's declarations are taken back", PATIENCE, || {
+        poke += 1;
+        let suite = suite.clone();
+        async move {
+            let patch = json!({ "metadata": { "annotations": { "e2e.toa.io/poke": poke.to_string() } } });
+            compositions(&suite, namespace)
+                .patch(stays, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| e.to_string())?;
+            let (now, data) = managers().await?;
+            let keys: Vec<&String> = data.keys().collect();
+            if now.contains(&format!("toa-operator.{name}")) || keys != ["e2e.keeper.yaml"] {
+                Err(format!("managers {now:?}, keys {keys:?}"))
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
 }
 
 /// A pod whose agent does not answer (SIGSTOP) during a halt: `Degraded=True` names it and the
