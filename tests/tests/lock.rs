@@ -426,3 +426,42 @@ async fn a_frozen_server_does_not_stall_acquisition_and_is_left_alone() {
         "the frozen server received {received} scripts over {cycles} lock cycles"
     );
 }
+
+/// A server that only answered later than the others (so a lock stopped waiting for it) is not
+/// taken for silent: after the timeout, a command to it still goes and is answered.
+#[tokio::test]
+async fn a_server_that_answers_late_is_not_taken_for_silent() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let on: Vec<&RedisServer> = servers.iter().collect();
+    let ttl = Duration::from_millis(2000);
+    let command_timeout = ttl / 10;
+    let replica = replica_on(&on, "test", "late", None, Some(ttl));
+    let warm = tokio::time::timeout(Duration::from_secs(10), replica.acquire("warm"))
+        .await
+        .expect("acquired with every server up")
+        .unwrap();
+    warm.release().await;
+    // The first server (the one meter uses) sleeps 50 ms: the acquisition is decided by the
+    // other two and stops waiting for it.
+    let mut sleeper = servers[0].connection();
+    let slow = std::thread::spawn(move || {
+        let busy = "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') \
+                    until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 50000";
+        redis::cmd("EVAL")
+            .arg(busy)
+            .arg(0)
+            .query::<()>(&mut sleeper)
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let held = replica.acquire("k").await.unwrap();
+    slow.join().unwrap();
+    tokio::time::sleep(command_timeout + Duration::from_millis(100)).await;
+    let debts = replica.meter("after", &[1000]).await;
+    assert_eq!(
+        debts.unwrap(),
+        vec![1000],
+        "the late server is asked, not refused"
+    );
+    drop(held);
+}

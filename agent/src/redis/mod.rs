@@ -8,18 +8,16 @@
 //! A server first seen with a short uptime is treated the same way: it may have restarted just
 //! before this process looked.
 //!
-//! A server that stops answering (frozen, overloaded, cut off without a reset) is *silent* from
-//! the first command that times out until it answers a probe: meanwhile commands to it fail at
-//! once rather than each waiting out the timeout and piling up on the connection, so a lock
-//! decided by the others does no work for it, and the agent's memory and the commands the server
-//! finds queued when it wakes stay bounded.
+//! A server that stops answering is left alone until it answers again ([`silence`]).
+
+mod silence;
 
 use redis::aio::MultiplexedConnection;
 use redis::{
     AsyncConnectionConfig, Client, FromRedisValue, IntoConnectionInfo, Script, ScriptInvocation,
 };
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use silence::{Before, Silence};
+use std::sync::Mutex;
 use std::time::Duration;
 use toa_context::{Credentials, RedisAddress};
 use tokio::time::Instant;
@@ -33,17 +31,9 @@ pub enum ServerError {
     Unreachable(String, String),
     #[error("{0} refused the command: {1}")]
     Refused(String, String),
-    #[error("{0} has not answered since a command timed out; waiting for it to answer a probe")]
+    #[error("{0} did not answer in time; commands to it fail at once until it answers a probe")]
     Silent(String),
 }
-
-/// Whether a server answers, as far as this process knows.
-const ANSWERING: u8 = 0;
-/// A command timed out; a probe waits for any answer.
-const SILENT: u8 = 1;
-/// The probe got no answer for [`Server::patience`]: connect anew on the next command (the
-/// address may lead somewhere else by now).
-const RECONNECT: u8 = 2;
 
 /// One Redis server.
 pub struct Server {
@@ -54,39 +44,23 @@ pub struct Server {
     quarantine: Duration,
     state: Mutex<State>,
     connecting: tokio::sync::Mutex<()>,
-    /// [`ANSWERING`], [`SILENT`] or [`RECONNECT`].
-    silence: Arc<AtomicU8>,
-    /// When the oldest command still unanswered was sent ([`micros_since_start`]), or [`NONE`].
-    unanswered_since: Arc<AtomicU64>,
+    silence: Silence,
 }
 
-const NONE: u64 = u64::MAX;
-
-/// A monotonic instant as microseconds since this process first asked.
-fn micros_since_start(at: Instant) -> u64 {
-    static START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
-    at.saturating_duration_since(*START).as_micros() as u64
-}
-
-/// One command on its way: dropped unanswered (its caller stopped waiting), it marks the server
-/// as owing an answer since it was sent; answered, it clears that mark for every command sent
-/// before it, since a connection's answers come in order.
+/// One command on its way: dropped before its answer (its caller stopped waiting), the server
+/// owes an answer since it was sent.
 struct Outstanding<'a> {
-    server: &'a Server,
-    sent: u64,
+    silence: &'a Silence,
+    ticket: silence::Ticket,
     answered: bool,
 }
 
 impl Drop for Outstanding<'_> {
     fn drop(&mut self) {
-        let since = &self.server.unanswered_since;
         if self.answered {
-            let sent = self.sent;
-            let _ = since.fetch_update(Ordering::AcqRel, Ordering::Acquire, |oldest| {
-                (oldest != NONE && oldest <= sent).then_some(NONE)
-            });
+            self.silence.answered(self.ticket);
         } else {
-            since.fetch_min(self.sent, Ordering::AcqRel);
+            self.silence.dropped(self.ticket);
         }
     }
 }
@@ -128,8 +102,7 @@ impl Server {
             quarantine,
             state: Mutex::new(State::default()),
             connecting: tokio::sync::Mutex::new(()),
-            silence: Arc::new(AtomicU8::new(ANSWERING)),
-            unanswered_since: Arc::new(AtomicU64::new(NONE)),
+            silence: Silence::new(address.to_string(), timeout),
         })
     }
 
@@ -196,21 +169,25 @@ impl Server {
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        self.check_silence()?;
-        let sent = Instant::now();
-        let deadline = sent + self.timeout;
+        match self.silence.before(self.current().as_ref(), &self.client) {
+            Before::Send => {}
+            Before::Refuse => return Err(ServerError::Silent(self.address.to_string())),
+            Before::Reconnect => self.disconnect(),
+        }
+        let deadline = Instant::now() + self.timeout;
         let connection = match tokio::time::timeout_at(deadline, self.connection()).await {
             Err(_) => return Err(self.timed_out()),
             Ok(connection) => connection?,
         };
         let mut outstanding = Outstanding {
-            server: self,
-            sent: micros_since_start(sent),
+            silence: &self.silence,
+            ticket: self.silence.sent(),
             answered: false,
         };
-        match tokio::time::timeout_at(deadline, call(connection)).await {
+        match tokio::time::timeout_at(deadline, call(connection.clone())).await {
             Err(_) => {
-                let _ = self.fall_silent();
+                drop(outstanding);
+                self.silence.timed_out(Some(&connection), &self.client);
                 Err(self.timed_out())
             }
             Ok(result) => {
@@ -220,83 +197,8 @@ impl Server {
         }
     }
 
-    /// Fails at once while the server is silent; finds it silent when a command (perhaps one
-    /// whose caller stopped waiting, as a lock decided by the other servers does) has gone
-    /// unanswered for longer than the timeout.
-    fn check_silence(&self) -> Result<(), ServerError> {
-        match self.silence.load(Ordering::Acquire) {
-            ANSWERING => {
-                let since = self.unanswered_since.load(Ordering::Acquire);
-                let waited = micros_since_start(Instant::now()).saturating_sub(since);
-                if since != NONE && waited > self.timeout.as_micros() as u64 && self.fall_silent() {
-                    return Err(ServerError::Silent(self.address.to_string()));
-                }
-                Ok(())
-            }
-            SILENT => Err(ServerError::Silent(self.address.to_string())),
-            _ => {
-                if self
-                    .silence
-                    .compare_exchange(RECONNECT, ANSWERING, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    self.disconnect();
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// How long a probe waits for a silent server before connecting anew.
-    fn patience(&self) -> Duration {
-        (self.timeout * 20).max(Duration::from_secs(5))
-    }
-
-    /// The server did not answer in time: fail the next commands at once, and probe on the
-    /// connection until the server answers (any answer: a frozen server answers everything
-    /// queued once it wakes). False when there is no connection to probe: what was owed on an
-    /// old one will not come, and the next command connects anew.
-    fn fall_silent(&self) -> bool {
-        let Some(mut connection) = self.state.lock().expect("server state").connection.clone()
-        else {
-            self.unanswered_since.store(NONE, Ordering::Release);
-            return false;
-        };
-        if self
-            .silence
-            .compare_exchange(ANSWERING, SILENT, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return true; // already silent
-        }
-        tracing::warn!(server = %self.address, timeout = ?self.timeout,
-            "Redis server did not answer; commands to it fail at once until it answers again");
-        let (silence, unanswered, address, patience) = (
-            self.silence.clone(),
-            self.unanswered_since.clone(),
-            self.address.to_string(),
-            self.patience(),
-        );
-        tokio::spawn(async move {
-            let ping = redis::cmd("PING");
-            let probe = ping.query_async::<redis::Value>(&mut connection);
-            let next = match tokio::time::timeout(patience, probe).await {
-                Ok(Ok(_)) => {
-                    tracing::info!(server = %address, "Redis server answers again");
-                    ANSWERING
-                }
-                // The connection failed: the next command notices and connects anew.
-                Ok(Err(_)) => ANSWERING,
-                Err(_) => {
-                    tracing::warn!(server = %address, ?patience, "Redis server still silent; connecting anew");
-                    RECONNECT
-                }
-            };
-            // Answers come in order: the probe's means every earlier command was answered.
-            unanswered.store(NONE, Ordering::Release);
-            silence.store(next, Ordering::Release);
-        });
-        true
+    fn current(&self) -> Option<MultiplexedConnection> {
+        self.state.lock().expect("server state").connection.clone()
     }
 
     fn outcome<T>(&self, result: redis::RedisResult<T>) -> Result<T, ServerError> {
@@ -329,8 +231,7 @@ impl Server {
         let mut state = self.state.lock().expect("server state");
         state.connection = None;
         state.countable_at = None;
-        // What was owed on the old connection will never come; the new one starts clean.
-        self.unanswered_since.store(NONE, Ordering::Release);
+        self.silence.disconnected();
     }
 
     async fn connection(&self) -> Result<MultiplexedConnection, ServerError> {
