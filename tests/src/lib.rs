@@ -383,10 +383,21 @@ pub fn replica_on(
     ttl: Option<Duration>,
 ) -> Arc<toa_agent::Atom> {
     let addresses: Vec<String> = servers.iter().map(|s| s.address()).collect();
+    replica_at(&addresses, application, component, interval, ttl)
+}
+
+/// [`replica_on`] servers given by address (a proxy's, say).
+pub fn replica_at(
+    addresses: &[String],
+    application: &str,
+    component: &str,
+    interval: Option<Duration>,
+    ttl: Option<Duration>,
+) -> Arc<toa_agent::Atom> {
     let config = toa_agent::AtomConfig {
         scope: toa_agent::Scope::new(application, component),
         mode: toa_agent::Mode::Pod,
-        atomicity: Some(toa_context::Atomicity::new(&addresses, interval, ttl).unwrap()),
+        atomicity: Some(toa_context::Atomicity::new(addresses, interval, ttl).unwrap()),
         credentials: toa_context::Credentials::default(),
         instance: format!("replica-{}", std::process::id()),
     };
