@@ -386,6 +386,23 @@ pub fn replica_on(
     replica_at(&addresses, application, component, interval, ttl)
 }
 
+/// Three servers of the test's own and a replica on them, once the servers count toward quorums
+/// (new servers count after they have been up for a TTL: the delayed-restart rule).
+pub async fn three_counted_servers(
+    component: &str,
+    ttl: Duration,
+) -> (Vec<RedisServer>, Arc<toa_agent::Atom>) {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let on: Vec<&RedisServer> = servers.iter().collect();
+    let replica = replica_on(&on, "test", component, None, Some(ttl));
+    let warm = tokio::time::timeout(Duration::from_secs(10), replica.acquire("warm"))
+        .await
+        .expect("acquired with every server up")
+        .unwrap();
+    warm.release().await;
+    (servers, replica)
+}
+
 /// [`replica_on`] servers given by address (a proxy's, say).
 pub fn replica_at(
     addresses: &[String],

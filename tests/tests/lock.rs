@@ -368,22 +368,14 @@ fn a_killed_holder_loses_the_lock_by_expiry() {
 /// every acquisition take at least that, while a majority answers in about a millisecond. The
 /// median of 21 acquisitions is compared with half the timeout, so a load spike cannot decide.
 ///
-/// And once a command to it has gone unanswered for the timeout, the frozen server is sent
-/// nothing more but a probe: counted on the server once it wakes, it received far fewer
-/// commands than the two (acquire, release) per cycle it would get otherwise.
+/// And once the frozen server is found silent (a command unanswered for the timeout, then a
+/// `PING` too), it is sent nothing more: counted on the server once it wakes, it received far
+/// fewer commands than the two (acquire, release) per cycle it would get otherwise.
 #[tokio::test]
 async fn a_frozen_server_does_not_stall_acquisition_and_is_left_alone() {
-    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let on: Vec<&RedisServer> = servers.iter().collect();
     let ttl = Duration::from_millis(2000);
     let command_timeout = ttl / 10;
-    let replica = replica_on(&on, "test", "frozen", None, Some(ttl));
-    // New servers count once they have been up for a TTL (the delayed-restart rule).
-    let warm = tokio::time::timeout(Duration::from_secs(10), replica.acquire("k"))
-        .await
-        .expect("acquired with every server up")
-        .unwrap();
-    warm.release().await;
+    let (servers, replica) = three_counted_servers("frozen", ttl).await;
     let scripts = ["evalsha", "eval"];
     let before = commands_of(&servers[2], &scripts);
     servers[2].freeze();

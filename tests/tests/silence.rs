@@ -133,16 +133,9 @@ async fn a_silent_connection_is_replaced_once_a_new_one_answers() {
 /// taken for silent: after the timeout, a command to it still goes and is answered.
 #[tokio::test]
 async fn a_server_that_answers_late_is_not_taken_for_silent() {
-    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let on: Vec<&RedisServer> = servers.iter().collect();
     let ttl = Duration::from_millis(2000);
     let command_timeout = ttl / 10;
-    let replica = replica_on(&on, "test", "late", None, Some(ttl));
-    let warm = tokio::time::timeout(Duration::from_secs(10), replica.acquire("warm"))
-        .await
-        .expect("acquired with every server up")
-        .unwrap();
-    warm.release().await;
+    let (servers, replica) = three_counted_servers("late", ttl).await;
     // The first server (the one meter uses) sleeps 50 ms: the acquisition is decided by the
     // other two and stops waiting for it.
     let mut sleeper = servers[0].connection();
