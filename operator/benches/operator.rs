@@ -290,14 +290,7 @@ async fn main() {
         .find_map(|arg| arg.strip_prefix("--agent-image="))
         .expect("the chart passes --agent-image")
         .to_owned();
-    let kubeconfig = cluster::service_account_kubeconfig(
-        &admin,
-        &plane,
-        &chart,
-        &root.join("operator.kubeconfig"),
-    )
-    .await;
-    let mut operator = operator::Operator::new(&chart, &kubeconfig, &root.join("operator.log"));
+    let mut operator = operator::Operator::under_chart(&admin, &plane, &chart, &root).await;
     operator.start().await;
     let kubelet = kubelet::Kubelet::start(admin.clone(), &root.join("pods"), agent).await;
     let settings = Settings {

@@ -69,14 +69,7 @@ async fn end_to_end() {
     let plane = ControlPlane::start(&root.join("control-plane"));
     let admin = cluster::client(&plane.kubeconfig).await;
     let chart = cluster::install_chart(&admin, "toa-system").await;
-    let kubeconfig = cluster::service_account_kubeconfig(
-        &admin,
-        &plane,
-        &chart,
-        &root.join("operator.kubeconfig"),
-    )
-    .await;
-    let mut operator = Operator::new(&chart, &kubeconfig, &root.join("operator.log"));
+    let mut operator = Operator::under_chart(&admin, &plane, &chart, &root).await;
     operator.start().await;
     let kubelet = Kubelet::start(admin.clone(), &root.join("pods"), agent).await;
     eprintln!(
@@ -242,6 +235,35 @@ fn composition(namespace: &str, name: &str, spec: serde_json::Value) -> serde_js
         "metadata": { "name": name, "namespace": namespace },
         "spec": base,
     })
+}
+
+/// A two-replica Composition of the recorder with halt windows of `quiet` and `grace` seconds,
+/// by whether it is `halted`.
+fn halting(
+    namespace: &'static str,
+    name: &'static str,
+    quiet: u32,
+    grace: u32,
+) -> impl Fn(bool) -> serde_json::Value {
+    move |halted| {
+        let halt = json!({ "quietWindow": quiet, "grace": grace });
+        composition(
+            namespace,
+            name,
+            json!({ "replicas": 2, "halted": halted, "halt": halt }),
+        )
+    }
+}
+
+/// Applies `spec(false)` and waits for its two pods.
+async fn running_two(
+    suite: &Suite,
+    namespace: &str,
+    name: &str,
+    spec: &impl Fn(bool) -> serde_json::Value,
+) -> Vec<PodInfo> {
+    apply(suite, &spec(false)).await;
+    ready_pods(suite, namespace, name, 2).await
 }
 
 /// Applies a Composition as a user would (server-side apply, field manager `e2e`).
@@ -635,15 +657,8 @@ async fn invalid_spec(suite: Arc<Suite>) {
 async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-halt-quiet", "quiet");
     cluster::namespace(&suite.admin, namespace).await;
-    let spec = |halted: bool| {
-        composition(
-            namespace,
-            name,
-            json!({ "replicas": 2, "halted": halted, "halt": { "quietWindow": 2, "grace": 30 } }),
-        )
-    };
-    apply(&suite, &spec(false)).await;
-    let pods = ready_pods(&suite, namespace, name, 2).await;
+    let spec = halting(namespace, name, 2, 30);
+    let pods = running_two(&suite, namespace, name, &spec).await;
 
     let start = Instant::now();
     apply(&suite, &spec(true)).await;
@@ -717,15 +732,8 @@ async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
 async fn halt_busy_called_off(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-halt-busy", "busy");
     cluster::namespace(&suite.admin, namespace).await;
-    let spec = |halted: bool| {
-        composition(
-            namespace,
-            name,
-            json!({ "replicas": 2, "halted": halted, "halt": { "quietWindow": 3, "grace": 8 } }),
-        )
-    };
-    apply(&suite, &spec(false)).await;
-    let pods = ready_pods(&suite, namespace, name, 2).await;
+    let spec = halting(namespace, name, 3, 8);
+    let pods = running_two(&suite, namespace, name, &spec).await;
     let busy = pods[0].clone();
 
     // Calls into the first pod, all along, through its agent's local API.
@@ -1120,15 +1128,8 @@ async fn deletion_cleans_up(suite: Arc<Suite>) {
 async fn unanswering_pod_during_halt(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-unanswering", "frozen");
     cluster::namespace(&suite.admin, namespace).await;
-    let spec = |halted: bool| {
-        composition(
-            namespace,
-            name,
-            json!({ "replicas": 2, "halted": halted, "halt": { "quietWindow": 1, "grace": 60 } }),
-        )
-    };
-    apply(&suite, &spec(false)).await;
-    let pods = ready_pods(&suite, namespace, name, 2).await;
+    let spec = halting(namespace, name, 1, 60);
+    let pods = running_two(&suite, namespace, name, &spec).await;
     let frozen = &pods[0];
     let agent = frozen.pids["agent"];
     // SAFETY: a signal to an agent this suite started.
@@ -1216,15 +1217,8 @@ impl Drop for Thaw {
 async fn operator_restart_during_halt(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-restart", "restart");
     cluster::namespace(&suite.admin, namespace).await;
-    let spec = |halted: bool| {
-        composition(
-            namespace,
-            name,
-            json!({ "replicas": 2, "halted": halted, "halt": { "quietWindow": 4, "grace": 60 } }),
-        )
-    };
-    apply(&suite, &spec(false)).await;
-    let pods = ready_pods(&suite, namespace, name, 2).await;
+    let spec = halting(namespace, name, 4, 60);
+    let pods = running_two(&suite, namespace, name, &spec).await;
     let token = control_token(&suite, namespace, name).await;
 
     apply(&suite, &spec(true)).await;

@@ -31,6 +31,24 @@ impl Operator {
         }
     }
 
+    /// The operator as the chart installs it, under the chart's ServiceAccount (its kubeconfig
+    /// written into `root`), logging to `root/operator.log`; not started yet.
+    pub async fn under_chart(
+        admin: &kube::Client,
+        plane: &crate::cluster::ControlPlane,
+        chart: &Chart,
+        root: &Path,
+    ) -> Self {
+        let kubeconfig = crate::cluster::service_account_kubeconfig(
+            admin,
+            plane,
+            chart,
+            &root.join("operator.kubeconfig"),
+        )
+        .await;
+        Self::new(chart, &kubeconfig, &root.join("operator.log"))
+    }
+
     /// Starts it and waits until `/ready` answers.
     pub async fn start(&mut self) {
         assert!(self.child.is_none(), "the operator runs already");
