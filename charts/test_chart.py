@@ -13,6 +13,7 @@ Prints `N passed, 0 failed` at the end and exits 1 when anything failed.
 
 from __future__ import annotations
 
+import json
 import sys
 import traceback
 from pathlib import Path
@@ -163,6 +164,12 @@ def _():
     args = c["args"]
     assert args[0] == "run", args
     assert "--agent-image=registry.example.com/toa-agent:0.1.0" in args, args
+    resources = [a for a in args if a.startswith("--agent-resources=")]
+    assert len(resources) == 1, args
+    assert json.loads(resources[0].split("=", 1)[1]) == {
+        "requests": {"cpu": "50m", "memory": "32Mi"},
+        "limits": {"memory": "128Mi"},
+    }, resources
     assert "--metrics-listen=0.0.0.0:8080" in args, args
     assert "--leader-election=on" in args, args
     assert "--lease-name=toa-operator" in args, args
@@ -175,6 +182,7 @@ def _():
 def _():
     known = {
         "--agent-image",
+        "--agent-resources",
         "--metrics-listen",
         "--leader-election",
         "--lease-name",

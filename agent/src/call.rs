@@ -47,13 +47,18 @@ pub async fn run(target: &str, request: &str, agent: &str) -> ExitCode {
 }
 
 /// `toa-agent drain`: asks the agent to drain and waits until dispose ran.
-pub async fn drain(agent: &str) -> ExitCode {
+/// In a pod the agent asks for the drain key (`key`, derived from the control token).
+pub async fn drain(agent: &str, key: Option<&str>) -> ExitCode {
     let url = format!("{}/v1/drain", agent.trim_end_matches('/'));
     let client = reqwest::Client::builder()
         .no_proxy()
         .build()
         .expect("an HTTP client");
-    match client.post(&url).send().await {
+    let mut request = client.post(&url);
+    if let Some(key) = key {
+        request = request.header(toa_context::control::DRAIN_HEADER, key);
+    }
+    match request.send().await {
         Ok(response) if response.status().is_success() => ExitCode::SUCCESS,
         Ok(response) => {
             eprintln!("the agent at {agent} answered {}", response.status());
@@ -64,4 +69,22 @@ pub async fn drain(agent: &str) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `toa-agent listening`: exits 0 once every address accepts a connection, 1 after `within`.
+pub async fn listening(
+    addresses: &[std::net::SocketAddr],
+    within: std::time::Duration,
+) -> ExitCode {
+    let deadline = tokio::time::Instant::now() + within;
+    for address in addresses {
+        while tokio::net::TcpStream::connect(address).await.is_err() {
+            if tokio::time::Instant::now() > deadline {
+                eprintln!("nothing accepts connections on {address} after {within:?}");
+                return ExitCode::FAILURE;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    ExitCode::SUCCESS
 }

@@ -13,6 +13,7 @@ use crate::calls::{Callee, Calls};
 use crate::catalog::{Catalog, Source};
 use crate::component::program::Program;
 use crate::component::{Component, ComponentError};
+use crate::drain;
 use crate::instance::Instance;
 use crate::lifecycle::{self, Member};
 use crate::metrics::Metrics;
@@ -23,6 +24,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use toa_context::control::DRAIN_PATH;
 use toa_context::{Context, Credentials, RunCommand};
 use tokio::sync::watch;
 
@@ -99,19 +101,42 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         atoms.insert(component.name.clone(), Arc::new(atom));
     }
 
-    let listener = match tokio::net::TcpListener::bind(listen).await {
-        Ok(listener) => listener,
-        Err(error) => {
-            tracing::warn!(%listen, %error, "the agent's address is taken; serving on a free port instead");
-            tokio::net::TcpListener::bind((listen.ip(), 0))
-                .await
-                .map_err(|e| ComposeError::Setup(e.to_string()))?
-        }
-    };
+    // Every listener first. In a pod the component containers start only once these are bound
+    // (the agent's postStart hook or startupProbe waits for them), so no program can take
+    // their ports; and the probes answer `/healthz` from here on, through attaching and the
+    // lifecycle.
+    let listener = bind_local(listen, mode).await?;
     let address = listener
         .local_addr()
         .map_err(|e| ComposeError::Setup(e.to_string()))?;
     let agent_url = format!("http://{address}");
+    let control = match control {
+        Some((address, token)) => Some((bind(address, "control endpoint").await?, token)),
+        None => None,
+    };
+    let (trigger, asked) = drain::channel(control.as_ref().map(|(_, token)| token.as_str()));
+    let (serving_tx, serving) = watch::channel(false);
+    let (ready_tx, ready) = watch::channel(false);
+    let probes = match probe {
+        Some(address) => {
+            let listener = bind(address, "probe endpoint").await?;
+            let app = api::calls::probes(ready.clone(), metrics.clone()).merge(
+                axum::Router::new()
+                    .route(
+                        DRAIN_PATH,
+                        axum::routing::get(drain::handle).post(drain::handle),
+                    )
+                    .with_state(trigger.clone()),
+            );
+            Some(tokio::spawn(axum::serve(listener, app).into_future()))
+        }
+        None => None,
+    };
+    let stop_listeners = |probes: &Option<tokio::task::JoinHandle<_>>| {
+        if let Some(probes) = probes {
+            probes.abort();
+        }
+    };
 
     // Start every program at once.
     let starts = loaded.iter().enumerate().map(|(index, component)| {
@@ -142,22 +167,11 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         }
     }
     if let Some(error) = failure {
+        stop_listeners(&probes);
         stop_programs(programs).await;
         return Err(error.into());
     }
 
-    let (serving_tx, serving) = watch::channel(false);
-    let (ready_tx, ready) = watch::channel(false);
-    let probes = match probe {
-        Some(address) => {
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .map_err(|e| ComposeError::Setup(format!("probe endpoint {address}: {e}")))?;
-            let app = api::calls::probes(ready.clone(), metrics.clone());
-            Some(tokio::spawn(axum::serve(listener, app).into_future()))
-        }
-        None => None,
-    };
     let callees = members
         .iter()
         .map(|m| {
@@ -206,15 +220,17 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
                     Arc::new(calls.over_broker(broker, catalog))
                 }
                 Err(message) => {
+                    stop_listeners(&probes);
                     stop_programs(programs).await;
                     return Err(ComposeError::Setup(message));
                 }
             }
         }
     };
-    let (drain_tx, mut drain) = tokio::sync::mpsc::channel::<()>(1);
-    // True once dispose ran: `POST /v1/drain` (a preStop hook) answers only then.
-    let (drained_tx, drained) = watch::channel(false);
+    let drain::Asked {
+        asked: mut drain,
+        done: drained_tx,
+    } = asked;
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let host = Arc::new(Host {
         atoms: atoms.clone(),
@@ -224,16 +240,10 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         listeners: Default::default(),
         metrics: metrics.clone(),
     });
-    let app = api::router(host).route(
-        "/v1/drain",
-        axum::routing::post(move || {
-            let (drain_tx, mut drained) = (drain_tx.clone(), drained.clone());
-            async move {
-                let _ = drain_tx.try_send(());
-                let _ = drained.wait_for(|done| *done).await;
-                "drained"
-            }
-        }),
+    let app = api::router(host).merge(
+        axum::Router::new()
+            .route("/v1/drain", axum::routing::post(drain::handle))
+            .with_state(trigger),
     );
     let server = tokio::spawn(
         axum::serve(listener, app)
@@ -252,6 +262,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     };
     if let Err(error) = started.await {
         server.abort();
+        stop_listeners(&probes);
         stop_programs(programs).await;
         return Err(error.into());
     }
@@ -262,10 +273,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     }
     let process = Process::start(members.clone(), calls.clone(), instance.to_string());
     let control = match control {
-        Some((address, token)) => {
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .map_err(|e| ComposeError::Setup(format!("control endpoint {address}: {e}")))?;
+        Some((listener, token)) => {
             tracing::info!(control = %listener.local_addr().map_err(|e| ComposeError::Setup(e.to_string()))?, "serving the control endpoint");
             let app = crate::control::router(token, process.clone());
             Some(tokio::spawn(axum::serve(listener, app).into_future()))
@@ -273,10 +281,47 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         None => None,
     };
 
+    // An attached program that stops serving (its container restarted) ends the agent too: the
+    // kubelet restarts it, and the new agent attaches again and runs the lifecycle anew.
+    let ports: Vec<u16> = programs
+        .iter()
+        .filter(|p| p.attached())
+        .map(Program::port)
+        .collect();
+    let gone = async {
+        if ports.is_empty() {
+            return std::future::pending().await;
+        }
+        futures::future::select_all(ports.iter().map(|port| Box::pin(stopped_serving(*port))))
+            .await
+            .0
+    };
     tokio::pin!(shutdown);
     tokio::select! {
         _ = &mut shutdown => {}
         _ = drain.recv() => {}
+        port = gone => {
+            let component = members
+                .iter()
+                .zip(&programs)
+                .find(|(_, program)| program.port() == port)
+                .map(|(member, _)| member.component.name.clone())
+                .unwrap_or_default();
+            tracing::error!(component, port, "the component's program stopped serving; stopping so that the agent is restarted and runs the lifecycle again");
+            ready_tx.send_replace(false);
+            serving_tx.send_replace(false);
+            if let Some(control) = control {
+                control.abort();
+            }
+            stop_listeners(&probes);
+            server.abort();
+            for atom in atoms.values() {
+                atom.shutdown().await;
+            }
+            return Err(ComposeError::Setup(format!(
+                "component {component}: its program stopped serving 127.0.0.1:{port}"
+            )));
+        }
     }
     tracing::info!("draining: no more calls in, running dispose");
     ready_tx.send_replace(false);
@@ -284,9 +329,6 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     process.drain().await;
     if let Some(control) = control {
         control.abort();
-    }
-    if let Some(probes) = probes {
-        probes.abort();
     }
     if let Err(error) = lifecycle::phase(&members, RunCommand::Dispose).await {
         tracing::error!(%error, "dispose failed");
@@ -296,7 +338,8 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         atom.shutdown().await;
     }
     stop_programs(programs).await;
-    // Let a waiting drain request have its answer, then stop serving.
+    // Let a waiting drain request have its answer, then stop serving. The probe port stays
+    // until here: the components' preStop hooks wait on it for the drain.
     let _ = stop_server.send(());
     if tokio::time::timeout(Duration::from_secs(2), server)
         .await
@@ -304,8 +347,51 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     {
         tracing::warn!("the local API did not close within 2 s");
     }
+    stop_listeners(&probes);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The local API's listener. A local run serves on a free port when the address is taken; in a
+/// pod a taken port means something else holds it, and the agent refuses to start.
+async fn bind_local(
+    listen: SocketAddr,
+    mode: Mode,
+) -> Result<tokio::net::TcpListener, ComposeError> {
+    match tokio::net::TcpListener::bind(listen).await {
+        Ok(listener) => Ok(listener),
+        Err(error) if mode == Mode::Local => {
+            tracing::warn!(%listen, %error, "the agent's address is taken; serving on a free port instead");
+            tokio::net::TcpListener::bind((listen.ip(), 0))
+                .await
+                .map_err(|e| ComposeError::Setup(e.to_string()))
+        }
+        Err(error) => Err(ComposeError::Setup(format!("local API {listen}: {error}"))),
+    }
+}
+
+async fn bind(address: SocketAddr, what: &str) -> Result<tokio::net::TcpListener, ComposeError> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| ComposeError::Setup(format!("{what} {address}: {e}")))
+}
+
+/// Completes once nothing answers on `port` three seconds in a row.
+async fn stopped_serving(port: u16) -> u16 {
+    let mut misses = 0;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let answered = tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::net::TcpStream::connect(("127.0.0.1", port)),
+        )
+        .await
+        .is_ok_and(|connected| connected.is_ok());
+        misses = if answered { 0 } else { misses + 1 };
+        if misses >= 3 {
+            return port;
+        }
+    }
 }
 
 /// Where the other components' declarations are: the directories beside the given ones (a local

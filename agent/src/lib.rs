@@ -10,6 +10,7 @@
 //! - [`component`]: a component's manifest, program and input checks;
 //! - [`compose`], [`lifecycle`], [`instance`]: running components locally;
 //! - [`control`]: the operator's authenticated control endpoint (halt, resume, status);
+//! - [`drain`]: who may start the drain (a drain key in a pod) and how they wait for it;
 //! - [`redis`]: connections to the 1..N servers, with restart tracking;
 //! - [`metrics`]: Prometheus metrics;
 //! - [`telemetry`]: logging setup.
@@ -22,6 +23,7 @@ pub mod catalog;
 pub mod component;
 pub mod compose;
 pub mod control;
+pub mod drain;
 pub mod instance;
 pub mod lifecycle;
 pub mod metrics;

@@ -3,8 +3,8 @@
 //!   toa-agent compose DIR...            run components locally
 //!   toa-agent call COMPONENT.OPERATION '{ input: {...} }'
 //!   toa-agent demo                      the examples' flows, end to end
-//!   toa-agent drain                     drain the running composition (preStop)
-//!   toa-agent install DIR               copy this binary into DIR (for the preStop hook)
+//!   toa-agent drain                     drain the running composition (the agent's preStop)
+//!   toa-agent listening ADDRESS...      wait until the agent's listeners accept (its postStart)
 
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
@@ -80,15 +80,25 @@ enum Command {
     },
     /// Compose the examples and run their flows: meter, lock, a pulse with slots, then drain.
     Demo,
-    /// Copy this binary into DIR (an init container does, so the component containers' preStop
-    /// hook can run `toa-agent drain`).
-    Install { dir: PathBuf },
-    /// Drain the running composition (a preStop hook): stop taking calls, run dispose; returns
-    /// when done.
+    /// Drain the running composition (the agent container's preStop hook): stop taking calls,
+    /// run dispose; returns when done.
     Drain {
         /// The agent's local API.
         #[arg(long, default_value = "http://127.0.0.1:7090", env = "TOA_AGENT")]
         agent: String,
+        /// The control token, from which the drain key a pod's agent asks for is derived.
+        #[arg(long, env = "TOA_CONTROL_TOKEN_FILE")]
+        control_token_file: Option<PathBuf>,
+    },
+    /// Wait until every ADDRESS accepts connections: the plain sidecar's
+    /// postStart hook, which holds the component containers back until the agent's listeners
+    /// are bound.
+    Listening {
+        #[arg(required = true)]
+        addresses: Vec<SocketAddr>,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 60)]
+        within: u64,
     },
 }
 
@@ -98,8 +108,22 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     match args.command {
         Command::Demo => demo::run().await,
-        Command::Drain { agent } => call::drain(&agent).await,
-        Command::Install { dir } => install(&dir),
+        Command::Drain {
+            agent,
+            control_token_file,
+        } => {
+            let key = match control_token_file.as_ref().map(read_token).transpose() {
+                Ok(token) => token.map(|token| toa_context::control::drain_key(&token)),
+                Err(message) => {
+                    eprintln!("{message}");
+                    return ExitCode::from(USAGE);
+                }
+            };
+            call::drain(&agent, key.as_deref()).await
+        }
+        Command::Listening { addresses, within } => {
+            call::listening(&addresses, std::time::Duration::from_secs(within)).await
+        }
         Command::Call {
             target,
             request,
@@ -210,25 +234,4 @@ fn read_token(path: &PathBuf) -> Result<String, String> {
         ));
     }
     Ok(token.to_owned())
-}
-
-fn install(dir: &std::path::Path) -> ExitCode {
-    use std::os::unix::fs::PermissionsExt;
-    let copy = || -> std::io::Result<PathBuf> {
-        let target = dir.join("toa-agent");
-        std::fs::create_dir_all(dir)?;
-        std::fs::copy(std::env::current_exe()?, &target)?;
-        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))?;
-        Ok(target)
-    };
-    match copy() {
-        Ok(target) => {
-            println!("installed {}", target.display());
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("cannot install toa-agent into {}: {error}", dir.display());
-            ExitCode::FAILURE
-        }
-    }
 }

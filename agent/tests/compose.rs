@@ -443,28 +443,6 @@ fn drain_returns_once_dispose_ran_and_the_composition_stops() {
 }
 
 #[test]
-fn install_copies_a_working_agent_for_the_pre_stop_hook() {
-    let dir = std::env::temp_dir().join(format!("toa-bin-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_toa-agent"))
-        .args(["install", dir.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let copied = std::process::Command::new(dir.join("toa-agent"))
-        .arg("--version")
-        .output()
-        .unwrap();
-    assert!(copied.status.success());
-    assert!(String::from_utf8_lossy(&copied.stdout).starts_with("toa-agent "));
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-#[test]
 fn probes_and_metrics_on_their_own_port_answer_without_a_token_and_serve_nothing_else() {
     let probe_port = free_port();
     let composition = Composition::start(

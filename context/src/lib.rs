@@ -6,10 +6,12 @@
 //! - [`address`]: Redis and broker addresses, which never carry credentials;
 //! - [`annotations`]: the typed model ([`Context`]) read from YAML or from environment variables;
 //! - [`credentials`]: secrets read from the environment or from mounted files, never printed;
-//! - [`manifest`]: a component's manifest.
+//! - [`manifest`]: a component's manifest;
+//! - [`control`]: the credentials the operator and the agent derive from a pod's control token.
 
 pub mod address;
 pub mod annotations;
+pub mod control;
 pub mod credentials;
 pub mod environment;
 pub mod manifest;

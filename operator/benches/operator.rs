@@ -296,6 +296,8 @@ async fn main() {
     let settings = Settings {
         agent_image,
         sidecar: Sidecar::Plain,
+        agent_resources: serde_json::from_str(toa_operator::args::DEFAULT_AGENT_RESOURCES)
+            .expect("the default resources parse"),
     };
     let pid = operator.pid().unwrap();
     let (idle, _) = memory(pid);

@@ -4,6 +4,7 @@
 use crate::render;
 use crate::run;
 use clap::{Parser, Subcommand, ValueEnum};
+use k8s_openapi::api::core::v1::ResourceRequirements;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -32,6 +33,14 @@ pub struct RunArgs {
     /// The image holding `toa-agent`, run beside every component.
     #[arg(long, env = "TOA_AGENT_IMAGE", value_name = "IMAGE")]
     pub agent_image: String,
+    /// The agent container's requests and limits, as JSON (the chart's `agentResources`).
+    #[arg(
+        long,
+        env = "TOA_AGENT_RESOURCES",
+        value_name = "JSON",
+        default_value = DEFAULT_AGENT_RESOURCES
+    )]
+    pub agent_resources: String,
     /// Where /health, /ready and /metrics are served.
     #[arg(
         long,
@@ -53,6 +62,12 @@ pub struct RunArgs {
     #[arg(long, env = "TOA_LEASE_IDENTITY")]
     pub lease_identity: Option<String>,
 }
+
+/// The agent's requests and limits unless the chart says otherwise: it idles at about 11 MB and
+/// stays under 20 MB under load (docs/benchmarks.md); no CPU limit, which would throttle the
+/// lock's and the heartbeats' timing.
+pub const DEFAULT_AGENT_RESOURCES: &str =
+    r#"{"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}}"#;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
@@ -78,6 +93,7 @@ impl RunArgs {
         // Destructured so that a new argument that is not passed on fails to compile.
         let Self {
             agent_image,
+            agent_resources,
             metrics_listen,
             leader_election,
             lease_name,
@@ -91,6 +107,11 @@ impl RunArgs {
                 given: agent_image,
             });
         }
+        let agent_resources = resources(&agent_resources).ok_or(RunArgsError {
+            option: "--agent-resources",
+            expected: r#"requests and limits as JSON, e.g. {"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}}"#,
+            given: agent_resources,
+        })?;
         let lease = match leader_election {
             OnOff::Off => None,
             OnOff::On => {
@@ -119,10 +140,30 @@ impl RunArgs {
         };
         Ok(run::Config {
             agent_image,
+            agent_resources,
             metrics_listen,
             lease,
         })
     }
+}
+
+/// Requests and limits with only `cpu` and `memory`, each a Kubernetes quantity (`50m`, `32Mi`,
+/// `0.5`): anything else would make every Deployment the operator applies fail.
+fn resources(json: &str) -> Option<ResourceRequirements> {
+    let parsed: ResourceRequirements = serde_json::from_str(json).ok()?;
+    let quantity = |text: &str| {
+        let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        let suffix = &text[digits.len()..];
+        !digits.is_empty()
+            && digits.parse::<f64>().is_ok_and(|n| n >= 0.0)
+            && ["", "m", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"].contains(&suffix)
+    };
+    let fine = [&parsed.requests, &parsed.limits]
+        .into_iter()
+        .flatten()
+        .flatten()
+        .all(|(name, value)| (name == "cpu" || name == "memory") && quantity(&value.0));
+    (fine && parsed.claims.is_none()).then_some(parsed)
 }
 
 #[derive(Debug, clap::Args)]
@@ -206,6 +247,7 @@ mod tests {
             config,
             run::Config {
                 agent_image: "toa-agent:1".into(),
+                agent_resources: serde_json::from_str(DEFAULT_AGENT_RESOURCES).unwrap(),
                 metrics_listen: "0.0.0.0:8080".parse().unwrap(),
                 lease: Some(run::LeaseSettings {
                     name: "toa-operator".into(),
@@ -214,6 +256,36 @@ mod tests {
                 }),
             }
         );
+    }
+
+    #[test]
+    fn the_agents_resources_are_cpu_and_memory_quantities() {
+        let config = |json: &str| {
+            parse(&["--agent-image", "a:1", "--agent-resources", json])
+                .unwrap()
+                .into_config(|_| Some("op".to_owned()))
+        };
+        let taken =
+            config(r#"{"requests":{"cpu":"0.1","memory":"40Mi"},"limits":{"memory":"1Gi"}}"#)
+                .unwrap()
+                .agent_resources;
+        assert_eq!(taken.requests.unwrap()["memory"].0, "40Mi");
+        assert_eq!(taken.limits.unwrap()["memory"].0, "1Gi");
+        for refused in [
+            "not json",
+            r#"{"requests":{"cpu":"lots"}}"#,
+            r#"{"requests":{"gpu":"1"}}"#,
+            r#"{"limits":{"memory":"-1Mi"}}"#,
+            r#"{"limits":{"memory":"12Xi"}}"#,
+        ] {
+            let error = config(refused).unwrap_err();
+            assert_eq!(error.option, "--agent-resources", "{refused}");
+            assert_eq!(error.given, refused);
+            assert!(
+                error.to_string().contains("requests and limits as JSON"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

@@ -16,8 +16,9 @@ use crate::agent_client::AgentControl;
 use crate::crd::Composition;
 use crate::desired::{self, Settings};
 use crate::halt::{self, Decision, Observation, Record, Report, Step};
-use crate::kube_io::{self, PodAddress};
+use crate::kube_io;
 use crate::metrics::Metrics;
+use crate::pods::Seen;
 use crate::status::{self, Observed, Rollout};
 use crate::validate::validate;
 use crate::Error;
@@ -219,6 +220,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
                     rollout: None,
                     replicas: composition.spec.replicas,
                     halt: None,
+                    pods: &[],
                     now,
                 },
                 previous,
@@ -345,6 +347,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
             rollout: Some(Rollout::of(&applied)),
             replicas,
             halt: Some(&decision),
+            pods: &pods,
             now,
         },
         previous,
@@ -365,26 +368,32 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     })
 }
 
-/// Whether a rollout is still under way, so the composition is looked at again soon (the owned
-/// Deployment's changes also trigger reconciles; this is the fallback).
+/// Whether a rollout is still under way or a pod is in trouble, so the composition is looked at
+/// again soon (the owned Deployment's changes also trigger reconciles, pods' do not).
 fn status_pending(status: &crate::CompositionStatus) -> bool {
     status.conditions.iter().any(|condition| {
-        condition.type_ == crate::crd::conditions::PROGRESSING && condition.status == "True"
+        (condition.type_ == crate::crd::conditions::PROGRESSING
+            || condition.type_ == crate::crd::conditions::DEGRADED)
+            && condition.status == "True"
     })
 }
 
-/// Each pod's report, asked of all agents at once; each request gives up after 2 s.
-async fn reports(context: &Context, pods: &[PodAddress], token: &str) -> Vec<halt::Pod> {
-    let asks = pods.iter().map(|pod| async move {
-        let report = match context.agents.status(pod.ip, token).await {
-            Ok(status) => Report::Status(status),
-            Err(error) => Report::Unreachable(error.to_string()),
-        };
-        halt::Pod {
-            name: pod.name.clone(),
-            report,
-        }
-    });
+/// Each pod's report, asked of all agents at once; each request gives up after 2 s. Pods without
+/// an IP run no agent yet and are left out of the halt (the status counts them as not answering).
+async fn reports(context: &Context, pods: &[Seen], token: &str) -> Vec<halt::Pod> {
+    let asks = pods
+        .iter()
+        .filter_map(|pod| Some((pod, pod.ip?)))
+        .map(|(pod, ip)| async move {
+            let report = match context.agents.status(ip, token).await {
+                Ok(status) => Report::Status(status),
+                Err(error) => Report::Unreachable(error.to_string()),
+            };
+            halt::Pod {
+                name: pod.name.clone(),
+                report,
+            }
+        });
     futures::future::join_all(asks).await
 }
 
@@ -393,13 +402,13 @@ async fn step(
     context: &Context,
     composition: &Composition,
     compositions: &Api<Composition>,
-    pods: &[PodAddress],
+    pods: &[Seen],
     token: &str,
     decision: &Decision,
     record: Option<Record>,
 ) -> Result<Option<Record>, Error> {
     let name = composition.name_any();
-    let ip = |pod: &str| pods.iter().find(|p| p.name == pod).map(|p| p.ip);
+    let ip = |pod: &str| pods.iter().find(|p| p.name == pod).and_then(|p| p.ip);
     match &decision.step {
         Step::Record(new) => {
             kube_io::record_halt(compositions, &name, Some(new)).await?;

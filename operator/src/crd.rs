@@ -20,7 +20,8 @@ pub mod conditions {
     pub const HALTED: &str = "Halted";
     /// Whether a rollout of the composition's Deployment is under way.
     pub const PROGRESSING: &str = "Progressing";
-    /// Whether something is wrong that the operator cannot fix alone (agents not answering).
+    /// Whether something is wrong that the operator cannot fix alone (failing containers,
+    /// agents not answering).
     pub const DEGRADED: &str = "Degraded";
 }
 
@@ -34,8 +35,10 @@ pub mod reasons {
     pub const ROLLING_OUT: &str = "RollingOut";
     /// A halt stopped the composition (`Ready=False`, `Halted=True`).
     pub const HALTED: &str = "Halted";
-    /// Some pods' agents did not answer the control endpoint.
+    /// Some pods' agents did not answer the control endpoint, or a pod has no IP yet.
     pub const AGENTS_UNREACHABLE: &str = "AgentsUnreachable";
+    /// A pod's container crash-loops, cannot start or ended, or the pod failed.
+    pub const PODS_FAILING: &str = "PodsFailing";
     /// Nothing wrong (`Degraded=False`).
     pub const AS_EXPECTED: &str = "AsExpected";
     // The `Halted` condition's other reasons name the halt's phase: see `crate::halt::Phase`.
@@ -106,6 +109,33 @@ pub struct CompositionSpec {
     /// How a halt proceeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halt: Option<HaltSpec>,
+    /// Who the component containers run as. Every pod meets the restricted Pod Security
+    /// profile whatever is set here; by default everything runs as uid and gid 65532.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<SecuritySpec>,
+}
+
+/// Who the component containers run as; the agent always runs as 65532.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecuritySpec {
+    /// The user id of the component containers [default 65532]; never 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub run_as_user: Option<i64>,
+    /// The group id of the component containers [default 65532]; never 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub run_as_group: Option<i64>,
+    /// The group that owns the pod's volumes [default 65532]; never 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub fs_group: Option<i64>,
+    /// Run the component containers as their image's own `USER` (which must be a numeric,
+    /// non-root user: the kubelet refuses to start any other under `runAsNonRoot`). Excludes
+    /// `runAsUser` and `runAsGroup`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub image_user: bool,
 }
 
 /// One component of the composition.

@@ -22,13 +22,14 @@
 //! manifests, mounted from the ConfigMap at the same paths in its own container.
 
 use crate::crd::Composition;
-use crate::validate::Valid;
+use crate::validate::{Security, Valid, NONROOT};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, ExecAction, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler,
-    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, Secret, SecretKeySelector,
-    SecretVolumeSource, TCPSocketAction, Volume, VolumeMount,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    ExecAction, HTTPGetAction, HTTPHeader, KeyToPath, Lifecycle, LifecycleHandler,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -61,12 +62,12 @@ pub const DECLARATIONS_DIR: &str = "/var/run/toa/declarations";
 /// component's name, and unique.
 pub const AGENT_CONTAINER: &str = "agent";
 pub const COMPONENT_CONTAINER: &str = "component";
-/// The init container that copies the agent's binary where the component containers find it, so
-/// their `preStop` hook can run `toa-agent drain` (the drain listens on loopback, which an
-/// `httpGet` hook, aimed at the pod IP, cannot reach).
-pub const INSTALL_CONTAINER: &str = "install-agent";
-/// Where the component containers find `toa-agent` (an emptyDir shared with the init container).
-pub const AGENT_BIN_DIR: &str = "/toa/bin";
+/// How long the kubelet gives a stopping pod: the drain's `dispose` may take its 60 s run-command
+/// limit, then the containers stop; the rest is margin for the hooks and the signal.
+pub const GRACE_SECONDS: i64 = 90;
+/// How long the agent's listeners may take to be bound (its `startupProbe`, period 1 s). They are
+/// bound before anything else the agent does, so this covers a slow node, not the lifecycle.
+pub const STARTUP_SECONDS: i32 = 60;
 /// The agent's `--attach` port: component *i* (in the order of the agent's component arguments,
 /// the spec's order) serves `127.0.0.1:(ATTACH_PORT + i)` in its own container, and the agent,
 /// which does not start programs in a pod, waits for it there. Clear of the agent's own ports
@@ -103,11 +104,13 @@ impl Sidecar {
 }
 
 /// Operator settings that shape every Composition's objects.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     /// The image holding `toa-agent`.
     pub agent_image: String,
     pub sidecar: Sidecar,
+    /// The agent container's requests and limits (the chart's `agentResources`).
+    pub agent_resources: ResourceRequirements,
 }
 
 /// The objects for one Composition.
@@ -187,6 +190,7 @@ pub fn desired(
             composition,
             valid,
             settings,
+            token,
             replicas,
         ),
     })
@@ -307,23 +311,33 @@ fn deployment(
     composition: &Composition,
     valid: &Valid,
     settings: &Settings,
+    token: &str,
     replicas: i32,
 ) -> Deployment {
     let selector = BTreeMap::from([
         ("app.kubernetes.io/instance".to_owned(), name.to_owned()),
         (LABEL_COMPOSITION.to_owned(), name.to_owned()),
     ]);
-    let mut containers = components(composition, valid);
+    let drain = toa_context::control::drain_key(token);
+    let mut containers = components(composition, valid, &drain);
     let mut agent = agent(composition, valid, settings);
-    let install = install_agent(settings);
     let init_containers = match settings.sidecar {
+        // The kubelet starts the component containers once the sidecar's startupProbe passes,
+        // that is once its listeners are bound.
         Sidecar::Native => {
             agent.restart_policy = Some("Always".to_owned());
-            Some(vec![install, agent])
+            Some(vec![agent])
         }
+        // The kubelet starts containers in order and the next one only after the previous one's
+        // postStart hook returned: first, with a hook that returns once its listeners are bound.
         Sidecar::Plain => {
-            containers.push(agent);
-            Some(vec![install])
+            let hook = listening_hook();
+            agent
+                .lifecycle
+                .get_or_insert_with(Lifecycle::default)
+                .post_start = Some(hook);
+            containers.insert(0, agent);
+            None
         }
     };
     Deployment {
@@ -344,6 +358,12 @@ fn deployment(
                     containers,
                     init_containers,
                     volumes: Some(volumes(name, composition)),
+                    security_context: Some(pod_security(&valid.security)),
+                    // Component programs are not the operator's to trust: no API credentials and
+                    // no other Services' addresses in their environment.
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(GRACE_SECONDS),
                     ..PodSpec::default()
                 }),
             },
@@ -379,11 +399,6 @@ fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {
         .collect();
     vec![
         Volume {
-            name: "toa-bin".to_owned(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Volume::default()
-        },
-        Volume {
             name: "components".to_owned(),
             config_map: Some(ConfigMapVolumeSource {
                 name: components_name(name),
@@ -406,8 +421,10 @@ fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {
             name: "control".to_owned(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(control_name(name)),
-                // Read by the agent only; no one else in the pod needs the token.
-                default_mode: Some(0o400),
+                // Mounted in the agent only. The kubelet writes it root-owned; the pod's fsGroup
+                // gives the agent's group read access (a uid-65532 agent could not read a
+                // root-owned 0400 file: found on a real kubelet).
+                default_mode: Some(0o440),
                 ..SecretVolumeSource::default()
             }),
             ..Volume::default()
@@ -418,7 +435,7 @@ fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {
 /// One container per component, in the spec's order (the order of the agent's arguments, which
 /// gives each its attach port): the component's `program` from `spec.image`, started in its
 /// directory in the image, with the variables `toa-agent compose` would give it.
-fn components(composition: &Composition, valid: &Valid) -> Vec<Container> {
+fn components(composition: &Composition, valid: &Valid, drain: &str) -> Vec<Container> {
     valid
         .components
         .iter()
@@ -444,49 +461,32 @@ fn components(composition: &Composition, valid: &Valid) -> Vec<Container> {
                     instance(),
                 ]),
                 resources: composition.spec.resources.clone(),
+                security_context: Some(container_security(
+                    valid.security.run_as_user,
+                    valid.security.run_as_group,
+                )),
                 // Stopping a pod drains the agent first: no more calls in, dispose runs while the
-                // component still serves, then the kubelet stops the container.
+                // component still serves, then the kubelet stops the container. The hook asks
+                // the agent's probe port with the drain key, which the program never sees.
                 lifecycle: Some(Lifecycle {
                     pre_stop: Some(LifecycleHandler {
-                        exec: Some(ExecAction {
-                            command: Some(vec![
-                                format!("{AGENT_BIN_DIR}/toa-agent"),
-                                "drain".to_owned(),
-                            ]),
+                        http_get: Some(HTTPGetAction {
+                            path: Some(toa_context::control::DRAIN_PATH.to_owned()),
+                            port: IntOrString::Int(i32::from(PROBE_PORT)),
+                            http_headers: Some(vec![HTTPHeader {
+                                name: toa_context::control::DRAIN_HEADER.to_owned(),
+                                value: drain.to_owned(),
+                            }]),
+                            ..HTTPGetAction::default()
                         }),
                         ..LifecycleHandler::default()
                     }),
                     ..Lifecycle::default()
                 }),
-                volume_mounts: Some(vec![VolumeMount {
-                    name: "toa-bin".to_owned(),
-                    mount_path: AGENT_BIN_DIR.to_owned(),
-                    read_only: Some(true),
-                    ..VolumeMount::default()
-                }]),
                 ..Container::default()
             }
         })
         .collect()
-}
-
-/// Copies the agent's binary into the shared emptyDir (`toa-agent install`).
-fn install_agent(settings: &Settings) -> Container {
-    Container {
-        name: INSTALL_CONTAINER.to_owned(),
-        image: Some(settings.agent_image.clone()),
-        command: Some(vec![
-            "toa-agent".to_owned(),
-            "install".to_owned(),
-            AGENT_BIN_DIR.to_owned(),
-        ]),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "toa-bin".to_owned(),
-            mount_path: AGENT_BIN_DIR.to_owned(),
-            ..VolumeMount::default()
-        }]),
-        ..Container::default()
-    }
 }
 
 fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Container {
@@ -534,25 +534,34 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
                 ..ContainerPort::default()
             },
         ]),
-        // Ready once every component ran `ready` (the agent's probe listener); liveness checks
-        // that the control endpoint accepts.
-        readiness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction {
-                path: Some("/readyz".to_owned()),
-                port: IntOrString::Int(i32::from(PROBE_PORT)),
-                ..HTTPGetAction::default()
-            }),
-            period_seconds: Some(5),
-            ..Probe::default()
+        resources: Some(settings.agent_resources.clone()),
+        security_context: Some(SecurityContext {
+            read_only_root_filesystem: Some(true),
+            ..container_security(Some(NONROOT), Some(NONROOT))
         }),
-        liveness_probe: Some(Probe {
-            tcp_socket: Some(TCPSocketAction {
-                port: IntOrString::Int(i32::from(CONTROL_PORT)),
-                host: None,
+        // The probe listener is the first thing the agent binds and answers `/healthz` all
+        // along, through attaching and the lifecycle (a TCP check on the control port, which
+        // opened only after the lifecycle, killed healthy starts whose `preflight` ran past
+        // ~30 s). The startupProbe covers only binding; on a native sidecar it holds the
+        // component containers back until then.
+        startup_probe: Some(http_probe("/healthz", 1, STARTUP_SECONDS)),
+        liveness_probe: Some(http_probe("/healthz", 10, 3)),
+        // Ready once every component ran `ready`.
+        readiness_probe: Some(http_probe("/readyz", 5, 3)),
+        // The agent's own drain, for when it stops before or without the components' hooks.
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec![
+                        "toa-agent".to_owned(),
+                        "drain".to_owned(),
+                        "--control-token-file".to_owned(),
+                        format!("{CONTROL_DIR}/{TOKEN_KEY}"),
+                    ]),
+                }),
+                ..LifecycleHandler::default()
             }),
-            period_seconds: Some(10),
-            failure_threshold: Some(3),
-            ..Probe::default()
+            ..Lifecycle::default()
         }),
         volume_mounts: Some(vec![
             VolumeMount {
@@ -643,6 +652,65 @@ fn instance() -> EnvVar {
             }),
             ..EnvVarSource::default()
         }),
+    }
+}
+
+/// The plain sidecar's `postStart` hook: returns once the agent's listeners accept.
+fn listening_hook() -> LifecycleHandler {
+    LifecycleHandler {
+        exec: Some(ExecAction {
+            command: Some(vec![
+                "toa-agent".to_owned(),
+                "listening".to_owned(),
+                LOCAL_LISTEN.to_owned(),
+                format!("127.0.0.1:{CONTROL_PORT}"),
+                format!("127.0.0.1:{PROBE_PORT}"),
+            ]),
+        }),
+        ..LifecycleHandler::default()
+    }
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::Int(i32::from(PROBE_PORT)),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(2),
+        ..Probe::default()
+    }
+}
+
+/// The pod's part of the restricted Pod Security profile: non-root, the runtime's default
+/// seccomp profile, and the volume group the agent reads its token through.
+fn pod_security(security: &Security) -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        fs_group: Some(security.fs_group),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            localhost_profile: None,
+        }),
+        ..PodSecurityContext::default()
+    }
+}
+
+/// A container's part of the restricted profile; `user`/`group` `None`: the image's own.
+fn container_security(user: Option<i64>, group: Option<i64>) -> SecurityContext {
+    SecurityContext {
+        run_as_user: user,
+        run_as_group: group,
+        run_as_non_root: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            add: None,
+        }),
+        ..SecurityContext::default()
     }
 }
 

@@ -16,6 +16,7 @@ impl CompositionSpec {
             credentials: None,
             halted: false,
             halt: None,
+            security_context: None,
         }
     }
 
@@ -47,6 +48,19 @@ impl ComponentSpec {
         Self {
             name: format!("{namespace}.{name}"),
             manifest: manifest.as_object().cloned().unwrap_or_default(),
+        }
+    }
+}
+
+impl crate::desired::Settings {
+    /// The agent image `registry.example.com/toa-agent:0.1` in `sidecar` style, with the
+    /// default resources.
+    pub fn test(sidecar: crate::desired::Sidecar) -> Self {
+        Self {
+            agent_image: "registry.example.com/toa-agent:0.1".into(),
+            sidecar,
+            agent_resources: serde_json::from_str(crate::args::DEFAULT_AGENT_RESOURCES)
+                .expect("the default resources parse"),
         }
     }
 }

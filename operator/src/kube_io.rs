@@ -6,6 +6,7 @@
 use crate::crd::{Composition, CompositionStatus};
 use crate::desired::{pod_selector, Sidecar, MANAGER, TOKEN_KEY};
 use crate::halt::{Record, ANNOTATION};
+use crate::pods::Seen;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -13,7 +14,6 @@ use rand::distr::{Alphanumeric, SampleString};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::fmt::Debug;
-use std::net::IpAddr;
 
 /// Applies `object` (server-side, forcing ownership of the fields it sets: the operator is the
 /// only writer of what it manages).
@@ -58,29 +58,12 @@ pub async fn control_token(
     Ok(token)
 }
 
-/// A pod of the composition, with the IP its agent's control endpoint listens on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodAddress {
-    pub name: String,
-    pub ip: IpAddr,
-}
-
-/// The composition's pods that have an IP (the others run no agent yet).
-pub async fn pods(api: &Api<Pod>, composition: &str) -> Result<Vec<PodAddress>, kube::Error> {
+/// The composition's pods, as [`crate::pods::seen`] reads them.
+pub async fn pods(api: &Api<Pod>, composition: &str) -> Result<Vec<Seen>, kube::Error> {
     let list = api
         .list(&ListParams::default().labels(&pod_selector(composition)))
         .await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter_map(|pod| {
-            let ip = pod.status.as_ref()?.pod_ip.as_ref()?.parse().ok()?;
-            Some(PodAddress {
-                name: pod.name_any(),
-                ip,
-            })
-        })
-        .collect())
+    Ok(list.items.iter().map(crate::pods::seen).collect())
 }
 
 /// Writes the halt record into the annotation, or removes it.

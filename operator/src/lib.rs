@@ -6,9 +6,11 @@
 //! - [`validate`]: the reconcile-time check of a spec (the schema's checks again, plus what a
 //!   schema cannot say), into the settings the pods receive;
 //! - [`manifest`]: component manifests (`manifest.toa.yaml`) and component names;
+//! - [`restricted`]: the restricted Pod Security profile's rules, checked by the tests;
 //! - [`render`]: context.toa.yaml + manifests → a Composition, for `kubectl apply`;
 //! - [`desired`]: a validated Composition → the ConfigMap, Secret and Deployment to apply (pure);
 //! - [`status`]: observations → the Composition's conditions (pure);
+//! - [`pods`]: what the pods' own statuses say is wrong, for `Degraded` (pure);
 //! - [`halt`]: the halt's state machine (pure);
 //! - [`agent_client`]: the agents' control endpoint (halt, resume, status) behind a trait;
 //! - [`controller`]: the kube-runtime controller: reconcile and error policy, wiring only;
@@ -32,7 +34,9 @@ pub mod kube_io;
 pub mod lease;
 pub mod manifest;
 pub mod metrics;
+pub mod pods;
 pub mod render;
+pub mod restricted;
 pub mod run;
 pub mod status;
 pub mod validate;

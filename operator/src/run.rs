@@ -17,9 +17,10 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 /// What `run` needs, checked by [`crate::args::RunArgs::into_config`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub agent_image: String,
+    pub agent_resources: k8s_openapi::api::core::v1::ResourceRequirements,
     pub metrics_listen: SocketAddr,
     /// `None`: leader election off, this replica always reconciles (run one replica only).
     pub lease: Option<LeaseSettings>,
@@ -70,6 +71,7 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let Config {
         agent_image,
+        agent_resources,
         metrics_listen,
         lease,
     } = config;
@@ -97,6 +99,7 @@ pub async fn run(
         Settings {
             agent_image,
             sidecar,
+            agent_resources,
         },
         Arc::new(agents),
         metrics.clone(),

@@ -7,10 +7,11 @@
 //! | `Ready` | the Deployment has rolled out this generation and is not stopped by a halt | `RolledOut`; `False`: `InvalidSpec`, `RollingOut`, `Halted` |
 //! | `Progressing` | a rollout of this generation is under way | `RollingOut`, `RolledOut`, `InvalidSpec` |
 //! | `Halted` | a halt stopped the composition (0 replicas, none left) | the halt's phase ([`crate::halt::Phase::reason`]) |
-//! | `Degraded` | some agents do not answer the control endpoint, or the spec is refused | `AgentsUnreachable`, `InvalidSpec`; `False`: `AsExpected` |
+//! | `Degraded` | a pod's container fails (crash loop, cannot start, evicted: from the pods' own statuses, see [`crate::pods`]), an agent does not answer the control endpoint or a pod has no IP yet, or the spec is refused | `PodsFailing`, `AgentsUnreachable`, `InvalidSpec`; `False`: `AsExpected` |
 
 use crate::crd::{conditions, reasons, CompositionStatus};
 use crate::halt::{Decision, Phase};
+use crate::pods::Seen;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -63,6 +64,8 @@ pub struct Observed<'a> {
     pub replicas: i32,
     /// The halt's phase and unreachable pods; `None` when the spec was refused.
     pub halt: Option<&'a Decision>,
+    /// The composition's pods as listed.
+    pub pods: &'a [Seen],
     pub now: Timestamp,
 }
 
@@ -75,6 +78,7 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
         rollout,
         replicas,
         halt,
+        pods,
         now,
     } = *observed;
     let condition = |type_: &str, status: bool, reason: &str, message: String| Condition {
@@ -166,28 +170,7 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
                 decision.phase.reason(),
                 halted_message(decision, previous),
             ));
-            conditions.push(if decision.unreachable.is_empty() {
-                // Never an empty message: a v1.20 API server turns "" into null in a merge
-                // patch of a custom resource and refuses the status (found end to end).
-                condition(
-                    conditions::DEGRADED,
-                    false,
-                    reasons::AS_EXPECTED,
-                    "every pod's agent answers the control endpoint".to_owned(),
-                )
-            } else {
-                let pods: Vec<String> = decision
-                    .unreachable
-                    .iter()
-                    .map(|(pod, why)| format!("{pod}: {why}"))
-                    .collect();
-                condition(
-                    conditions::DEGRADED,
-                    true,
-                    reasons::AGENTS_UNREACHABLE,
-                    format!("the control endpoint did not answer on {}", pods.join("; ")),
-                )
-            });
+            conditions.push(degraded(decision, pods, &condition));
         }
     }
     // A condition whose status is unchanged keeps the time it last changed.
@@ -203,6 +186,59 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
     CompositionStatus {
         observed_generation: generation,
         conditions,
+    }
+}
+
+/// `Degraded`: failing containers first (`PodsFailing`), then agents that did not answer and pods
+/// without an IP (`AgentsUnreachable`); each pod named with what is wrong.
+fn degraded(
+    decision: &Decision,
+    pods: &[Seen],
+    condition: &impl Fn(&str, bool, &str, String) -> Condition,
+) -> Condition {
+    let failing: Vec<String> = pods
+        .iter()
+        .filter(|pod| !pod.troubles.is_empty())
+        .map(|pod| format!("{}: {}", pod.name, pod.troubles.join("; ")))
+        .collect();
+    let unreachable: Vec<String> = decision
+        .unreachable
+        .iter()
+        .map(|(pod, why)| format!("{pod}: {why}"))
+        .chain(
+            pods.iter()
+                .filter(|pod| pod.ip.is_none() && !pod.terminating)
+                .map(|pod| format!("{}: no pod IP yet", pod.name)),
+        )
+        .collect();
+    let unreachable_message = || {
+        format!(
+            "the control endpoint did not answer on {}",
+            unreachable.join("; ")
+        )
+    };
+    if !failing.is_empty() {
+        let mut message = failing.join(" | ");
+        if !unreachable.is_empty() {
+            message = format!("{message} | {}", unreachable_message());
+        }
+        condition(conditions::DEGRADED, true, reasons::PODS_FAILING, message)
+    } else if !unreachable.is_empty() {
+        condition(
+            conditions::DEGRADED,
+            true,
+            reasons::AGENTS_UNREACHABLE,
+            unreachable_message(),
+        )
+    } else {
+        // Never an empty message: a v1.20 API server turns "" into null in a merge patch of a
+        // custom resource and refuses the status (found end to end).
+        condition(
+            conditions::DEGRADED,
+            false,
+            reasons::AS_EXPECTED,
+            "every pod runs and its agent answers the control endpoint".to_owned(),
+        )
     }
 }
 

@@ -7,7 +7,7 @@
 //! Pure: no I/O, so the controller can call it on every reconcile and write the message into a
 //! `Ready=False` condition with reason [`crate::crd::reasons::INVALID_SPEC`].
 
-use crate::crd::{AtomicitySpec, CompositionSpec, ContextSpec, HaltSpec};
+use crate::crd::{AtomicitySpec, CompositionSpec, ContextSpec, HaltSpec, SecuritySpec};
 use crate::manifest;
 use std::time::Duration;
 use toa_context::{Addressed, AmqpAddress, Atomicity, Context, ContextError, Manifest};
@@ -29,7 +29,22 @@ pub struct Valid {
     pub halt: Halt,
     /// The Secret holding Redis and broker credentials, if any.
     pub credentials: Option<String>,
+    /// Who the component containers run as.
+    pub security: Security,
 }
+
+/// Who the component containers run as, and the pod's volume group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Security {
+    /// `None`: the image's own `USER`.
+    pub run_as_user: Option<i64>,
+    pub run_as_group: Option<i64>,
+    pub fs_group: i64,
+}
+
+/// The user and group everything runs as unless the spec says otherwise: the distroless
+/// `nonroot` user, which the agent's image runs as.
+pub const NONROOT: i64 = 65532;
 
 /// The timings of a halt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,12 +73,53 @@ pub fn validate(spec: &CompositionSpec) -> Result<Valid, InvalidSpec> {
         .map(|credentials| secret_name(&credentials.secret_name))
         .transpose()?;
     let halt = halt(spec.halt.as_ref().unwrap_or(&HaltSpec::default()))?;
+    let security = security(
+        spec.security_context
+            .as_ref()
+            .unwrap_or(&SecuritySpec::default()),
+    )?;
     Ok(Valid {
         context,
         components,
         replicas: spec.replicas,
         halt,
         credentials,
+        security,
+    })
+}
+
+/// The restricted Pod Security profile refuses root; the image's user excludes a given one.
+fn security(spec: &SecuritySpec) -> Result<Security, InvalidSpec> {
+    for (field, id) in [
+        ("runAsUser", spec.run_as_user),
+        ("runAsGroup", spec.run_as_group),
+        ("fsGroup", spec.fs_group),
+    ] {
+        if let Some(id) = id.filter(|id| *id < 1) {
+            return Err(invalid(
+                &format!("spec.securityContext.{field}"),
+                format!("expected an id of 1 or more (the restricted Pod Security profile refuses root), got {id}"),
+            ));
+        }
+    }
+    if spec.image_user && (spec.run_as_user.is_some() || spec.run_as_group.is_some()) {
+        return Err(invalid(
+            "spec.securityContext.imageUser",
+            "expected either imageUser or runAsUser/runAsGroup, got both",
+        ));
+    }
+    Ok(if spec.image_user {
+        Security {
+            run_as_user: None,
+            run_as_group: None,
+            fs_group: spec.fs_group.unwrap_or(NONROOT),
+        }
+    } else {
+        Security {
+            run_as_user: Some(spec.run_as_user.unwrap_or(NONROOT)),
+            run_as_group: Some(spec.run_as_group.unwrap_or(NONROOT)),
+            fs_group: spec.fs_group.unwrap_or(NONROOT),
+        }
     })
 }
 

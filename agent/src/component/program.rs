@@ -111,6 +111,11 @@ impl Program {
         self.port
     }
 
+    /// Started by someone else (a pod's component container), not by this agent.
+    pub fn attached(&self) -> bool {
+        self.child.is_none()
+    }
+
     /// Asks the program to stop (SIGTERM), then kills it after `grace`. An attached program is
     /// not the agent's to stop.
     pub async fn stop(self, grace: Duration) {

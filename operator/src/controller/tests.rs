@@ -58,10 +58,7 @@ impl AgentControl for FakeAgents {
 fn context(agents: Arc<FakeAgents>, leader: bool) -> (Arc<Context>, Handle) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
-    let settings = Settings {
-        agent_image: "registry.example.com/toa-agent:0.1".into(),
-        sidecar: Sidecar::Native,
-    };
+    let settings = Settings::test(Sidecar::Native);
     let (_, leader) = watch::channel(leader);
     let mut context = Context::new(client, settings, agents, Metrics::default(), leader);
     context.now = now;
@@ -274,6 +271,7 @@ async fn an_invalid_spec_whose_status_is_written_makes_no_request() {
             rollout: None,
             replicas: 2,
             halt: None,
+            pods: &[],
             now: "2027-01-01T00:00:00Z".parse().unwrap(),
         },
         None,
@@ -509,10 +507,7 @@ fn the_shared_declarations_do_not_reconcile_every_composition() {
     let mut composition = Composition::test(CompositionSpec::test());
     composition.metadata.uid = Some("uid-1".into());
     let valid = crate::validate::validate(&composition.spec).unwrap();
-    let settings = Settings {
-        agent_image: "toa-agent:1".into(),
-        sidecar: Sidecar::Plain,
-    };
+    let settings = Settings::test(Sidecar::Plain);
     let objects = desired::desired(&composition, &valid, &settings, "t", 2).unwrap();
     // Each object of the composition reconciles it when it changes...
     assert!(selects(OWNED, objects.components.metadata.labels.as_ref()));
@@ -581,10 +576,7 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
 fn declarations_hold_a_part_with_its_values_and_owner() {
     let composition = Composition::test(CompositionSpec::test());
     let valid = crate::validate::validate(&composition.spec).unwrap();
-    let settings = Settings {
-        agent_image: "toa-agent:1".into(),
-        sidecar: Sidecar::Plain,
-    };
+    let settings = Settings::test(Sidecar::Plain);
     let part = desired::desired(&composition, &valid, &settings, "", 0)
         .unwrap()
         .declarations;

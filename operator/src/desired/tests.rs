@@ -4,10 +4,7 @@ use crate::validate::validate;
 use k8s_openapi::api::core::v1::PodSpec;
 
 fn settings(sidecar: Sidecar) -> Settings {
-    Settings {
-        agent_image: "registry.example.com/toa-agent:0.1".into(),
-        sidecar,
-    }
+    Settings::test(sidecar)
 }
 
 fn build(spec: CompositionSpec, sidecar: Sidecar, replicas: i32) -> Desired {
@@ -110,21 +107,39 @@ fn the_agent_is_a_native_sidecar_on_new_servers_and_a_container_on_old_ones() {
     );
     let init = pod_spec.init_containers.clone().unwrap();
     let init_names: Vec<_> = init.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(init_names, ["install-agent", "agent"]);
-    assert_eq!(init[1].restart_policy.as_deref(), Some("Always"));
+    assert_eq!(init_names, ["agent"]);
+    assert_eq!(init[0].restart_policy.as_deref(), Some("Always"));
+    // The startupProbe holds the components back until the listeners are bound; no hook.
+    assert!(init[0].startup_probe.is_some());
+    assert_eq!(init[0].lifecycle.clone().unwrap().post_start, None);
 
     let plain = build(CompositionSpec::test(), Sidecar::Plain, 1);
     let pod_spec = pod(&plain);
-    let init = pod_spec.init_containers.clone().unwrap();
-    assert_eq!(init.len(), 1);
-    assert_eq!(init[0].name, "install-agent");
+    assert_eq!(pod_spec.init_containers, None);
     let names: Vec<_> = pod_spec
         .containers
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(names, ["component-0", "agent"]);
-    assert_eq!(pod_spec.containers[1].restart_policy, None);
+    // First: the kubelet starts the next container once the agent's postStart hook returned.
+    assert_eq!(names, ["agent", "component-0"]);
+    assert_eq!(pod_spec.containers[0].restart_policy, None);
+    let hook = pod_spec.containers[0]
+        .lifecycle
+        .clone()
+        .unwrap()
+        .post_start
+        .unwrap();
+    assert_eq!(
+        hook.exec.unwrap().command.unwrap(),
+        [
+            "toa-agent",
+            "listening",
+            "127.0.0.1:7090",
+            "127.0.0.1:7091",
+            "127.0.0.1:7092"
+        ]
+    );
 }
 
 #[test]
@@ -144,7 +159,7 @@ fn the_agent_composes_every_component_with_its_control_endpoint() {
         crate::crd::ComponentSpec::test("store", "mail"),
     ]);
     let desired = build(spec, Sidecar::Plain, 1);
-    let agent = &pod(&desired).containers[2];
+    let agent = &pod(&desired).containers[0];
     assert_eq!(agent.name, "agent");
     assert_eq!(
         agent.image.as_deref(),
@@ -171,8 +186,6 @@ fn the_agent_composes_every_component_with_its_control_endpoint() {
             "/var/run/toa/declarations",
         ]
     );
-    let probe = agent.liveness_probe.clone().unwrap();
-    assert_eq!(probe.tcp_socket.unwrap().port, IntOrString::Int(7091));
     assert!(
         agent.readiness_probe.is_some(),
         "ready by its probe listener"
@@ -419,24 +432,24 @@ fn each_component_runs_its_program_in_its_own_container_in_the_agents_order() {
         let instance = env[3].value_from.clone().unwrap();
         assert_eq!(instance.field_ref.unwrap().field_path, "metadata.name");
         // The image's own /components/<name>/ is the program's directory: nothing is mounted
-        // over it, and the control token stays with the agent; only the agent's binary is
-        // shared, for the preStop drain.
-        let mounts = container.volume_mounts.clone().unwrap();
-        assert_eq!(mounts.len(), 1);
-        assert_eq!(
-            (mounts[0].name.as_str(), mounts[0].mount_path.as_str()),
-            ("toa-bin", "/toa/bin")
-        );
+        // over it; the control token and the agent's binary stay with the agent.
+        assert_eq!(container.volume_mounts, None);
         let pre_stop = container.lifecycle.clone().unwrap().pre_stop.unwrap();
+        assert_eq!(pre_stop.exec, None);
+        let drain = pre_stop.http_get.unwrap();
         assert_eq!(
-            pre_stop.exec.unwrap().command.unwrap(),
-            ["/toa/bin/toa-agent", "drain"]
+            (drain.path.as_deref(), &drain.port, drain.host.as_deref()),
+            (Some("/drain"), &IntOrString::Int(7092), None)
         );
+        let headers = drain.http_headers.unwrap();
+        assert_eq!(headers.len(), 1);
+        assert_eq!(headers[0].name, "x-toa-drain");
+        assert_eq!(headers[0].value, toa_context::control::drain_key("s3cret"));
     }
 }
 
 #[test]
-fn the_resources_apply_to_every_component_container_and_not_to_the_agent() {
+fn the_resources_apply_to_every_component_container_and_the_agent_has_its_own() {
     use k8s_openapi::api::core::v1::ResourceRequirements;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     let resources = ResourceRequirements {
@@ -454,10 +467,13 @@ fn the_resources_apply_to_every_component_container_and_not_to_the_agent() {
     let desired = build(spec, Sidecar::Plain, 1);
     let containers = &pod(&desired).containers;
     assert_eq!(containers.len(), 3);
-    assert_eq!(containers[0].resources.as_ref(), Some(&resources));
+    assert_eq!(containers[0].name, "agent");
+    assert_eq!(
+        containers[0].resources.as_ref(),
+        Some(&Settings::test(Sidecar::Plain).agent_resources)
+    );
     assert_eq!(containers[1].resources.as_ref(), Some(&resources));
-    assert_eq!(containers[2].name, "agent");
-    assert_eq!(containers[2].resources, None);
+    assert_eq!(containers[2].resources.as_ref(), Some(&resources));
 }
 
 #[test]
@@ -476,7 +492,7 @@ fn container_names_are_short_unique_dns_labels_however_long_the_component_names(
         .collect();
     assert_eq!(
         names,
-        ["component-0", "component-1", "component-2", "agent"]
+        ["agent", "component-0", "component-1", "component-2"]
     );
     for name in &names {
         assert!(name.len() <= 63, "{name}");
@@ -489,24 +505,188 @@ fn container_names_are_short_unique_dns_labels_however_long_the_component_names(
 }
 
 #[test]
-fn an_init_container_shares_the_agents_binary_for_the_components_pre_stop_drain() {
+fn the_generated_pod_meets_the_restricted_pod_security_profile() {
+    let spec = |security: Option<crate::crd::SecuritySpec>| CompositionSpec {
+        security_context: security,
+        ..CompositionSpec::test().with_redis(&["redis://a"])
+    };
+    let variants = [
+        None,
+        Some(crate::crd::SecuritySpec {
+            image_user: true,
+            ..Default::default()
+        }),
+        Some(crate::crd::SecuritySpec {
+            run_as_user: Some(1000),
+            run_as_group: Some(1000),
+            fs_group: Some(2000),
+            image_user: false,
+        }),
+    ];
+    for security in variants {
+        for sidecar in [Sidecar::Native, Sidecar::Plain] {
+            let desired = build(spec(security.clone()), sidecar, 2);
+            assert_eq!(
+                crate::restricted::violations(pod(&desired)),
+                Vec::<String>::new(),
+                "{sidecar:?} {security:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn everything_runs_as_65532_and_the_agent_reads_its_token_through_the_pods_group() {
+    let desired = build(CompositionSpec::test(), Sidecar::Plain, 1);
+    let pod_spec = pod(&desired);
+    let security = pod_spec.security_context.clone().unwrap();
+    assert_eq!(security.run_as_non_root, Some(true));
+    // The kubelet writes the Secret's files root-owned; the fsGroup makes them the agent's
+    // group's (a real kubelet: 0400 root:root without it, and the agent exits 64).
+    assert_eq!(security.fs_group, Some(65532));
+    assert_eq!(security.seccomp_profile.unwrap().type_, "RuntimeDefault");
+    assert_eq!(
+        volume(&desired, "control").secret.unwrap().default_mode,
+        Some(0o440)
+    );
+    for container in &pod_spec.containers {
+        let security = container.security_context.clone().unwrap();
+        assert_eq!(
+            (security.run_as_user, security.run_as_group),
+            (Some(65532), Some(65532)),
+            "{}",
+            container.name
+        );
+        assert_eq!(security.allow_privilege_escalation, Some(false));
+        assert_eq!(security.capabilities.unwrap().drop.unwrap(), ["ALL"]);
+        // Only the agent's root filesystem is read-only: a component may write where its
+        // image lets it.
+        let read_only = container.name == AGENT_CONTAINER;
+        assert_eq!(
+            security.read_only_root_filesystem.unwrap_or(false),
+            read_only,
+            "{}",
+            container.name
+        );
+    }
+}
+
+#[test]
+fn components_run_as_the_users_the_spec_names_and_the_agent_stays_65532() {
+    let spec = |security| CompositionSpec {
+        security_context: Some(security),
+        ..CompositionSpec::test()
+    };
+    let users = |desired: &Desired| -> Vec<(String, Option<i64>, Option<i64>)> {
+        pod(desired)
+            .containers
+            .iter()
+            .map(|c| {
+                let s = c.security_context.clone().unwrap();
+                (c.name.clone(), s.run_as_user, s.run_as_group)
+            })
+            .collect()
+    };
+    let image = build(
+        spec(crate::crd::SecuritySpec {
+            image_user: true,
+            ..Default::default()
+        }),
+        Sidecar::Plain,
+        1,
+    );
+    assert_eq!(
+        users(&image),
+        [
+            ("agent".to_owned(), Some(65532), Some(65532)),
+            ("component-0".to_owned(), None, None)
+        ]
+    );
+    let given = build(
+        spec(crate::crd::SecuritySpec {
+            run_as_user: Some(1000),
+            run_as_group: Some(1001),
+            fs_group: Some(2000),
+            image_user: false,
+        }),
+        Sidecar::Plain,
+        1,
+    );
+    assert_eq!(
+        users(&given),
+        [
+            ("agent".to_owned(), Some(65532), Some(65532)),
+            ("component-0".to_owned(), Some(1000), Some(1001))
+        ]
+    );
+    assert_eq!(
+        pod(&given).security_context.clone().unwrap().fs_group,
+        Some(2000)
+    );
+}
+
+#[test]
+fn no_credentials_or_agent_binary_reach_the_component_containers() {
     for sidecar in [Sidecar::Native, Sidecar::Plain] {
         let desired = build(CompositionSpec::test(), sidecar, 1);
-        let install = pod(&desired).init_containers.clone().unwrap()[0].clone();
+        let pod_spec = pod(&desired);
+        assert_eq!(pod_spec.automount_service_account_token, Some(false));
+        assert_eq!(pod_spec.enable_service_links, Some(false));
+        let volumes: Vec<String> = pod_spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.clone())
+            .collect();
+        assert_eq!(volumes, ["components", "declarations", "control"]);
+        for container in &pod_spec.containers {
+            if container.name != AGENT_CONTAINER {
+                assert_eq!(container.volume_mounts, None, "{}", container.name);
+                let text = serde_json::to_string(container).unwrap();
+                assert!(
+                    !text.contains("s3cret") && !text.contains("toa-agent"),
+                    "{text}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_pod_stops_within_a_grace_period_that_covers_the_drain() {
+    let desired = build(CompositionSpec::test(), Sidecar::Native, 1);
+    let grace = pod(&desired).termination_grace_period_seconds.unwrap();
+    // dispose may take its 60 s run-command limit before the programs stop.
+    assert!(grace > 60, "{grace}");
+    let agent = agent_of(&desired);
+    let pre_stop = agent.lifecycle.unwrap().pre_stop.unwrap().exec.unwrap();
+    assert_eq!(
+        pre_stop.command.unwrap(),
+        [
+            "toa-agent",
+            "drain",
+            "--control-token-file",
+            "/var/run/toa/control/token"
+        ]
+    );
+}
+
+#[test]
+fn liveness_and_startup_ask_healthz_on_the_probe_port_not_the_control_port() {
+    let desired = build(CompositionSpec::test(), Sidecar::Plain, 1);
+    let agent = agent_of(&desired);
+    for (probe, period, failures) in [
+        (agent.startup_probe.clone().unwrap(), 1, STARTUP_SECONDS),
+        (agent.liveness_probe.clone().unwrap(), 10, 3),
+    ] {
+        assert_eq!(probe.tcp_socket, None);
+        let get = probe.http_get.unwrap();
         assert_eq!(
-            install.name, INSTALL_CONTAINER,
-            "{sidecar:?}: it runs first"
+            (get.path.as_deref(), get.port),
+            (Some("/healthz"), IntOrString::Int(7092))
         );
-        assert_eq!(
-            install.image.as_deref(),
-            Some("registry.example.com/toa-agent:0.1")
-        );
-        assert_eq!(
-            install.command.unwrap(),
-            ["toa-agent", "install", "/toa/bin"]
-        );
-        assert_eq!(install.volume_mounts.unwrap()[0].name, "toa-bin");
-        assert!(volume(&desired, "toa-bin").empty_dir.is_some());
+        assert_eq!(probe.period_seconds, Some(period));
+        assert_eq!(probe.failure_threshold, Some(failures));
     }
 }
 

@@ -1,5 +1,6 @@
 use super::*;
 use crate::halt::Step;
+use crate::pods::Seen;
 
 fn at(seconds: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + seconds).unwrap()
@@ -31,6 +32,7 @@ fn observed<'a>(rollout: Option<Rollout>, halt: &'a Decision, now: Timestamp) ->
         rollout,
         replicas: 3,
         halt: Some(halt),
+        pods: &[],
         now,
     }
 }
@@ -53,6 +55,7 @@ fn a_refused_spec_is_ready_false_with_the_exact_message() {
             rollout: Some(rolled_out(1, 3)),
             replicas: 3,
             halt: None,
+            pods: &[],
             now: at(0),
         },
         None,
@@ -166,6 +169,88 @@ fn unreachable_agents_make_the_composition_degraded() {
         degraded.message
     );
     assert_eq!(get(&status, conditions::HALTED).reason, "Pausing");
+}
+
+fn seen(name: &str, ip: Option<&str>, troubles: &[&str]) -> Seen {
+    Seen {
+        name: name.into(),
+        ip: ip.map(|ip| ip.parse().unwrap()),
+        terminating: false,
+        troubles: troubles.iter().map(|t| (*t).to_owned()).collect(),
+    }
+}
+
+#[test]
+fn failing_containers_make_the_composition_degraded_naming_pod_container_and_reason() {
+    let pods = [
+        seen("shop-0", Some("10.0.0.1"), &[]),
+        seen(
+            "shop-1",
+            Some("10.0.0.2"),
+            &["container agent CrashLoopBackOff: back-off 10s, restarted 2 times; last ended Error (exit code 64)"],
+        ),
+        seen("shop-2", None, &[]),
+    ];
+    let halt = Decision {
+        unreachable: vec![("shop-1".into(), "connection refused".into())],
+        ..running()
+    };
+    let status = status(
+        &Observed {
+            pods: &pods,
+            ..observed(Some(rolled_out(5, 3)), &halt, at(0))
+        },
+        None,
+    );
+    let degraded = get(&status, conditions::DEGRADED);
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", reasons::PODS_FAILING)
+    );
+    assert_eq!(
+        degraded.message,
+        "shop-1: container agent CrashLoopBackOff: back-off 10s, restarted 2 times; last ended \
+         Error (exit code 64) | the control endpoint did not answer on shop-1: connection \
+         refused; shop-2: no pod IP yet"
+    );
+}
+
+#[test]
+fn a_pod_without_an_ip_is_not_an_agent_that_answers() {
+    let pods = [
+        seen("shop-0", Some("10.0.0.1"), &[]),
+        seen("shop-1", None, &[]),
+    ];
+    let halt = running();
+    let status = status(
+        &Observed {
+            pods: &pods,
+            ..observed(Some(rolled_out(5, 3)), &halt, at(0))
+        },
+        None,
+    );
+    let degraded = get(&status, conditions::DEGRADED);
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", reasons::AGENTS_UNREACHABLE)
+    );
+    assert_eq!(
+        degraded.message,
+        "the control endpoint did not answer on shop-1: no pod IP yet"
+    );
+    // Being deleted, it is on its way out: nothing to report.
+    let going = [Seen {
+        terminating: true,
+        ..seen("shop-1", None, &[])
+    }];
+    let later = super::status(
+        &Observed {
+            pods: &going,
+            ..observed(Some(rolled_out(5, 3)), &halt, at(0))
+        },
+        None,
+    );
+    assert_eq!(get(&later, conditions::DEGRADED).status, "False");
 }
 
 #[test]

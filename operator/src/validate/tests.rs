@@ -156,6 +156,31 @@ fn refusals_name_the_field_and_what_was_expected() {
             },
             "`spec.halt.quietWindow`: expected a positive whole number of seconds, got 0",
         ),
+        (
+            CompositionSpec {
+                security_context: Some(crate::crd::SecuritySpec { run_as_user: Some(0), ..Default::default() }),
+                ..CompositionSpec::test()
+            },
+            "`spec.securityContext.runAsUser`: expected an id of 1 or more (the restricted Pod Security profile refuses root), got 0",
+        ),
+        (
+            CompositionSpec {
+                security_context: Some(crate::crd::SecuritySpec { fs_group: Some(-5), ..Default::default() }),
+                ..CompositionSpec::test()
+            },
+            "`spec.securityContext.fsGroup`: expected an id of 1 or more (the restricted Pod Security profile refuses root), got -5",
+        ),
+        (
+            CompositionSpec {
+                security_context: Some(crate::crd::SecuritySpec {
+                    image_user: true,
+                    run_as_user: Some(1000),
+                    ..Default::default()
+                }),
+                ..CompositionSpec::test()
+            },
+            "`spec.securityContext.imageUser`: expected either imageUser or runAsUser/runAsGroup, got both",
+        ),
     ];
     for (spec, message) in cases {
         assert_eq!(refused(&spec), message);

@@ -1,0 +1,69 @@
+//! Who may start the drain, and how they wait for it: `POST /v1/drain` on the local API (local
+//! runs, `toa-agent drain`) and, in a pod, `GET /drain` on the probe port (the component
+//! containers' `preStop` hook). Either starts the drain and answers once `dispose` ran.
+//!
+//! In a pod every program can reach both ports, so a drain there must carry the drain key
+//! ([`toa_context::control::drain_key`] of the control token) in the
+//! [`toa_context::control::DRAIN_HEADER`] header: the agent and the pod spec's hook have it, the
+//! program does not. A local run (no control token) drains on any request, as before.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+use toa_context::control::{drain_key, same_key, DRAIN_HEADER};
+use tokio::sync::{mpsc, watch};
+
+/// The drain's trigger, shared by the routes that may pull it.
+#[derive(Clone)]
+pub struct Trigger {
+    asked: mpsc::Sender<()>,
+    done: watch::Receiver<bool>,
+    /// `None`: no key needed (a local run).
+    key: Option<Arc<str>>,
+}
+
+/// The composition's side: the drain was asked for; mark it done.
+pub struct Asked {
+    pub asked: mpsc::Receiver<()>,
+    pub done: watch::Sender<bool>,
+}
+
+/// A trigger and its other end; with a control token, requests must carry its drain key.
+pub fn channel(control_token: Option<&str>) -> (Trigger, Asked) {
+    let (asked_tx, asked) = mpsc::channel(1);
+    let (done_tx, done) = watch::channel(false);
+    let trigger = Trigger {
+        asked: asked_tx,
+        done,
+        key: control_token.map(|token| Arc::from(drain_key(token))),
+    };
+    (
+        trigger,
+        Asked {
+            asked,
+            done: done_tx,
+        },
+    )
+}
+
+/// The route: 401 without the right key; otherwise starts the drain and answers once it is done.
+pub async fn handle(State(trigger): State<Trigger>, headers: HeaderMap) -> Response {
+    if let Some(key) = &trigger.key {
+        let presented = headers
+            .get(DRAIN_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default();
+        if !same_key(presented, key) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                format!("a drain needs the pod's drain key in the {DRAIN_HEADER} header"),
+            )
+                .into_response();
+        }
+    }
+    let _ = trigger.asked.try_send(());
+    let mut done = trigger.done.clone();
+    let _ = done.wait_for(|done| *done).await;
+    "drained".into_response()
+}

@@ -1,0 +1,268 @@
+//! The agent as it runs in a pod: attached to a program someone else started, with the context
+//! from `TOA_*` variables, a control token, and its probe port. What the kubelet relies on: the
+//! listeners are bound before anything else, a drain needs the drain key, and a program that
+//! stops serving ends the agent (so the kubelet restarts it and the lifecycle runs again).
+
+mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{events, free_port, http_get, Composition};
+
+const COMPONENT: &str = "agent/tests/components/recorder";
+
+/// The recorder, started as its container would start it.
+fn program(port: u16, agent: u16, record: &std::path::Path) -> Child {
+    Command::new("python3")
+        .arg("recorder.py")
+        .current_dir(support::root().join(COMPONENT))
+        .env("TOA_PORT", port.to_string())
+        .env("TOA_AGENT", format!("http://127.0.0.1:{agent}"))
+        .env("TOA_COMPONENT", "test.recorder")
+        .env("TOA_INSTANCE", "pod-1")
+        .env("TOA_RECORD", record)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+struct Pod {
+    agent: Composition,
+    local: u16,
+    control: u16,
+    probe: u16,
+    token: &'static str,
+}
+
+/// An agent in pod mode (`TOA_APPLICATION` set) attached to `attach`.
+fn agent(local: u16, attach: u16, name: &str) -> Pod {
+    let (control, probe) = (free_port(), free_port());
+    let token = "pod-token";
+    let file = std::env::temp_dir().join(format!("toa-pod-token-{}-{name}", std::process::id()));
+    std::fs::write(&file, token).unwrap();
+    let agent = Composition::start_at(
+        local,
+        &[
+            COMPONENT,
+            "--attach",
+            &attach.to_string(),
+            "--control-listen",
+            &format!("127.0.0.1:{control}"),
+            "--control-token-file",
+            file.to_str().unwrap(),
+            "--probe-listen",
+            &format!("127.0.0.1:{probe}"),
+        ],
+        &[("TOA_APPLICATION", "pod-test"), ("TOA_INSTANCE", "pod-1")],
+    );
+    Pod {
+        agent,
+        local,
+        control,
+        probe,
+        token,
+    }
+}
+
+/// A request over a plain socket with extra header lines: the status code and the response.
+fn request(port: u16, method: &str, path: &str, headers: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, response)
+}
+
+fn wait_exit(agent: &mut Composition, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(success) = agent.exited() {
+            return success;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not stop within {limit:?}:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_listeners_are_bound_before_the_program_serves() {
+    // Nothing serves the attach port yet: the agent waits for its program, listeners bound.
+    let (local, attach) = (free_port(), free_port());
+    let pod = agent(local, attach, "early");
+    let listening = |ports: &[u16]| {
+        let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+            .arg("listening")
+            .args(&addresses)
+            .output()
+            .unwrap()
+    };
+    let hook = listening(&[pod.local, pod.control, pod.probe]);
+    assert!(hook.status.success(), "{}", pod.agent.log());
+    // The probes answer at once: alive, not ready.
+    assert_eq!(
+        http_get(&format!("http://127.0.0.1:{}/healthz", pod.probe)).0,
+        200
+    );
+    assert_eq!(
+        http_get(&format!("http://127.0.0.1:{}/readyz", pod.probe)).0,
+        503
+    );
+    // A program that tries the agent's ports finds them taken.
+    for port in [pod.local, pod.control, pod.probe] {
+        assert!(
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_err(),
+            "port {port} was free for the program"
+        );
+    }
+    assert!(!pod.agent.log().contains("Composition complete"));
+    drop(pod);
+    // And the hook gives up on a port nothing listens on, saying which.
+    let silent = free_port();
+    let hook = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+        .args(["listening", "--within", "1", &format!("127.0.0.1:{silent}")])
+        .output()
+        .unwrap();
+    assert!(!hook.status.success());
+    assert!(
+        String::from_utf8_lossy(&hook.stderr).contains(&format!("127.0.0.1:{silent}")),
+        "{}",
+        String::from_utf8_lossy(&hook.stderr)
+    );
+}
+
+#[test]
+fn in_a_pod_a_taken_local_port_stops_the_start_instead_of_moving() {
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = squatter.local_addr().unwrap().port();
+    let mut pod = agent(taken, free_port(), "taken");
+    assert!(!wait_exit(&mut pod.agent, Duration::from_secs(10)));
+    let log = pod.agent.log();
+    assert!(
+        log.contains(&format!("local API 127.0.0.1:{taken}")),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
+    let record = std::env::temp_dir().join(format!("toa-pod-drain-{}", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let (local, attach) = (free_port(), free_port());
+    let mut program = program(attach, local, &record);
+    let mut pod = agent(local, attach, "drain");
+    pod.agent.wait_ready();
+    let key = toa_context::control::drain_key(pod.token);
+
+    // The program can reach both routes, but without the key nothing happens.
+    assert_eq!(request(pod.local, "POST", "/v1/drain", "").0, 401);
+    let wrong = format!(
+        "x-toa-drain: {}\r\n",
+        toa_context::control::drain_key("guess")
+    );
+    assert_eq!(request(pod.probe, "GET", "/drain", &wrong).0, 401);
+    let (status, answer) = request(pod.probe, "GET", "/drain", "");
+    assert_eq!(status, 401);
+    assert!(answer.contains("x-toa-drain"), "{answer}");
+    assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
+    let (_, body) = support::control(pod.control, "GET", "/control/status", Some(pod.token), "");
+    assert_eq!(body["phase"], "running");
+
+    // The components' preStop hook: the key, on the probe port.
+    let (status, answer) = request(
+        pod.probe,
+        "GET",
+        "/drain",
+        &format!("x-toa-drain: {key}\r\n"),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let names: Vec<String> = events(&record)
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("dispose"),
+        "{names:?}"
+    );
+    assert!(wait_exit(&mut pod.agent, Duration::from_secs(10)));
+    program.kill().unwrap();
+    program.wait().unwrap();
+}
+
+#[test]
+fn the_agents_own_drain_reads_the_key_from_the_token_file() {
+    let record = std::env::temp_dir().join(format!("toa-pod-own-drain-{}", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let (local, attach) = (free_port(), free_port());
+    let mut program = program(attach, local, &record);
+    let mut pod = agent(local, attach, "own");
+    pod.agent.wait_ready();
+    let token_file = std::env::temp_dir().join(format!("toa-pod-token-{}-own", std::process::id()));
+    let drain = |with_token: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_toa-agent"));
+        command.args(["drain", "--agent", &format!("http://127.0.0.1:{local}")]);
+        if with_token {
+            command.args(["--control-token-file", token_file.to_str().unwrap()]);
+        }
+        command.output().unwrap()
+    };
+    let refused = drain(false);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let drained = drain(true);
+    assert!(
+        drained.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drained.stderr)
+    );
+    assert_eq!(
+        events(&record).last().map(|e| e["event"].clone()),
+        Some("dispose".into())
+    );
+    assert!(wait_exit(&mut pod.agent, Duration::from_secs(10)));
+    program.kill().unwrap();
+    program.wait().unwrap();
+}
+
+#[test]
+fn a_program_that_stops_serving_ends_its_agent_so_the_lifecycle_runs_again() {
+    let record = std::env::temp_dir().join(format!("toa-pod-gone-{}", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let (local, attach) = (free_port(), free_port());
+    let mut program = program(attach, local, &record);
+    let mut pod = agent(local, attach, "gone");
+    pod.agent.wait_ready();
+    program.kill().unwrap();
+    program.wait().unwrap();
+    let killed = Instant::now();
+    assert!(!wait_exit(&mut pod.agent, Duration::from_secs(15)));
+    let took = killed.elapsed();
+    let log = pod.agent.log();
+    assert!(
+        log.contains("its program stopped serving 127.0.0.1:"),
+        "{log}"
+    );
+    eprintln!(
+        "the agent stopped {:.1} s after its program",
+        took.as_secs_f64()
+    );
+}

@@ -1,0 +1,143 @@
+//! Pure: what the pods' own statuses say is wrong, for the `Degraded` condition. Read from what
+//! the operator lists anyway (`status.phase`, `podIP`, `containerStatuses`,
+//! `initContainerStatuses`), never from logs, so a message names the pod, the container and the
+//! kubelet's reason and exit code.
+//!
+//! A pod being deleted is left out (it is on its way out). Otherwise, a pod is in trouble when:
+//! - it `Failed` (evicted, for instance);
+//! - a container waits for a reason other than being created (`CrashLoopBackOff`,
+//!   `CreateContainerError`, `ErrImageNeverPull`, …), or ended while the pod runs;
+//! - a container runs but is not ready after having restarted (a crash loop between two
+//!   back-offs).
+//!
+//! A container that is merely not ready yet, in a pod that never restarted, is starting, not in
+//! trouble: `preflight` may take its minute.
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use kube::ResourceExt;
+use std::net::IpAddr;
+
+/// The longest a kubelet's termination message is quoted.
+const MESSAGE_CHARS: usize = 160;
+
+/// A pod of the composition as the operator sees it from the pod list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub name: String,
+    /// Where its agent's control endpoint listens; `None` until the pod has an IP.
+    pub ip: Option<IpAddr>,
+    /// Being deleted.
+    pub terminating: bool,
+    /// What is wrong with it, one sentence each; empty when nothing is.
+    pub troubles: Vec<String>,
+}
+
+/// Reads one pod.
+pub fn seen(pod: &Pod) -> Seen {
+    let status = pod.status.clone().unwrap_or_default();
+    let terminating = pod.metadata.deletion_timestamp.is_some();
+    let mut troubles = Vec::new();
+    if !terminating {
+        if status.phase.as_deref() == Some("Failed") {
+            troubles.push(format!(
+                "pod Failed: {}: {}",
+                status.reason.as_deref().unwrap_or("no reason"),
+                quote(status.message.as_deref().unwrap_or("no message"))
+            ));
+        }
+        let containers = status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            // A native sidecar is an init container that keeps running; a finished init
+            // container is no trouble.
+            .filter(|c| !finished_init(c))
+            .chain(status.container_statuses.iter().flatten());
+        troubles.extend(containers.filter_map(container_trouble));
+    }
+    Seen {
+        name: pod.name_any(),
+        ip: status.pod_ip.as_deref().and_then(|ip| ip.parse().ok()),
+        terminating,
+        troubles,
+    }
+}
+
+fn finished_init(container: &ContainerStatus) -> bool {
+    container
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .is_some_and(|t| t.exit_code == 0)
+}
+
+/// What is wrong with one container, if anything.
+fn container_trouble(container: &ContainerStatus) -> Option<String> {
+    let name = &container.name;
+    let state = container.state.clone().unwrap_or_default();
+    let last = container
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .map(|t| {
+            format!(
+                "; last ended {} (exit code {}){}",
+                t.reason.as_deref().unwrap_or("without a reason"),
+                t.exit_code,
+                t.message
+                    .as_deref()
+                    .map(|m| format!(": {}", quote(m)))
+                    .unwrap_or_default()
+            )
+        })
+        .unwrap_or_default();
+    let restarts = match container.restart_count {
+        0 => String::new(),
+        1 => ", restarted once".to_owned(),
+        n => format!(", restarted {n} times"),
+    };
+    if let Some(waiting) = &state.waiting {
+        let reason = waiting.reason.as_deref().unwrap_or("Waiting");
+        if matches!(reason, "ContainerCreating" | "PodInitializing") {
+            return None;
+        }
+        let message = waiting
+            .message
+            .as_deref()
+            .map(|m| format!(": {}", quote(m)))
+            .unwrap_or_default();
+        return Some(format!(
+            "container {name} {reason}{message}{restarts}{last}"
+        ));
+    }
+    if let Some(ended) = &state.terminated {
+        return Some(format!(
+            "container {name} ended {} (exit code {}){}{restarts}",
+            ended.reason.as_deref().unwrap_or("without a reason"),
+            ended.exit_code,
+            ended
+                .message
+                .as_deref()
+                .map(|m| format!(": {}", quote(m)))
+                .unwrap_or_default()
+        ));
+    }
+    if state.running.is_some() && !container.ready && container.restart_count > 0 {
+        return Some(format!("container {name} not ready{restarts}{last}"));
+    }
+    None
+}
+
+/// One line, at most [`MESSAGE_CHARS`] characters.
+fn quote(message: &str) -> String {
+    let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.chars().count() <= MESSAGE_CHARS {
+        line
+    } else {
+        let cut: String = line.chars().take(MESSAGE_CHARS).collect();
+        format!("{cut}…")
+    }
+}
+
+#[cfg(test)]
+mod tests;
