@@ -120,12 +120,10 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     let probes = match probe {
         Some(address) => {
             let listener = bind(address, "probe endpoint").await?;
-            let app = api::calls::probes(ready.clone(), metrics.clone()).merge(
+            // The drain key is in the path: anything the probes do not serve goes to it.
+            let app = api::calls::probes(ready.clone(), metrics.clone()).fallback_service(
                 axum::Router::new()
-                    .route(
-                        DRAIN_PATH,
-                        axum::routing::get(drain::handle).post(drain::handle),
-                    )
+                    .fallback(drain::by_path)
                     .with_state(trigger.clone()),
             );
             Some(tokio::spawn(axum::serve(listener, app).into_future()))
@@ -242,7 +240,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     });
     let app = api::router(host).merge(
         axum::Router::new()
-            .route("/v1/drain", axum::routing::post(drain::handle))
+            .route("/v1/drain", axum::routing::post(drain::by_header))
             .with_state(trigger),
     );
     let server = tokio::spawn(

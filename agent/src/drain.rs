@@ -1,17 +1,19 @@
 //! Who may start the drain, and how they wait for it: `POST /v1/drain` on the local API (local
-//! runs, `toa-agent drain`) and, in a pod, `GET /drain` on the probe port (the component
+//! runs, `toa-agent drain`) and, in a pod, `GET /drain/<key>` on the probe port (the component
 //! containers' `preStop` hook). Either starts the drain and answers once `dispose` ran.
 //!
 //! In a pod every program can reach both ports, so a drain there must carry the drain key
-//! ([`toa_context::control::drain_key`] of the control token) in the
-//! [`toa_context::control::DRAIN_HEADER`] header: the agent and the pod spec's hook have it, the
-//! program does not. A local run (no control token) drains on any request, as before.
+//! ([`toa_context::control::drain_key`] of the control token): in the
+//! [`toa_context::control::DRAIN_HEADER`] header on the local API, in the path on the probe port
+//! (kubelets before 1.23 send hooks without headers, and with a doubled leading slash, which is
+//! taken too). The agent and the pod spec's hook have the key, the program does not. A local run
+//! (no control token) drains on any local API request, as before.
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
-use toa_context::control::{drain_key, same_key, DRAIN_HEADER};
+use toa_context::control::{drain_key, same_key, DRAIN_HEADER, DRAIN_PATH};
 use tokio::sync::{mpsc, watch};
 
 /// The drain's trigger, shared by the routes that may pull it.
@@ -47,8 +49,9 @@ pub fn channel(control_token: Option<&str>) -> (Trigger, Asked) {
     )
 }
 
-/// The route: 401 without the right key; otherwise starts the drain and answers once it is done.
-pub async fn handle(State(trigger): State<Trigger>, headers: HeaderMap) -> Response {
+/// `POST /v1/drain`: 401 without the right key in the header (in a pod); otherwise starts the
+/// drain and answers once it is done.
+pub async fn by_header(State(trigger): State<Trigger>, headers: HeaderMap) -> Response {
     if let Some(key) = &trigger.key {
         let presented = headers
             .get(DRAIN_HEADER)
@@ -62,8 +65,33 @@ pub async fn handle(State(trigger): State<Trigger>, headers: HeaderMap) -> Respo
                 .into_response();
         }
     }
-    let _ = trigger.asked.try_send(());
-    let mut done = trigger.done.clone();
-    let _ = done.wait_for(|done| *done).await;
-    "drained".into_response()
+    trigger.pull().await
+}
+
+/// The probe port's fallback: `GET /drain/<key>` (or `//drain/<key>`) drains with the right key,
+/// 401 with another; any other path is 404.
+pub async fn by_path(State(trigger): State<Trigger>, uri: Uri) -> Response {
+    let path = uri.path().trim_start_matches('/');
+    let presented = match path.strip_prefix(DRAIN_PATH.trim_start_matches('/')) {
+        Some("") => "",
+        Some(rest) if rest.starts_with('/') => &rest[1..],
+        _ => return (StatusCode::NOT_FOUND, "not found").into_response(),
+    };
+    match &trigger.key {
+        Some(key) if same_key(presented, key) => trigger.pull().await,
+        _ => (
+            StatusCode::UNAUTHORIZED,
+            format!("a drain needs the pod's drain key: {DRAIN_PATH}/<key>"),
+        )
+            .into_response(),
+    }
+}
+
+impl Trigger {
+    async fn pull(&self) -> Response {
+        let _ = self.asked.try_send(());
+        let mut done = self.done.clone();
+        let _ = done.wait_for(|done| *done).await;
+        "drained".into_response()
+    }
 }

@@ -170,25 +170,25 @@ fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
 
     // The program can reach both routes, but without the key nothing happens.
     assert_eq!(request(pod.local, "POST", "/v1/drain", "").0, 401);
-    let wrong = format!(
-        "x-toa-drain: {}\r\n",
-        toa_context::control::drain_key("guess")
+    let wrong = format!("/drain/{}", toa_context::control::drain_key("guess"));
+    assert_eq!(request(pod.probe, "GET", &wrong, "").0, 401);
+    let header = format!("x-toa-drain: {key}\r\n");
+    assert_eq!(
+        request(pod.probe, "GET", "/drain", &header).0,
+        401,
+        "the probe port takes the key in the path"
     );
-    assert_eq!(request(pod.probe, "GET", "/drain", &wrong).0, 401);
-    let (status, answer) = request(pod.probe, "GET", "/drain", "");
+    let (status, answer) = request(pod.probe, "GET", "/drain/", "");
     assert_eq!(status, 401);
-    assert!(answer.contains("x-toa-drain"), "{answer}");
+    assert!(answer.contains("drain key"), "{answer}");
+    assert_eq!(request(pod.probe, "GET", "/elsewhere", "").0, 404);
     assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
     let (_, body) = support::control(pod.control, "GET", "/control/status", Some(pod.token), "");
     assert_eq!(body["phase"], "running");
 
-    // The components' preStop hook: the key, on the probe port.
-    let (status, answer) = request(
-        pod.probe,
-        "GET",
-        "/drain",
-        &format!("x-toa-drain: {key}\r\n"),
-    );
+    // The components' preStop hook: the key in the path, on the probe port, as a v1.20 kubelet
+    // sends it (`http://ip:port/` + the path).
+    let (status, answer) = request(pod.probe, "GET", &format!("//drain/{key}"), "");
     assert_eq!(status, 200, "{answer}");
     let names: Vec<String> = events(&record)
         .iter()

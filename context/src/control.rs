@@ -2,19 +2,21 @@
 //! compute it the same way.
 //!
 //! The drain key: the component containers' `preStop` hook is an `httpGet` to the agent's probe
-//! port, which the kubelet sends with a header whose value is written in the pod spec. That value
-//! must start a drain, and a program in the pod must not be able to start one (it can reach
-//! every port of its pod). So the header carries a one-way derivation of the control token: the
-//! agent (which reads the token from its own mount) recomputes it, the program (which never sees
-//! the token or the pod spec) cannot, and whoever reads the pod spec learns nothing that opens
-//! the control endpoint.
+//! port, whose path is written in the pod spec. That request must start a drain, and a program in
+//! the pod must not be able to start one (it can reach every port of its pod). So the path
+//! carries a one-way derivation of the control token: the agent (which reads the token from its
+//! own mount) recomputes it, the program (which never sees the token or the pod spec) cannot, and
+//! whoever reads the pod spec learns nothing that opens the control endpoint. The key is in the
+//! path, not a header, because kubelets before 1.23 send a lifecycle hook's `httpGet` without
+//! its headers (and as `http://ip:port/` + path, so with a doubled slash).
 
 use sha2::{Digest, Sha256};
 
-/// Where the component containers' `preStop` hook asks the agent to drain, on its probe port.
+/// Where the component containers' `preStop` hook asks the agent to drain, on its probe port:
+/// this, a slash and the drain key.
 pub const DRAIN_PATH: &str = "/drain";
 
-/// The header the drain request carries the drain key in.
+/// The header a drain request to the local API (`toa-agent drain`) carries the drain key in.
 pub const DRAIN_HEADER: &str = "x-toa-drain";
 
 /// The drain key for a control token: hex SHA-256 of a fixed label and the token.

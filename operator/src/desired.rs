@@ -26,10 +26,9 @@ use crate::validate::{Security, Valid, NONROOT};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    ExecAction, HTTPGetAction, HTTPHeader, KeyToPath, Lifecycle, LifecycleHandler,
-    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext, Volume,
-    VolumeMount,
+    ExecAction, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, ObjectFieldSelector,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
+    Secret, SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -467,16 +466,13 @@ fn components(composition: &Composition, valid: &Valid, drain: &str) -> Vec<Cont
                 )),
                 // Stopping a pod drains the agent first: no more calls in, dispose runs while the
                 // component still serves, then the kubelet stops the container. The hook asks
-                // the agent's probe port with the drain key, which the program never sees.
+                // the agent's probe port with the drain key in the path (old kubelets send no
+                // headers with hooks), which the program never sees.
                 lifecycle: Some(Lifecycle {
                     pre_stop: Some(LifecycleHandler {
                         http_get: Some(HTTPGetAction {
-                            path: Some(toa_context::control::DRAIN_PATH.to_owned()),
+                            path: Some(format!("{}/{drain}", toa_context::control::DRAIN_PATH)),
                             port: IntOrString::Int(i32::from(PROBE_PORT)),
-                            http_headers: Some(vec![HTTPHeader {
-                                name: toa_context::control::DRAIN_HEADER.to_owned(),
-                                value: drain.to_owned(),
-                            }]),
                             ..HTTPGetAction::default()
                         }),
                         ..LifecycleHandler::default()
