@@ -24,7 +24,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use toa_context::control::DRAIN_PATH;
 use toa_context::{Context, Credentials, RunCommand};
 use tokio::sync::watch;
 
@@ -279,8 +278,8 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         None => None,
     };
 
-    // An attached program that stops serving (its container restarted) ends the agent too: the
-    // kubelet restarts it, and the new agent attaches again and runs the lifecycle anew.
+    // An attached program that goes (its container restarted) ends the agent too: the kubelet
+    // restarts it, and the new agent attaches again and runs the lifecycle anew.
     let ports: Vec<u16> = programs
         .iter()
         .filter(|p| p.attached())
@@ -374,20 +373,34 @@ async fn bind(address: SocketAddr, what: &str) -> Result<tokio::net::TcpListener
         .map_err(|e| ComposeError::Setup(format!("{what} {address}: {e}")))
 }
 
-/// Completes once nothing answers on `port` three seconds in a row.
+/// Completes once the program serving `port` is gone, even when a new one serves the port again
+/// at once (a container restarted by its kubelet within a second). It holds an idle connection to
+/// the program: the kernel closes it when the process dies. A program may also close an idle
+/// connection itself; then the port still accepts at once, and a fresh connection is held.
 async fn stopped_serving(port: u16) -> u16 {
+    use tokio::io::AsyncReadExt;
     let mut misses = 0;
     loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let answered = tokio::time::timeout(
-            Duration::from_secs(1),
-            tokio::net::TcpStream::connect(("127.0.0.1", port)),
-        )
-        .await
-        .is_ok_and(|connected| connected.is_ok());
-        misses = if answered { 0 } else { misses + 1 };
-        if misses >= 3 {
-            return port;
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(mut held) => {
+                misses = 0;
+                let mut byte = [0u8; 1];
+                // Nothing is ever sent: the read ends only when the connection does.
+                let _ = held.read(&mut byte).await;
+                match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                    // The program closed an idle connection; it is still there.
+                    Ok(_) => continue,
+                    Err(_) => return port,
+                }
+            }
+            // Not serving yet again after a restart we missed: give it three seconds.
+            Err(_) => {
+                misses += 1;
+                if misses >= 3 {
+                    return port;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
         }
     }
 }

@@ -13,8 +13,12 @@ const COMPONENT: &str = "agent/tests/components/recorder";
 
 /// The recorder, started as its container would start it.
 fn program(port: u16, agent: u16, record: &std::path::Path) -> Child {
+    program_from("recorder.py", port, agent, record)
+}
+
+fn program_from(script: &str, port: u16, agent: u16, record: &std::path::Path) -> Child {
     Command::new("python3")
-        .arg("recorder.py")
+        .arg(script)
         .current_dir(support::root().join(COMPONENT))
         .env("TOA_PORT", port.to_string())
         .env("TOA_AGENT", format!("http://127.0.0.1:{agent}"))
@@ -255,7 +259,6 @@ fn a_program_that_stops_serving_ends_its_agent_so_the_lifecycle_runs_again() {
     program.wait().unwrap();
     let killed = Instant::now();
     assert!(!wait_exit(&mut pod.agent, Duration::from_secs(15)));
-    let took = killed.elapsed();
     let log = pod.agent.log();
     assert!(
         log.contains("its program stopped serving 127.0.0.1:"),
@@ -263,6 +266,48 @@ fn a_program_that_stops_serving_ends_its_agent_so_the_lifecycle_runs_again() {
     );
     eprintln!(
         "the agent stopped {:.1} s after its program",
-        took.as_secs_f64()
+        killed.elapsed().as_secs_f64()
     );
+}
+
+#[test]
+fn a_program_restarted_at_once_on_the_same_port_still_ends_its_agent() {
+    // As a kubelet restarts a crashed container: the new program serves the port again within
+    // a second, and has not been through the lifecycle.
+    let record = std::env::temp_dir().join(format!("toa-pod-again-{}", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let (local, attach) = (free_port(), free_port());
+    let mut first = program(attach, local, &record);
+    let mut pod = agent(local, attach, "again");
+    pod.agent.wait_ready();
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let mut second = program(attach, local, &record);
+    assert!(!wait_exit(&mut pod.agent, Duration::from_secs(15)));
+    assert!(
+        pod.agent.log().contains("its program stopped serving"),
+        "{}",
+        pod.agent.log()
+    );
+    second.kill().unwrap();
+    second.wait().unwrap();
+}
+
+#[test]
+fn a_program_that_closes_an_idle_connection_is_not_taken_for_gone() {
+    // A server may close connections that send nothing (this one after 1 s); its port still
+    // answers at once, so the agent holds a fresh connection and stays.
+    let record = std::env::temp_dir().join(format!("toa-pod-idle-{}", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let (local, attach) = (free_port(), free_port());
+    let mut program = program_from("idle_closing.py", attach, local, &record);
+    let mut pod = agent(local, attach, "idle");
+    pod.agent.wait_ready();
+    std::thread::sleep(Duration::from_millis(3500));
+    assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
+    let (ok, answer) = pod.agent.call("test.recorder.echo", "{ input: { n: 1 } }");
+    assert!(ok, "{answer}");
+    program.kill().unwrap();
+    program.wait().unwrap();
+    assert!(!wait_exit(&mut pod.agent, Duration::from_secs(15)));
 }

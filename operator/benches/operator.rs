@@ -1,27 +1,28 @@
-//! The operator's benchmark on the real control plane (not a test): how long from `apply` until
-//! the Deployments exist and until `Ready=True`, for 1 and for 100 Compositions, and the
-//! operator's memory with 100 Compositions.
+//! The operator's benchmark on the real control plane and a real node (not a test): how long from
+//! `apply` until the Deployments exist and until `Ready=True` for 100 Compositions without pods;
+//! with real pods, from `apply` until every pod is Ready and from a halt until `Halted=True`, for 1
+//! and 20 Compositions of 2 replicas; the operator's memory, and the agents' as the kubelet runs
+//! them.
 //!
 //! ```sh
 //! cargo bench -p toa-operator --bench operator
 //! ```
 //!
-//! It sets up what the end-to-end suite does (`operator/tests/e2e`: control plane, the chart, the
-//! operator under the chart's ServiceAccount, the suite's kubelet running real agents) and prints
-//! `BENCH <name> <ours> <baseline> <ratio>` (`-` where there is no baseline); times in ms, memory
-//! in MB. The baseline is a client that applies the same objects itself (the ConfigMaps, the
-//! Secret and the Deployment `toa_operator::desired` builds, without owner references) and waits
-//! for the Deployments to be available: the cost of the operator is the ratio. The baseline runs
-//! first, on an idle control plane; its pods keep running while ours start. First 100
-//! Compositions of no replicas (the operator and the API server alone), then 1 and 100 of one
-//! replica each: one pod with a real agent and a real component.
+//! It sets up what the end-to-end suite does (`operator/tests/e2e`: control plane, a real node
+//! with the images built from this workspace, the chart, the operator under the chart's
+//! ServiceAccount) and prints `BENCH <name> <ours> <baseline> <ratio>` (`-` where there is no
+//! baseline); times in ms, memory in MB. The baseline is a client that applies the same objects
+//! itself (the ConfigMaps, the Secret and the Deployment `toa_operator::desired` builds, without
+//! owner references) and waits for the Deployments to be available; its "halt" scales them to
+//! zero and waits until no pod is left: the cost of the operator is the ratio. The baseline runs
+//! first each time, and is scaled to zero before ours starts.
 
 #[allow(dead_code)]
 #[path = "../tests/e2e/cluster.rs"]
 mod cluster;
 #[allow(dead_code)]
-#[path = "../tests/e2e/kubelet.rs"]
-mod kubelet;
+#[path = "../tests/e2e/node.rs"]
+mod node;
 #[allow(dead_code)]
 #[path = "../tests/e2e/operator.rs"]
 mod operator;
@@ -50,8 +51,9 @@ fn composition(namespace: &str, name: &str, replicas: i32) -> serde_json::Value 
         "metadata": { "name": name, "namespace": namespace },
         "spec": {
             "application": "bench",
-            "image": "e2e.local/recorder:1",
+            "image": "localhost/toa/python:e2e",
             "replicas": replicas,
+            "halt": { "quietWindow": 1, "grace": 30 },
             "components": [{
                 "name": "e2e.recorder",
                 "manifest": {
@@ -249,6 +251,135 @@ async fn baseline(
     (created, available)
 }
 
+async fn pods_left(client: &Client, namespace: &str) -> usize {
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), namespace)
+        .list_metadata(&ListParams::default())
+        .await
+        .map_or(usize::MAX, |list| list.items.len())
+}
+
+async fn compositions_halted(client: &Client, namespace: &str, count: usize) -> bool {
+    let Ok(list) = Api::<Composition>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+    else {
+        return false;
+    };
+    list.items.len() == count
+        && list.items.iter().all(|composition| {
+            composition
+                .condition("Halted")
+                .is_some_and(|c| c.status == "True")
+        })
+}
+
+/// Ours: every Composition asked to halt; until every one is `Halted=True` and no pod is left.
+async fn halt_ours(client: &Client, namespace: &str, count: usize) -> Duration {
+    let api = Api::<Composition>::namespaced(client.clone(), namespace);
+    let start = Instant::now();
+    let patch = json!({ "spec": { "halted": true } });
+    futures::stream::iter(names(count))
+        .map(|name| {
+            let (api, patch) = (api.clone(), patch.clone());
+            async move {
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("the halts are asked for");
+    until("ours: every Composition is Halted", start, || async {
+        compositions_halted(client, namespace, count).await
+            && pods_left(client, namespace).await == 0
+    })
+    .await
+}
+
+/// The baseline's halt: every Deployment scaled to zero; until no pod is left.
+async fn halt_baseline(client: &Client, namespace: &str) -> Duration {
+    let api = Api::<Deployment>::namespaced(client.clone(), namespace);
+    let start = Instant::now();
+    let list = api.list_metadata(&ListParams::default()).await.unwrap();
+    let patch = json!({ "spec": { "replicas": 0 } });
+    futures::stream::iter(list.items.into_iter().map(|d| d.name_any()))
+        .map(|name| {
+            let (api, patch) = (api.clone(), patch.clone());
+            async move {
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("the baseline scales to zero");
+    until("baseline: no pod left", start, || async {
+        pods_left(client, namespace).await == 0
+    })
+    .await
+}
+
+/// The resident memory of every agent the kubelet runs (`toa-agent compose`), in MB.
+fn agents_rss() -> Vec<f64> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let agent = args.first().is_some_and(|a| a.ends_with(b"toa-agent"))
+            && args.get(1) == Some(&&b"compose"[..]);
+        if agent {
+            found.push(memory(pid).0);
+        }
+    }
+    found.sort_by(f64::total_cmp);
+    found
+}
+
+/// Real pods: `count` Compositions of 2 replicas against the baseline, apply → every pod Ready,
+/// then halt → no pod left; and the agents' memory while ours idle.
+async fn with_pods(client: &Client, count: usize, settings: &Settings) {
+    let baseline_namespace = format!("bench-baseline-pods-{count}");
+    let ours_namespace = format!("bench-ours-pods-{count}");
+    let (_, base_ready) = baseline(client, &baseline_namespace, count, 2, settings).await;
+    let base_halt = halt_baseline(client, &baseline_namespace).await;
+    let (_, ready) = ours(client, &ours_namespace, count, 2).await;
+    until("ours: every pod Ready", Instant::now(), || async {
+        deployments_available(client, &ours_namespace, count).await
+    })
+    .await;
+    // Idle: the lifecycle done, nothing called.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss = agents_rss();
+    let halted = halt_ours(client, &ours_namespace, count).await;
+    bench(
+        &format!("apply_to_pods_ready_ms_{count}x2"),
+        ms(ready),
+        Some(ms(base_ready)),
+    );
+    bench(
+        &format!("halt_to_halted_ms_{count}x2"),
+        ms(halted),
+        Some(ms(base_halt)),
+    );
+    if !rss.is_empty() {
+        bench(
+            &format!("agent_rss_mb_median_{count}x2"),
+            rss[rss.len() / 2],
+            None,
+        );
+        bench(
+            &format!("agent_rss_mb_max_{count}x2"),
+            rss[rss.len() - 1],
+            None,
+        );
+    }
+}
+
 /// (VmRSS, VmHWM) of a process, in MB.
 fn memory(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -280,9 +411,18 @@ async fn main() {
     let root = std::env::temp_dir().join(format!("toa-bench-operator-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
-    let agent = cluster::agent_binary();
+    let agent = cluster::workspace_binary("toa-agent", "toa-agent");
+    let terminals = cluster::workspace_binary("toa-example-terminals", "toa-example-terminals");
     let plane = cluster::ControlPlane::start(&root.join("control-plane"));
     let admin = cluster::client(&plane.kubeconfig).await;
+    let node = node::Node::start(&root.join("n"), &plane.kubeconfig);
+    // No harness: the recorder tells nothing.
+    node.import_images(
+        &agent,
+        std::path::Path::new(env!("CARGO_BIN_EXE_toa-operator")),
+        &terminals,
+        "",
+    );
     let chart = cluster::install_chart(&admin, "toa-system").await;
     let agent_image = chart
         .args
@@ -292,7 +432,6 @@ async fn main() {
         .to_owned();
     let mut operator = operator::Operator::under_chart(&admin, &plane, &chart, &root).await;
     operator.start().await;
-    let kubelet = kubelet::Kubelet::start(admin.clone(), &root.join("pods"), agent).await;
     let settings = Settings {
         agent_image,
         sidecar: Sidecar::Plain,
@@ -317,51 +456,35 @@ async fn main() {
         Some(ms(base_ready_0)),
     );
 
-    let (base_created_1, base_ready_1) =
-        baseline(&admin, "bench-baseline-1", 1, 1, &settings).await;
-    let (created_1, ready_1) = ours(&admin, "bench-ours-1", 1, 1).await;
-    bench(
-        "apply_to_deployment_ms_1",
-        ms(created_1),
-        Some(ms(base_created_1)),
-    );
-    bench("apply_to_ready_ms_1", ms(ready_1), Some(ms(base_ready_1)));
-
-    let (base_created, base_ready) =
-        baseline(&admin, "bench-baseline-100", 100, 1, &settings).await;
+    // Real pods: 1 and 20 Compositions of 2 replicas.
     let reconciles = operator.reconciles().await;
     let seconds = operator
         .metric("toa_operator_reconcile_duration_seconds_sum")
         .await;
-    let (created, ready) = ours(&admin, "bench-ours-100", 100, 1).await;
+    with_pods(&admin, 1, &settings).await;
+    with_pods(&admin, 20, &settings).await;
     let reconciles = operator.reconciles().await - reconciles;
     let seconds = operator
         .metric("toa_operator_reconcile_duration_seconds_sum")
         .await
         - seconds;
     let errors = operator.metric("toa_operator_reconcile_errors_total").await;
-    bench(
-        "apply_to_deployment_ms_100",
-        ms(created),
-        Some(ms(base_created)),
-    );
-    bench("apply_to_ready_ms_100", ms(ready), Some(ms(base_ready)));
 
-    bench("reconciles_100", reconciles as f64, None);
+    bench("reconciles_pods", reconciles as f64, None);
     bench(
-        "reconcile_mean_ms_100",
+        "reconcile_mean_ms_pods",
         seconds * 1000.0 / reconciles.max(1) as f64,
         None,
     );
     bench("reconcile_errors_total", errors, None);
     let (rss, peak) = memory(pid);
     bench("operator_rss_mb_idle", idle, None);
-    bench("operator_rss_mb_100", rss, None);
-    bench("operator_peak_rss_mb_100", peak, None);
+    bench("operator_rss_mb_end", rss, None);
+    bench("operator_peak_rss_mb", peak, None);
 
     operator.check_running();
     operator.stop().await;
-    kubelet.shutdown();
+    drop(node);
     drop(plane);
     let _ = std::fs::remove_dir_all(&root);
 }

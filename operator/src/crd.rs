@@ -68,6 +68,11 @@ pub mod reasons {
         type_ = "string",
         json_path = r#".status.conditions[?(@.type=="Halted")].status"#
     ),
+    printcolumn(
+        name = "Degraded",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Degraded")].status"#
+    ),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(
         name = "Age",

@@ -75,6 +75,7 @@ fn finished_init(container: &ContainerStatus) -> bool {
 fn container_trouble(container: &ContainerStatus) -> Option<String> {
     let name = &container.name;
     let state = container.state.clone().unwrap_or_default();
+    let waiting_message = state.waiting.as_ref().and_then(|w| w.message.as_deref());
     let last = container
         .last_state
         .as_ref()
@@ -86,6 +87,8 @@ fn container_trouble(container: &ContainerStatus) -> Option<String> {
                 t.exit_code,
                 t.message
                     .as_deref()
+                    // The kubelet often repeats it as the waiting reason's message.
+                    .filter(|m| Some(*m) != waiting_message)
                     .map(|m| format!(": {}", quote(m)))
                     .unwrap_or_default()
             )
@@ -128,14 +131,16 @@ fn container_trouble(container: &ContainerStatus) -> Option<String> {
     None
 }
 
-/// One line, at most [`MESSAGE_CHARS`] characters.
+/// One line, at most [`MESSAGE_CHARS`] characters: the end, where runtimes and tracebacks say
+/// what went wrong (`…: exec: "node": executable file not found in $PATH: unknown`).
 fn quote(message: &str) -> String {
     let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
-    if line.chars().count() <= MESSAGE_CHARS {
+    let length = line.chars().count();
+    if length <= MESSAGE_CHARS {
         line
     } else {
-        let cut: String = line.chars().take(MESSAGE_CHARS).collect();
-        format!("{cut}…")
+        let end: String = line.chars().skip(length - MESSAGE_CHARS).collect();
+        format!("…{end}")
     }
 }
 

@@ -75,6 +75,10 @@ fn the_crd_names_and_columns() {
                 "Halted",
                 r#".status.conditions[?(@.type=="Halted")].status"#
             ),
+            (
+                "Degraded",
+                r#".status.conditions[?(@.type=="Degraded")].status"#
+            ),
             ("Replicas", ".spec.replicas"),
             ("Age", ".metadata.creationTimestamp"),
         ]

@@ -22,16 +22,16 @@ pub fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// The `toa-agent` binary of this workspace, built now when missing or stale (a test of this
-/// package cannot name another package's binary).
-pub fn agent_binary() -> PathBuf {
+/// A binary of this workspace, built now when missing or stale (a test of this package cannot
+/// name another package's binary).
+pub fn workspace_binary(package: &str, binary: &str) -> PathBuf {
     let operator = PathBuf::from(env!("CARGO_BIN_EXE_toa-operator"));
     let profile_dir = operator.parent().unwrap();
     let target = profile_dir.parent().unwrap();
     let mut command = Command::new(env!("CARGO"));
     command
         .current_dir(repo())
-        .args(["build", "--quiet", "-p", "toa-agent", "--bin", "toa-agent"])
+        .args(["build", "--quiet", "-p", package, "--bin", binary])
         .env("CARGO_TARGET_DIR", target);
     match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") => {}
@@ -44,8 +44,8 @@ pub fn agent_binary() -> PathBuf {
         None => {}
     }
     let status = command.status().expect("cargo runs");
-    assert!(status.success(), "cargo build -p toa-agent failed");
-    profile_dir.join("toa-agent")
+    assert!(status.success(), "cargo build -p {package} failed");
+    profile_dir.join(binary)
 }
 
 /// A free port on 127.0.0.1 followed by `count - 1` free ones, from `range`.
@@ -128,8 +128,22 @@ pub async fn client(kubeconfig: &Path) -> Client {
 
 /// Creates (applies) a namespace.
 pub async fn namespace(client: &Client, name: &str) {
+    namespace_labelled(client, name, serde_json::json!({})).await;
+}
+
+/// A namespace labelled for the restricted Pod Security level, as a user of a server with Pod
+/// Security admission (≥ 1.23) labels it; v1.20 does not enforce it.
+pub async fn restricted_namespace(client: &Client, name: &str) {
+    let labels = serde_json::json!({
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    });
+    namespace_labelled(client, name, labels).await;
+}
+
+async fn namespace_labelled(client: &Client, name: &str, labels: serde_json::Value) {
     let namespace: Namespace = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name }
+        "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name, "labels": labels }
     }))
     .unwrap();
     Api::<Namespace>::all(client.clone())
@@ -150,18 +164,26 @@ pub struct Chart {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub metrics_port: u16,
+    /// The chart's Deployment, as rendered.
+    pub deployment: Deployment,
 }
 
 /// Renders charts/toa-operator with charts/render.py (helm-python-sdk, offline) and applies what it
 /// renders, server-side, as `helm install` would: the CRD, the ServiceAccount, RBAC and the
-/// Service. The Deployment is not applied (no kubelet runs images here): the suite runs the
-/// operator binary with that Deployment's arguments instead, under the ServiceAccount's identity.
+/// Service. The Deployment is kept, not applied (pods cannot reach the API server on loopback):
+/// the suite runs the operator binary with that Deployment's arguments instead, under the
+/// ServiceAccount's identity; the image scenario applies it with host networking.
 pub async fn install_chart(admin: &Client, namespace: &str) -> Chart {
     let metrics_port = free_ports(30000..40000, 1);
     let output = Command::new("python3")
         .arg(repo().join("charts/render.py"))
         .args(["--release", "toa", "--namespace", namespace])
         .args(["--set", &format!("metrics.port={metrics_port}")])
+        // The images scripts/images built and imported into the node.
+        .args(["--set", "image.repository=localhost/toa/operator"])
+        .args(["--set", "image.tag=e2e"])
+        .args(["--set", "agentImage.repository=localhost/toa/agent"])
+        .args(["--set", "agentImage.tag=e2e"])
         .output()
         .expect("python3 runs");
     assert!(
@@ -196,8 +218,17 @@ pub async fn install_chart(admin: &Client, namespace: &str) -> Chart {
         apply(admin, value).await;
     }
     let deployment = deployment.expect("the chart renders a Deployment");
-    let container = &deployment.spec.unwrap().template.spec.unwrap().containers[0];
+    let container = deployment
+        .clone()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers[0]
+        .clone();
     Chart {
+        deployment,
         namespace: namespace.to_owned(),
         service_account: service_account.expect("the chart renders a ServiceAccount"),
         args: container.args.clone().unwrap_or_default(),

@@ -1,28 +1,36 @@
 //! End to end: the operator against a real API server (kube-apiserver and kube-controller-manager
-//! v1.20 from `scripts/control-plane`), with real agents.
+//! v1.20 from `scripts/control-plane`) and a real node (kubelet v1.20, containerd, runc and a CNI
+//! bridge from `scripts/node`), running images built from this workspace's binaries
+//! (`scripts/images`): nothing is simulated. What a v1.20 node cannot show is unit-tested and
+//! named in docs/testing.md (the native sidecar style needs ≥ 1.29; Pod Security admission, ≥ 1.23,
+//! is replaced by a check of the pods against the restricted profile's rules).
 //!
-//! One test, `end_to_end`, starts one control plane for every scenario: nextest runs each test in
-//! a process of its own, and a control plane takes seconds to start and two cores to run, so one
-//! process owns it, from start to stop. The scenarios run concurrently, each in a namespace of its
-//! own, on the same operator; then, alone, two operator replicas (the leader killed); the
-//! operator restart and the deletion run last. A failed scenario
-//! does not stop the others: all run, then the test fails naming each failure.
+//! One test, `end_to_end`, starts one control plane and one node for every scenario: nextest runs
+//! each test in a process of its own, and a control plane takes seconds to start and two cores to
+//! run, so one process owns it, from start to stop. The scenarios run concurrently, each in a
+//! namespace of its own, on the same operator; then, alone, two operator replicas (the leader
+//! killed) and the operator's own image; the operator restart and the deletion run last. A failed
+//! scenario does not stop the others: all run, then the test fails naming each failure.
 //!
 //! Setup: the chart rendered by `charts/render.py` is applied server-side (CRD, ServiceAccount,
 //! RBAC, Service); the operator runs as a process with the chart Deployment's arguments under the
 //! chart's ServiceAccount (its token from the Secret v1.20's token controller creates), so a
 //! permission the chart lacks fails the suite (and any `forbidden` in its log fails it too); the
-//! suite's kubelet ([`kubelet`]) runs each pod as local processes: the agent (`toa-agent compose
-//! … --attach`) and the component `e2e.recorder` (`operator/tests/fixtures/image`), which records
-//! its lifecycle commands in a file the scenarios read.
+//! API server listens on loopback, which pods cannot reach, so only the image scenario runs the
+//! chart's own Deployment (host network, a kubeconfig Secret). Pods run the agent image and
+//! `localhost/toa/python:e2e`, whose component `e2e.recorder` tells the suite's harness
+//! ([`harness`], on the node's bridge) what happens in its container and does what the harness
+//! asks of it.
 //!
 //! The control plane is v1.20: no CEL, so a Composition with two Redis addresses is accepted by
 //! the API server and refused by the operator's reconcile-time check, which is what the
 //! `invalid_spec` scenario asserts (on a server with CEL the create itself is refused).
 
 mod cluster;
-mod kubelet;
+mod harness;
+mod node;
 mod operator;
+mod services;
 mod wait;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -33,7 +41,7 @@ use k8s_openapi::jiff::SignedDuration;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -43,18 +51,25 @@ use toa_operator::lease::{DURATION, RENEW};
 use toa_operator::Composition;
 
 use cluster::ControlPlane;
-use kubelet::{Kubelet, PodInfo};
+use harness::Harness;
+use node::{Node, PodView};
 use operator::Operator;
 use wait::eventually;
 
 const COMPONENT: &str = "e2e.recorder";
+/// The image every e2e Composition runs (scripts/images).
+const IMAGE: &str = "localhost/toa/python:e2e";
 /// How long anything may take to happen once asked for.
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The suite's shared parts.
 struct Suite {
     admin: Client,
-    kubelet: Kubelet,
+    node: Node,
+    harness: Harness,
+    chart: cluster::Chart,
+    /// The operator's kubeconfig (the chart's ServiceAccount).
+    operator_kubeconfig: std::path::PathBuf,
     operator: tokio::sync::Mutex<Operator>,
 }
 
@@ -64,22 +79,33 @@ async fn end_to_end() {
     let root = std::env::temp_dir().join(format!("toa-e2e-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
-    let agent = cluster::agent_binary();
+    let agent = cluster::workspace_binary("toa-agent", "toa-agent");
+    let terminals = cluster::workspace_binary("toa-example-terminals", "toa-example-terminals");
 
     let plane = ControlPlane::start(&root.join("control-plane"));
     let admin = cluster::client(&plane.kubeconfig).await;
+    let node = Node::start(&root.join("n"), &plane.kubeconfig);
+    let harness = Harness::start(node::BRIDGE_IP.parse().unwrap()).await;
+    node.import_images(
+        &agent,
+        std::path::Path::new(env!("CARGO_BIN_EXE_toa-operator")),
+        &terminals,
+        &harness.url,
+    );
     let chart = cluster::install_chart(&admin, "toa-system").await;
     let mut operator = Operator::under_chart(&admin, &plane, &chart, &root).await;
     operator.start().await;
-    let kubelet = Kubelet::start(admin.clone(), &root.join("pods"), agent).await;
     eprintln!(
-        "e2e: control plane, chart, operator and kubelet up in {:.1} s (state in {})",
+        "e2e: control plane, node, images, chart and operator up in {:.1} s (state in {})",
         started.elapsed().as_secs_f64(),
         root.display()
     );
     let suite = Arc::new(Suite {
         admin,
-        kubelet,
+        node,
+        harness,
+        chart,
+        operator_kubeconfig: root.join("operator.kubeconfig"),
         operator: tokio::sync::Mutex::new(operator),
     });
 
@@ -102,11 +128,24 @@ async fn end_to_end() {
         ("atomicity_splits_slots", |s| {
             Box::pin(atomicity_splits_slots(s))
         }),
+        ("failing_pods_are_degraded", |s| {
+            Box::pin(failing_pods_are_degraded(s))
+        }),
+        ("slow_preflight_is_not_killed", |s| {
+            Box::pin(slow_preflight_is_not_killed(s))
+        }),
+        ("a_crashed_program_is_served_again", |s| {
+            Box::pin(a_crashed_program_is_served_again(s))
+        }),
     ];
     // Second, alone: a second replica, and the leader killed, which leaves no reconciling
     // operator for seconds; it ends with the suite's operator the leader again.
     let replicas: Vec<(&str, Scenario)> = vec![("two_replicas_one_leader", |s| {
         Box::pin(two_replicas_one_leader(s))
+    })];
+    // Alone too: the operator's own image replaces the suite's operator for a while.
+    let image: Vec<(&str, Scenario)> = vec![("the_operator_image_runs", |s| {
+        Box::pin(the_operator_image_runs(s))
     })];
     // Last: the operator restart, which must not stop another scenario's operator, and the
     // deletion, which relies on the garbage collector only: it learns of the CRD at its first
@@ -118,7 +157,7 @@ async fn end_to_end() {
         ("deletion_cleans_up", |s| Box::pin(deletion_cleans_up(s))),
     ];
     let mut failures = Vec::new();
-    for batch in [concurrent, replicas, alone] {
+    for batch in [concurrent, replicas, image, alone] {
         let runs = batch.into_iter().map(|(name, scenario)| {
             let suite = suite.clone();
             async move {
@@ -180,7 +219,6 @@ async fn end_to_end() {
     }
     operator.stop().await;
     drop(operator);
-    suite.kubelet.shutdown();
     eprintln!(
         "e2e: all scenarios done in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -188,12 +226,16 @@ async fn end_to_end() {
     if !failures.is_empty() {
         let tail = suite.operator.lock().await.tail(80);
         panic!(
-            "{} scenario(s) failed:\n{}\n\nthe operator's log, last lines:\n{tail}\n(pods' logs under {})",
+            "{} scenario(s) failed:\n{}\n\nthe operator's log, last lines:\n{tail}\n(the pods' logs \
+             under {}, the kubelet's in {}; TOA_E2E_KEEP=1 keeps them)",
             failures.len(),
             failures.join("\n"),
-            root.join("pods").display()
+            suite.node.dir().join("log/pods").display(),
+            suite.node.dir().join("kubelet.log").display(),
         );
     }
+    // The node goes before the control plane it reports to.
+    drop(suite);
     drop(plane);
     if std::env::var_os("TOA_E2E_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&root);
@@ -212,6 +254,7 @@ fn manifest_of(name: &str) -> serde_json::Value {
     json!({
         "name": name,
         "namespace": "e2e",
+        // Every e2e component's directory in the image holds the recorder.
         "program": ["python3", "recorder.py"],
         "lifecycle": ["preflight", "ready", "pause", "resume", "dispose"],
         "operations": { "echo": { "input": { "type": "object" } } }
@@ -222,7 +265,7 @@ fn manifest_of(name: &str) -> serde_json::Value {
 fn composition(namespace: &str, name: &str, spec: serde_json::Value) -> serde_json::Value {
     let mut base = json!({
         "application": "e2e",
-        "image": "e2e.local/recorder:1",
+        "image": IMAGE,
         "replicas": 1,
         "components": [{ "name": COMPONENT, "manifest": manifest() }],
     });
@@ -261,7 +304,7 @@ async fn running_two(
     namespace: &str,
     name: &str,
     spec: &impl Fn(bool) -> serde_json::Value,
-) -> Vec<PodInfo> {
+) -> Vec<PodView> {
     apply(suite, &spec(false)).await;
     ready_pods(suite, namespace, name, 2).await
 }
@@ -349,99 +392,74 @@ async fn wait_condition(
     .await
 }
 
-/// Waits until the suite's kubelet runs exactly `count` ready pods of the composition
-/// (none other being stopped); returns them.
-async fn wait_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> Vec<PodInfo> {
-    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(suite.admin.clone(), namespace);
+/// Waits until the composition has exactly `count` pods, every one Ready and none being deleted;
+/// returns them by name.
+async fn wait_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> Vec<PodView> {
     eventually(
         &format!("{namespace}/{name} runs {count} ready pods"),
         PATIENCE,
-        || {
-            let pods = pods.clone();
-            async move {
-                let list = pods
-                    .list(
-                        &kube::api::ListParams::default()
-                            .labels(&format!("toa.io/composition={name}")),
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let ready: Vec<String> = list
-                    .items
-                    .iter()
-                    .filter(|pod| {
-                        pod.metadata.deletion_timestamp.is_none()
-                            && pod
-                                .status
-                                .as_ref()
-                                .and_then(|s| s.conditions.as_ref())
-                                .is_some_and(|cs| {
-                                    cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                                })
-                    })
-                    .filter_map(|pod| pod.uid())
-                    .collect();
-                if list.items.len() != count || ready.len() != count {
-                    return Err(format!(
-                        "{} pods, {} ready: {:?}",
-                        list.items.len(),
-                        ready.len(),
-                        list.items.iter().map(|p| p.name_any()).collect::<Vec<_>>()
-                    ));
-                }
-                let mut pods = ready
-                    .iter()
-                    .map(|uid| {
-                        suite
-                            .kubelet
-                            .pod(uid)
-                            .ok_or(format!("pod {uid} not run here"))
-                    })
-                    .collect::<Result<Vec<PodInfo>, String>>()?;
-                pods.sort_by(|a, b| a.name.cmp(&b.name));
-                Ok(pods)
+        || async move {
+            let list = node::pods(&suite.admin, namespace, name).await?;
+            let ready: Vec<PodView> = list
+                .iter()
+                .filter(|pod| {
+                    pod.metadata.deletion_timestamp.is_none()
+                        && pod
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|cs| {
+                                cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                            })
+                })
+                .filter_map(PodView::of)
+                .collect();
+            if list.len() != count || ready.len() != count {
+                return Err(format!(
+                    "{} pods, {} ready: {:?}",
+                    list.len(),
+                    ready.len(),
+                    list.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+                ));
             }
+            let mut ready = ready;
+            ready.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(ready)
         },
     )
     .await
 }
 
 /// `Ready=True`, then the composition's `count` running pods.
-async fn ready_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> Vec<PodInfo> {
+async fn ready_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> Vec<PodView> {
     wait_condition(suite, namespace, name, "Ready", "True", None, PATIENCE).await;
     wait_pods(suite, namespace, name, count).await
 }
 
-/// Waits until no pod of the composition is left, and every pod the suite ran for it stopped.
+/// Waits until no pod of the composition is left: the kubelet reported every container stopped
+/// and the pod was removed.
 async fn wait_no_pods(suite: &Suite, namespace: &str, name: &str) {
-    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(suite.admin.clone(), namespace);
-    eventually(&format!("{namespace}/{name} has no pods"), PATIENCE, || {
-        let pods = pods.clone();
-        async move {
-            let list = pods
-                .list(
-                    &kube::api::ListParams::default().labels(&format!("toa.io/composition={name}")),
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-            let running: Vec<String> = suite
-                .kubelet
-                .pods(namespace, name)
-                .into_iter()
-                .filter(|pod| !pod.gone)
-                .map(|pod| pod.name)
-                .collect();
-            if list.items.is_empty() && running.is_empty() {
+    eventually(
+        &format!("{namespace}/{name} has no pods"),
+        PATIENCE + PATIENCE,
+        || async move {
+            let list = node::pods(&suite.admin, namespace, name).await?;
+            if list.is_empty() {
                 Ok(())
             } else {
                 Err(format!(
-                    "pods {:?}; still running here: {running:?}",
-                    list.items.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+                    "pods {:?}",
+                    list.iter().map(|p| p.name_any()).collect::<Vec<_>>()
                 ))
             }
-        }
-    })
+        },
+    )
     .await
+}
+
+/// The run commands the recorder ran in `pod`.
+fn lifecycle(suite: &Suite, pod: &PodView) -> Vec<String> {
+    suite.harness.lifecycle(&pod.name, COMPONENT)
 }
 
 async fn control_token(suite: &Suite, namespace: &str, name: &str) -> String {
@@ -452,8 +470,8 @@ async fn control_token(suite: &Suite, namespace: &str, name: &str) -> String {
     String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap()
 }
 
-/// The agent's own report, from its control endpoint.
-async fn agent_status(pod: &PodInfo, token: &str) -> serde_json::Value {
+/// The agent's own report, from its control endpoint on the pod's IP.
+async fn agent_status(pod: &PodView, token: &str) -> serde_json::Value {
     reqwest::Client::new()
         .get(format!("http://{}:7091/control/status", pod.ip))
         .bearer_auth(token)
@@ -474,7 +492,29 @@ async fn deployment(suite: &Suite, namespace: &str, name: &str) -> Option<Deploy
         .unwrap()
 }
 
-fn uids(pods: &[PodInfo]) -> BTreeSet<String> {
+/// How many `event`s the pod's recorder told.
+fn count(suite: &Suite, pod: &PodView, event: &str) -> usize {
+    suite
+        .harness
+        .events(&pod.name)
+        .iter()
+        .filter(|e| e.event == event)
+        .count()
+}
+
+/// The preStop drain ran `dispose` in the real container before the kubelet stopped it.
+fn assert_disposed_before_stopped(suite: &Suite, pod: &PodView) {
+    let names = suite.harness.names(&pod.name);
+    let dispose = names.iter().position(|n| n == "dispose");
+    let stopped = names.iter().position(|n| n == "sigterm");
+    assert!(
+        matches!((dispose, stopped), (Some(d), Some(s)) if d < s),
+        "{}: dispose, then SIGTERM: {names:?}",
+        pod.name
+    );
+}
+
+fn uids(pods: &[PodView]) -> BTreeSet<String> {
     pods.iter().map(|p| p.uid.clone()).collect()
 }
 
@@ -484,7 +524,7 @@ fn uids(pods: &[PodInfo]) -> BTreeSet<String> {
 /// A valid Composition → its Deployment → pods → `Ready=True`.
 async fn ready(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-ready", "shop");
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let start = Instant::now();
     apply(
         &suite,
@@ -548,13 +588,61 @@ async fn ready(suite: Arc<Suite>) {
     }
     let pods = wait_pods(&suite, namespace, name, 2).await;
     let token = control_token(&suite, namespace, name).await;
+    let http = reqwest::Client::new();
     for pod in &pods {
+        // Every container started once and stayed up: the agent read its token (its control
+        // endpoint answers with it), nothing crash-looped.
+        assert_eq!(
+            pod.restarts(),
+            [("agent".to_owned(), 0), ("component-0".to_owned(), 0)].into(),
+            "{}",
+            pod.name
+        );
         let status = agent_status(pod, &token).await;
         assert_eq!(status["phase"], "running", "{}: {status}", pod.name);
         assert_eq!(status["instance"], pod.name.as_str(), "{status}");
         assert_eq!(
-            pod.lifecycle(COMPONENT),
+            lifecycle(&suite, pod),
             ["preflight", "ready"],
+            "{}",
+            pod.name
+        );
+        // The agent's ports were bound before the component's container started: the program
+        // tried each and found it taken.
+        let binds: Vec<(u64, bool)> = suite
+            .harness
+            .events(&pod.name)
+            .iter()
+            .filter(|e| e.event == "bind")
+            .map(|e| {
+                (
+                    e.details["port"].as_u64().unwrap(),
+                    e.details["taken"] == true,
+                )
+            })
+            .collect();
+        assert_eq!(
+            binds,
+            [(7090, true), (7091, true), (7092, true)],
+            "{}",
+            pod.name
+        );
+        // Prometheus's view: the pod IP, the probe port, no token.
+        let metrics = http
+            .get(format!("http://{}:7092/metrics", pod.ip))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .unwrap_or_else(|e| panic!("/metrics of {}: {e}", pod.name));
+        let text = metrics.text().await.unwrap();
+        assert!(text.contains("toa_"), "{}: {text}", pod.name);
+        // The namespace is labelled restricted; v1.20 has no Pod Security admission to enforce
+        // it, so the pod as the API server stored it is checked against the profile's rules.
+        let spec = pod.pod.spec.clone().unwrap();
+        assert_eq!(
+            toa_operator::restricted::violations(&spec),
+            Vec::<String>::new(),
             "{}",
             pod.name
         );
@@ -693,11 +781,12 @@ async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
     wait_no_pods(&suite, namespace, name).await;
     for pod in &pods {
         assert_eq!(
-            pod.lifecycle(COMPONENT),
+            lifecycle(&suite, pod),
             ["preflight", "ready", "pause", "dispose"],
             "{}: paused, then disposed on the way down",
             pod.name
         );
+        assert_disposed_before_stopped(&suite, pod);
     }
 
     apply(&suite, &spec(false)).await;
@@ -707,7 +796,7 @@ async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
     assert!(uids(&again).is_disjoint(&uids(&pods)), "new pods");
     for pod in &again {
         assert_eq!(
-            pod.lifecycle(COMPONENT),
+            lifecycle(&suite, pod),
             ["preflight", "ready"],
             "{}",
             pod.name
@@ -736,30 +825,18 @@ async fn halt_busy_called_off(suite: Arc<Suite>) {
     let pods = running_two(&suite, namespace, name, &spec).await;
     let busy = pods[0].clone();
 
-    // Calls into the first pod, all along, through its agent's local API.
-    let calling = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let caller = {
-        let calling = calling.clone();
-        let url = format!("{}/v1/call/{COMPONENT}/echo", busy.local_api());
-        tokio::spawn(async move {
-            let http = reqwest::Client::new();
-            let mut answered = 0u32;
-            while calling.load(std::sync::atomic::Ordering::Relaxed) {
-                let reply = http
-                    .post(&url)
-                    .json(&json!({ "input": { "n": answered } }))
-                    .timeout(Duration::from_secs(5))
-                    .send()
-                    .await;
-                if reply.is_ok_and(|r| r.status().is_success()) {
-                    answered += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            answered
-        })
-    };
-
+    // Calls into the first pod, all along: its recorder calls its own `echo` through its agent
+    // every 0.3 s, as the harness asks.
+    suite.harness.ask(&busy.name, json!({ "do": "call" }));
+    eventually("the busy pod calls", PATIENCE, || async {
+        let called = count(&suite, &busy, "called");
+        if called > 0 {
+            Ok(())
+        } else {
+            Err(format!("{:?}", suite.harness.names(&busy.name)))
+        }
+    })
+    .await;
     let start = Instant::now();
     apply(&suite, &spec(true)).await;
     let called_off = wait_condition(
@@ -788,8 +865,8 @@ async fn halt_busy_called_off(suite: Arc<Suite>) {
     );
     // Stop asking for the halt before it is tried again (grace after the call-off).
     apply(&suite, &spec(false)).await;
-    calling.store(false, std::sync::atomic::Ordering::Relaxed);
-    let answered = caller.await.unwrap();
+    suite.harness.ask(&busy.name, json!({ "do": "stop" }));
+    let answered = count(&suite, &busy, "called");
     assert!(
         answered > 5,
         "the calls went through during the halt: {answered}"
@@ -799,12 +876,16 @@ async fn halt_busy_called_off(suite: Arc<Suite>) {
     let after = ready_pods(&suite, namespace, name, 2).await;
     assert_eq!(uids(&after), uids(&pods), "the same pods");
     for (pod, before) in after.iter().zip(&pods) {
-        assert_eq!(pod.pids, before.pids, "{}: the same processes", pod.name);
+        // The same containers, never restarted: the same processes.
+        assert_eq!(
+            pod.containers, before.containers,
+            "{}: the same containers",
+            pod.name
+        );
         let status = agent_status(pod, &token).await;
         assert_eq!(status["phase"], "running", "{}: {status}", pod.name);
-        let lifecycle = pod.lifecycle(COMPONENT);
         assert_eq!(
-            lifecycle,
+            lifecycle(&suite, pod),
             ["preflight", "ready", "pause", "resume"],
             "{}",
             pod.name
@@ -812,15 +893,20 @@ async fn halt_busy_called_off(suite: Arc<Suite>) {
     }
 }
 
-/// A spec change rolls out: new pods replace the old ones, `Ready=True` for the new generation.
+/// A spec change rolls out: new pods replace the old ones, `Ready=True` for the new generation;
+/// each old pod's preStop drain runs `dispose` in its real container before the kubelet stops it.
 async fn spec_change_rolls_out(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-rollout", "roll");
     cluster::namespace(&suite.admin, namespace).await;
-    apply(
-        &suite,
-        &composition(namespace, name, json!({ "replicas": 2 })),
-    )
-    .await;
+    let spec = |memory: &str| {
+        let resources = json!({ "limits": { "memory": memory } });
+        composition(
+            namespace,
+            name,
+            json!({ "replicas": 2, "resources": resources }),
+        )
+    };
+    apply(&suite, &spec("200Mi")).await;
     let old = ready_pods(&suite, namespace, name, 2).await;
     let generation = deployment(&suite, namespace, name)
         .await
@@ -828,15 +914,7 @@ async fn spec_change_rolls_out(suite: Arc<Suite>) {
         .metadata
         .generation;
 
-    let changed = apply(
-        &suite,
-        &composition(
-            namespace,
-            name,
-            json!({ "replicas": 2, "image": "e2e.local/recorder:2" }),
-        ),
-    )
-    .await;
+    let changed = apply(&suite, &spec("210Mi")).await;
     let rolled = wait_condition(
         &suite,
         namespace,
@@ -852,49 +930,52 @@ async fn spec_change_rolls_out(suite: Arc<Suite>) {
     assert!(uids(&new).is_disjoint(&uids(&old)), "every pod replaced");
     let deployment = deployment(&suite, namespace, name).await.unwrap();
     assert!(deployment.metadata.generation > generation);
-    let images: Vec<Option<String>> = deployment
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
-        .containers
-        .iter()
-        .map(|c| c.image.clone())
-        .collect();
-    assert!(
-        images.contains(&Some("e2e.local/recorder:2".to_owned())),
-        "{images:?}"
-    );
+    for pod in &new {
+        let limits = pod.pod.spec.as_ref().unwrap().containers[1]
+            .resources
+            .clone()
+            .unwrap()
+            .limits
+            .unwrap();
+        assert_eq!(limits["memory"].0, "210Mi", "{}", pod.name);
+    }
     for pod in &old {
         eventually(
-            &format!("old pod {} stopped", pod.name),
+            &format!("old pod {} stopped after dispose", pod.name),
             PATIENCE,
             || async {
-                match suite.kubelet.pod(&pod.uid) {
-                    Some(info) if info.gone => Ok(()),
-                    other => Err(format!("{other:?}")),
+                let names = suite.harness.names(&pod.name);
+                if names.iter().any(|n| n == "sigterm") {
+                    Ok(())
+                } else {
+                    Err(format!("{names:?}"))
                 }
             },
         )
         .await;
         assert_eq!(
-            pod.lifecycle(COMPONENT).last().map(String::as_str),
+            lifecycle(&suite, pod).last().map(String::as_str),
             Some("dispose"),
             "{}",
             pod.name
         );
+        assert_disposed_before_stopped(&suite, pod);
     }
 }
 
-/// Atomicity on the shared Redis and the broker, 2 replicas: the pods' agents coordinate through
-/// Redis (not in-process, where each would own every slot), so they split the 16 slots, and the
+/// Atomicity over a Redis and a broker the pods reach (the suite's own, on the node's bridge), 2
+/// replicas: the pods' agents coordinate through Redis (not in-process, where each would own
+/// every slot), so they split the 16 slots and a lock one pod holds keeps the other waiting; the
 /// membership keys of the Composition's application are on the server; the component's shared
 /// queue is on the broker.
 async fn atomicity_splits_slots(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-atomicity", "atom");
-    // An application of this run's own: keys and queues of earlier runs do not count.
-    let application = format!("e2e-atom-{}", std::process::id());
+    let application = "e2e-atom";
+    let redis = services::Redis::start(node::BRIDGE_IP);
+    let dir = std::env::temp_dir().join(format!("toa-e2e-rabbit-{}", std::process::id()));
+    let rabbit = tokio::task::spawn_blocking(move || services::Rabbit::start(node::BRIDGE_IP, dir))
+        .await
+        .unwrap();
     cluster::namespace(&suite.admin, namespace).await;
     let start = Instant::now();
     apply(
@@ -906,8 +987,8 @@ async fn atomicity_splits_slots(suite: Arc<Suite>) {
                 "application": application,
                 "replicas": 2,
                 "context": {
-                    "atomicity": { "redis": ["redis://127.0.0.1:6379"], "interval": 300 },
-                    "amqp": "amqp://127.0.0.1:5672",
+                    "atomicity": { "redis": [redis.url()], "interval": 300 },
+                    "amqp": rabbit.url(),
                 },
             }),
         ),
@@ -915,25 +996,33 @@ async fn atomicity_splits_slots(suite: Arc<Suite>) {
     .await;
     let pods = ready_pods(&suite, namespace, name, 2).await;
 
-    // Each agent's share, from its local API, until both own some and together own all, once.
-    let http = reqwest::Client::new();
+    // Each agent's share, asked through the recorder in its pod, until both own some and
+    // together own all, once.
     let shares = eventually("the two pods' agents split the 16 slots", PATIENCE, || {
-        let (http, pods) = (http.clone(), pods.clone());
+        let pods = pods.clone();
+        let suite = suite.clone();
         async move {
             let mut shares = Vec::new();
             for pod in &pods {
-                let url = format!("{}/v1/{COMPONENT}/slots?total=16", pod.local_api());
-                let answer: serde_json::Value = http
-                    .get(&url)
-                    .timeout(Duration::from_secs(2))
-                    .send()
-                    .await
-                    .and_then(|r| r.error_for_status())
-                    .map_err(|e| format!("{url}: {e}"))?
-                    .json()
-                    .await
-                    .map_err(|e| format!("{url}: {e}"))?;
-                let slots: Vec<u64> = serde_json::from_value(answer["slots"].clone())
+                let before = count(&suite, pod, "slots");
+                suite
+                    .harness
+                    .ask(&pod.name, json!({ "do": "slots", "total": 16 }));
+                let answer = eventually("a share", Duration::from_secs(10), || async {
+                    let told: Vec<_> = suite
+                        .harness
+                        .events(&pod.name)
+                        .into_iter()
+                        .filter(|e| e.event == "slots")
+                        .collect();
+                    if told.len() > before {
+                        Ok(told.last().unwrap().details["slots"].clone())
+                    } else {
+                        Err("no answer".to_owned())
+                    }
+                })
+                .await;
+                let slots: Vec<u64> = serde_json::from_value(answer.clone())
                     .map_err(|_| format!("{}: {answer}", pod.name))?;
                 shares.push(slots.into_iter().collect::<BTreeSet<u64>>());
             }
@@ -956,24 +1045,19 @@ async fn atomicity_splits_slots(suite: Arc<Suite>) {
     // Through Redis: the slots' keys of this application, both pods among the members.
     let prefix = format!("toa:{application}:{COMPONENT}:slots:");
     eventually(
-        "the shared Redis holds the slots' keys, both pods members",
+        "the Redis holds the slots' keys, both pods members",
         PATIENCE,
         || {
-            let (prefix, pods) = (prefix.clone(), pods.clone());
-            let pattern = format!("*{application}*");
+            let (prefix, pods, redis) = (prefix.clone(), pods.clone(), &redis);
             async move {
-                let keys = output("redis-cli", &["--scan", "--pattern", &pattern]).await?;
+                let keys = redis.cli(&["--scan", "--pattern", "*"])?;
                 let keys: BTreeSet<&str> = keys.lines().collect();
                 for key in ["members", "view", "epoch", "changed"] {
                     if !keys.contains(format!("{prefix}{key}").as_str()) {
                         return Err(format!("no {prefix}{key} among {keys:?}"));
                     }
                 }
-                let members = output(
-                    "redis-cli",
-                    &["zrange", &format!("{prefix}members"), "0", "-1"],
-                )
-                .await?;
+                let members = redis.cli(&["zrange", &format!("{prefix}members"), "0", "-1"])?;
                 // A member is `<instance>#<random>`, the instance being the pod's name.
                 let named: BTreeSet<&str> = members
                     .lines()
@@ -990,45 +1074,74 @@ async fn atomicity_splits_slots(suite: Arc<Suite>) {
     )
     .await;
 
+    // A lock: the first pod holds it for 3 s; the second, asking meanwhile, gets it only after.
+    let (first, second) = (&pods[0], &pods[1]);
+    suite.harness.ask(
+        &first.name,
+        json!({ "do": "lock", "key": "till", "hold": 3 }),
+    );
+    let locked = |pod: &PodView| {
+        suite
+            .harness
+            .events(&pod.name)
+            .into_iter()
+            .find(|e| e.event == "locked")
+    };
+    eventually("the first pod holds the lock", PATIENCE, || async {
+        locked(first).ok_or_else(|| format!("{:?}", suite.harness.names(&first.name)))
+    })
+    .await;
+    suite.harness.ask(
+        &second.name,
+        json!({ "do": "lock", "key": "till", "hold": 0 }),
+    );
+    let second_locked = eventually("the second pod gets the lock", PATIENCE, || async {
+        locked(second).ok_or_else(|| format!("{:?}", suite.harness.names(&second.name)))
+    })
+    .await;
+    let released = suite
+        .harness
+        .events(&first.name)
+        .into_iter()
+        .find(|e| e.event == "unlocked")
+        .expect("the first pod released the lock before the second got it");
+    let at = |e: &harness::Event| e.details["at"].as_f64().unwrap();
+    let token = |e: &harness::Event| e.details["token"].as_u64().unwrap();
+    assert!(
+        at(&released) <= at(&second_locked),
+        "the second pod held the lock at {} while the first held it until {}",
+        at(&second_locked),
+        at(&released)
+    );
+    assert!(token(&second_locked) > token(&locked(first).unwrap()));
+
     // The broker: the component's shared queue, under the application's name.
     let queue = format!("toa.{application}.{COMPONENT}");
     eventually(
         &format!("the broker has the queue {queue}"),
         PATIENCE,
         || {
-            let queue = queue.clone();
+            let (queue, rabbit) = (queue.clone(), &rabbit);
             async move {
-                let queues = output("rabbitmqctl", &["-q", "list_queues", "name"]).await?;
-                if queues.lines().any(|line| line.trim() == queue) {
+                let queues = rabbit.queues()?;
+                if queues.contains(&queue) {
                     Ok(())
                 } else {
-                    Err(format!("{} queues, not {queue}", queues.lines().count()))
+                    Err(format!("{queues:?}, not {queue}"))
                 }
             }
         },
     )
     .await;
-}
-
-/// What a command prints, or why it failed; at most 20 s.
-async fn output(program: &str, args: &[&str]) -> Result<String, String> {
-    let run = tokio::process::Command::new(program)
-        .args(args)
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(20), run)
-        .await
-        .map_err(|_| format!("{program} {args:?}: no answer in 20 s"))?
-        .map_err(|e| format!("{program} {args:?}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{program} {args:?}: {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
+    // Stop the pods before their Redis and broker go.
+    let mut stopped = composition(namespace, name, json!({ "application": application }));
+    stopped["spec"]["replicas"] = json!(0);
+    stopped["spec"]["context"] = json!({
+        "atomicity": { "redis": [redis.url()], "interval": 300 },
+        "amqp": rabbit.url(),
+    });
+    apply(&suite, &stopped).await;
+    wait_no_pods(&suite, namespace, name).await;
 }
 
 /// Deleting the Composition deletes what it owns (the garbage collector, by owner references).
@@ -1043,7 +1156,7 @@ async fn deletion_cleans_up(suite: Arc<Suite>) {
     apply(&suite, &composition(namespace, stays, spec)).await;
     wait_condition(&suite, namespace, stays, "Ready", "True", None, PATIENCE).await;
     apply(&suite, &composition(namespace, name, json!({}))).await;
-    ready_pods(&suite, namespace, name, 1).await;
+    let pods = ready_pods(&suite, namespace, name, 1).await;
     let declarations = Api::<ConfigMap>::namespaced(suite.admin.clone(), namespace);
     let managers = || async {
         let shared = declarations
@@ -1097,6 +1210,7 @@ async fn deletion_cleans_up(suite: Arc<Suite>) {
     })
     .await;
     wait_no_pods(&suite, namespace, name).await;
+    assert_disposed_before_stopped(&suite, &pods[0]);
     // The survivor's next reconcile takes back the deleted one's part of the shared map (poked
     // with an annotation, which reconciles: the garbage collector may not have removed the
     // deleted owner's reference by the first poke).
@@ -1131,10 +1245,11 @@ async fn unanswering_pod_during_halt(suite: Arc<Suite>) {
     let spec = halting(namespace, name, 1, 60);
     let pods = running_two(&suite, namespace, name, &spec).await;
     let frozen = &pods[0];
-    let agent = frozen.pids["agent"];
-    // SAFETY: a signal to an agent this suite started.
-    unsafe { libc::kill(agent as i32, libc::SIGSTOP) };
-    let thaw = Thaw(agent);
+    // The agent container's processes frozen (cgroup freezer): it answers nothing, for less than
+    // its liveness probe's 30 s.
+    let agent = frozen.agent_container();
+    suite.node.freeze(&agent);
+    let thaw = Thaw(suite.clone(), agent);
 
     apply(&suite, &spec(true)).await;
     let degraded = wait_condition(
@@ -1195,7 +1310,7 @@ async fn unanswering_pod_during_halt(suite: Arc<Suite>) {
     wait_no_pods(&suite, namespace, name).await;
     for pod in &pods {
         assert_eq!(
-            pod.lifecycle(COMPONENT),
+            lifecycle(&suite, pod),
             ["preflight", "ready", "pause", "dispose"],
             "{}",
             pod.name
@@ -1203,13 +1318,12 @@ async fn unanswering_pod_during_halt(suite: Arc<Suite>) {
     }
 }
 
-/// Sends SIGCONT to a stopped process when dropped, even when the scenario fails.
-struct Thaw(u32);
+/// Thaws a frozen container when dropped, even when the scenario fails.
+struct Thaw(Arc<Suite>, String);
 
 impl Drop for Thaw {
     fn drop(&mut self) {
-        // SAFETY: a signal to a process this suite started.
-        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+        self.0.node.thaw(&self.1);
     }
 }
 
@@ -1283,7 +1397,7 @@ async fn operator_restart_during_halt(suite: Arc<Suite>) {
     assert!(after.contains("stopped"), "{after}");
     for pod in &pods {
         assert_eq!(
-            pod.lifecycle(COMPONENT),
+            lifecycle(&suite, pod),
             ["preflight", "ready", "pause", "dispose"],
             "{}",
             pod.name
@@ -1481,5 +1595,337 @@ async fn two_replicas_one_leader(suite: Arc<Suite>) {
     eprintln!(
         "e2e: two replicas: the suite's operator led again {:.1} s after the second stopped",
         stopped.elapsed().as_secs_f64()
+    );
+}
+
+/// The columns `kubectl get compositions` prints, as the API server renders them (a Table).
+async fn printed(suite: &Suite, namespace: &str, name: &str) -> BTreeMap<String, String> {
+    let request = http::Request::get(format!(
+        "/apis/toa.io/v1alpha1/namespaces/{namespace}/compositions/{name}"
+    ))
+    .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+    .body(Vec::new())
+    .unwrap();
+    let table: serde_json::Value = suite.admin.request(request).await.unwrap();
+    let columns: Vec<String> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect();
+    let cells = table["rows"][0]["cells"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    columns
+        .into_iter()
+        .zip(cells)
+        .map(|(column, cell)| {
+            (
+                column,
+                cell.as_str().map_or(cell.to_string(), str::to_owned),
+            )
+        })
+        .collect()
+}
+
+/// Pods that cannot run: a component image without its program, an agent that cannot start.
+/// `Degraded=True` within 30 s names the pod, the container and the kubelet's reason, read from
+/// the pods' statuses; `kubectl get compositions` shows it.
+async fn failing_pods_are_degraded(suite: Arc<Suite>) {
+    let namespace = "e2e-failing";
+    cluster::namespace(&suite.admin, namespace).await;
+    // The image has no `node`: the container cannot start.
+    let mut nodeless = manifest();
+    nodeless["program"] = json!(["node", "server.js"]);
+    let component = json!([{ "name": COMPONENT, "manifest": nodeless }]);
+    // Nothing listens at this broker address (the node's bridge, port 1): the agent exits.
+    let unreachable = json!({ "amqp": format!("amqp://{}:1", node::BRIDGE_IP) });
+    let cases = [
+        (
+            "nodeless",
+            json!({ "components": component }),
+            "component-0",
+        ),
+        ("agentless", json!({ "context": unreachable }), "agent"),
+    ];
+    for (name, spec, _) in &cases {
+        apply(&suite, &composition(namespace, name, spec.clone())).await;
+    }
+    let start = Instant::now();
+    for (name, _, container) in cases {
+        let degraded = wait_condition(
+            &suite,
+            namespace,
+            name,
+            "Degraded",
+            "True",
+            Some("PodsFailing"),
+            Duration::from_secs(30),
+        )
+        .await;
+        let message = condition(&degraded, "Degraded").unwrap().message;
+        eprintln!(
+            "e2e: failing: {name} Degraded {:.1} s after apply: {message}",
+            start.elapsed().as_secs_f64()
+        );
+        let pods = node::pods(&suite.admin, namespace, name).await.unwrap();
+        assert_eq!(pods.len(), 1);
+        let pod = pods[0].name_any();
+        assert!(
+            message.starts_with(&format!("{pod}: container {container} ")),
+            "names the pod and the container: {message}"
+        );
+        let reasons = [
+            "CrashLoopBackOff",
+            "RunContainerError",
+            "StartError",
+            "ContainerCannotRun",
+            "Error",
+            "not ready",
+        ];
+        assert!(
+            reasons.iter().any(|reason| message.contains(reason)),
+            "names the kubelet's reason: {message}"
+        );
+        let columns = printed(&suite, namespace, name).await;
+        assert_eq!(
+            columns.get("Degraded").map(String::as_str),
+            Some("True"),
+            "{columns:?}"
+        );
+        assert_eq!(columns.get("Ready").map(String::as_str), Some("False"));
+    }
+}
+
+/// A `preflight` of 40 s (past the ~30 s after which a liveness check on the control port, which
+/// opened only after the lifecycle, killed the agent; under the 60 s run-command limit): the
+/// agent is not restarted and the pod becomes Ready.
+async fn slow_preflight_is_not_killed(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-slow", "slow");
+    let slow = "e2e.slow";
+    cluster::namespace(&suite.admin, namespace).await;
+    let components = json!([{ "name": slow, "manifest": manifest_of("slow") }]);
+    let start = Instant::now();
+    apply(
+        &suite,
+        &composition(namespace, name, json!({ "components": components })),
+    )
+    .await;
+    wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Ready",
+        "True",
+        None,
+        Duration::from_secs(120),
+    )
+    .await;
+    let took = start.elapsed();
+    let pods = wait_pods(&suite, namespace, name, 1).await;
+    eprintln!(
+        "e2e: slow preflight: Ready {:.1} s after apply",
+        took.as_secs_f64()
+    );
+    assert!(took >= Duration::from_secs(40), "preflight took its 40 s");
+    assert_eq!(
+        pods[0].restarts(),
+        [("agent".to_owned(), 0), ("component-0".to_owned(), 0)].into()
+    );
+    assert_eq!(
+        suite.harness.lifecycle(&pods[0].name, slow),
+        ["preflight", "ready"]
+    );
+}
+
+/// The component's program dies (a crash, asked through the harness): the kubelet restarts its
+/// container, the agent notices its program stopped serving and exits too, the kubelet restarts
+/// it, and the new agent runs the lifecycle again: the pod serves again, Ready.
+async fn a_crashed_program_is_served_again(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-crash", "crash");
+    cluster::namespace(&suite.admin, namespace).await;
+    apply(&suite, &composition(namespace, name, json!({}))).await;
+    let before = ready_pods(&suite, namespace, name, 1).await.remove(0);
+    suite.harness.ask(&before.name, json!({ "do": "exit" }));
+    let again = eventually(
+        "both containers restarted and the pod is Ready again",
+        Duration::from_secs(120),
+        || async {
+            let pods = node::pods(&suite.admin, namespace, name).await?;
+            let pod = pods.first().and_then(PodView::of).ok_or("no pod")?;
+            let ready = pod
+                .pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            let restarts = pod.restarts();
+            if ready && restarts["agent"] >= 1 && restarts["component-0"] >= 1 {
+                Ok(pod)
+            } else {
+                Err(format!("ready {ready}, restarts {restarts:?}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(again.uid, before.uid, "the same pod");
+    let lifecycle = lifecycle(&suite, &again);
+    assert_eq!(
+        lifecycle,
+        ["preflight", "ready", "preflight", "ready"],
+        "the lifecycle ran again"
+    );
+    let token = control_token(&suite, namespace, name).await;
+    let status = agent_status(&again, &token).await;
+    assert_eq!(status["phase"], "running", "{status}");
+}
+
+/// The chart's own Deployment, running the operator's image (built as its Dockerfile says): it
+/// starts as uid 65532, takes the Lease and reconciles a Composition. Pods cannot reach the API
+/// server on loopback, so this one pod runs on the host's network with a kubeconfig Secret (the
+/// chart's ServiceAccount token), test-only; the suite's operator is stopped meanwhile.
+async fn the_operator_image_runs(suite: Arc<Suite>) {
+    let mut operator = suite.operator.lock().await;
+    let lease = operator.lease();
+    operator.stop().await;
+    let run = tokio::spawn(operator_image(suite.clone(), lease)).await;
+    // Whatever happened: the Deployment goes (its operator gives the Lease up on the way out),
+    // and the suite's operator comes back for the scenarios after this one.
+    let deployments = Api::<Deployment>::namespaced(suite.admin.clone(), &suite.chart.namespace);
+    let _ = deployments
+        .delete(&suite.chart.deployment.name_any(), &DeleteParams::default())
+        .await;
+    eventually(
+        "the operator's pod is gone",
+        Duration::from_secs(90),
+        || async {
+            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+                suite.admin.clone(),
+                &suite.chart.namespace,
+            )
+            .list(&kube::api::ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+            if pods.items.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{} pods left", pods.items.len()))
+            }
+        },
+    )
+    .await;
+    operator.start().await;
+    if let Err(error) = run {
+        std::panic::resume_unwind(error.into_panic());
+    }
+}
+
+async fn operator_image(suite: Arc<Suite>, (lease_namespace, lease_name): (String, String)) {
+    let (namespace, name) = ("e2e-image", "imaged");
+    cluster::namespace(&suite.admin, namespace).await;
+    let chart_namespace = suite.chart.namespace.clone();
+    let secrets = Api::<Secret>::namespaced(suite.admin.clone(), &chart_namespace);
+    let kubeconfig = std::fs::read_to_string(&suite.operator_kubeconfig).unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "e2e-operator-kubeconfig" },
+        "stringData": { "config": kubeconfig },
+    }))
+    .unwrap();
+    secrets
+        .patch(
+            "e2e-operator-kubeconfig",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .unwrap();
+    let mut deployment = suite.chart.deployment.clone();
+    deployment.metadata.managed_fields = None;
+    let spec = deployment.spec.as_mut().unwrap();
+    spec.replicas = Some(1);
+    let pod = spec.template.spec.as_mut().unwrap();
+    pod.host_network = Some(true);
+    pod.volumes = Some(vec![serde_json::from_value(json!({
+        "name": "kubeconfig",
+        "secret": { "secretName": "e2e-operator-kubeconfig", "defaultMode": 0o440 },
+    }))
+    .unwrap()]);
+    let container = &mut pod.containers[0];
+    container.volume_mounts = Some(vec![serde_json::from_value(
+        json!({ "name": "kubeconfig", "mountPath": "/var/run/e2e", "readOnly": true }),
+    )
+    .unwrap()]);
+    container.env.get_or_insert_with(Vec::new).push(
+        serde_json::from_value(json!({ "name": "KUBECONFIG", "value": "/var/run/e2e/config" }))
+            .unwrap(),
+    );
+    let deployments = Api::<Deployment>::namespaced(suite.admin.clone(), &chart_namespace);
+    let deployment_name = deployment.name_any();
+    deployments
+        .patch(
+            &deployment_name,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&deployment),
+        )
+        .await
+        .unwrap();
+    let leases = Api::<Lease>::namespaced(suite.admin.clone(), &lease_namespace);
+    let holder_pod = eventually(
+        "the operator's image takes the Lease",
+        Duration::from_secs(90),
+        || async {
+            let spec = lease_spec(&leases, &lease_name).await?;
+            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+                suite.admin.clone(),
+                &chart_namespace,
+            )
+            .list(&kube::api::ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+            let running: Vec<String> = pods.items.iter().map(|p| p.name_any()).collect();
+            if running.iter().any(|p| p == holder(&spec)) {
+                return Ok(holder(&spec).to_owned());
+            }
+            let mut log = String::new();
+            if let Some(pod) = running.first() {
+                let params = kube::api::LogParams {
+                    tail_lines: Some(10),
+                    ..Default::default()
+                };
+                log = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+                    suite.admin.clone(),
+                    &chart_namespace,
+                )
+                .logs(pod, &params)
+                .await
+                .unwrap_or_else(|e| e.to_string());
+            }
+            Err(format!(
+                "holder {:?}, pods {running:?}; the pod's log:\n{log}",
+                spec.holder_identity
+            ))
+        },
+    )
+    .await;
+    apply(&suite, &composition(namespace, name, json!({}))).await;
+    wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    let pod =
+        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(suite.admin.clone(), &chart_namespace)
+            .get(&holder_pod)
+            .await
+            .unwrap();
+    let status = pod.status.unwrap();
+    let operator_container = &status.container_statuses.unwrap()[0];
+    assert_eq!(operator_container.restart_count, 0);
+    assert!(operator_container.ready, "{operator_container:?}");
+    let log =
+        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(suite.admin.clone(), &chart_namespace)
+            .logs(&holder_pod, &Default::default())
+            .await
+            .unwrap();
+    assert!(
+        !log.contains("forbidden") && !log.contains("Forbidden"),
+        "the image's operator was refused requests: {log}"
     );
 }
