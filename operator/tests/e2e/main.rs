@@ -157,7 +157,14 @@ async fn end_to_end() {
         ("deletion_cleans_up", |s| Box::pin(deletion_cleans_up(s))),
     ];
     let mut failures = Vec::new();
+    // TOA_E2E_ONLY=ready,halt_quiet_then_unhalt runs only those (while working on them).
+    let only = std::env::var("TOA_E2E_ONLY").ok();
+    let chosen = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|n| n == name))
+    };
     for batch in [concurrent, replicas, image, alone] {
+        let batch: Vec<(&str, Scenario)> = batch.into_iter().filter(|(n, _)| chosen(n)).collect();
         let runs = batch.into_iter().map(|(name, scenario)| {
             let suite = suite.clone();
             async move {
