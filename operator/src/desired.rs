@@ -64,6 +64,9 @@ pub const COMPONENT_CONTAINER: &str = "component";
 /// How long the kubelet gives a stopping pod: the drain's `dispose` may take its 60 s run-command
 /// limit, then the containers stop; the rest is margin for the hooks and the signal.
 pub const GRACE_SECONDS: i64 = 90;
+/// A failed container's termination message is the end of its log (the agent and most programs
+/// say why they stopped on stderr, not in /dev/termination-log), so `Degraded` can quote it.
+const LOG_TAIL: &str = "FallbackToLogsOnError";
 /// How long the agent's listeners may take to be bound (its `startupProbe`, period 1 s). They are
 /// bound before anything else the agent does, so this covers a slow node, not the lifecycle.
 pub const STARTUP_SECONDS: i32 = 60;
@@ -460,6 +463,7 @@ fn components(composition: &Composition, valid: &Valid, drain: &str) -> Vec<Cont
                     instance(),
                 ]),
                 resources: composition.spec.resources.clone(),
+                termination_message_policy: Some(LOG_TAIL.to_owned()),
                 security_context: Some(container_security(
                     valid.security.run_as_user,
                     valid.security.run_as_group,
@@ -531,6 +535,7 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
             },
         ]),
         resources: Some(settings.agent_resources.clone()),
+        termination_message_policy: Some(LOG_TAIL.to_owned()),
         security_context: Some(SecurityContext {
             read_only_root_filesystem: Some(true),
             ..container_security(Some(NONROOT), Some(NONROOT))

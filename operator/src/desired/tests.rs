@@ -557,6 +557,11 @@ fn everything_runs_as_65532_and_the_agent_reads_its_token_through_the_pods_group
         );
         assert_eq!(security.allow_privilege_escalation, Some(false));
         assert_eq!(security.capabilities.unwrap().drop.unwrap(), ["ALL"]);
+        // Why a container stopped reaches `Degraded` through its termination message.
+        assert_eq!(
+            container.termination_message_policy.as_deref(),
+            Some("FallbackToLogsOnError")
+        );
         // Only the agent's root filesystem is read-only: a component may write where its
         // image lets it.
         let read_only = container.name == AGENT_CONTAINER;

@@ -1648,19 +1648,28 @@ async fn failing_pods_are_degraded(suite: Arc<Suite>) {
     let component = json!([{ "name": COMPONENT, "manifest": nodeless }]);
     // Nothing listens at this broker address (the node's bridge, port 1): the agent exits.
     let unreachable = json!({ "amqp": format!("amqp://{}:1", node::BRIDGE_IP) });
+    // What each says, from the kubelet: the runtime's error; the end of the agent's log (its
+    // termination message, `FallbackToLogsOnError`).
+    let broker = format!("the broker at amqp://{}:1 is unreachable", node::BRIDGE_IP);
     let cases = [
         (
             "nodeless",
             json!({ "components": component }),
             "component-0",
+            "executable file not found",
         ),
-        ("agentless", json!({ "context": unreachable }), "agent"),
+        (
+            "agentless",
+            json!({ "context": unreachable }),
+            "agent",
+            broker.as_str(),
+        ),
     ];
-    for (name, spec, _) in &cases {
+    for (name, spec, _, _) in &cases {
         apply(&suite, &composition(namespace, name, spec.clone())).await;
     }
     let start = Instant::now();
-    for (name, _, container) in cases {
+    for (name, _, container, says) in cases {
         let degraded = wait_condition(
             &suite,
             namespace,
@@ -1695,6 +1704,7 @@ async fn failing_pods_are_degraded(suite: Arc<Suite>) {
             reasons.iter().any(|reason| message.contains(reason)),
             "names the kubelet's reason: {message}"
         );
+        assert!(message.contains(says), "says why ({says}): {message}");
         let columns = printed(&suite, namespace, name).await;
         assert_eq!(
             columns.get("Degraded").map(String::as_str),
