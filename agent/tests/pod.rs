@@ -34,6 +34,7 @@ fn program_from(script: &str, port: u16, agent: u16, record: &std::path::Path) -
 struct Pod {
     agent: Composition,
     local: u16,
+    attach: u16,
     control: u16,
     probe: u16,
     token: &'static str,
@@ -63,10 +64,22 @@ fn agent(local: u16, attach: u16, name: &str) -> Pod {
     Pod {
         agent,
         local,
+        attach,
         control,
         probe,
         token,
     }
+}
+
+/// A program started from `script` and its agent attached to it, ready; and the program's record.
+fn ready_pod(script: &str, name: &str) -> (Child, Pod, std::path::PathBuf) {
+    let record = std::env::temp_dir().join(format!("toa-pod-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let (local, attach) = (free_port(), free_port());
+    let program = program_from(script, attach, local, &record);
+    let pod = agent(local, attach, name);
+    pod.agent.wait_ready();
+    (program, pod, record)
 }
 
 /// A request over a plain socket with extra header lines: the status code and the response.
@@ -164,12 +177,7 @@ fn in_a_pod_a_taken_local_port_stops_the_start_instead_of_moving() {
 
 #[test]
 fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
-    let record = std::env::temp_dir().join(format!("toa-pod-drain-{}", std::process::id()));
-    let _ = std::fs::remove_file(&record);
-    let (local, attach) = (free_port(), free_port());
-    let mut program = program(attach, local, &record);
-    let mut pod = agent(local, attach, "drain");
-    pod.agent.wait_ready();
+    let (mut program, mut pod, record) = ready_pod("recorder.py", "drain");
     let key = toa_context::control::drain_key(pod.token);
 
     // The program can reach both routes, but without the key nothing happens.
@@ -210,16 +218,15 @@ fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
 
 #[test]
 fn the_agents_own_drain_reads_the_key_from_the_token_file() {
-    let record = std::env::temp_dir().join(format!("toa-pod-own-drain-{}", std::process::id()));
-    let _ = std::fs::remove_file(&record);
-    let (local, attach) = (free_port(), free_port());
-    let mut program = program(attach, local, &record);
-    let mut pod = agent(local, attach, "own");
-    pod.agent.wait_ready();
+    let (mut program, mut pod, record) = ready_pod("recorder.py", "own");
     let token_file = std::env::temp_dir().join(format!("toa-pod-token-{}-own", std::process::id()));
     let drain = |with_token: bool| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_toa-agent"));
-        command.args(["drain", "--agent", &format!("http://127.0.0.1:{local}")]);
+        command.args([
+            "drain",
+            "--agent",
+            &format!("http://127.0.0.1:{}", pod.local),
+        ]);
         if with_token {
             command.args(["--control-token-file", token_file.to_str().unwrap()]);
         }
@@ -249,12 +256,7 @@ fn the_agents_own_drain_reads_the_key_from_the_token_file() {
 
 #[test]
 fn a_program_that_stops_serving_ends_its_agent_so_the_lifecycle_runs_again() {
-    let record = std::env::temp_dir().join(format!("toa-pod-gone-{}", std::process::id()));
-    let _ = std::fs::remove_file(&record);
-    let (local, attach) = (free_port(), free_port());
-    let mut program = program(attach, local, &record);
-    let mut pod = agent(local, attach, "gone");
-    pod.agent.wait_ready();
+    let (mut program, mut pod, _) = ready_pod("recorder.py", "gone");
     program.kill().unwrap();
     program.wait().unwrap();
     let killed = Instant::now();
@@ -274,15 +276,10 @@ fn a_program_that_stops_serving_ends_its_agent_so_the_lifecycle_runs_again() {
 fn a_program_restarted_at_once_on_the_same_port_still_ends_its_agent() {
     // As a kubelet restarts a crashed container: the new program serves the port again within
     // a second, and has not been through the lifecycle.
-    let record = std::env::temp_dir().join(format!("toa-pod-again-{}", std::process::id()));
-    let _ = std::fs::remove_file(&record);
-    let (local, attach) = (free_port(), free_port());
-    let mut first = program(attach, local, &record);
-    let mut pod = agent(local, attach, "again");
-    pod.agent.wait_ready();
+    let (mut first, mut pod, record) = ready_pod("recorder.py", "again");
     first.kill().unwrap();
     first.wait().unwrap();
-    let mut second = program(attach, local, &record);
+    let mut second = program(pod.attach, pod.local, &record);
     assert!(!wait_exit(&mut pod.agent, Duration::from_secs(15)));
     assert!(
         pod.agent.log().contains("its program stopped serving"),
@@ -297,12 +294,7 @@ fn a_program_restarted_at_once_on_the_same_port_still_ends_its_agent() {
 fn a_program_that_closes_an_idle_connection_is_not_taken_for_gone() {
     // A server may close connections that send nothing (this one after 1 s); its port still
     // answers at once, so the agent holds a fresh connection and stays.
-    let record = std::env::temp_dir().join(format!("toa-pod-idle-{}", std::process::id()));
-    let _ = std::fs::remove_file(&record);
-    let (local, attach) = (free_port(), free_port());
-    let mut program = program_from("idle_closing.py", attach, local, &record);
-    let mut pod = agent(local, attach, "idle");
-    pod.agent.wait_ready();
+    let (mut program, mut pod, _) = ready_pod("idle_closing.py", "idle");
     std::thread::sleep(Duration::from_millis(3500));
     assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
     let (ok, answer) = pod.agent.call("test.recorder.echo", "{ input: { n: 1 } }");

@@ -273,12 +273,12 @@ async fn compositions_halted(client: &Client, namespace: &str, count: usize) -> 
         })
 }
 
-/// Ours: every Composition asked to halt; until every one is `Halted=True` and no pod is left.
-async fn halt_ours(client: &Client, namespace: &str, count: usize) -> Duration {
-    let api = Api::<Composition>::namespaced(client.clone(), namespace);
-    let start = Instant::now();
-    let patch = json!({ "spec": { "halted": true } });
-    futures::stream::iter(names(count))
+/// A merge patch to each named object, `IN_FLIGHT` at once.
+async fn merge_each<K>(api: &Api<K>, names: Vec<String>, patch: serde_json::Value)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    futures::stream::iter(names)
         .map(|name| {
             let (api, patch) = (api.clone(), patch.clone());
             async move {
@@ -289,7 +289,14 @@ async fn halt_ours(client: &Client, namespace: &str, count: usize) -> Duration {
         .buffer_unordered(IN_FLIGHT)
         .try_collect::<Vec<_>>()
         .await
-        .expect("the halts are asked for");
+        .expect("every patch is taken");
+}
+
+/// Ours: every Composition asked to halt; until every one is `Halted=True` and no pod is left.
+async fn halt_ours(client: &Client, namespace: &str, count: usize) -> Duration {
+    let api = Api::<Composition>::namespaced(client.clone(), namespace);
+    let start = Instant::now();
+    merge_each(&api, names(count), json!({ "spec": { "halted": true } })).await;
     until("ours: every Composition is Halted", start, || async {
         compositions_halted(client, namespace, count).await
             && pods_left(client, namespace).await == 0
@@ -302,19 +309,8 @@ async fn halt_baseline(client: &Client, namespace: &str) -> Duration {
     let api = Api::<Deployment>::namespaced(client.clone(), namespace);
     let start = Instant::now();
     let list = api.list_metadata(&ListParams::default()).await.unwrap();
-    let patch = json!({ "spec": { "replicas": 0 } });
-    futures::stream::iter(list.items.into_iter().map(|d| d.name_any()))
-        .map(|name| {
-            let (api, patch) = (api.clone(), patch.clone());
-            async move {
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-            }
-        })
-        .buffer_unordered(IN_FLIGHT)
-        .try_collect::<Vec<_>>()
-        .await
-        .expect("the baseline scales to zero");
+    let names = list.items.iter().map(ResourceExt::name_any).collect();
+    merge_each(&api, names, json!({ "spec": { "replicas": 0 } })).await;
     until("baseline: no pod left", start, || async {
         pods_left(client, namespace).await == 0
     })
