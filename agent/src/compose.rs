@@ -114,6 +114,20 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         None => None,
     };
     let (trigger, asked) = drain::channel(control.as_ref().map(|(_, token)| token.as_str()));
+    let drain::Asked {
+        asked: mut drain,
+        done: drained_tx,
+        started: mut containers_started,
+    } = asked;
+    // A stop (the signal, or a drain asked for) ends the start too: a pod deleted while it
+    // starts does not keep its preStop hooks waiting for a drain that would come only after.
+    let stop = async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = drain.recv() => {}
+        }
+    };
+    tokio::pin!(stop);
     let (serving_tx, serving) = watch::channel(false);
     let (ready_tx, ready) = watch::channel(false);
     let probes = match probe {
@@ -146,10 +160,16 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
             }
         }
     });
+    let started = tokio::select! {
+        started = futures::future::join_all(starts) => started,
+        _ = &mut stop => {
+            return stopped_while_starting(&drained_tx, &probes, Vec::new(), None).await;
+        }
+    };
     let mut programs: Vec<Program> = Vec::new();
     let mut members = Vec::new();
     let mut failure = None;
-    for (component, started) in loaded.iter().zip(futures::future::join_all(starts).await) {
+    for (component, started) in loaded.iter().zip(started) {
         match started {
             Ok((program, client)) => {
                 programs.push(program);
@@ -209,7 +229,13 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
                 }
                 Ok::<_, String>(broker)
             };
-            match connected.await {
+            let connected = tokio::select! {
+                connected = connected => connected,
+                _ = &mut stop => {
+                    return stopped_while_starting(&drained_tx, &probes, programs, None).await;
+                }
+            };
+            match connected {
                 Ok(broker) => {
                     tracing::info!(broker = %address, "calls go over the broker");
                     let catalog = Catalog::new(&loaded, sources(&components, declarations));
@@ -224,10 +250,6 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
             }
         }
     };
-    let drain::Asked {
-        asked: mut drain,
-        done: drained_tx,
-    } = asked;
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let host = Arc::new(Host {
         atoms: atoms.clone(),
@@ -251,13 +273,17 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     );
     tracing::info!(agent = %agent_url, instance = %instance, "serving the local API");
 
-    let started = async {
-        lifecycle::phase(&members, RunCommand::Preflight).await?;
-        serving_tx.send_replace(true);
-        lifecycle::phase(&members, RunCommand::Settle).await?;
-        lifecycle::phase(&members, RunCommand::Ready).await
+    // Component containers that the kubelet restarted, from their `postStart` hooks: every
+    // container's first start is the pod's; a later one (even during this lifecycle) is a new
+    // program, which gets the lifecycle again below rather than `settle` without `preflight`.
+    let mut starts_seen = vec![0u32; members.len()];
+    let started = tokio::select! {
+        started = lifecycle::run_up(&members, &serving_tx) => started,
+        _ = &mut stop => {
+            return stopped_while_starting(&drained_tx, &probes, programs, Some(server)).await;
+        }
     };
-    if let Err(error) = started.await {
+    if let Err(error) = started {
         server.abort();
         stop_listeners(&probes);
         stop_programs(programs).await;
@@ -278,46 +304,53 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         None => None,
     };
 
-    // An attached program that goes (its container restarted) ends the agent too: the kubelet
-    // restarts it, and the new agent attaches again and runs the lifecycle anew.
-    let ports: Vec<u16> = programs
-        .iter()
-        .filter(|p| p.attached())
-        .map(Program::port)
-        .collect();
-    let gone = async {
-        if ports.is_empty() {
-            return std::future::pending().await;
-        }
-        futures::future::select_all(ports.iter().map(|port| Box::pin(stopped_serving(*port))))
-            .await
-            .0
-    };
-    tokio::pin!(shutdown);
-    tokio::select! {
-        _ = &mut shutdown => {}
-        _ = drain.recv() => {}
-        port = gone => {
-            let component = members
-                .iter()
-                .zip(&programs)
-                .find(|(_, program)| program.port() == port)
-                .map(|(member, _)| member.component.name.clone())
-                .unwrap_or_default();
-            tracing::error!(component, port, "the component's program stopped serving; stopping so that the agent is restarted and runs the lifecycle again");
-            ready_tx.send_replace(false);
-            serving_tx.send_replace(false);
-            if let Some(control) = control {
-                control.abort();
+    // A component container the kubelet restarted: its new program gets the lifecycle again, in
+    // this process, which keeps its listeners: the agent never lets its ports go.
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            Some(index) = containers_started.recv() => {
+                let Some(seen) = starts_seen.get_mut(index) else {
+                    tracing::warn!(index, "a postStart hook named a container this pod does not have");
+                    continue;
+                };
+                *seen += 1;
+                if *seen == 1 {
+                    continue;
+                }
+                let member = &members[index];
+                let port = programs[index].port();
+                tracing::warn!(component = %member.component.name, port, "the component's container restarted; running the lifecycle again for its new program");
+                ready_tx.send_replace(false);
+                serving_tx.send_replace(false);
+                let again = async {
+                    member.component.attach(port).await?;
+                    lifecycle::run_up(std::slice::from_ref(member), &serving_tx).await
+                };
+                let again = tokio::select! {
+                    again = again => again,
+                    _ = &mut stop => break,
+                };
+                match again {
+                    Ok(()) => {
+                        serving_tx.send_replace(true);
+                        ready_tx.send_replace(true);
+                        tracing::info!(component = %member.component.name, "the component serves again");
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "the component's new program did not start");
+                        if let Some(control) = control {
+                            control.abort();
+                        }
+                        server.abort();
+                        stop_listeners(&probes);
+                        for atom in atoms.values() {
+                            atom.shutdown().await;
+                        }
+                        return Err(error.into());
+                    }
+                }
             }
-            stop_listeners(&probes);
-            server.abort();
-            for atom in atoms.values() {
-                atom.shutdown().await;
-            }
-            return Err(ComposeError::Setup(format!(
-                "component {component}: its program stopped serving 127.0.0.1:{port}"
-            )));
         }
     }
     tracing::info!("draining: no more calls in, running dispose");
@@ -373,36 +406,26 @@ async fn bind(address: SocketAddr, what: &str) -> Result<tokio::net::TcpListener
         .map_err(|e| ComposeError::Setup(format!("{what} {address}: {e}")))
 }
 
-/// Completes once the program serving `port` is gone, even when a new one serves the port again
-/// at once (a container restarted by its kubelet within a second). It holds an idle connection to
-/// the program: the kernel closes it when the process dies. A program may also close an idle
-/// connection itself; then the port still accepts at once, and a fresh connection is held.
-async fn stopped_serving(port: u16) -> u16 {
-    use tokio::io::AsyncReadExt;
-    let mut misses = 0;
-    loop {
-        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-            Ok(mut held) => {
-                misses = 0;
-                let mut byte = [0u8; 1];
-                // Nothing is ever sent: the read ends only when the connection does.
-                let _ = held.read(&mut byte).await;
-                match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-                    // The program closed an idle connection; it is still there.
-                    Ok(_) => continue,
-                    Err(_) => return port,
-                }
-            }
-            // Not serving yet again after a restart we missed: give it three seconds.
-            Err(_) => {
-                misses += 1;
-                if misses >= 3 {
-                    return port;
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
+/// A stop asked for before the composition was complete: what started stops, without `dispose`
+/// (nothing ran `ready`), and a waiting drain is answered.
+async fn stopped_while_starting<T>(
+    drained: &watch::Sender<bool>,
+    probes: &Option<tokio::task::JoinHandle<T>>,
+    programs: Vec<Program>,
+    server: Option<tokio::task::JoinHandle<T>>,
+) -> Result<(), ComposeError> {
+    tracing::info!("stopped while starting");
+    if let Some(server) = server {
+        server.abort();
     }
+    stop_programs(programs).await;
+    drained.send_replace(true);
+    // Let the waiting drain requests have their answer.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    if let Some(probes) = probes {
+        probes.abort();
+    }
+    Ok(())
 }
 
 /// Where the other components' declarations are: the directories beside the given ones (a local
@@ -423,12 +446,16 @@ async fn stop_programs(programs: Vec<Program>) {
     futures::future::join_all(programs.into_iter().map(|p| p.stop(Duration::from_secs(5)))).await;
 }
 
-/// Completes on SIGINT or SIGTERM.
-pub async fn signals() {
+/// Completes on SIGINT or SIGTERM; the handlers are installed when this is called (in a
+/// runtime), so a signal during the start is not the default action (an exit without a drain).
+pub fn signals() -> impl Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let mut interrupt = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! Who may start the drain, and how they wait for it: `POST /v1/drain` on the local API (local
 //! runs, `toa-agent drain`) and, in a pod, `GET /drain/<key>` on the probe port (the component
-//! containers' `preStop` hook). Either starts the drain and answers once `dispose` ran.
+//! containers' `preStop` hook). Either starts the drain and answers once `dispose` ran. Beside
+//! it on the probe port, the other kubelet hook: `GET /started/<index>/<key>`, each component
+//! container's `postStart`, which tells the agent a container (re)started.
 //!
 //! In a pod every program can reach both ports, so a drain there must carry the drain key
 //! ([`toa_context::control::drain_key`] of the control token): in the
@@ -13,7 +15,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
-use toa_context::control::{drain_key, same_key, DRAIN_HEADER, DRAIN_PATH};
+use toa_context::control::{drain_key, same_key, DRAIN_HEADER, DRAIN_PATH, STARTED_PATH};
 use tokio::sync::{mpsc, watch};
 
 /// The drain's trigger, shared by the routes that may pull it.
@@ -21,23 +23,28 @@ use tokio::sync::{mpsc, watch};
 pub struct Trigger {
     asked: mpsc::Sender<()>,
     done: watch::Receiver<bool>,
+    started: mpsc::UnboundedSender<usize>,
     /// `None`: no key needed (a local run).
     key: Option<Arc<str>>,
 }
 
-/// The composition's side: the drain was asked for; mark it done.
+/// The composition's side: the drain was asked for; mark it done; which component container
+/// started.
 pub struct Asked {
     pub asked: mpsc::Receiver<()>,
     pub done: watch::Sender<bool>,
+    pub started: mpsc::UnboundedReceiver<usize>,
 }
 
 /// A trigger and its other end; with a control token, requests must carry its drain key.
 pub fn channel(control_token: Option<&str>) -> (Trigger, Asked) {
     let (asked_tx, asked) = mpsc::channel(1);
     let (done_tx, done) = watch::channel(false);
+    let (started_tx, started) = mpsc::unbounded_channel();
     let trigger = Trigger {
         asked: asked_tx,
         done,
+        started: started_tx,
         key: control_token.map(|token| Arc::from(drain_key(token))),
     };
     (
@@ -45,6 +52,7 @@ pub fn channel(control_token: Option<&str>) -> (Trigger, Asked) {
         Asked {
             asked,
             done: done_tx,
+            started,
         },
     )
 }
@@ -68,23 +76,54 @@ pub async fn by_header(State(trigger): State<Trigger>, headers: HeaderMap) -> Re
     trigger.pull().await
 }
 
-/// The probe port's fallback: `GET /drain/<key>` (or `//drain/<key>`) drains with the right key,
-/// 401 with another; any other path is 404.
+/// The probe port's fallback, the kubelet's hooks (with a doubled leading slash too): `GET
+/// /drain/<key>` drains; `GET /started/<index>/<key>` tells that component container `index`
+/// started. 401 with another key; any other path is 404.
 pub async fn by_path(State(trigger): State<Trigger>, uri: Uri) -> Response {
     let path = uri.path().trim_start_matches('/');
-    let presented = match path.strip_prefix(DRAIN_PATH.trim_start_matches('/')) {
-        Some("") => "",
-        Some(rest) if rest.starts_with('/') => &rest[1..],
-        _ => return (StatusCode::NOT_FOUND, "not found").into_response(),
+    let hook = |prefix: &str| match path.strip_prefix(prefix.trim_start_matches('/')) {
+        Some("") => Some(""),
+        Some(rest) => rest.strip_prefix('/'),
+        None => None,
     };
-    match &trigger.key {
-        Some(key) if same_key(presented, key) => trigger.pull().await,
-        _ => (
+    let keyed = |presented: &str| {
+        trigger
+            .key
+            .as_ref()
+            .is_some_and(|key| same_key(presented, key))
+    };
+    let refused = || {
+        (
             StatusCode::UNAUTHORIZED,
-            format!("a drain needs the pod's drain key: {DRAIN_PATH}/<key>"),
+            "a kubelet hook needs the pod's drain key",
         )
-            .into_response(),
+            .into_response()
+    };
+    if let Some(presented) = hook(DRAIN_PATH) {
+        return if keyed(presented) {
+            trigger.pull().await
+        } else {
+            refused()
+        };
     }
+    if let Some(rest) = hook(STARTED_PATH) {
+        let (index, presented) = rest.split_once('/').unwrap_or((rest, ""));
+        if !keyed(presented) {
+            return refused();
+        }
+        return match index.parse::<usize>() {
+            Ok(index) => {
+                let _ = trigger.started.send(index);
+                "noted".into_response()
+            }
+            Err(_) => (
+                StatusCode::BAD_REQUEST,
+                format!("{STARTED_PATH}/<index>/<key>: expected a container index, got {index:?}"),
+            )
+                .into_response(),
+        };
+    }
+    (StatusCode::NOT_FOUND, "not found").into_response()
 }
 
 impl Trigger {

@@ -39,3 +39,14 @@ pub async fn phase(members: &[Member], command: RunCommand) -> Result<(), Compon
     }
     first.map_or(Ok(()), Err)
 }
+
+/// The way up: `preflight`, then operations are served (`serving`), `settle`, `ready`.
+pub async fn run_up(
+    members: &[Member],
+    serving: &tokio::sync::watch::Sender<bool>,
+) -> Result<(), ComponentError> {
+    phase(members, RunCommand::Preflight).await?;
+    serving.send_replace(true);
+    phase(members, RunCommand::Settle).await?;
+    phase(members, RunCommand::Ready).await
+}

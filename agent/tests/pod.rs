@@ -1,7 +1,8 @@
 //! The agent as it runs in a pod: attached to a program someone else started, with the context
 //! from `TOA_*` variables, a control token, and its probe port. What the kubelet relies on: the
-//! listeners are bound before anything else, a drain needs the drain key, and a program that
-//! stops serving ends the agent (so the kubelet restarts it and the lifecycle runs again).
+//! listeners are bound before anything else, a drain needs the drain key and is answered even
+//! while the agent starts, and a program that the kubelet restarted gets the lifecycle again
+//! from the same agent, which never lets its ports go.
 
 mod support;
 
@@ -254,52 +255,88 @@ fn the_agents_own_drain_reads_the_key_from_the_token_file() {
     program.wait().unwrap();
 }
 
-#[test]
-fn a_program_that_stops_serving_ends_its_agent_so_the_lifecycle_runs_again() {
-    let (mut program, mut pod, _) = ready_pod("recorder.py", "gone");
-    program.kill().unwrap();
-    program.wait().unwrap();
-    let killed = Instant::now();
-    assert!(!wait_exit(&mut pod.agent, Duration::from_secs(15)));
-    let log = pod.agent.log();
-    assert!(
-        log.contains("its program stopped serving 127.0.0.1:"),
-        "{log}"
-    );
-    eprintln!(
-        "the agent stopped {:.1} s after its program",
-        killed.elapsed().as_secs_f64()
-    );
+/// The run commands the recorder ran, in order.
+fn run_commands(record: &std::path::Path) -> Vec<String> {
+    events(record)
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_owned())
+        .filter(|e| ["preflight", "settle", "ready", "dispose"].contains(&e.as_str()))
+        .collect()
 }
 
 #[test]
-fn a_program_restarted_at_once_on_the_same_port_still_ends_its_agent() {
-    // As a kubelet restarts a crashed container: the new program serves the port again within
-    // a second, and has not been through the lifecycle.
+fn a_restarted_container_gets_the_lifecycle_again_from_the_same_agent() {
+    // As a kubelet runs a component container: its postStart hook tells the agent at each start.
+    // The first start is the pod's; after a crash the kubelet starts a new program on the same
+    // port and calls the hook again. The agent stays (its ports with it) and runs the lifecycle
+    // for the new program.
     let (mut first, mut pod, record) = ready_pod("recorder.py", "again");
+    let key = toa_context::control::drain_key(pod.token);
+    let started = format!("//started/0/{key}");
+    assert_eq!(request(pod.probe, "GET", &started, "").0, 200);
+    // Nothing else does it: a program without the key is refused, and a bad index is named.
+    assert_eq!(request(pod.probe, "GET", "/started/0/guess", "").0, 401);
+    let (status, answer) = request(pod.probe, "GET", &format!("/started/x/{key}"), "");
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("expected a container index"), "{answer}");
     first.kill().unwrap();
     first.wait().unwrap();
     let mut second = program(pod.attach, pod.local, &record);
-    assert!(!wait_exit(&mut pod.agent, Duration::from_secs(15)));
-    assert!(
-        pod.agent.log().contains("its program stopped serving"),
-        "{}",
-        pod.agent.log()
+    assert_eq!(request(pod.probe, "GET", &started, "").0, 200);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !pod.agent.log().contains("the component serves again") {
+        assert!(Instant::now() < deadline, "{}", pod.agent.log());
+        assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        run_commands(&record),
+        [
+            "preflight",
+            "settle",
+            "ready",
+            "preflight",
+            "settle",
+            "ready"
+        ]
+    );
+    let (ok, answer) = pod.agent.call("test.recorder.echo", "{ input: { n: 2 } }");
+    assert!(ok, "{answer}");
+    let (status, body) =
+        support::control(pod.control, "GET", "/control/status", Some(pod.token), "");
+    assert_eq!((status, body["phase"].as_str()), (200, Some("running")));
+    assert_eq!(
+        http_get(&format!("http://127.0.0.1:{}/readyz", pod.probe)).0,
+        200
     );
     second.kill().unwrap();
     second.wait().unwrap();
 }
 
 #[test]
-fn a_program_that_closes_an_idle_connection_is_not_taken_for_gone() {
-    // A server may close connections that send nothing (this one after 1 s); its port still
-    // answers at once, so the agent holds a fresh connection and stays.
-    let (mut program, mut pod, _) = ready_pod("idle_closing.py", "idle");
-    std::thread::sleep(Duration::from_millis(3500));
-    assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
-    let (ok, answer) = pod.agent.call("test.recorder.echo", "{ input: { n: 1 } }");
-    assert!(ok, "{answer}");
-    program.kill().unwrap();
-    program.wait().unwrap();
-    assert!(!wait_exit(&mut pod.agent, Duration::from_secs(15)));
+fn a_stop_while_starting_answers_the_drain_at_once() {
+    // Nothing serves the attach port: the agent is still waiting for its program when the pod
+    // is deleted. The hooks get their answer at once, not after the grace period.
+    let (local, attach) = (free_port(), free_port());
+    let mut pod = agent(local, attach, "starting");
+    let key = toa_context::control::drain_key(pod.token);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", pod.probe)).is_err() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let asked = Instant::now();
+    let (status, _) = request(pod.probe, "GET", &format!("/drain/{key}"), "");
+    assert_eq!(status, 200);
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(wait_exit(&mut pod.agent, Duration::from_secs(10)));
+    assert!(
+        pod.agent.log().contains("stopped while starting"),
+        "{}",
+        pod.agent.log()
+    );
 }

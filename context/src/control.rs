@@ -16,6 +16,12 @@ use sha2::{Digest, Sha256};
 /// this, a slash and the drain key.
 pub const DRAIN_PATH: &str = "/drain";
 
+/// Where each component container's `postStart` hook tells the agent it started, on its probe
+/// port: this, a slash, the container's index, a slash and the drain key. The first time is the
+/// pod's start; any later one, a container the kubelet restarted, whose new program gets the
+/// lifecycle again.
+pub const STARTED_PATH: &str = "/started";
+
 /// The header a drain request to the local API (`toa-agent drain`) carries the drain key in.
 pub const DRAIN_HEADER: &str = "x-toa-drain";
 
@@ -28,8 +34,8 @@ pub fn drain_key(token: &str) -> String {
     digest.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
-/// Compares a presented key with the expected one in time that does not depend on where they
-/// differ.
+/// Compares a presented key or token with the expected one in time that does not depend on
+/// where they differ (the control endpoint's bearer token too).
 pub fn same_key(presented: &str, expected: &str) -> bool {
     presented.len() == expected.len()
         && presented

@@ -5,6 +5,7 @@ use crate::render;
 use crate::run;
 use clap::{Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -148,22 +149,50 @@ impl RunArgs {
 }
 
 /// Requests and limits with only `cpu` and `memory`, each a Kubernetes quantity (`50m`, `32Mi`,
-/// `0.5`): anything else would make every Deployment the operator applies fail.
+/// `0.5`), no request above its limit: anything else would make every Deployment the operator
+/// applies fail.
 fn resources(json: &str) -> Option<ResourceRequirements> {
     let parsed: ResourceRequirements = serde_json::from_str(json).ok()?;
-    let quantity = |text: &str| {
-        let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-        let suffix = &text[digits.len()..];
-        !digits.is_empty()
-            && digits.parse::<f64>().is_ok_and(|n| n >= 0.0)
-            && ["", "m", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"].contains(&suffix)
+    let amounts = |map: &Option<std::collections::BTreeMap<String, Quantity>>| {
+        map.iter()
+            .flatten()
+            .map(|(name, value)| {
+                let known = name == "cpu" || name == "memory";
+                Some((name.clone(), quantity(&value.0).filter(|_| known)?))
+            })
+            .collect::<Option<std::collections::BTreeMap<String, f64>>>()
     };
-    let fine = [&parsed.requests, &parsed.limits]
-        .into_iter()
-        .flatten()
-        .flatten()
-        .all(|(name, value)| (name == "cpu" || name == "memory") && quantity(&value.0));
-    (fine && parsed.claims.is_none()).then_some(parsed)
+    let requests = amounts(&parsed.requests)?;
+    let limits = amounts(&parsed.limits)?;
+    let within = requests
+        .iter()
+        .all(|(name, request)| limits.get(name).is_none_or(|limit| request <= limit));
+    (within && parsed.claims.is_none()).then_some(parsed)
+}
+
+/// A Kubernetes quantity as a number: decimal (`m`, `k`, `M`, `G`, `T`, `P`, `E`) and binary
+/// (`Ki` … `Ei`) suffixes.
+fn quantity(text: &str) -> Option<f64> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let factor = match &text[digits.len()..] {
+        "" => 1.0,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        _ => return None,
+    };
+    let number: f64 = digits.parse().ok().filter(|n: &f64| *n >= 0.0)?;
+    Some(number * factor)
 }
 
 #[derive(Debug, clap::Args)]
@@ -271,12 +300,14 @@ mod tests {
                 .agent_resources;
         assert_eq!(taken.requests.unwrap()["memory"].0, "40Mi");
         assert_eq!(taken.limits.unwrap()["memory"].0, "1Gi");
+        assert!(config(r#"{"requests":{"memory":"1Pi"},"limits":{"memory":"1Ei"}}"#).is_ok());
         for refused in [
             "not json",
             r#"{"requests":{"cpu":"lots"}}"#,
             r#"{"requests":{"gpu":"1"}}"#,
             r#"{"limits":{"memory":"-1Mi"}}"#,
             r#"{"limits":{"memory":"12Xi"}}"#,
+            r#"{"requests":{"memory":"256Mi"},"limits":{"memory":"128Mi"}}"#,
         ] {
             let error = config(refused).unwrap_err();
             assert_eq!(error.option, "--agent-resources", "{refused}");

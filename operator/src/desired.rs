@@ -64,8 +64,10 @@ pub const COMPONENT_CONTAINER: &str = "component";
 /// How long the kubelet gives a stopping pod: the drain's `dispose` may take its 60 s run-command
 /// limit, then the containers stop; the rest is margin for the hooks and the signal.
 pub const GRACE_SECONDS: i64 = 90;
-/// A failed container's termination message is the end of its log (the agent and most programs
-/// say why they stopped on stderr, not in /dev/termination-log), so `Degraded` can quote it.
+/// The agent's termination message when it fails is the end of its log (it says why it stopped
+/// on stderr), so `Degraded` can quote it. Not for component containers: their logs may hold
+/// what readers of the Composition must not see; a component that wants its reason quoted
+/// writes it to /dev/termination-log.
 const LOG_TAIL: &str = "FallbackToLogsOnError";
 /// How long the agent's listeners may take to be bound (its `startupProbe`, period 1 s). They are
 /// bound before anything else the agent does, so this covers a slow node, not the lifecycle.
@@ -463,7 +465,6 @@ fn components(composition: &Composition, valid: &Valid, drain: &str) -> Vec<Cont
                     instance(),
                 ]),
                 resources: composition.spec.resources.clone(),
-                termination_message_policy: Some(LOG_TAIL.to_owned()),
                 security_context: Some(container_security(
                     valid.security.run_as_user,
                     valid.security.run_as_group,
@@ -472,15 +473,17 @@ fn components(composition: &Composition, valid: &Valid, drain: &str) -> Vec<Cont
                 // component still serves, then the kubelet stops the container. The hook asks
                 // the agent's probe port with the drain key in the path (old kubelets send no
                 // headers with hooks), which the program never sees.
+                // Each start of the container (the kubelet restarts it when its program dies)
+                // tells the agent, which runs the lifecycle again for the new program.
                 lifecycle: Some(Lifecycle {
-                    pre_stop: Some(LifecycleHandler {
-                        http_get: Some(HTTPGetAction {
-                            path: Some(format!("{}/{drain}", toa_context::control::DRAIN_PATH)),
-                            port: IntOrString::Int(i32::from(PROBE_PORT)),
-                            ..HTTPGetAction::default()
-                        }),
-                        ..LifecycleHandler::default()
-                    }),
+                    post_start: Some(probe_port_hook(format!(
+                        "{}/{index}/{drain}",
+                        toa_context::control::STARTED_PATH
+                    ))),
+                    pre_stop: Some(probe_port_hook(format!(
+                        "{}/{drain}",
+                        toa_context::control::DRAIN_PATH
+                    ))),
                     ..Lifecycle::default()
                 }),
                 ..Container::default()
@@ -667,6 +670,18 @@ fn listening_hook() -> LifecycleHandler {
                 format!("127.0.0.1:{CONTROL_PORT}"),
                 format!("127.0.0.1:{PROBE_PORT}"),
             ]),
+        }),
+        ..LifecycleHandler::default()
+    }
+}
+
+/// A kubelet hook on the agent's probe port (an `httpGet`: component images need nothing).
+fn probe_port_hook(path: String) -> LifecycleHandler {
+    LifecycleHandler {
+        http_get: Some(HTTPGetAction {
+            path: Some(path),
+            port: IntOrString::Int(i32::from(PROBE_PORT)),
+            ..HTTPGetAction::default()
         }),
         ..LifecycleHandler::default()
     }

@@ -434,7 +434,20 @@ fn each_component_runs_its_program_in_its_own_container_in_the_agents_order() {
         // The image's own /components/<name>/ is the program's directory: nothing is mounted
         // over it; the control token and the agent's binary stay with the agent.
         assert_eq!(container.volume_mounts, None);
-        let pre_stop = container.lifecycle.clone().unwrap().pre_stop.unwrap();
+        let hooks = container.lifecycle.clone().unwrap();
+        let post_start = hooks.post_start.unwrap().http_get.unwrap();
+        let index = container.name.trim_start_matches("component-");
+        assert_eq!(
+            (post_start.path.unwrap(), post_start.port),
+            (
+                format!(
+                    "/started/{index}/{}",
+                    toa_context::control::drain_key("s3cret")
+                ),
+                IntOrString::Int(7092)
+            )
+        );
+        let pre_stop = hooks.pre_stop.unwrap();
         assert_eq!(pre_stop.exec, None);
         let drain = pre_stop.http_get.unwrap();
         let path = format!("/drain/{}", toa_context::control::drain_key("s3cret"));
@@ -557,10 +570,13 @@ fn everything_runs_as_65532_and_the_agent_reads_its_token_through_the_pods_group
         );
         assert_eq!(security.allow_privilege_escalation, Some(false));
         assert_eq!(security.capabilities.unwrap().drop.unwrap(), ["ALL"]);
-        // Why a container stopped reaches `Degraded` through its termination message.
+        // Why the agent stopped reaches `Degraded` through its termination message; a
+        // component's log stays out of the Composition's status.
         assert_eq!(
             container.termination_message_policy.as_deref(),
-            Some("FallbackToLogsOnError")
+            (container.name == AGENT_CONTAINER).then_some("FallbackToLogsOnError"),
+            "{}",
+            container.name
         );
         // Only the agent's root filesystem is read-only: a component may write where its
         // image lets it.
