@@ -460,7 +460,8 @@ async fn a_recorded_halt_tells_running_pods_to_halt_with_the_token() {
             .contains("shop-b: no answer from 10.0.0.8"),
         "{degraded}"
     );
-    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(HALT_POLL));
+    // Pods were told to halt: looked at again soon, for their answer.
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(HALT_STEP));
     expect_nothing_more(handle, context).await;
     assert_eq!(*agents.told.lock().unwrap(), ["halt h1 10.0.0.7 t0k"]);
 }

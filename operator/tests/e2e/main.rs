@@ -1928,15 +1928,31 @@ async fn operator_image(suite: Arc<Suite>, (lease_namespace, lease_name): (Strin
     .await;
     apply(&suite, &composition(namespace, name, json!({}))).await;
     wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
-    let pod =
-        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(suite.admin.clone(), &chart_namespace)
-            .get(&holder_pod)
-            .await
-            .unwrap();
-    let status = pod.status.unwrap();
-    let operator_container = &status.container_statuses.unwrap()[0];
-    assert_eq!(operator_container.restart_count, 0);
-    assert!(operator_container.ready, "{operator_container:?}");
+    // Ready by its own probe (every 10 s), never restarted.
+    eventually("the operator's pod is ready", PATIENCE, || async {
+        let pod = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+            suite.admin.clone(),
+            &chart_namespace,
+        )
+        .get(&holder_pod)
+        .await
+        .map_err(|e| e.to_string())?;
+        let container = pod
+            .status
+            .unwrap_or_default()
+            .container_statuses
+            .unwrap_or_default()
+            .into_iter()
+            .next()
+            .ok_or("no container status")?;
+        assert_eq!(container.restart_count, 0, "{container:?}");
+        if container.ready {
+            Ok(())
+        } else {
+            Err(format!("{container:?}"))
+        }
+    })
+    .await;
     let log =
         Api::<k8s_openapi::api::core::v1::Pod>::namespaced(suite.admin.clone(), &chart_namespace)
             .logs(&holder_pod, &Default::default())
