@@ -99,44 +99,51 @@ async fn deployments_exist(client: &Client, namespace: &str, count: usize) -> bo
 
 /// Every Deployment of the namespace has rolled out its generation and its replica is available.
 async fn deployments_available(client: &Client, namespace: &str, count: usize) -> bool {
-    let Ok(list) = Api::<Deployment>::namespaced(client.clone(), namespace)
+    all_listed::<Deployment>(client, namespace, count, |deployment| {
+        let want = deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.replicas)
+            .unwrap_or(1);
+        deployment.status.as_ref().is_some_and(|status| {
+            status.observed_generation == deployment.metadata.generation
+                && status.updated_replicas.unwrap_or(0) == want
+                && status.available_replicas.unwrap_or(0) == want
+        })
+    })
+    .await
+}
+
+/// The namespace holds `count` objects of the kind and each is `done`.
+async fn all_listed<K>(
+    client: &Client,
+    namespace: &str,
+    count: usize,
+    done: impl Fn(&K) -> bool,
+) -> bool
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let Ok(list) = Api::<K>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await
     else {
         return false;
     };
-    list.items.len() == count
-        && list.items.iter().all(|deployment| {
-            let want = deployment
-                .spec
-                .as_ref()
-                .and_then(|s| s.replicas)
-                .unwrap_or(1);
-            deployment.status.as_ref().is_some_and(|status| {
-                status.observed_generation == deployment.metadata.generation
-                    && status.updated_replicas.unwrap_or(0) == want
-                    && status.available_replicas.unwrap_or(0) == want
-            })
-        })
+    list.items.len() == count && list.items.iter().all(done)
 }
 
 async fn compositions_ready(client: &Client, namespace: &str, count: usize) -> bool {
-    let Ok(list) = Api::<Composition>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-    else {
-        return false;
-    };
-    list.items.len() == count
-        && list.items.iter().all(|composition| {
-            composition.status.as_ref().is_some_and(|status| {
-                status.conditions.iter().any(|c| {
-                    c.type_ == "Ready"
-                        && c.status == "True"
-                        && c.observed_generation == composition.metadata.generation
-                })
-            })
+    all_listed::<Composition>(client, namespace, count, |composition| {
+        composition.condition("Ready").is_some_and(|c| {
+            c.status == "True" && c.observed_generation == composition.metadata.generation
         })
+    })
+    .await
 }
 
 /// Ours: the Compositions applied; (until every Deployment exists, until every one is Ready).
@@ -259,18 +266,12 @@ async fn pods_left(client: &Client, namespace: &str) -> usize {
 }
 
 async fn compositions_halted(client: &Client, namespace: &str, count: usize) -> bool {
-    let Ok(list) = Api::<Composition>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-    else {
-        return false;
-    };
-    list.items.len() == count
-        && list.items.iter().all(|composition| {
-            composition
-                .condition("Halted")
-                .is_some_and(|c| c.status == "True")
-        })
+    all_listed::<Composition>(client, namespace, count, |composition| {
+        composition
+            .condition("Halted")
+            .is_some_and(|c| c.status == "True")
+    })
+    .await
 }
 
 /// A merge patch to each named object, `IN_FLIGHT` at once.

@@ -171,6 +171,18 @@ fn unreachable_agents_make_the_composition_degraded() {
     assert_eq!(get(&status, conditions::HALTED).reason, "Pausing");
 }
 
+/// The `Degraded` condition for a rolled-out composition with these pods.
+fn degraded_with(pods: &[Seen], halt: &Decision) -> Condition {
+    let status = status(
+        &Observed {
+            pods,
+            ..observed(Some(rolled_out(5, 3)), halt, at(0))
+        },
+        None,
+    );
+    get(&status, conditions::DEGRADED).clone()
+}
+
 fn seen(name: &str, ip: Option<&str>, troubles: &[&str]) -> Seen {
     Seen {
         name: name.into(),
@@ -195,14 +207,7 @@ fn failing_containers_make_the_composition_degraded_naming_pod_container_and_rea
         unreachable: vec![("shop-1".into(), "connection refused".into())],
         ..running()
     };
-    let status = status(
-        &Observed {
-            pods: &pods,
-            ..observed(Some(rolled_out(5, 3)), &halt, at(0))
-        },
-        None,
-    );
-    let degraded = get(&status, conditions::DEGRADED);
+    let degraded = degraded_with(&pods, &halt);
     assert_eq!(
         (degraded.status.as_str(), degraded.reason.as_str()),
         ("True", reasons::PODS_FAILING)
@@ -222,14 +227,7 @@ fn a_pod_without_an_ip_is_not_an_agent_that_answers() {
         seen("shop-1", None, &[]),
     ];
     let halt = running();
-    let status = status(
-        &Observed {
-            pods: &pods,
-            ..observed(Some(rolled_out(5, 3)), &halt, at(0))
-        },
-        None,
-    );
-    let degraded = get(&status, conditions::DEGRADED);
+    let degraded = degraded_with(&pods, &halt);
     assert_eq!(
         (degraded.status.as_str(), degraded.reason.as_str()),
         ("True", reasons::AGENTS_UNREACHABLE)
