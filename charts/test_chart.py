@@ -261,6 +261,7 @@ def _():
         ("", "secrets", "watch"),
         ("", "secrets", "patch"),
         ("", "pods", "list"),
+        ("", "pods", "watch"),
         ("events.k8s.io", "events", "create"),
     }
     assert needed <= granted, needed - granted

@@ -7,7 +7,8 @@
 //! 1. if this replica does not hold the lease, nothing (asked again later);
 //! 2. validate the spec; refused → `Ready=False`, `InvalidSpec`, and nothing else is touched;
 //! 3. apply the ConfigMap of manifests; read the control token (creating its Secret once);
-//! 4. list the pods and ask each agent for its status (2 s at most each, all at once);
+//! 4. list the pods (their statuses make `Degraded`) and ask each agent for its status (2 s at
+//!    most each, all at once);
 //! 5. do the halt's one next step (record, halt pods, resume pods);
 //! 6. apply the Deployment (0 replicas once a halt stopped the composition);
 //! 7. write the status when it changed.
@@ -133,7 +134,18 @@ pub async fn run(
     Controller::for_stream(changes, store)
         .owns(Api::<Deployment>::all(client.clone()), owned())
         .owns(Api::<ConfigMap>::all(client.clone()), owned())
-        .owns(Api::<Secret>::all(client), owned())
+        .owns(Api::<Secret>::all(client.clone()), owned())
+        // A pod in trouble (crash loop, cannot start, evicted) reconciles its Composition at
+        // once, so `Degraded` says so within seconds; other pod changes are seen by the next
+        // reconcile (a rollout or a Degraded composition is looked at every 5 s anyway), which
+        // keeps a rollout of many pods from reconciling on each of their status changes.
+        .watches(Api::<Pod>::all(client), owned(), |pod: Pod| {
+            if crate::pods::seen(&pod).troubles.is_empty() {
+                return None;
+            }
+            let composition = pod.labels().get(desired::LABEL_COMPOSITION)?.clone();
+            Some(ObjectRef::new(&composition).within(&pod.namespace()?))
+        })
         .reconcile_all_on(became_leader)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
