@@ -34,6 +34,10 @@ pub struct Request {
     pub timeout: Option<u64>,
 }
 
+/// The longest `timeout` a call may state, in ms: RabbitMQ refuses a message expiration above
+/// 2^32 − 1 ms, and closes the channel every call shares.
+pub const MAX_TIMEOUT_MS: u64 = u32::MAX as u64;
+
 /// Why a call failed, as the caller sees it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CallError {
@@ -297,6 +301,19 @@ pub fn check_contract(
             "{target}: expected a positive timeout in milliseconds"
         ));
     }
+    if let Some(timeout) = request.timeout.filter(|t| *t > MAX_TIMEOUT_MS) {
+        return refuse(format!(
+            "{target}: expected a timeout of at most {MAX_TIMEOUT_MS} ms (the broker's limit on \
+             a message's expiration), got {timeout}"
+        ));
+    }
+    if let Some(instance) = &request.instance {
+        if let Err(error) = crate::instance::Instance::parse(instance) {
+            let expected = error.to_string();
+            let expected = expected.trim_start_matches("TOA_INSTANCE: ");
+            return refuse(format!("{target}: `instance`: {expected}"));
+        }
+    }
     if let Some(schema) = component.schemas.get(operation) {
         schema
             .check(&request.input)
@@ -325,6 +342,41 @@ mod tests {
             input,
             instance: instance.map(str::to_owned),
             timeout,
+        }
+    }
+
+    #[test]
+    fn timeouts_past_the_brokers_limit_and_bad_instance_names_are_refused() {
+        let c = terminals();
+        let refused = |r: Request| match check_contract(&c, "charge", &r, false) {
+            Err(CallError::RequestContract(message)) => message,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let charge = || json!({"amount": 1});
+        for timeout in [MAX_TIMEOUT_MS + 1, i64::MAX as u64, u64::MAX] {
+            assert_eq!(
+                refused(request(charge(), Some("till-7"), Some(timeout))),
+                format!(
+                    "terminals.charge: expected a timeout of at most 4294967295 ms (the broker's \
+                     limit on a message's expiration), got {timeout}"
+                )
+            );
+        }
+        assert!(check_contract(
+            &c,
+            "charge",
+            &request(charge(), Some("till-7"), Some(MAX_TIMEOUT_MS)),
+            false
+        )
+        .is_ok());
+        for bad in ["x".repeat(300), "../till".to_owned(), String::new()] {
+            let message = refused(request(charge(), Some(&bad), None));
+            assert!(
+                message.starts_with(
+                    "terminals.charge: `instance`: expected 1 to 64 ASCII letters, digits"
+                ),
+                "{message}"
+            );
         }
     }
 

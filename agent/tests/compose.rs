@@ -552,3 +552,33 @@ fn a_pods_context_comes_from_its_variables() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn a_timeout_past_the_brokers_limit_or_a_bad_instance_is_refused_not_a_crash() {
+    // i64::MAX as a timeout and a 300-character instance once panicked the handler (no answer at
+    // all); they are contract refusals, and the agent answers on.
+    let composition = Composition::start(&["examples/terminals"], &[("TOA_INSTANCE", "till-1")]);
+    composition.wait_ready();
+    let long = "x".repeat(300);
+    for (request, says) in [
+        (
+            format!(
+                "{{ input: {{ terminal: t1, amount: 5 }}, instance: till-1, timeout: {} }}",
+                i64::MAX
+            ),
+            "expected a timeout of at most 4294967295 ms",
+        ),
+        (
+            format!("{{ input: {{ terminal: t1, amount: 5 }}, instance: {long} }}"),
+            "`instance`: expected 1 to 64 ASCII letters",
+        ),
+    ] {
+        let (ok, answer) = composition.call("terminals.charge", &request);
+        assert!(!ok, "{answer}");
+        assert_eq!(answer["error"]["code"], "RequestContract", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{answer}");
+    }
+    let (ok, answer) = composition.call("terminals.connect", "{ input: { terminal: t1 } }");
+    assert!(ok, "{answer}");
+}
