@@ -421,10 +421,7 @@ fn drain_returns_once_dispose_ran_and_the_composition_stops() {
         "{}",
         String::from_utf8_lossy(&drained.stderr)
     );
-    let names: Vec<String> = events(&record)
-        .iter()
-        .map(|e| e["event"].as_str().unwrap().to_owned())
-        .collect();
+    let names = support::event_names(&record);
     assert_eq!(
         names.last().map(String::as_str),
         Some("dispose"),

@@ -8,7 +8,7 @@ mod support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{events, free_port, http_get, Composition};
+use support::{event_names, events, free_port, http_get, Composition};
 
 const COMPONENT: &str = "agent/tests/components/recorder";
 
@@ -83,22 +83,9 @@ fn ready_pod(script: &str, name: &str) -> (Child, Pod, std::path::PathBuf) {
     (program, pod, record)
 }
 
-/// A request over a plain socket with extra header lines: the status code and the response.
+/// A request to the agent's port on loopback.
 fn request(port: u16, method: &str, path: &str, headers: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, response)
+    support::request("127.0.0.1", port, method, path, headers)
 }
 
 fn wait_exit(agent: &mut Composition, limit: Duration) -> bool {
@@ -203,10 +190,7 @@ fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
     // sends it (`http://ip:port/` + the path).
     let (status, answer) = request(pod.probe, "GET", &format!("//drain/{key}"), "");
     assert_eq!(status, 200, "{answer}");
-    let names: Vec<String> = events(&record)
-        .iter()
-        .map(|e| e["event"].as_str().unwrap().to_owned())
-        .collect();
+    let names = event_names(&record);
     assert_eq!(
         names.last().map(String::as_str),
         Some("dispose"),
@@ -257,9 +241,8 @@ fn the_agents_own_drain_reads_the_key_from_the_token_file() {
 
 /// The run commands the recorder ran, in order.
 fn run_commands(record: &std::path::Path) -> Vec<String> {
-    events(record)
-        .iter()
-        .map(|e| e["event"].as_str().unwrap().to_owned())
+    event_names(record)
+        .into_iter()
         .filter(|e| ["preflight", "settle", "ready", "dispose"].contains(&e.as_str()))
         .collect()
 }

@@ -143,15 +143,25 @@ pub fn http_status(url: &str) -> u16 {
 
 /// A GET over a plain TCP socket: the status code and the whole response (head and body).
 pub fn http_get(url: &str) -> (u16, String) {
-    use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest
         .split_once('/')
         .map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
-    let mut stream = std::net::TcpStream::connect(host).unwrap();
+    let (ip, port) = host.rsplit_once(':').unwrap();
+    request(ip, port.parse().unwrap(), "GET", &path, "")
+}
+
+/// A request with no body over a plain TCP socket, with extra header lines (each ending in
+/// CRLF): the status code and the whole response.
+pub fn request(ip: &str, port: u16, method: &str, path: &str, headers: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect((ip, port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {ip}\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut response = String::new();
@@ -179,6 +189,14 @@ pub fn events(record: &std::path::Path) -> Vec<Value> {
         .unwrap_or_default()
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// The names of the events a test component recorded, in order.
+pub fn event_names(record: &std::path::Path) -> Vec<String> {
+    events(record)
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_owned())
         .collect()
 }
 

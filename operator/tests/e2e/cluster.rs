@@ -48,6 +48,19 @@ pub fn workspace_binary(package: &str, binary: &str) -> PathBuf {
     profile_dir.join(binary)
 }
 
+/// What a command prints, or what it said on failing.
+pub fn stdout_of(command: &mut Command) -> Result<String, String> {
+    let output = command.output().map_err(|e| format!("{command:?}: {e}"))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{command:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
 /// A free port on 127.0.0.1 followed by `count - 1` free ones, from `range`.
 pub fn free_ports(range: std::ops::Range<u16>, count: u16) -> u16 {
     for _ in 0..200 {

@@ -65,20 +65,12 @@ impl Node {
 
     /// `ctr -n k8s.io ARGS…` in the node's namespaces.
     pub fn ctr(&self, args: &[&str]) -> Result<String, String> {
-        let output = Command::new(repo().join("scripts/node"))
-            .arg("ctr")
-            .arg(&self.dir)
-            .args(args)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-        } else {
-            Err(format!(
-                "ctr {args:?}: {}",
-                String::from_utf8_lossy(&output.stderr)
-            ))
-        }
+        crate::cluster::stdout_of(
+            Command::new(repo().join("scripts/node"))
+                .arg("ctr")
+                .arg(&self.dir)
+                .args(args),
+        )
     }
 
     /// Freezes every process of a container (the cgroup freezer): it stops answering, its

@@ -61,16 +61,11 @@ impl Redis {
 
     /// `redis-cli ARGS…` against this server.
     pub fn cli(&self, args: &[&str]) -> Result<String, String> {
-        let output = Command::new("redis-cli")
-            .args(["-h", &self.ip, "-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&output.stderr).into_owned())
-        }
+        crate::cluster::stdout_of(
+            Command::new("redis-cli")
+                .args(["-h", &self.ip, "-p", &self.port.to_string()])
+                .args(args),
+        )
     }
 }
 
@@ -137,18 +132,12 @@ impl Rabbit {
     pub fn queues(&self) -> Result<Vec<String>, String> {
         // Not /usr/sbin/rabbitmqctl, which runs as the rabbitmq user with that user's Erlang
         // cookie; this node's cookie is in its HOME.
-        let output = Command::new("/usr/lib/rabbitmq/bin/rabbitmqctl")
-            .env("HOME", &self.dir)
-            .args(["-n", &self.name, "-q", "list_queues", "name"])
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !output.status.success() {
-            return Err(String::from_utf8_lossy(&output.stderr).into_owned());
-        }
-        Ok(String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .map(|line| line.trim().to_owned())
-            .collect())
+        let listed = crate::cluster::stdout_of(
+            Command::new("/usr/lib/rabbitmq/bin/rabbitmqctl")
+                .env("HOME", &self.dir)
+                .args(["-n", &self.name, "-q", "list_queues", "name"]),
+        )?;
+        Ok(listed.lines().map(|line| line.trim().to_owned()).collect())
     }
 }
 
