@@ -8,14 +8,13 @@
 //! - a call to an ordinary operation that names one, or that states a timeout;
 //! - a task that names an instance.
 
+use crate::activity::Activity;
 use crate::catalog::Catalog;
 use crate::component::client::{Outcome, ProgramClient, ProgramError};
 use crate::component::Component;
-use crate::control::Activity;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -96,9 +95,9 @@ pub struct Calls {
     default_timeout: Duration,
     /// Operations are served once preflight ran (and no longer once the drain began).
     serving: watch::Receiver<bool>,
-    /// Calls routed since the last pause, and when the last one was (ms since the epoch; 0: none).
-    since_pause: AtomicU64,
-    last_at_ms: AtomicU64,
+    /// Calls made (and, in-process, received) count here; the broker's consumers count the
+    /// calls received over it.
+    activity: Arc<Activity>,
 }
 
 /// How long a call over the broker waits for the declarations of a component nobody declared yet.
@@ -113,6 +112,7 @@ impl Calls {
         instance: String,
         default_timeout: Duration,
         serving: watch::Receiver<bool>,
+        activity: Arc<Activity>,
     ) -> Self {
         let own: Vec<Arc<Component>> = callees.values().map(|c| c.component.clone()).collect();
         let catalog = Catalog::new(&own, Vec::new());
@@ -123,8 +123,7 @@ impl Calls {
             instance,
             default_timeout,
             serving,
-            since_pause: AtomicU64::new(0),
-            last_at_ms: AtomicU64::new(0),
+            activity,
         }
     }
 
@@ -139,28 +138,6 @@ impl Calls {
         self
     }
 
-    /// Calls made or received by this process's components since [`Calls::reset_activity`].
-    pub fn activity(&self) -> Activity {
-        let last = self.last_at_ms.load(Ordering::SeqCst);
-        Activity {
-            since_pause: self.since_pause.load(Ordering::SeqCst),
-            last_at_ms: (last > 0).then_some(last),
-        }
-    }
-
-    pub fn reset_activity(&self) {
-        self.since_pause.store(0, Ordering::SeqCst);
-        self.last_at_ms.store(0, Ordering::SeqCst);
-    }
-
-    fn record_activity(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        self.since_pause.fetch_add(1, Ordering::SeqCst);
-        self.last_at_ms.store(now, Ordering::SeqCst);
-    }
-
     /// Checks the contract, then calls; `task` calls do not wait for the reply.
     pub async fn call(
         &self,
@@ -169,7 +146,7 @@ impl Calls {
         request: Request,
         task: bool,
     ) -> Result<Outcome, CallError> {
-        self.record_activity();
+        let in_flight = self.activity.begin();
         let declared = match self.catalog.get(component) {
             Some(declared) => declared,
             // Over a broker, a component may be deployed later: its declarations are looked up
@@ -237,6 +214,7 @@ impl Calls {
         let run = async move { client.operate(&operation, &input, left).await };
         if task {
             tokio::spawn(async move {
+                let _in_flight = in_flight;
                 if let Err(error) = run.await {
                     tracing::warn!(%error, "a task failed");
                 }

@@ -6,6 +6,7 @@
 //! stops taking calls and pulses, runs `dispose`, leaves the slots membership, stops the programs.
 //! Without `atomicity` it coordinates in-process; calls between its components go in-process.
 
+use crate::activity::Activity;
 use crate::api::{self, Host};
 use crate::atom::{Atom, AtomConfig, Mode, Scope};
 use crate::broker::Broker;
@@ -113,7 +114,20 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         Some((address, token)) => Some((bind(address, "control endpoint").await?, token)),
         None => None,
     };
+    // The control endpoint answers from here on: `starting` until the lifecycle is done, and a
+    // halt asked for meanwhile is kept for then.
+    let activity = Activity::new();
+    let process = Process::new(instance.to_string(), activity.clone());
+    let control = match control {
+        Some((listener, token)) => {
+            let app = crate::control::router(token.clone(), process.clone());
+            let served = tokio::spawn(axum::serve(listener, app).into_future());
+            Some((served, token))
+        }
+        None => None,
+    };
     let (trigger, asked) = drain::channel(control.as_ref().map(|(_, token)| token.as_str()));
+    let control = control.map(|(served, _)| served);
     let drain::Asked {
         asked: mut drain,
         done: drained_tx,
@@ -206,6 +220,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         instance.to_string(),
         context.addressed.timeout,
         serving.clone(),
+        activity.clone(),
     );
     let calls = match &context.amqp {
         None => Arc::new(calls),
@@ -223,6 +238,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
                             member.client.clone(),
                             instance.as_str(),
                             serving.clone(),
+                            activity.clone(),
                         )
                         .await
                         .map_err(|e| e.to_string())?;
@@ -294,15 +310,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     if let Some(on_ready) = on_ready {
         let _ = on_ready.send(address);
     }
-    let process = Process::start(members.clone(), calls.clone(), instance.to_string());
-    let control = match control {
-        Some((listener, token)) => {
-            tracing::info!(control = %listener.local_addr().map_err(|e| ComposeError::Setup(e.to_string()))?, "serving the control endpoint");
-            let app = crate::control::router(token, process.clone());
-            Some(tokio::spawn(axum::serve(listener, app).into_future()))
-        }
-        None => None,
-    };
+    process.started(members.clone(), calls.clone()).await;
 
     // A component container the kubelet restarted: its new program gets the lifecycle again, in
     // this process, which keeps its listeners: the agent never lets its ports go.

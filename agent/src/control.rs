@@ -2,14 +2,17 @@
 //!
 //! Every request must carry `Authorization: Bearer <token>`, the composition's token read from a
 //! file at start (a Secret the operator creates); anything else gets 401 and changes nothing.
-//! Actions are idempotent by halt id: halting twice with one id pauses once.
+//! Actions are idempotent by halt id: halting twice with one id pauses once. A halt or resume
+//! runs to its end once asked for, even when the request that asked is dropped (the operator's
+//! requests give up after 2 s; it polls the status).
 //!
 //! | method and path | what |
 //! |---|---|
-//! | `POST /control/halt` `{"halt": "id"}` | runs `pause`, stops pulses; answers the status |
+//! | `POST /control/halt` `{"halt": "id"}` | stops pulses, runs `pause`; answers the status |
 //! | `POST /control/resume` `{"halt": "id"}` | runs `resume`, starts pulses again; answers the status |
-//! | `GET /control/status` | `{"phase", "halt", "instance", "calls": {"since_pause", "last_at_ms"}}` |
+//! | `GET /control/status` | `{"phase", "halt", "instance", "calls": {"since_pause", "last_at_ms", "in_flight"}, "failure"}` |
 
+use crate::activity::Counts;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -25,20 +28,24 @@ use std::sync::Arc;
 /// What a process reports about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
-    /// `starting`, `running`, `paused`, `draining`.
+    /// `starting`, `running`, `pausing`, `paused`, `resuming`, `draining`.
     pub phase: String,
-    /// The halt the process is paused for, if any.
+    /// The halt the process is paused (or pausing) for; while `starting`, the halt it will pause
+    /// for as soon as its lifecycle is done.
     pub halt: Option<String>,
     pub instance: String,
-    pub calls: Activity,
+    pub calls: Counts,
+    /// The last halt or resume that failed, until the next one succeeds.
+    pub failure: Option<Failure>,
 }
 
-/// Calls made or received by the process's components since the last pause.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Activity {
-    pub since_pause: u64,
-    /// Milliseconds since the Unix epoch of the last call, if any since the pause.
-    pub last_at_ms: Option<u64>,
+/// A `pause` or `resume` that failed: the process is back where it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub halt: String,
+    /// `pause` or `resume`.
+    pub command: String,
+    pub message: String,
 }
 
 pub type Reply = Pin<Box<dyn Future<Output = Result<Status, String>> + Send>>;
@@ -117,6 +124,14 @@ fn halt_id(body: Result<Json<HaltRequest>, JsonRejection>) -> Result<String, Str
     }
 }
 
+/// Runs `action` on a task of its own: a request dropped midway (the caller gave up) does not
+/// cut a `pause` or `resume` in half.
+async fn to_the_end(action: Reply) -> Result<Status, String> {
+    tokio::spawn(action)
+        .await
+        .unwrap_or_else(|error| Err(format!("the action failed: {error}")))
+}
+
 fn answer(result: Result<Status, String>) -> Response {
     match result {
         Ok(status) => Json(status).into_response(),
@@ -129,7 +144,7 @@ async fn halt(
     body: Result<Json<HaltRequest>, JsonRejection>,
 ) -> Response {
     match halt_id(body) {
-        Ok(id) => answer(control.supervisor.clone().halt(id).await),
+        Ok(id) => answer(to_the_end(control.supervisor.clone().halt(id)).await),
         Err(message) => error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &message),
     }
 }
@@ -139,7 +154,7 @@ async fn resume(
     body: Result<Json<HaltRequest>, JsonRejection>,
 ) -> Response {
     match halt_id(body) {
-        Ok(id) => answer(control.supervisor.clone().resume(id).await),
+        Ok(id) => answer(to_the_end(control.supervisor.clone().resume(id)).await),
         Err(message) => error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &message),
     }
 }

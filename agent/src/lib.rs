@@ -9,12 +9,14 @@
 //! - [`broker`]: calls over RabbitMQ;
 //! - [`component`]: a component's manifest, program and input checks;
 //! - [`compose`], [`lifecycle`], [`instance`]: running components locally;
+//! - [`activity`]: calls made and received, and in flight, for the halt;
 //! - [`control`]: the operator's authenticated control endpoint (halt, resume, status);
 //! - [`drain`]: who may start the drain (a drain key in a pod) and how they wait for it;
 //! - [`redis`]: connections to the 1..N servers, with restart tracking;
 //! - [`metrics`]: Prometheus metrics;
 //! - [`telemetry`]: logging setup.
 
+pub mod activity;
 pub mod api;
 pub mod atom;
 pub mod broker;

@@ -19,25 +19,41 @@ pub struct Member {
 
 /// Runs `command` on every member that exports it, concurrently.
 pub async fn phase(members: &[Member], command: RunCommand) -> Result<(), ComponentError> {
-    let runs = members.iter().filter(|m| m.component.exports(command)).map(|member| async move {
-        tracing::debug!(component = %member.component.name, command = command.name(), "run command");
-        member
-            .client
-            .run(command.name(), RUN_COMMAND_LIMIT)
-            .await
-            .map_err(|error| ComponentError::RunCommand {
-                component: member.component.name.clone(),
-                command: command.name(),
-                message: error.to_string(),
-            })
-    });
-    let results = futures::future::join_all(runs).await;
     let mut first = None;
-    for error in results.into_iter().filter_map(Result::err) {
-        tracing::error!(%error, "run command failed");
-        first.get_or_insert(error);
+    for (_, result) in each(members, command).await {
+        if let Err(error) = result {
+            first.get_or_insert(error);
+        }
     }
     first.map_or(Ok(()), Err)
+}
+
+/// Runs `command` on every member that exports it, concurrently: each one's index and outcome.
+pub async fn each(
+    members: &[Member],
+    command: RunCommand,
+) -> Vec<(usize, Result<(), ComponentError>)> {
+    let runs = members
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.component.exports(command))
+        .map(|(index, member)| async move {
+            tracing::debug!(component = %member.component.name, command = command.name(), "run command");
+            let result = member
+                .client
+                .run(command.name(), RUN_COMMAND_LIMIT)
+                .await
+                .map_err(|error| ComponentError::RunCommand {
+                    component: member.component.name.clone(),
+                    command: command.name(),
+                    message: error.to_string(),
+                });
+            if let Err(error) = &result {
+                tracing::error!(%error, "run command failed");
+            }
+            (index, result)
+        });
+    futures::future::join_all(runs).await
 }
 
 /// The way up: `preflight`, then operations are served (`serving`), `settle`, `ready`.

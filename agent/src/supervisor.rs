@@ -1,125 +1,257 @@
 //! The process's phase and what changes it: the halt and resume the operator asks for (through
 //! [`crate::control`]), and the drain. Pulses run only while the process runs.
+//!
+//! Phases: `starting` (the lifecycle runs) → `running` ⇄ `pausing` → `paused` ⇄ `resuming`, and
+//! `draining` at the end. The status is read without waiting for a halt or resume in progress:
+//! the phase lives in a plain mutex apart from the lock that puts the changes in order.
+//!
+//! A halt asked for while the process starts is kept: once the lifecycle is done the process
+//! pauses at once (pulses never start). A `pause` that fails in one component runs `resume` on
+//! every component whose `pause` succeeded, starts the pulses again and reports the failure
+//! (phase `running`, `failure` naming the halt), so the operator calls the halt off; the same halt
+//! is not tried again. A `resume` that fails leaves the process paused, reporting the failure; the
+//! operator asks again.
 
+use crate::activity::Activity;
 use crate::calls::Calls;
-use crate::control::{Reply, Status, Supervisor};
+use crate::control::{Failure, Reply, Status, Supervisor};
 use crate::lifecycle::{self, Member};
 use std::sync::Arc;
 use std::time::Duration;
 use toa_context::RunCommand;
-use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Phase {
+    Starting,
     Running,
+    Pausing { halt: String },
     Paused { halt: String },
+    Resuming { halt: String },
     Draining,
 }
 
 pub struct Process {
-    members: Vec<Member>,
-    calls: Arc<Calls>,
     instance: String,
-    state: Mutex<State>,
+    activity: Arc<Activity>,
+    /// What the status reports; written while `work` is held, read without it.
+    view: std::sync::Mutex<View>,
+    /// Puts halts, resumes, the start's end and the drain in order.
+    work: tokio::sync::Mutex<Work>,
 }
 
-struct State {
+#[derive(Clone)]
+struct View {
     phase: Phase,
+    /// A halt asked for while starting.
+    pending: Option<String>,
+    failure: Option<Failure>,
+}
+
+#[derive(Default)]
+struct Work {
+    members: Vec<Member>,
+    calls: Option<Arc<Calls>>,
     pulses: Vec<JoinHandle<()>>,
 }
 
 impl Process {
-    /// A running process; starts its pulses.
-    pub fn start(members: Vec<Member>, calls: Arc<Calls>, instance: String) -> Arc<Self> {
-        let pulses = start_pulses(&members, &calls);
+    /// A process that is starting: it answers status and takes a halt for later.
+    pub fn new(instance: String, activity: Arc<Activity>) -> Arc<Self> {
         Arc::new(Self {
-            members,
-            calls,
             instance,
-            state: Mutex::new(State {
-                phase: Phase::Running,
-                pulses,
+            activity,
+            view: std::sync::Mutex::new(View {
+                phase: Phase::Starting,
+                pending: None,
+                failure: None,
             }),
+            work: tokio::sync::Mutex::default(),
         })
     }
 
+    /// The lifecycle is done: pauses at once for a halt asked for meanwhile, else runs (pulses
+    /// start).
+    pub async fn started(&self, members: Vec<Member>, calls: Arc<Calls>) {
+        let mut work = self.work.lock().await;
+        work.members = members;
+        work.calls = Some(calls);
+        let pending = self.view.lock().expect("view").pending.take();
+        match pending {
+            Some(halt) => {
+                tracing::info!(%halt, "a halt was asked for while starting: pausing");
+                let _ = self.pause(&mut work, halt).await;
+            }
+            None => {
+                work.pulses = start_pulses(&work);
+                self.set(|view| view.phase = Phase::Running);
+            }
+        }
+    }
+
     pub fn phase(&self) -> Phase {
-        self.state
-            .try_lock()
-            .map_or(Phase::Running, |state| state.phase.clone())
+        self.view().phase
     }
 
     /// Pauses for `halt`: stops pulses, runs `pause`. Idempotent by halt id.
     pub async fn halt(&self, halt: String) -> Result<Status, String> {
-        let mut state = self.state.lock().await;
-        match &state.phase {
+        // A halt already under way answers at once, not after it.
+        if self.view().phase == (Phase::Pausing { halt: halt.clone() }) {
+            return Ok(self.status());
+        }
+        let mut work = self.work.lock().await;
+        let view = self.view();
+        if let Some(failure) = view
+            .failure
+            .filter(|f| f.halt == halt && f.command == "pause")
+        {
+            return Err(format!(
+                "pause for halt {halt:?} failed ({}); it is not tried again",
+                failure.message
+            ));
+        }
+        match view.phase {
             Phase::Draining => return Err("the process is draining".into()),
-            Phase::Paused { halt: current } if *current == halt => {
-                return Ok(self.status_of(&state.phase))
-            }
-            Phase::Paused { .. } => {
+            Phase::Starting => self.set(|view| view.pending = Some(halt)),
+            Phase::Paused { halt: current } if current == halt => {}
+            Phase::Paused { .. } | Phase::Pausing { .. } | Phase::Resuming { .. } => {
                 // Already paused for an earlier halt: this one counts calls from now.
-                state.phase = Phase::Paused { halt };
-                self.calls.reset_activity();
-                return Ok(self.status_of(&state.phase));
+                self.activity.reset();
+                self.set(|view| view.phase = Phase::Paused { halt });
             }
-            Phase::Running => {}
+            Phase::Running => self.pause(&mut work, halt).await?,
         }
-        for pulse in state.pulses.drain(..) {
-            pulse.abort();
-        }
-        lifecycle::phase(&self.members, RunCommand::Pause)
-            .await
-            .map_err(|e| e.to_string())?;
-        self.calls.reset_activity();
-        tracing::info!(%halt, "paused");
-        state.phase = Phase::Paused { halt };
-        Ok(self.status_of(&state.phase))
+        Ok(self.status())
     }
 
     /// Resumes from `halt`: runs `resume`, starts pulses. Idempotent.
     pub async fn resume(&self, halt: String) -> Result<Status, String> {
-        let mut state = self.state.lock().await;
-        match &state.phase {
-            Phase::Running => return Ok(self.status_of(&state.phase)),
+        if self.view().phase == (Phase::Resuming { halt: halt.clone() }) {
+            return Ok(self.status());
+        }
+        let mut work = self.work.lock().await;
+        match self.view().phase {
+            Phase::Running => {}
+            Phase::Starting => self.set(|view| {
+                if view.pending.as_deref() == Some(&halt) {
+                    view.pending = None;
+                }
+            }),
             Phase::Draining => return Err("the process is draining".into()),
-            Phase::Paused { halt: current } if *current != halt => {
+            Phase::Paused { halt: current } if current != halt => {
                 return Err(format!("paused for halt {current:?}, not {halt:?}"))
             }
-            Phase::Paused { .. } => {}
+            Phase::Paused { .. } | Phase::Pausing { .. } | Phase::Resuming { .. } => {
+                self.set(|view| view.phase = Phase::Resuming { halt: halt.clone() });
+                let results = lifecycle::each(&work.members, RunCommand::Resume).await;
+                if let Some(message) = failures(&results) {
+                    tracing::error!(%halt, %message, "resume failed: still paused");
+                    self.set(|view| {
+                        view.phase = Phase::Paused { halt: halt.clone() };
+                        view.failure = Some(Failure {
+                            halt: halt.clone(),
+                            command: "resume".into(),
+                            message: message.clone(),
+                        });
+                    });
+                    return Err(message);
+                }
+                work.pulses = start_pulses(&work);
+                self.set(|view| {
+                    view.phase = Phase::Running;
+                    view.failure = None;
+                });
+                tracing::info!(%halt, "resumed");
+            }
         }
-        lifecycle::phase(&self.members, RunCommand::Resume)
-            .await
-            .map_err(|e| e.to_string())?;
-        state.pulses = start_pulses(&self.members, &self.calls);
-        state.phase = Phase::Running;
-        tracing::info!(%halt, "resumed");
-        Ok(self.status_of(&state.phase))
+        Ok(self.status())
     }
 
-    /// Stops pulses and marks the drain; what follows (dispose) is the caller's.
+    /// Stops pulses and marks the drain (after a halt or resume under way); what follows
+    /// (dispose) is the caller's.
     pub async fn drain(&self) {
-        let mut state = self.state.lock().await;
-        for pulse in state.pulses.drain(..) {
+        let mut work = self.work.lock().await;
+        for pulse in work.pulses.drain(..) {
             pulse.abort();
         }
-        state.phase = Phase::Draining;
+        self.set(|view| view.phase = Phase::Draining);
     }
 
-    fn status_of(&self, phase: &Phase) -> Status {
-        let (name, halt) = match phase {
+    /// Stops pulses and runs `pause` on every member; on a failure, undoes it (see the module).
+    async fn pause(&self, work: &mut Work, halt: String) -> Result<(), String> {
+        self.set(|view| view.phase = Phase::Pausing { halt: halt.clone() });
+        for pulse in work.pulses.drain(..) {
+            pulse.abort();
+        }
+        let results = lifecycle::each(&work.members, RunCommand::Pause).await;
+        let Some(message) = failures(&results) else {
+            self.activity.reset();
+            self.set(|view| {
+                view.phase = Phase::Paused { halt: halt.clone() };
+                view.failure = None;
+            });
+            tracing::info!(%halt, "paused");
+            return Ok(());
+        };
+        // Back to running: whoever paused resumes, and the pulses start again.
+        let paused: Vec<Member> = results
+            .iter()
+            .filter(|(_, result)| result.is_ok())
+            .map(|(index, _)| work.members[*index].clone())
+            .collect();
+        for (_, result) in lifecycle::each(&paused, RunCommand::Resume).await {
+            if let Err(error) = result {
+                tracing::error!(%error, "resume after a failed pause failed too");
+            }
+        }
+        work.pulses = start_pulses(work);
+        tracing::error!(%halt, %message, "pause failed: running again");
+        self.set(|view| {
+            view.phase = Phase::Running;
+            view.failure = Some(Failure {
+                halt: halt.clone(),
+                command: "pause".into(),
+                message: message.clone(),
+            });
+        });
+        Err(message)
+    }
+
+    fn view(&self) -> View {
+        self.view.lock().expect("view").clone()
+    }
+
+    fn set(&self, change: impl FnOnce(&mut View)) {
+        change(&mut self.view.lock().expect("view"));
+    }
+
+    pub fn status(&self) -> Status {
+        let view = self.view();
+        let (name, halt) = match view.phase {
+            Phase::Starting => ("starting", view.pending),
             Phase::Running => ("running", None),
-            Phase::Paused { halt } => ("paused", Some(halt.clone())),
+            Phase::Pausing { halt } => ("pausing", Some(halt)),
+            Phase::Paused { halt } => ("paused", Some(halt)),
+            Phase::Resuming { halt } => ("resuming", Some(halt)),
             Phase::Draining => ("draining", None),
         };
         Status {
             phase: name.into(),
             halt,
             instance: self.instance.clone(),
-            calls: self.calls.activity(),
+            calls: self.activity.counts(),
+            failure: view.failure,
         }
     }
+}
+
+/// The failures among `results`, as one message; `None` when all succeeded.
+fn failures(results: &[(usize, Result<(), crate::component::ComponentError>)]) -> Option<String> {
+    let messages: Vec<String> = results
+        .iter()
+        .filter_map(|(_, result)| result.as_ref().err().map(ToString::to_string))
+        .collect();
+    (!messages.is_empty()).then(|| messages.join("; "))
 }
 
 impl Supervisor for Process {
@@ -132,14 +264,17 @@ impl Supervisor for Process {
     }
 
     fn status(&self) -> Status {
-        self.status_of(&self.phase())
+        Process::status(self)
     }
 }
 
 /// Each pulse calls its operation on this replica every interval.
-fn start_pulses(members: &[Member], calls: &Arc<Calls>) -> Vec<JoinHandle<()>> {
+fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
+    let Some(calls) = &work.calls else {
+        return Vec::new();
+    };
     let mut tasks = Vec::new();
-    for member in members {
+    for member in &work.members {
         for (operation, interval) in &member.component.manifest.pulses {
             let (calls, component, operation) = (
                 calls.clone(),

@@ -10,10 +10,14 @@
 //!
 //! The course of a halt while `spec.halted` is `true`:
 //! 1. Requested: no record yet → record a new halt (id and start).
-//! 2. Pausing: a reachable pod that is not paused for this halt (including a pod that started
-//!    during the halt) is sent `halt`. New pods count as quiet from their pause on.
+//! 2. Pausing: a running pod is sent `halt`; so is a pod that is starting (once: it reports the
+//!    halt back and pauses for it as soon as its lifecycle is done; until then it is waited for,
+//!    within `grace`). Pods in `pausing`/`resuming` are waited for. New pods count as quiet from
+//!    their pause on. A pod whose `pause` failed for this halt calls it off at once, naming it
+//!    (its agent has resumed whatever had paused).
 //! 3. QuietWatch: every pod is paused for this halt; the composition has been quiet since the
-//!    later of the halt's start and the last call any pod reports.
+//!    later of the halt's start and the last call any pod reports (made or received, its start
+//!    or end); a pod with a call in flight is busy now.
 //! 4. Quiet for `quietWindow`, within `grace` of the start → record `stopped`; the Deployment goes
 //!    to 0 replicas (ScalingDown, then Halted once no pod is left).
 //! 5. Not quiet within `grace` → record `called-off`, and every pod paused for the halt is sent
@@ -40,14 +44,28 @@ pub struct AgentStatus {
     pub halt: Option<String>,
     pub instance: String,
     pub calls: Calls,
+    /// The last `pause` or `resume` that failed (agents before this field: none).
+    #[serde(default)]
+    pub failure: Option<AgentFailure>,
+}
+
+/// A `pause` or `resume` that failed in a pod; the agent is back where it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentFailure {
+    pub halt: String,
+    pub command: String,
+    pub message: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentPhase {
+    /// The lifecycle runs; with a halt, the pod pauses for it once the lifecycle is done.
     Starting,
     Running,
+    Pausing,
     Paused,
+    Resuming,
     Draining,
     /// A phase this operator does not know (a newer agent): neither paused nor busy.
     #[serde(other)]
@@ -58,8 +76,11 @@ pub enum AgentPhase {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Calls {
     pub since_pause: u64,
-    /// Milliseconds since the Unix epoch of the last such call.
+    /// Milliseconds since the Unix epoch of the last such call's start or end.
     pub last_at_ms: Option<i64>,
+    /// Calls running now (agents before this field: 0).
+    #[serde(default)]
+    pub in_flight: u64,
 }
 
 /// One pod as the operator sees it.
@@ -357,8 +378,24 @@ fn in_progress(
     let paused_here = |status: &AgentStatus| {
         status.phase == AgentPhase::Paused && status.halt.as_deref() == Some(&record.id)
     };
+    // A pod that could not pause for this halt is not asked again: the halt is called off.
+    let failed: Vec<String> = statuses(pods)
+        .filter_map(|(name, status)| {
+            let failure = status.failure.as_ref()?;
+            (failure.halt == record.id && failure.command == "pause").then(|| {
+                // `; ` separates the pods in the record.
+                let message = failure.message.replace(';', ",");
+                format!("{name}: pause failed: {}", shorten(&message, FAILURE_CHARS))
+            })
+        })
+        .collect();
+    // Running pods are sent the halt; a starting pod too, once, and it pauses when it is up.
     let to_halt: Vec<String> = statuses(pods)
-        .filter(|(_, status)| matches!(status.phase, AgentPhase::Running | AgentPhase::Starting))
+        .filter(|(_, status)| match status.phase {
+            AgentPhase::Running => true,
+            AgentPhase::Starting => status.halt.as_deref() != Some(&record.id),
+            _ => false,
+        })
         .map(|(name, _)| name.to_owned())
         .collect();
     let all_paused = pods.iter().all(|pod| match &pod.report {
@@ -372,9 +409,12 @@ fn in_progress(
     let quiet_since = statuses(pods)
         .filter(|(_, status)| paused_here(status))
         .map(|(_, status)| match status.calls {
+            // A call still running: busy now, whatever the window.
+            Calls { in_flight: 1.., .. } => now,
             Calls {
                 since_pause: 0,
                 last_at_ms: None,
+                ..
             } => record.started,
             Calls {
                 last_at_ms: Some(ms),
@@ -392,6 +432,15 @@ fn in_progress(
             Phase::ScalingDown,
             Step::Record(record.with(Outcome::Stopped)),
         );
+    }
+    if !failed.is_empty() {
+        return Decision {
+            busy: failed.clone(),
+            ..decision(
+                Phase::CalledOff,
+                Step::Record(record.called_off(now, failed)),
+            )
+        };
     }
     if now >= deadline {
         let busy = busy(pods, paused_here);
@@ -432,6 +481,9 @@ fn busy(pods: &[Pod], paused_here: impl Fn(&AgentStatus) -> bool) -> Vec<String>
                 Report::Status(status) if !paused_here(status) => {
                     format!("not paused for the halt ({:?})", status.phase).to_lowercase()
                 }
+                Report::Status(status) if status.calls.in_flight > 0 => {
+                    format!("{} calls in flight", status.calls.in_flight)
+                }
                 Report::Status(status) if status.calls.since_pause > 0 => {
                     format!("{} calls since the pause", status.calls.since_pause)
                 }
@@ -440,6 +492,17 @@ fn busy(pods: &[Pod], paused_here: impl Fn(&AgentStatus) -> bool) -> Vec<String>
             Some(format!("{}: {why}", pod.name))
         })
         .collect()
+}
+
+/// The longest agent's message a halt record keeps per pod.
+const FAILURE_CHARS: usize = 200;
+
+/// `text` cut to `chars` characters, with an ellipsis when cut.
+fn shorten(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
 }
 
 /// The replicas the Deployment should have: none once a halt has stopped the composition.

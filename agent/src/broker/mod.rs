@@ -24,6 +24,7 @@
 //! ordinary calls wait for the connection. Once back, the agent declares its queues again and
 //! answers under its name (see [`session`]).
 
+use crate::activity::Activity;
 use crate::calls::CallError;
 use crate::component::client::{Outcome, ProgramClient};
 use lapin::options::BasicPublishOptions;
@@ -72,6 +73,8 @@ struct Served {
     client: ProgramClient,
     instance: String,
     serving: watch::Receiver<bool>,
+    /// Calls received count here: a halt waits for them.
+    activity: Arc<Activity>,
 }
 
 pub struct Broker {
@@ -316,12 +319,14 @@ impl Broker {
         client: ProgramClient,
         instance: &str,
         serving: watch::Receiver<bool>,
+        activity: Arc<Activity>,
     ) -> Result<(), BrokerError> {
         let served = Served {
             component: component.to_owned(),
             client,
             instance: instance.to_owned(),
             serving,
+            activity,
         };
         let mut all = self.served.lock().await;
         if let Some(session) = self.session() {

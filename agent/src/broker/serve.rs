@@ -169,6 +169,8 @@ async fn handle(delivery: &lapin::message::Delivery, served: &Served) -> Option<
     let Some(operation) = request.get("operation").and_then(Value::as_str) else {
         return Some(json!({"failure": "expected {\"operation\": name, \"input\": ...}"}));
     };
+    // From here the call is received: a halt sees it, and waits while it runs.
+    let _in_flight = served.activity.begin();
     let _ = served.serving.clone().wait_for(|on| *on).await;
     let limit = deadline.map_or(Duration::from_secs(60), |d| {
         Duration::from_millis((d - now_ms()).max(1) as u64)

@@ -15,6 +15,7 @@ fn paused(halt: &str) -> AgentStatus {
         halt: Some(halt.into()),
         instance: "shop-0".into(),
         calls: Calls::default(),
+        failure: None,
     }
 }
 

@@ -359,6 +359,7 @@ async fn a_requested_halt_is_recorded_on_the_composition() {
                 halt: None,
                 instance: "shop-a".into(),
                 calls: Calls::default(),
+                failure: None,
             },
         )]),
         ..FakeAgents::default()
@@ -412,6 +413,7 @@ async fn a_recorded_halt_tells_running_pods_to_halt_with_the_token() {
                 halt: None,
                 instance: "shop-a".into(),
                 calls: Calls::default(),
+                failure: None,
             },
         )]),
         ..FakeAgents::default()

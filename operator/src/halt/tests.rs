@@ -25,6 +25,7 @@ fn status(phase: AgentPhase, halt: Option<&str>, calls: Calls) -> AgentStatus {
         halt: halt.map(str::to_owned),
         instance: "i".into(),
         calls,
+        failure: None,
     }
 }
 
@@ -51,6 +52,7 @@ fn busy(name: &str, halt: &str, at: i64) -> Pod {
     let calls = Calls {
         since_pause: 3,
         last_at_ms: Some(t(at).as_millisecond()),
+        in_flight: 0,
     };
     pod(name, status(AgentPhase::Paused, Some(halt), calls))
 }
@@ -127,6 +129,84 @@ fn a_starting_pod_is_halted_too() {
 }
 
 #[test]
+fn a_starting_pod_that_knows_the_halt_is_waited_for_not_sent_it_again() {
+    let record = record();
+    let pods = [
+        paused("a", &record.id),
+        pod(
+            "new",
+            status(AgentPhase::Starting, Some(&record.id), Calls::default()),
+        ),
+    ];
+    let decision = decide_at(true, Some(&record), &pods, t(10));
+    assert_eq!(decision.phase, Phase::Pausing);
+    assert_eq!(decision.step, Step::WaitUntil(t(GRACE as i64)));
+    // Still starting at the end of grace: called off, naming it.
+    let decision = decide_at(true, Some(&record), &pods, t(GRACE as i64));
+    assert_eq!(decision.phase, Phase::CalledOff);
+    assert_eq!(
+        decision.busy,
+        vec!["new: not paused for the halt (starting)".to_owned()]
+    );
+    // Pausing and resuming pods are waited for too.
+    for phase in [AgentPhase::Pausing, AgentPhase::Resuming] {
+        let pods = [pod("b", status(phase, Some(&record.id), Calls::default()))];
+        let decision = decide_at(true, Some(&record), &pods, t(10));
+        assert_eq!(decision.step, Step::WaitUntil(t(GRACE as i64)), "{phase:?}");
+    }
+}
+
+#[test]
+fn a_call_in_flight_keeps_the_composition_busy_whatever_the_window() {
+    let record = record();
+    let calls = Calls {
+        since_pause: 0,
+        last_at_ms: None,
+        in_flight: 2,
+    };
+    let pods = [
+        paused("a", &record.id),
+        pod("b", status(AgentPhase::Paused, Some(&record.id), calls)),
+    ];
+    // Long after the window: still busy, the window counts from now.
+    let at = t(WINDOW as i64 + 5);
+    let decision = decide_at(true, Some(&record), &pods, at);
+    assert_eq!(decision.phase, Phase::QuietWatch);
+    assert_eq!(decision.step, Step::WaitUntil(t(GRACE as i64)));
+    let decision = decide_at(true, Some(&record), &pods, t(GRACE as i64));
+    assert_eq!(decision.busy, vec!["b: 2 calls in flight".to_owned()]);
+}
+
+#[test]
+fn a_failed_pause_calls_the_halt_off_at_once_naming_the_pod() {
+    let record = record();
+    let mut failed = status(AgentPhase::Running, None, Calls::default());
+    failed.failure = Some(AgentFailure {
+        halt: record.id.clone(),
+        command: "pause".into(),
+        message: "component b: pause answered 500; and more".into(),
+    });
+    let pods = [paused("a", &record.id), pod("b", failed.clone())];
+    let decision = decide_at(true, Some(&record), &pods, t(3));
+    let busy = vec!["b: pause failed: component b: pause answered 500, and more".to_owned()];
+    assert_eq!(decision.phase, Phase::CalledOff);
+    assert_eq!(
+        decision.step,
+        Step::Record(record.called_off(t(3), busy.clone()))
+    );
+    assert_eq!(decision.busy, busy);
+    // The record reads back, so every later reconcile names the same failure.
+    let Step::Record(written) = decision.step else {
+        unreachable!()
+    };
+    assert_eq!(Record::parse(&written.to_string()).unwrap(), written);
+    // A failure for an older halt does not matter to this one.
+    failed.failure.as_mut().unwrap().halt = "h-old".into();
+    let decision = decide_at(true, Some(&record), &[pod("b", failed)], t(3));
+    assert_eq!(decision.phase, Phase::Pausing);
+}
+
+#[test]
 fn paused_pods_wait_for_the_quiet_window() {
     let record = record();
     let pods = [paused("a", &record.id), paused("b", &record.id)];
@@ -161,6 +241,7 @@ fn calls_counted_without_a_time_count_as_busy_now() {
     let calls = Calls {
         since_pause: 1,
         last_at_ms: None,
+        in_flight: 0,
     };
     let pods = [pod(
         "a",
@@ -364,10 +445,29 @@ fn agent_status_reads_the_control_endpoints_json() {
             instance: "shop-0".into(),
             calls: Calls {
                 since_pause: 2,
-                last_at_ms: Some(1_700_000_000_000)
+                last_at_ms: Some(1_700_000_000_000),
+                in_flight: 0,
             },
-        }
+            failure: None,
+        },
+        "an agent without `in_flight` and `failure` reads as none"
     );
+    let status: AgentStatus = serde_json::from_str(
+        r#"{"phase":"running","halt":null,"instance":"shop-0","calls":{"since_pause":0,"last_at_ms":null,"in_flight":3},"failure":{"halt":"h1","command":"pause","message":"m"}}"#,
+    )
+    .unwrap();
+    assert_eq!(status.calls.in_flight, 3);
+    assert_eq!(status.failure.unwrap().command, "pause");
+    for (text, phase) in [
+        ("pausing", AgentPhase::Pausing),
+        ("resuming", AgentPhase::Resuming),
+    ] {
+        let status: AgentStatus = serde_json::from_str(&format!(
+            r#"{{"phase":"{text}","halt":"h1","instance":"x","calls":{{"since_pause":0,"last_at_ms":null}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(status.phase, phase);
+    }
     let status: AgentStatus = serde_json::from_str(
         r#"{"phase":"hibernating","halt":null,"instance":"x","calls":{"since_pause":0,"last_at_ms":null}}"#,
     )
