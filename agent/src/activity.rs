@@ -63,6 +63,15 @@ impl Activity {
         self.in_flight.load(Ordering::SeqCst)
     }
 
+    /// Waits until no call is in flight, up to `budget`: how many still are.
+    pub async fn settled(&self, budget: std::time::Duration) -> u64 {
+        let deadline = tokio::time::Instant::now() + budget;
+        while self.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        self.in_flight()
+    }
+
     /// The pause: calls count from now. Calls in flight stay in flight.
     pub fn reset(&self) {
         self.since_pause.store(0, Ordering::SeqCst);

@@ -138,6 +138,15 @@ impl Calls {
         self
     }
 
+    /// Stops taking calls over the broker (see [`crate::broker::Broker::drain`]) and waits for
+    /// the calls running here, up to `budget`: how many still run.
+    pub async fn drain(&self, budget: Duration) -> u64 {
+        match &self.broker {
+            Some(broker) => broker.drain(&self.activity, budget).await,
+            None => self.activity.settled(budget).await,
+        }
+    }
+
     /// Checks the contract, then calls; `task` calls do not wait for the reply.
     pub async fn call(
         &self,

@@ -365,6 +365,14 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     ready_tx.send_replace(false);
     serving_tx.send_replace(false);
     process.drain().await;
+    let running = calls.drain(DRAIN_BUDGET).await;
+    if running > 0 {
+        tracing::warn!(
+            running,
+            budget_s = DRAIN_BUDGET.as_secs(),
+            "calls still run at the end of the drain's budget: dispose runs anyway; calls from the broker are given back to it, for another replica"
+        );
+    }
     if let Some(control) = control {
         control.abort();
     }
@@ -389,6 +397,10 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     tracing::info!("stopped");
     Ok(())
 }
+
+/// How long the drain waits for the calls running in this process before `dispose` runs. With
+/// `dispose`'s own limit (60 s) it stays within the pod's `terminationGracePeriodSeconds` (90).
+pub const DRAIN_BUDGET: Duration = Duration::from_secs(25);
 
 /// The local API's listener. A local run serves on a free port when the address is taken; in a
 /// pod a taken port means something else holds it, and the agent refuses to start.

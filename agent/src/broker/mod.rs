@@ -75,6 +75,8 @@ struct Served {
     serving: watch::Receiver<bool>,
     /// Calls received count here: a halt waits for them.
     activity: Arc<Activity>,
+    /// True once the drain began: calls not started are given back or refused.
+    draining: watch::Receiver<bool>,
 }
 
 pub struct Broker {
@@ -84,6 +86,7 @@ pub struct Broker {
     /// The open session; `None` while reconnecting.
     current: watch::Sender<Option<Arc<Session>>>,
     served: tokio::sync::Mutex<Vec<Served>>,
+    draining: watch::Sender<bool>,
 }
 
 fn now_ms() -> i64 {
@@ -159,6 +162,7 @@ impl Broker {
             prefetch,
             current,
             served: tokio::sync::Mutex::default(),
+            draining: watch::channel(false).0,
         });
         tokio::spawn(keep_connected(Arc::downgrade(&broker)));
         Ok(broker)
@@ -307,6 +311,10 @@ impl Broker {
                 )
             })?,
         };
+        // The process was leaving when the call reached it: the call did not run.
+        if reply.get("refused").and_then(Value::as_str) == Some("Addressee") {
+            return Err(addressee());
+        }
         decode_reply(reply)
     }
 
@@ -327,6 +335,7 @@ impl Broker {
             instance: instance.to_owned(),
             serving,
             activity,
+            draining: self.draining.subscribe(),
         };
         let mut all = self.served.lock().await;
         if let Some(session) = self.session() {
@@ -334,6 +343,31 @@ impl Broker {
         }
         all.push(served);
         Ok(())
+    }
+
+    /// The drain's part on the broker (docs/calls.md, "Stopping"): this process's names are
+    /// given up first (its queues deleted, so a call naming it is `Addressee` at once, and calls
+    /// already delivered are answered `Addressee`), the shared queues' consumers cancelled (calls
+    /// delivered but not started go back to the broker, for other replicas), then the calls
+    /// running here are waited for, up to `budget`. Returns how many still run.
+    pub async fn drain(&self, activity: &Activity, budget: Duration) -> u64 {
+        self.draining.send_replace(true);
+        if let Some(session) = self.session() {
+            let consumers = session.consumers();
+            for consumer in consumers.iter().filter(|c| c.own) {
+                give_up_name(&session, consumer).await;
+            }
+            for consumer in consumers.iter().filter(|c| !c.own) {
+                let cancelled = consumer
+                    .channel
+                    .basic_cancel(consumer.tag.clone(), Default::default())
+                    .await;
+                if let Err(error) = cancelled {
+                    tracing::warn!(%error, queue = %consumer.queue, "cannot stop taking calls");
+                }
+            }
+        }
+        activity.settled(budget).await
     }
 
     async fn serve_on(&self, session: &Arc<Session>, served: &Served) -> Result<(), BrokerError> {
@@ -387,6 +421,11 @@ async fn keep_connected(broker: Weak<Broker>) {
         let mut pause = Duration::from_millis(100);
         loop {
             match Session::open(&this.settings).await {
+                Ok(session) if *this.draining.borrow() => {
+                    // Draining: calls out only; nothing is served any more.
+                    this.current.send_replace(Some(session));
+                    break;
+                }
                 Ok(session) => {
                     let served = this.served.lock().await;
                     let mut replayed = Ok(());
@@ -414,6 +453,37 @@ async fn keep_connected(broker: Weak<Broker>) {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(RECONNECT_MAX);
         }
+    }
+}
+
+/// Stops consuming this process's own queue, answers what it still holds `Addressee`, and
+/// deletes it: from then on a call naming the process is unroutable, so `Addressee` at once.
+async fn give_up_name(session: &Session, consumer: &session::Consuming) {
+    let channel = &consumer.channel;
+    let queue = consumer.queue.as_str();
+    if let Err(error) = channel
+        .basic_cancel(consumer.tag.clone(), Default::default())
+        .await
+    {
+        tracing::warn!(%error, %queue, "cannot stop taking calls under this name");
+    }
+    loop {
+        match channel
+            .basic_get(queue.into(), lapin::options::BasicGetOptions::default())
+            .await
+        {
+            Ok(Some(message)) => {
+                serve::finish(session, &message.delivery, serve::Handled::Addressee).await
+            }
+            Ok(None) => break,
+            Err(error) => {
+                tracing::warn!(%error, %queue, "cannot answer the calls left under this name");
+                break;
+            }
+        }
+    }
+    if let Err(error) = channel.queue_delete(queue.into(), Default::default()).await {
+        tracing::warn!(%error, %queue, "cannot give up this name");
     }
 }
 

@@ -35,6 +35,17 @@ pub(super) struct Session {
     pub declared: Mutex<HashSet<String>>,
     /// Cancelled once the connection is gone.
     pub lost: CancellationToken,
+    /// The consumers of this process's calls on this connection: the drain cancels them.
+    consumers: Mutex<Vec<Consuming>>,
+}
+
+/// A consumer of calls: a shared queue's, or this process's own (`own`).
+#[derive(Clone)]
+pub(super) struct Consuming {
+    pub channel: Channel,
+    pub tag: lapin::types::ShortString,
+    pub queue: String,
+    pub own: bool,
 }
 
 impl Session {
@@ -104,6 +115,7 @@ impl Session {
             pending: Mutex::default(),
             declared: Mutex::default(),
             lost,
+            consumers: Mutex::default(),
         });
         // The reply consumer holds the session weakly: a session nobody uses any more ends.
         let weak = Arc::downgrade(&session);
@@ -148,6 +160,14 @@ impl Session {
             pending.insert(id.to_owned(), tx);
         }
         rx
+    }
+
+    pub fn consuming(&self, consumer: Consuming) {
+        self.consumers.lock().expect("consumers").push(consumer);
+    }
+
+    pub fn consumers(&self) -> Vec<Consuming> {
+        self.consumers.lock().expect("consumers").clone()
     }
 
     pub fn forget(&self, id: &str) -> Option<oneshot::Sender<Value>> {

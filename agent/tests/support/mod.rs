@@ -89,10 +89,15 @@ impl Composition {
             .map(|status| status.success())
     }
 
-    /// SIGTERM, then the exit status within `limit`.
-    pub fn terminate(mut self, limit: Duration) -> (bool, String) {
+    /// SIGTERM, without waiting: the drain begins.
+    pub fn signal_term(&self) {
         // SAFETY: signalling the child we started.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
+    /// SIGTERM, then the exit status within `limit`.
+    pub fn terminate(mut self, limit: Duration) -> (bool, String) {
+        self.signal_term();
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {

@@ -1,4 +1,5 @@
-# Records each charge (amount, pid, when it ran) to the file in $TOA_RECORD.
+# Records each charge (amount, pid, when it ran) to the file in $TOA_RECORD, and each note to
+# $TOA_NOTES. TERMINALS_DISPOSE_MS: how long dispose takes.
 import json
 import os
 import sys
@@ -31,6 +32,22 @@ def charge(input, context):
     with open(os.environ["TOA_RECORD"], "a") as out:
         out.write(json.dumps(record) + "\n")
     return {"charged": input["amount"]}
+
+
+@component.lifecycle
+def dispose(context):
+    time.sleep(int(os.environ.get("TERMINALS_DISPOSE_MS", "0")) / 1000)
+
+
+@component.operation
+def note(input, context):
+    # An ordinary call that records where and when it ran, to $TOA_NOTES.
+    started = time.time()
+    time.sleep(input.get("sleep_ms", 0) / 1000)
+    record = {"id": input["id"], "pid": os.getpid(), "started": started, "ended": time.time()}
+    with open(os.environ["TOA_NOTES"], "a") as out:
+        out.write(json.dumps(record) + "\n")
+    return {"pid": os.getpid()}
 
 
 @component.operation
