@@ -10,7 +10,7 @@
 
 use crate::activity::Activity;
 use crate::catalog::Catalog;
-use crate::component::client::{Outcome, ProgramClient, ProgramError};
+use crate::component::client::{CallMeta, Outcome, ProgramClient, ProgramError};
 use crate::component::Component;
 use serde::Deserialize;
 use serde_json::Value;
@@ -55,6 +55,9 @@ pub enum CallError {
     /// The callee failed without an answer.
     #[error("{0}")]
     Failed(String),
+    /// The broker cannot take the call now (it did not confirm it in time, or the queue is full).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl CallError {
@@ -75,6 +78,7 @@ impl CallError {
             Self::Abandoned { .. } => "Abandoned",
             Self::UnknownComponent(_) => "UNKNOWN_COMPONENT",
             Self::Failed(_) => "FAILED",
+            Self::Unavailable(_) => "UNAVAILABLE",
         }
     }
 }
@@ -220,7 +224,9 @@ impl Calls {
         let operation = operation.to_owned();
         let input = request.input;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let run = async move { client.operate(&operation, &input, left).await };
+        let meta =
+            CallMeta::new(stateful.then(|| crate::broker::now_ms() + left.as_millis() as i64));
+        let run = async move { client.operate(&operation, &input, &meta, left).await };
         if task {
             tokio::spawn(async move {
                 let _in_flight = in_flight;

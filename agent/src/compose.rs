@@ -143,7 +143,10 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     };
     tokio::pin!(stop);
     let (serving_tx, serving) = watch::channel(false);
-    let (ready_tx, ready) = watch::channel(false);
+    // Ready: the lifecycle is done and every program answers.
+    let (ready_tx, lifecycle_ready) = watch::channel(false);
+    let (programs_up_tx, programs_up) = watch::channel(true);
+    let ready = all_true(vec![lifecycle_ready, programs_up]);
     let probes = match probe {
         Some(address) => {
             let listener = bind(address, "probe endpoint").await?;
@@ -203,6 +206,20 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         return Err(error.into());
     }
 
+    // A program that stops answering makes the process not ready, and its calls go elsewhere.
+    let alive: Vec<watch::Receiver<bool>> = members
+        .iter()
+        .map(|m| m.client.watch(ALIVE_EVERY))
+        .collect();
+    let mut all_alive = all_true(alive.clone());
+    tokio::spawn(async move {
+        loop {
+            programs_up_tx.send_replace(*all_alive.borrow_and_update());
+            if all_alive.changed().await.is_err() {
+                return;
+            }
+        }
+    });
     let callees = members
         .iter()
         .map(|m| {
@@ -231,13 +248,14 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
                 let broker = Broker::connect(address, &credentials, &context.name)
                     .await
                     .map_err(|e| e.to_string())?;
-                for member in &members {
+                for (member, alive) in members.iter().zip(&alive) {
                     broker
                         .serve(
-                            &member.component.name,
+                            member.component.clone(),
                             member.client.clone(),
                             instance.as_str(),
                             serving.clone(),
+                            alive.clone(),
                             activity.clone(),
                         )
                         .await
@@ -396,6 +414,31 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     stop_listeners(&probes);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How often each program is checked for an open port.
+const ALIVE_EVERY: Duration = Duration::from_millis(500);
+
+/// A watch that is true while every one of `watches` is.
+fn all_true(mut watches: Vec<watch::Receiver<bool>>) -> watch::Receiver<bool> {
+    let now = |watches: &mut Vec<watch::Receiver<bool>>| {
+        watches.iter_mut().all(|w| *w.borrow_and_update())
+    };
+    let (tx, rx) = watch::channel(now(&mut watches));
+    if watches.is_empty() {
+        return rx;
+    }
+    tokio::spawn(async move {
+        loop {
+            let changes = watches.iter_mut().map(|w| Box::pin(w.changed()));
+            let (changed, _, _) = futures::future::select_all(changes).await;
+            if changed.is_err() || tx.is_closed() {
+                return;
+            }
+            tx.send_replace(now(&mut watches));
+        }
+    });
+    rx
 }
 
 /// How long the drain waits for the calls running in this process before `dispose` runs. With

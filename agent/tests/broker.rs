@@ -191,93 +191,6 @@ fn a_second_process_with_a_taken_name_waits_for_it_and_then_answers() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_messages_get_an_error_reply_and_the_agent_keeps_serving() {
-    use futures::StreamExt;
-    use lapin::options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions};
-    use lapin::types::FieldTable;
-    use lapin::{BasicProperties, Connection, ConnectionProperties};
-
-    let (context, application) = context("malformed");
-    let charges_file = record("malformed");
-    let till = tokio::task::spawn_blocking(move || {
-        let till = terminals(&context, "till-1", &charges_file, &[]);
-        till.wait_ready();
-        till
-    })
-    .await
-    .unwrap();
-    let connection = Connection::connect(
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
-        ConnectionProperties::default(),
-    )
-    .await
-    .unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    let replies = channel
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let mut consumer = channel
-        .basic_consume(
-            replies.name().clone(),
-            "".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let queue = format!("toa.{application}.test.terminals");
-    for (body, expected) in [
-        (&b"\xff not json"[..], "expected a JSON call"),
-        (&br#"{"input": {}}"#[..], "expected {\"operation\""),
-    ] {
-        let properties = BasicProperties::default()
-            .with_reply_to(replies.name().clone())
-            .with_correlation_id("c".into());
-        channel
-            .basic_publish(
-                "".into(),
-                queue.as_str().into(),
-                BasicPublishOptions::default(),
-                body,
-                properties,
-            )
-            .await
-            .unwrap();
-        let delivery = tokio::time::timeout(Duration::from_secs(5), consumer.next())
-            .await
-            .expect("a reply")
-            .unwrap()
-            .unwrap();
-        let reply: Value = serde_json::from_slice(&delivery.data).unwrap();
-        assert!(
-            reply["failure"].as_str().unwrap().contains(expected),
-            "{reply}"
-        );
-    }
-    // Still serving.
-    let till = tokio::task::spawn_blocking(move || {
-        let (ok, answer) = till.call("test.terminals.connect", "{ input: { terminal: t1 } }");
-        assert!(ok, "{answer}");
-        till
-    })
-    .await
-    .unwrap();
-    drop(till);
-}
-
 #[test]
 fn a_killed_process_abandons_calls_in_flight_and_then_is_an_addressee() {
     let (context, _) = context("killed");
@@ -415,4 +328,171 @@ fn calls_to_one_process_run_concurrently() {
         latest_start < earliest_end,
         "the four calls did not all run at once: {spans:?}"
     );
+}
+
+/// Publishes `body` raw to `queue` on the shared broker and waits for the reply (10 s).
+fn publish_raw(queue: &str, body: &str) -> Value {
+    use futures::StreamExt;
+    use lapin::options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let connection = lapin::Connection::connect(
+            "amqp://127.0.0.1:5672",
+            lapin::ConnectionProperties::default(),
+        )
+        .await
+        .unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        let replies = channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut consumer = channel
+            .basic_consume(
+                replies.name().clone(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let properties = lapin::BasicProperties::default()
+            .with_correlation_id("raw-1".into())
+            .with_reply_to(replies.name().clone());
+        channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                properties,
+            )
+            .await
+            .unwrap();
+        let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .expect("a reply within 10 s")
+            .unwrap()
+            .unwrap();
+        serde_json::from_slice(&delivery.data).unwrap()
+    })
+}
+
+#[test]
+fn the_receiving_agent_refuses_what_the_component_does_not_declare_and_keeps_serving() {
+    let (context, application) = context("receiving");
+    let record = record("receiving");
+    let recorder = Composition::start(
+        &[
+            "agent/tests/components/recorder",
+            "--context",
+            context.to_str().unwrap(),
+        ],
+        &[("TOA_RECORD", record.to_str().unwrap())],
+    );
+    recorder.wait_ready();
+    // settle echoes once.
+    let echoes = || support::count(&support::events(&record), "echo");
+    assert_eq!(echoes(), 1);
+    let queue = format!("toa.{application}.test.recorder");
+    for (body, expected) in [
+        (
+            r#"{"operation": "../lifecycle/dispose", "input": {}}"#,
+            "test.recorder has no operation \"../lifecycle/dispose\"",
+        ),
+        (
+            r#"{"operation": "echo", "input": "not an object"}"#,
+            "test.recorder.echo: input",
+        ),
+        (r#"{"operation": 7}"#, "expected a JSON call"),
+        (r#"{"input": {}}"#, "expected a JSON call"),
+        ("\u{ff} not json", "expected a JSON call"),
+    ] {
+        let reply = publish_raw(&queue, body);
+        assert_eq!(reply["refused"], "RequestContract", "{body}: {reply}");
+        let message = reply["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    let names = support::event_names(&record);
+    assert!(!names.contains(&"dispose".to_owned()), "{names:?}");
+    assert_eq!(echoes(), 1, "{names:?}");
+    // What the component declares still reaches it, with the call's id.
+    let reply = publish_raw(&queue, r#"{"operation": "echo", "input": {"a": 1}}"#);
+    assert_eq!(reply["reply"], serde_json::json!({"a": 1}), "{reply}");
+    let echo = support::events(&record)
+        .into_iter()
+        .rfind(|e| e["event"] == "echo")
+        .unwrap();
+    assert_eq!(echo["call"]["id"], "raw-1", "{echo}");
+    assert_eq!(echo["call"]["redelivered"], false, "{echo}");
+}
+
+#[test]
+fn a_dead_program_makes_its_agent_unready_and_its_calls_go_to_the_other_replica() {
+    let (context, _) = context("dead-program");
+    let charges = record("dead-program");
+    let notes = record("dead-program-notes");
+    let probe = support::free_port();
+    let probe_listen = format!("127.0.0.1:{probe}");
+    let notes_env = ("TOA_NOTES", notes.to_str().unwrap());
+    let one = terminals(
+        &context,
+        "till-1",
+        &charges,
+        &[notes_env, ("TOA_PROBE_LISTEN", &probe_listen)],
+    );
+    let two = terminals(&context, "till-2", &charges, &[notes_env]);
+    one.wait_ready();
+    two.wait_ready();
+    let readyz = format!("http://127.0.0.1:{probe}/readyz");
+    assert_eq!(support::http_status(&readyz), 200);
+    let (_, answer) = two.call("test.terminals.pid", "{ instance: till-1, timeout: 5000 }");
+    let pid = answer["reply"].as_i64().unwrap();
+    // SAFETY: killing the program the test's composition started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while support::http_status(&readyz) != 503 {
+        assert!(
+            Instant::now() < deadline,
+            "still ready 10 s after its program died"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Every ordinary call now runs on the other replica; none fails.
+    for id in 0..20 {
+        let (ok, answer) = two.call(
+            "test.terminals.note",
+            &format!("{{ input: {{ id: {id} }} }}"),
+        );
+        assert!(ok, "call {id}: {answer}");
+    }
+    assert_eq!(support::events(&notes).len(), 20);
+    // A call naming the process with the dead program fails at once, without a timeout.
+    let started = Instant::now();
+    let (_, answer) = two.call("test.terminals.pid", "{ instance: till-1, timeout: 5000 }");
+    assert_eq!(answer["error"]["code"], "FAILED", "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not running"),
+        "{answer}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(one.log().contains("the program does not answer"));
 }

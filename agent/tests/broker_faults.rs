@@ -187,3 +187,49 @@ fn a_bad_heartbeat_or_prefetch_is_refused_at_start() {
         );
     }
 }
+
+#[test]
+fn a_channel_the_broker_closed_heals_and_a_frozen_broker_answers_at_the_deadline() {
+    // Messages over 4 KiB are refused by this node with a channel close.
+    let broker = RabbitNode::start_with("max_message_size = 4096\n");
+    let (context, _) = broker_context("channel", &broker.url());
+    let _till = terminals(&context, "till-1", &[]);
+    let caller = terminals(&context, "till-2", &[]);
+    caller.connect_terminal("till-1", "t1");
+    let charge = |extra: &str| {
+        format!(
+            "{{ input: {{ terminal: t1, amount: 1{extra} }}, instance: till-1, timeout: 2000 }}"
+        )
+    };
+
+    let big = format!(", note: {}", "x".repeat(6000));
+    let (ok, answer) = caller.call("test.terminals.charge", &charge(&big));
+    assert!(!ok, "the broker took a message over its limit: {answer}");
+    // The next call goes through, without a restart: the session was replaced.
+    let (ok, answer) = caller.call("test.terminals.connect", "{ input: { terminal: t2 } }");
+    assert!(
+        ok,
+        "the call after a closed channel failed: {answer}\n{}",
+        caller.log()
+    );
+    caller.connect_terminal("till-1", "t1");
+    let (answer, _) = caller.call_until(
+        "test.terminals.charge",
+        &charge(""),
+        Duration::from_secs(10),
+        |answer| answer["reply"]["charged"] == 1,
+    );
+    assert_eq!(answer["reply"]["charged"], 1);
+
+    // Frozen: the publish's confirm never comes; the call ends at its deadline all the same.
+    broker.freeze();
+    let started = Instant::now();
+    let (_, answer) = caller.call("test.terminals.charge", &charge(""));
+    let took = started.elapsed();
+    broker.thaw();
+    assert_eq!(answer["error"]["code"], "Abandoned", "{answer}");
+    assert!(
+        took < Duration::from_millis(3000),
+        "a 2 s call to a frozen broker took {took:?}"
+    );
+}

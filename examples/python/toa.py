@@ -152,6 +152,12 @@ class Context:
         self.agent = Agent()
         self.instance = self.agent.instance
         self.state = {}
+        self._local = threading.local()
+
+    @property
+    def call(self):
+        """The call being answered on this thread: {"id", "redelivered", "deadline_ms"}."""
+        return getattr(self._local, "call", None)
 
 
 class Component:
@@ -195,6 +201,7 @@ class Component:
                         component.commands[name](component.context)
                         return self._answer(200, {})
                     if kind == "operations" and name in component.operations:
+                        component.context._local.call = request.get("call")
                         result = component.operations[name](request.get("input"), component.context)
                         if isinstance(result, Error):
                             return self._answer(200, {"error": {"code": result.code, "message": result.message}})

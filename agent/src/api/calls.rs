@@ -75,6 +75,7 @@ async fn forward(
                 }
                 CallError::Abandoned { .. } => StatusCode::GATEWAY_TIMEOUT,
                 CallError::Failed(_) => StatusCode::BAD_GATEWAY,
+                CallError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             };
             let body = json!({"error": {"code": error.code(), "number": error.number(), "message": error.to_string()}});
             (status, Json(body)).into_response()

@@ -27,6 +27,7 @@
 use crate::activity::Activity;
 use crate::calls::CallError;
 use crate::component::client::{Outcome, ProgramClient};
+use crate::component::Component;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Confirmation};
@@ -48,6 +49,8 @@ const DEADLINE: &str = "toa-deadline";
 /// The largest AMQP frame, in bytes. lapin keeps 32 frames of buffer each way per connection:
 /// the broker's default (128 KiB) costs 8 MB of memory, this 2 MB. Larger messages are split.
 const FRAME_MAX: u32 = 32 * 1024;
+/// How long a call without a deadline (ordinary, task) waits for the broker to confirm it.
+const CONFIRM_LIMIT: Duration = Duration::from_secs(30);
 /// The longest pause between two attempts to reconnect.
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
@@ -69,7 +72,7 @@ pub enum BrokerError {
 /// A component served by this process: replayed on every session.
 #[derive(Clone)]
 struct Served {
-    component: String,
+    component: Arc<Component>,
     client: ProgramClient,
     instance: String,
     serving: watch::Receiver<bool>,
@@ -77,6 +80,8 @@ struct Served {
     activity: Arc<Activity>,
     /// True once the drain began: calls not started are given back or refused.
     draining: watch::Receiver<bool>,
+    /// Whether the component's program answers: while it does not, its calls go elsewhere.
+    alive: watch::Receiver<bool>,
 }
 
 pub struct Broker {
@@ -89,7 +94,8 @@ pub struct Broker {
     draining: watch::Sender<bool>,
 }
 
-fn now_ms() -> i64 {
+/// Milliseconds since the Unix epoch: deadlines travel between processes in this unit.
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -199,7 +205,9 @@ impl Broker {
     }
 
     /// Sends a call and waits for its reply (not for a task). `timeout` is set for calls to one
-    /// process: their deadline.
+    /// process: their deadline, which counts from here (the callee is found) and covers every
+    /// wait after it: the publish, the broker's confirm and the reply. A missed deadline is
+    /// `Abandoned`, whichever wait it was in.
     pub async fn call(
         &self,
         component: &str,
@@ -207,6 +215,43 @@ impl Broker {
         input: &Value,
         instance: Option<&str>,
         timeout: Option<Duration>,
+        task: bool,
+    ) -> Result<Outcome, CallError> {
+        let Some(limit) = timeout else {
+            return self
+                .send(component, operation, input, instance, None, task)
+                .await;
+        };
+        let deadline_ms = now_ms().saturating_add(limit.as_millis() as i64);
+        let sent = self.send(
+            component,
+            operation,
+            input,
+            instance,
+            Some(deadline_ms),
+            task,
+        );
+        let abandoned = || CallError::Abandoned {
+            component: component.to_owned(),
+            timeout_ms: limit.as_millis() as u64,
+        };
+        match tokio::time::timeout(limit, sent).await {
+            // A failure that comes back at the deadline is the deadline's: the callee's program
+            // was cut off by it.
+            Ok(Err(CallError::Failed(_))) if now_ms() >= deadline_ms => Err(abandoned()),
+            Ok(Err(CallError::Abandoned { .. })) => Err(abandoned()),
+            Ok(result) => result,
+            Err(_) => Err(abandoned()),
+        }
+    }
+
+    async fn send(
+        &self,
+        component: &str,
+        operation: &str,
+        input: &Value,
+        instance: Option<&str>,
+        deadline_ms: Option<i64>,
         task: bool,
     ) -> Result<Outcome, CallError> {
         let queue = self.queue(component, instance);
@@ -227,7 +272,7 @@ impl Broker {
                 .await
                 .map_err(|e| failed(e.to_string()))?;
         }
-        let id = format!("{:032x}", rand::random::<u128>());
+        let id = crate::component::client::new_id();
         let body =
             serde_json::to_vec(&json!({"operation": operation, "input": input})).expect("JSON");
         let mut properties = BasicProperties::default().with_correlation_id(id.as_str().into());
@@ -241,14 +286,16 @@ impl Broker {
             session: &session,
             id: &id,
         };
-        if let Some(timeout) = timeout {
+        if let Some(deadline_ms) = deadline_ms {
             let mut headers = FieldTable::default();
             headers.insert(
                 ShortString::from(DEADLINE),
-                AMQPValue::LongLongInt(now_ms() + timeout.as_millis() as i64),
+                AMQPValue::LongLongInt(deadline_ms),
             );
+            // The broker drops the call if it is still queued at the deadline.
+            let left = (deadline_ms - now_ms()).max(1);
             properties = properties
-                .with_expiration(timeout.as_millis().to_string().into())
+                .with_expiration(left.to_string().into())
                 .with_headers(headers);
         }
         // Mandatory for every call: a call to a process nobody holds is an Addressee; an ordinary
@@ -265,7 +312,19 @@ impl Broker {
                     .await?
                     .await
             };
-            sent.await.map_err(|e| {
+            // Without a deadline of its own, a call waits for the broker's confirm this long.
+            let sent = tokio::time::timeout(CONFIRM_LIMIT, sent)
+                .await
+                .map_err(|_| {
+                    CallError::Unavailable(format!(
+                    "{}: the broker did not confirm the call within {} s; it may have been taken",
+                    self.settings.shown,
+                    CONFIRM_LIMIT.as_secs()
+                ))
+                })?;
+            sent.map_err(|e| {
+                // A channel the broker closed ends the session: the next call gets a new one.
+                session.check_channels();
                 if instance.is_some() && session.is_lost() {
                     addressee()
                 } else {
@@ -294,28 +353,32 @@ impl Broker {
         let Some(receiver) = receiver else {
             return Ok(Outcome::Reply(Value::Null));
         };
-        let abandoned = |limit: Duration| CallError::Abandoned {
-            component: component.to_owned(),
-            timeout_ms: limit.as_millis() as u64,
-        };
-        let reply = match timeout {
-            Some(limit) => match tokio::time::timeout(limit, receiver).await {
-                Ok(Ok(reply)) => reply,
-                // Timed out, or the connection ended: the reply will not come.
-                _ => return Err(abandoned(limit)),
-            },
-            None => receiver.await.map_err(|_| {
+        let reply = receiver.await.map_err(|_| {
+            if deadline_ms.is_some() {
+                // The connection ended: the reply will not come (`call` names the timeout).
+                CallError::Abandoned {
+                    component: component.to_owned(),
+                    timeout_ms: 0,
+                }
+            } else {
                 failed(
                     "the connection to the broker ended before the reply came; the call may have run"
                         .into(),
                 )
-            })?,
-        };
-        // The process was leaving when the call reached it: the call did not run.
-        if reply.get("refused").and_then(Value::as_str) == Some("Addressee") {
-            return Err(addressee());
+            }
+        })?;
+        match reply.get("refused").and_then(Value::as_str) {
+            // The process was leaving when the call reached it: the call did not run.
+            Some("Addressee") => Err(addressee()),
+            Some("RequestContract") => Err(CallError::RequestContract(
+                reply
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("refused by the receiving agent")
+                    .to_owned(),
+            )),
+            _ => decode_reply(reply),
         }
-        decode_reply(reply)
     }
 
     /// Takes calls for `component` from its shared queue and from this process's own queue, on
@@ -323,18 +386,20 @@ impl Broker {
     /// another process is retried.
     pub async fn serve(
         &self,
-        component: &str,
+        component: Arc<Component>,
         client: ProgramClient,
         instance: &str,
         serving: watch::Receiver<bool>,
+        alive: watch::Receiver<bool>,
         activity: Arc<Activity>,
     ) -> Result<(), BrokerError> {
         let served = Served {
-            component: component.to_owned(),
+            component,
             client,
             instance: instance.to_owned(),
             serving,
             activity,
+            alive,
             draining: self.draining.subscribe(),
         };
         let mut all = self.served.lock().await;
@@ -371,8 +436,8 @@ impl Broker {
     }
 
     async fn serve_on(&self, session: &Arc<Session>, served: &Served) -> Result<(), BrokerError> {
-        let shared = self.queue(&served.component, None);
-        let own = self.queue(&served.component, Some(&served.instance));
+        let shared = self.queue(&served.component.name, None);
+        let own = self.queue(&served.component.name, Some(&served.instance));
         serve::serve(session, served, shared.clone(), own, self.prefetch)
             .await
             .map_err(|e| BrokerError::Refused {
@@ -391,9 +456,12 @@ async fn declare_shared(session: &Session, queue: &str) -> Result<(), BrokerErro
             FieldTable::default(),
         )
         .await
-        .map_err(|e| BrokerError::Refused {
-            what: format!("the queue {queue}"),
-            message: e.to_string(),
+        .map_err(|e| {
+            session.check_channels();
+            BrokerError::Refused {
+                what: format!("the queue {queue}"),
+                message: e.to_string(),
+            }
         })?;
     session
         .declared
@@ -411,6 +479,15 @@ async fn keep_connected(broker: Weak<Broker>) {
             return;
         };
         session.lost.cancelled().await;
+        // Lost for a closed channel, the connection may still be open: close it, so its
+        // queues (this process's name) go and the next session can take them.
+        if session.connection.status().connected() {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                session.connection.close(200, "a new session".into()),
+            )
+            .await;
+        }
         drop(session);
         let Some(this) = broker.upgrade() else { return };
         this.current.send_replace(None);

@@ -3,7 +3,7 @@
 
 use super::session::{Consuming, Session};
 use super::{now_ms, Served, DEADLINE};
-use crate::component::client::{Outcome, ProgramError};
+use crate::component::client::{CallMeta, Outcome, ProgramError};
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -95,6 +95,9 @@ async fn declare(
     Ok(channel)
 }
 
+/// Consumes `queue` on `channel`. The shared queue's consumer steps back while the program is
+/// down (cancelled, so the broker gives its calls to other replicas) and comes back with it; the
+/// first consumer is started here, so an error in it is the caller's.
 async fn consume(
     session: &Arc<Session>,
     channel: Channel,
@@ -102,9 +105,70 @@ async fn consume(
     served: &Served,
     own: bool,
 ) -> Result<(), lapin::Error> {
-    let mut consumer = channel
+    let mut consumer = start_consumer(session, &channel, &queue, own).await?;
+    let (session, served) = (session.clone(), served.clone());
+    tokio::spawn(async move {
+        let mut alive = served.alive.clone();
+        loop {
+            let stepped_back = loop {
+                tokio::select! {
+                    delivery = consumer.next() => match delivery {
+                        Some(Ok(delivery)) => {
+                            let (session, served) = (session.clone(), served.clone());
+                            tokio::spawn(async move {
+                                let handled = handle(&delivery, &served, own).await;
+                                finish(&session, &delivery, handled).await;
+                            });
+                        }
+                        _ => break false,
+                    },
+                    _ = alive.wait_for(|alive| !*alive), if !own => break true,
+                }
+            };
+            if !stepped_back {
+                break;
+            }
+            tracing::warn!(%queue, "the program is down: its calls go to other replicas until it is back");
+            // Deliveries already here are handled as the stream ends: given back (not alive).
+            let _ = channel
+                .basic_cancel(consumer.tag(), Default::default())
+                .await;
+            while let Some(Ok(delivery)) = consumer.next().await {
+                finish(&session, &delivery, Handled::Requeue).await;
+            }
+            tokio::select! {
+                _ = alive.wait_for(|alive| *alive) => {}
+                () = session.lost.cancelled() => return,
+            }
+            if *served.draining.borrow() {
+                return;
+            }
+            tracing::info!(%queue, "the program is back: taking its calls again");
+            consumer = match start_consumer(&session, &channel, &queue, own).await {
+                Ok(consumer) => consumer,
+                Err(error) => {
+                    tracing::warn!(%error, %queue, "cannot take calls again; the session will be replaced");
+                    session.check_channels();
+                    return;
+                }
+            };
+        }
+        if !session.is_lost() && !*served.draining.borrow() {
+            tracing::warn!(%queue, "the consumer stopped");
+        }
+    });
+    Ok(())
+}
+
+async fn start_consumer(
+    session: &Session,
+    channel: &Channel,
+    queue: &str,
+    own: bool,
+) -> Result<lapin::Consumer, lapin::Error> {
+    let consumer = channel
         .basic_consume(
-            queue.as_str().into(),
+            queue.into(),
             "".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
@@ -113,24 +177,10 @@ async fn consume(
     session.consuming(Consuming {
         channel: channel.clone(),
         tag: consumer.tag(),
-        queue: queue.clone(),
+        queue: queue.to_owned(),
         own,
     });
-    let (session, served) = (session.clone(), served.clone());
-    tokio::spawn(async move {
-        let _channel = channel;
-        while let Some(Ok(delivery)) = consumer.next().await {
-            let (session, served) = (session.clone(), served.clone());
-            tokio::spawn(async move {
-                let handled = handle(&delivery, &served, own).await;
-                finish(&session, &delivery, handled).await;
-            });
-        }
-        if !session.is_lost() && !*served.draining.borrow() {
-            tracing::warn!(%queue, "the consumer stopped");
-        }
-    });
-    Ok(())
+    Ok(consumer)
 }
 
 /// What becomes of a delivery.
@@ -185,7 +235,8 @@ pub(super) async fn finish(session: &Session, delivery: &Delivery, handled: Hand
     let _ = delivery.acker.ack(BasicAckOptions::default()).await;
 }
 
-/// Runs one call, unless it must not run here (its deadline passed, or the process drains).
+/// Runs one call, unless it must not run here (its deadline passed, the process drains, or it
+/// breaks the component's declarations).
 async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
     let deadline =
         delivery
@@ -196,23 +247,41 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
                 Some(AMQPValue::LongLongInt(ms)) => Some(*ms),
                 _ => None,
             });
+    let id = delivery
+        .properties
+        .correlation_id()
+        .as_ref()
+        .map_or_else(String::new, |id| id.to_string());
     if deadline.is_some_and(|d| now_ms() >= d) {
-        tracing::info!("a call reached this process after its deadline: it does not run");
+        tracing::info!(call = %id, "a call reached this process after its deadline: it does not run");
         return Handled::Drop;
     }
-    let request: Value = match serde_json::from_slice(&delivery.data) {
+    let request: Request = match serde_json::from_slice(&delivery.data) {
         Ok(request) => request,
         Err(error) => {
-            return Handled::Reply(
-                json!({"failure": format!("expected a JSON call, got bytes that are not JSON: {error}")}),
-            )
+            tracing::warn!(call = %id, %error, "refused a call that is not {{\"operation\", \"input\"}}");
+            return refused(format!(
+                "expected a JSON call {{\"operation\": name, \"input\": ...}}: {error}"
+            ));
         }
     };
-    let Some(operation) = request.get("operation").and_then(Value::as_str) else {
-        return Handled::Reply(
-            json!({"failure": "expected {\"operation\": name, \"input\": ...}"}),
-        );
+    // The receiving side checks the call too: only a declared operation, with an input its
+    // schema takes, on the queue its kind goes to, reaches the program.
+    let contract = crate::calls::Request {
+        input: request.input.clone(),
+        instance: own.then(|| served.instance.clone()),
+        timeout: None,
     };
+    if let Err(error) =
+        crate::calls::check_contract(&served.component, &request.operation, &contract, false)
+    {
+        let operation: String = request.operation.chars().take(64).collect();
+        tracing::warn!(call = %id, operation = ?operation, "refused a call that breaks the component's declarations");
+        return refused(match error {
+            crate::calls::CallError::RequestContract(message) => message,
+            other => other.to_string(),
+        });
+    }
     // From here the call is received: a halt sees it, and the drain waits while it runs. The
     // count starts before the drain is checked, so the drain cannot miss a call that runs.
     let _in_flight = served.activity.begin();
@@ -235,16 +304,32 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
     if *served.draining.borrow() {
         return leaving();
     }
-    let limit = deadline.map_or(Duration::from_secs(60), |d| {
-        Duration::from_millis((d - now_ms()).max(1) as u64)
-    });
+    if !*served.alive.borrow() {
+        if own {
+            return Handled::Reply(json!({"failure": format!(
+                "the program of {} is not running", served.component.name
+            )}));
+        }
+        return Handled::Requeue;
+    }
+    // Right before the program: a call whose caller gave up never starts; the program gets
+    // what is left of the deadline.
+    let limit = match deadline {
+        Some(d) if now_ms() >= d => {
+            tracing::info!(call = %id, "a call's deadline passed before it started: it does not run");
+            return Handled::Drop;
+        }
+        Some(d) => Duration::from_millis((d - now_ms()) as u64),
+        None => Duration::from_secs(60),
+    };
+    let meta = CallMeta {
+        id: id.clone(),
+        redelivered: delivery.redelivered,
+        deadline_ms: deadline,
+    };
     match served
         .client
-        .operate(
-            operation,
-            request.get("input").unwrap_or(&Value::Null),
-            limit,
-        )
+        .operate(&request.operation, &request.input, &meta, limit)
         .await
     {
         Ok(Outcome::Reply(reply)) => Handled::Reply(json!({"reply": reply})),
@@ -256,6 +341,25 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
         Err(ProgramError::Unreachable { .. }) if *served.draining.borrow() && !own => {
             Handled::Requeue
         }
-        Err(error) => Handled::Reply(json!({"failure": error.to_string()})),
+        // Cut off by the deadline: the caller has its `Abandoned` already; no reply.
+        Err(ProgramError::Unreachable { .. }) if deadline.is_some_and(|d| now_ms() >= d) => {
+            Handled::Drop
+        }
+        Err(error) => {
+            tracing::warn!(call = %id, %error, "a call failed in the program");
+            Handled::Reply(json!({"failure": error.to_string()}))
+        }
     }
+}
+
+/// A call as it travels over the broker.
+#[derive(serde::Deserialize)]
+struct Request {
+    operation: String,
+    #[serde(default)]
+    input: Value,
+}
+
+fn refused(message: String) -> Handled {
+    Handled::Reply(json!({"refused": "RequestContract", "message": message}))
 }

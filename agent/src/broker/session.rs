@@ -151,6 +151,17 @@ impl Session {
         self.lost.is_cancelled() || !self.connection.status().connected()
     }
 
+    /// Ends the session when the broker closed one of its channels (a refused declaration or
+    /// publish closes the channel every call shares): the broker opens the next one.
+    pub fn check_channels(&self) {
+        if !self.channel.status().connected() || !self.plain.status().connected() {
+            tracing::warn!(
+                "the broker closed a channel this process publishes on: opening a new session"
+            );
+            self.lost.cancel();
+        }
+    }
+
     /// Registers a call waiting for its reply; the receiver fails when the session ends first.
     pub fn expect(&self, id: &str) -> oneshot::Receiver<Value> {
         let (tx, rx) = oneshot::channel();
@@ -162,8 +173,11 @@ impl Session {
         rx
     }
 
+    /// Records a queue's consumer (replacing an earlier one of that queue).
     pub fn consuming(&self, consumer: Consuming) {
-        self.consumers.lock().expect("consumers").push(consumer);
+        let mut consumers = self.consumers.lock().expect("consumers");
+        consumers.retain(|c| c.queue != consumer.queue);
+        consumers.push(consumer);
     }
 
     pub fn consumers(&self) -> Vec<Consuming> {

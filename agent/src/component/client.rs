@@ -28,9 +28,37 @@ pub enum ProgramError {
     Malformed { component: String, body: String },
 }
 
+/// What the program is told about a call beside its input (`"call"` in the request body).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct CallMeta {
+    /// The call's id: the same on every delivery of one call.
+    pub id: String,
+    /// The broker delivered this call before: it may have run (in part) already.
+    pub redelivered: bool,
+    /// When the caller stops waiting (ms since the Unix epoch), for a call to one process.
+    pub deadline_ms: Option<i64>,
+}
+
+impl CallMeta {
+    /// A call made here, for the first time.
+    pub fn new(deadline_ms: Option<i64>) -> Self {
+        Self {
+            id: new_id(),
+            redelivered: false,
+            deadline_ms,
+        }
+    }
+}
+
+/// A random call id, 32 hex digits.
+pub fn new_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
 #[derive(Clone)]
 pub struct ProgramClient {
     component: String,
+    port: u16,
     base: String,
     http: reqwest::Client,
 }
@@ -39,12 +67,52 @@ impl ProgramClient {
     pub fn new(component: &str, port: u16) -> Self {
         Self {
             component: component.to_owned(),
+            port,
             base: format!("http://127.0.0.1:{port}"),
             http: reqwest::Client::builder()
                 .no_proxy()
                 .build()
                 .expect("an HTTP client"),
         }
+    }
+
+    /// Whether the program accepts connections on its port (within 500 ms).
+    pub async fn alive(&self) -> bool {
+        let connect = tokio::net::TcpStream::connect(("127.0.0.1", self.port));
+        matches!(
+            tokio::time::timeout(Duration::from_millis(500), connect).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Watches the program: the receiver says whether it accepts connections, checked every
+    /// `every`; it turns false after two failed checks in a row and true after one success.
+    pub fn watch(&self, every: Duration) -> tokio::sync::watch::Receiver<bool> {
+        let (alive, receiver) = tokio::sync::watch::channel(true);
+        let client = self.clone();
+        tokio::spawn(async move {
+            let mut failed = 0;
+            loop {
+                tokio::select! {
+                    () = alive.closed() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+                if client.alive().await {
+                    failed = 0;
+                    if !*alive.borrow() {
+                        tracing::info!(component = %client.component, "the program answers again");
+                    }
+                    alive.send_replace(true);
+                } else {
+                    failed += 1;
+                    if failed == 2 && *alive.borrow() {
+                        tracing::error!(component = %client.component, port = client.port, "the program does not answer: not ready, its calls go elsewhere");
+                        alive.send_replace(false);
+                    }
+                }
+            }
+        });
+        receiver
     }
 
     /// Runs a run command; a non-2xx answer is its failure.
@@ -69,12 +137,13 @@ impl ProgramClient {
         &self,
         operation: &str,
         input: &Value,
+        call: &CallMeta,
         limit: Duration,
     ) -> Result<Outcome, ProgramError> {
         let response = self
             .post(
                 &format!("/operations/{operation}"),
-                &json!({"input": input}),
+                &json!({"input": input, "call": call}),
                 limit,
             )
             .await?;

@@ -20,6 +20,11 @@ pub struct RabbitNode {
 
 impl RabbitNode {
     pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// A node with these lines of `rabbitmq.conf` (e.g. `max_message_size = 4096`).
+    pub fn start_with(config: &str) -> Self {
         let n = NODES.fetch_add(1, Ordering::SeqCst);
         let name = format!("toa-test-{}-{n}@localhost", std::process::id());
         let dir = std::env::temp_dir().join(format!("toa-rabbit-{}-{n}", std::process::id()));
@@ -27,6 +32,7 @@ impl RabbitNode {
         std::fs::create_dir_all(&dir).unwrap();
         // No plugins: the shared node's management and Prometheus ports stay its own.
         std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
+        std::fs::write(dir.join("rabbitmq.conf"), config).unwrap();
         let mut node = Self {
             port: free_port(),
             dist_port: free_port(),
@@ -57,7 +63,7 @@ impl RabbitNode {
                 "RABBITMQ_ENABLED_PLUGINS_FILE",
                 self.dir.join("enabled_plugins"),
             )
-            .env("RABBITMQ_CONFIG_FILE", self.dir.join("none"))
+            .env("RABBITMQ_CONFIG_FILE", self.dir.join("rabbitmq.conf"))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             // Its own process group: the shell script and the Erlang VM under it are signalled together.
@@ -112,6 +118,21 @@ impl RabbitNode {
         self.spawn();
     }
 
+    /// SIGSTOP: the node stops answering; its connections stay open.
+    pub fn freeze(&self) {
+        if let Some(child) = &self.child {
+            // SAFETY: signalling the process group of a child we started.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGSTOP) };
+        }
+    }
+
+    pub fn thaw(&self) {
+        if let Some(child) = &self.child {
+            // SAFETY: as above.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGCONT) };
+        }
+    }
+
     pub fn stop(&mut self) {
         self.signal(libc::SIGTERM);
     }
@@ -123,6 +144,7 @@ impl RabbitNode {
 
 impl Drop for RabbitNode {
     fn drop(&mut self) {
+        self.thaw();
         self.signal(libc::SIGKILL);
         let _ = std::fs::remove_dir_all(&self.dir);
     }

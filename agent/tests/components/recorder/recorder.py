@@ -48,7 +48,7 @@ def dispose(context):
 
 @component.operation
 def echo(input, context):
-    record("echo", input=input)
+    record("echo", input=input, call=context.call)
     return input
 
 
