@@ -2,7 +2,8 @@
 
 use std::process::ExitCode;
 
-pub async fn run(target: &str, request: &str, agent: &str) -> ExitCode {
+/// A call, or with `task` a task (the answer once the broker took it).
+pub async fn run(target: &str, request: &str, agent: &str, task: bool) -> ExitCode {
     let Some((component, operation)) = target.rsplit_once('.') else {
         eprintln!("expected COMPONENT.OPERATION, as store.catalog.appraise, got {target:?}");
         return ExitCode::from(super::USAGE);
@@ -15,8 +16,9 @@ pub async fn run(target: &str, request: &str, agent: &str) -> ExitCode {
             return ExitCode::from(super::USAGE);
         }
     };
+    let kind = if task { "task" } else { "call" };
     let url = format!(
-        "{}/v1/call/{component}/{operation}",
+        "{}/v1/{kind}/{component}/{operation}",
         agent.trim_end_matches('/')
     );
     let client = reqwest::Client::builder()

@@ -97,6 +97,8 @@ pub struct Calls {
     broker: Option<Arc<crate::broker::Broker>>,
     instance: String,
     default_timeout: Duration,
+    /// How long the program may take to answer an ordinary call (`limits.operation`).
+    operation_limit: Duration,
     /// Operations are served once preflight ran (and no longer once the drain began).
     serving: watch::Receiver<bool>,
     /// Calls made (and, in-process, received) count here; the broker's consumers count the
@@ -107,14 +109,11 @@ pub struct Calls {
 /// How long a call over the broker waits for the declarations of a component nobody declared yet.
 pub const LOOKUP: Duration = Duration::from_secs(30);
 
-/// How long an ordinary call may take before the agent gives up on the program.
-const ORDINARY_LIMIT: Duration = Duration::from_secs(60);
-
 impl Calls {
     pub fn new(
         callees: HashMap<String, Callee>,
         instance: String,
-        default_timeout: Duration,
+        context: &toa_context::Context,
         serving: watch::Receiver<bool>,
         activity: Arc<Activity>,
     ) -> Self {
@@ -125,7 +124,8 @@ impl Calls {
             catalog,
             broker: None,
             instance,
-            default_timeout,
+            default_timeout: context.addressed.timeout,
+            operation_limit: context.limits.operation,
             serving,
             activity,
         }
@@ -205,7 +205,7 @@ impl Calls {
                 .timeout
                 .map_or(self.default_timeout, Duration::from_millis)
         } else {
-            ORDINARY_LIMIT
+            self.operation_limit
         };
         let deadline = tokio::time::Instant::now() + limit;
         let abandoned = || CallError::Abandoned {
@@ -238,7 +238,7 @@ impl Calls {
         }
         match run.await {
             Ok(outcome) => Ok(outcome),
-            Err(ProgramError::Unreachable { .. })
+            Err(ProgramError::TimedOut { .. })
                 if stateful && tokio::time::Instant::now() >= deadline =>
             {
                 Err(abandoned())

@@ -192,7 +192,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
                 programs.push(program);
                 members.push(Member {
                     component: component.clone(),
-                    client,
+                    client: client.with_run_command_limit(context.limits.run_command),
                 });
             }
             Err(error) => {
@@ -235,7 +235,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     let calls = Calls::new(
         callees,
         instance.to_string(),
-        context.addressed.timeout,
+        &context,
         serving.clone(),
         activity.clone(),
     );
@@ -245,21 +245,21 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
             let connected = async {
                 let credentials = Credentials::from_vars(&toa_context::ProcessVars, "TOA_AMQP")
                     .map_err(|e| e.to_string())?;
-                let broker = Broker::connect(address, &credentials, &context.name)
+                let broker = Broker::connect(address, &credentials, &context.name, &context.limits)
                     .await
                     .map_err(|e| e.to_string())?;
                 for (member, alive) in members.iter().zip(&alive) {
-                    broker
-                        .serve(
-                            member.component.clone(),
-                            member.client.clone(),
-                            instance.as_str(),
-                            serving.clone(),
-                            alive.clone(),
-                            activity.clone(),
-                        )
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let scope = Scope::new(context.name.clone(), member.component.name.clone());
+                    let offer = crate::broker::Offer {
+                        component: member.component.clone(),
+                        client: member.client.clone(),
+                        instance: instance.to_string(),
+                        serving: serving.clone(),
+                        alive: alive.clone(),
+                        activity: activity.clone(),
+                        dead_lettered: metrics.dead_lettered(&scope),
+                    };
+                    broker.serve(offer).await.map_err(|e| e.to_string())?;
                 }
                 Ok::<_, String>(broker)
             };
@@ -383,11 +383,11 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     ready_tx.send_replace(false);
     serving_tx.send_replace(false);
     process.drain().await;
-    let running = calls.drain(DRAIN_BUDGET).await;
+    let running = calls.drain(context.limits.drain).await;
     if running > 0 {
         tracing::warn!(
             running,
-            budget_s = DRAIN_BUDGET.as_secs(),
+            budget_ms = context.limits.drain.as_millis() as u64,
             "calls still run at the end of the drain's budget: dispose runs anyway; calls from the broker are given back to it, for another replica"
         );
     }
@@ -440,10 +440,6 @@ fn all_true(mut watches: Vec<watch::Receiver<bool>>) -> watch::Receiver<bool> {
     });
     rx
 }
-
-/// How long the drain waits for the calls running in this process before `dispose` runs. With
-/// `dispose`'s own limit (60 s) it stays within the pod's `terminationGracePeriodSeconds` (90).
-pub const DRAIN_BUDGET: Duration = Duration::from_secs(25);
 
 /// The local API's listener. A local run serves on a free port when the address is taken; in a
 /// pod a taken port means something else holds it, and the agent refuses to start.

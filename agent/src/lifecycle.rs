@@ -4,11 +4,7 @@
 use crate::component::client::ProgramClient;
 use crate::component::{Component, ComponentError};
 use std::sync::Arc;
-use std::time::Duration;
 use toa_context::RunCommand;
-
-/// How long one run command may take.
-pub const RUN_COMMAND_LIMIT: Duration = Duration::from_secs(60);
 
 /// A component with the client of its running program.
 #[derive(Clone)]
@@ -41,7 +37,7 @@ pub async fn each(
             tracing::debug!(component = %member.component.name, command = command.name(), "run command");
             let result = member
                 .client
-                .run(command.name(), RUN_COMMAND_LIMIT)
+                .run(command.name())
                 .await
                 .map_err(|error| ComponentError::RunCommand {
                     component: member.component.name.clone(),

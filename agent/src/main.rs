@@ -77,6 +77,9 @@ enum Command {
         /// The agent's local API.
         #[arg(long, default_value = "http://127.0.0.1:7090", env = "TOA_AGENT")]
         agent: String,
+        /// Send it as a task: answered `{"reply": null}` once the broker took it.
+        #[arg(long)]
+        task: bool,
     },
     /// Compose the examples and run their flows: meter, lock, a pulse with slots, then drain.
     Demo,
@@ -128,7 +131,8 @@ async fn main() -> ExitCode {
             target,
             request,
             agent,
-        } => call::run(&target, &request, &agent).await,
+            task,
+        } => call::run(&target, &request, &agent, task).await,
         Command::Compose {
             components,
             context,

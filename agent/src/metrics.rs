@@ -36,6 +36,7 @@ pub struct Metrics {
     slots_assigned: Family<Labels, Gauge>,
     slots_replicas: Family<Labels, Gauge>,
     meter_calls: Family<Labels, Counter>,
+    calls_dead_lettered: Family<Labels, Counter>,
 }
 
 fn wait_histogram() -> Histogram {
@@ -51,6 +52,12 @@ impl Metrics {
         let slots_assigned = Family::<Labels, Gauge>::default();
         let slots_replicas = Family::<Labels, Gauge>::default();
         let meter_calls = Family::<Labels, Counter>::default();
+        let calls_dead_lettered = Family::<Labels, Counter>::default();
+        registry.register(
+            "calls_dead_lettered",
+            "Calls delivered limits.deliveries times without an answer, whose callers were told",
+            calls_dead_lettered.clone(),
+        );
         registry.register_with_unit(
             "lock_wait",
             "Time spent waiting for a lock (seed: lock.wait)",
@@ -76,7 +83,18 @@ impl Metrics {
             slots_assigned,
             slots_replicas,
             meter_calls,
+            calls_dead_lettered,
         })
+    }
+
+    /// The count of one component's dead-lettered calls.
+    pub fn dead_lettered(&self, scope: &Scope) -> Counter {
+        self.calls_dead_lettered
+            .get_or_create(&Labels {
+                application: scope.application.clone(),
+                group: scope.component.clone(),
+            })
+            .clone()
     }
 
     /// The handles for one component.

@@ -50,7 +50,7 @@ fn call_async(
 #[test]
 fn a_broker_restart_abandons_waiting_calls_refuses_names_and_recovers() {
     let mut broker = RabbitNode::start();
-    let (context, application) = broker_context("restart", &broker.url());
+    let (context, application, _queues) = broker_context("restart", &broker.url());
     let till = terminals(&context, "till-1", &[]);
     let caller = terminals(&context, "till-2", &[]);
     caller.connect_terminal("till-1", "t1");
@@ -127,7 +127,7 @@ fn a_broker_restart_abandons_waiting_calls_refuses_names_and_recovers() {
 
 #[test]
 fn a_lost_node_is_abandoned_until_the_heartbeat_drops_it_then_an_addressee() {
-    let (context, _) = broker_context("lost", "amqp://127.0.0.1:5672");
+    let (context, _, _queues) = broker_context("lost", "amqp://127.0.0.1:5672");
     let heartbeat = 2;
     let till = terminals(&context, "till-1", &[("TOA_AMQP_HEARTBEAT", "2")]);
     let caller = terminals(&context, "till-2", &[]);
@@ -168,7 +168,7 @@ fn a_lost_node_is_abandoned_until_the_heartbeat_drops_it_then_an_addressee() {
 
 #[test]
 fn a_bad_heartbeat_or_prefetch_is_refused_at_start() {
-    let (context, _) = broker_context("bad-heartbeat", "amqp://127.0.0.1:5672");
+    let (context, _, _queues) = broker_context("bad-heartbeat", "amqp://127.0.0.1:5672");
     for (name, value) in [("TOA_AMQP_HEARTBEAT", "0"), ("TOA_PREFETCH", "many")] {
         let output = support::compose_once(
             &[
@@ -192,7 +192,7 @@ fn a_bad_heartbeat_or_prefetch_is_refused_at_start() {
 fn a_channel_the_broker_closed_heals_and_a_frozen_broker_answers_at_the_deadline() {
     // Messages over 4 KiB are refused by this node with a channel close.
     let broker = RabbitNode::start_with("max_message_size = 4096\n");
-    let (context, _) = broker_context("channel", &broker.url());
+    let (context, _, _queues) = broker_context("channel", &broker.url());
     let _till = terminals(&context, "till-1", &[]);
     let caller = terminals(&context, "till-2", &[]);
     caller.connect_terminal("till-1", "t1");

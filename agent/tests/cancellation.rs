@@ -17,10 +17,11 @@ struct Setup {
     context: PathBuf,
     declarations: PathBuf,
     record: PathBuf,
+    _queues: support::rabbit::Queues,
 }
 
 fn setup(name: &str) -> Setup {
-    let (context, application) = broker_context(name, BROKER);
+    let (context, application, queues) = broker_context(name, BROKER);
     let declarations = std::env::temp_dir().join(format!("toa-declarations-{application}"));
     let _ = std::fs::remove_dir_all(&declarations);
     std::fs::create_dir_all(&declarations).unwrap();
@@ -31,6 +32,7 @@ fn setup(name: &str) -> Setup {
         context,
         declarations,
         record,
+        _queues: queues,
     }
 }
 

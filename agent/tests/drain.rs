@@ -34,7 +34,7 @@ fn call(agent: &str, target: &str, request: &str) -> Value {
 
 #[test]
 fn sigterm_during_a_stream_of_calls_runs_each_once_elsewhere_and_gives_up_the_name_first() {
-    let (context, _) = broker_context("drain", "amqp://127.0.0.1:5672");
+    let (context, _, _queues) = broker_context("drain", "amqp://127.0.0.1:5672");
     let context = context.to_str().unwrap().to_owned();
     let notes = temp("notes");
     let charges = temp("charges");

@@ -91,7 +91,7 @@ fn named<'a>(all: &'a [Value], event: &str, component: &str) -> Vec<&'a Value> {
 #[test]
 fn calls_received_over_the_broker_count_and_a_running_one_is_in_flight() {
     // A (terminals) is called only by B (recorder) through B's agent, over the real broker.
-    let (context, _) = broker_context("received", "amqp://127.0.0.1:5672");
+    let (context, _, _queues) = broker_context("received", "amqp://127.0.0.1:5672");
     let context = context.to_str().unwrap().to_owned();
     let charges = temp("received-charges");
     let (a, port) = with_control(

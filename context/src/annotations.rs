@@ -9,6 +9,11 @@
 //! | `atomicity.ttl`        | `TOA_ATOMICITY_TTL`      | 10000 ms       |
 //! | `addressed.timeout`    | `TOA_ADDRESSED_TIMEOUT`  | 5000 ms        |
 //! | `amqp`                 | `TOA_AMQP`               | none: in-process calls (local runs) |
+//! | `limits.operation`     | `TOA_LIMIT_OPERATION`    | 60000 ms: a program's answer to an ordinary call |
+//! | `limits.runCommand`    | `TOA_LIMIT_RUN_COMMAND`  | 60000 ms: one run command |
+//! | `limits.drain`         | `TOA_LIMIT_DRAIN`        | 25000 ms: the drain's wait for calls in flight |
+//! | `limits.queue`         | `TOA_LIMIT_QUEUE`        | 100000 calls in a shared queue |
+//! | `limits.deliveries`    | `TOA_LIMIT_DELIVERIES`   | 5 deliveries of one call, then dead-lettered |
 
 use crate::address::{AmqpAddress, RedisAddress};
 use crate::environment::{join, Environment};
@@ -47,6 +52,42 @@ pub struct Context {
     pub addressed: Addressed,
     /// The broker; `None` when the annotation is absent.
     pub amqp: Option<AmqpAddress>,
+    pub limits: Limits,
+}
+
+/// The limits every process of the application keeps (docs/calls.md, "Limits").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// How long a program may take to answer an ordinary call or a task.
+    pub operation: Duration,
+    /// How long one run command may take.
+    pub run_command: Duration,
+    /// How long the drain waits for the calls in flight before `dispose`.
+    pub drain: Duration,
+    /// The most calls a component's shared queue holds; a call beyond is refused `UNAVAILABLE`.
+    pub queue: u32,
+    /// How many times one call is delivered before it is dead-lettered.
+    pub deliveries: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            operation: Duration::from_secs(60),
+            run_command: Duration::from_secs(60),
+            drain: Duration::from_secs(25),
+            queue: 100_000,
+            deliveries: 5,
+        }
+    }
+}
+
+impl Limits {
+    /// The longest a process takes to stop: the drain's wait, `dispose`, and 5 s to stop the
+    /// programs. A pod's `terminationGracePeriodSeconds` is this, in whole seconds.
+    pub fn stop(&self) -> Duration {
+        self.drain + self.run_command + Duration::from_secs(5)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +125,11 @@ impl Context {
             serde_yaml::from_str(yaml).map_err(|error| ContextError::Yaml(error.to_string()))?;
         let resolved = env.resolve(&raw, "")?;
         let root = mapping(&resolved, "(root)")?;
-        only_keys(root, "", &["name", "atomicity", "addressed", "amqp"])?;
+        only_keys(
+            root,
+            "",
+            &["name", "atomicity", "addressed", "amqp", "limits"],
+        )?;
         let name = match root.get("name") {
             Some(Value::String(name)) => name.clone(),
             Some(other) => return Err(expected("name", "a string", other)),
@@ -151,7 +196,29 @@ impl Context {
             Some(Value::String(text)) => Some(AmqpAddress::parse(text, "amqp")?),
             Some(other) => return Err(expected("amqp", "an address", other)),
         };
-        Self::validated(name, atomicity, addressed, amqp)
+        let limits = match root.get("limits") {
+            None => Limits::default(),
+            Some(value) => {
+                let section = mapping(value, "limits")?;
+                only_keys(
+                    section,
+                    "limits",
+                    &["operation", "runCommand", "drain", "queue", "deliveries"],
+                )?;
+                let defaults = Limits::default();
+                Limits {
+                    operation: millis(section.get("operation"), "limits.operation")?
+                        .unwrap_or(defaults.operation),
+                    run_command: millis(section.get("runCommand"), "limits.runCommand")?
+                        .unwrap_or(defaults.run_command),
+                    drain: millis(section.get("drain"), "limits.drain")?.unwrap_or(defaults.drain),
+                    queue: count(section.get("queue"), "limits.queue")?.unwrap_or(defaults.queue),
+                    deliveries: count(section.get("deliveries"), "limits.deliveries")?
+                        .unwrap_or(defaults.deliveries),
+                }
+            }
+        };
+        Self::validated(name, atomicity, addressed, amqp, limits)
     }
 
     /// Reads the `TOA_*` variables listed in the module documentation.
@@ -192,7 +259,42 @@ impl Context {
             .get("TOA_AMQP")
             .map(|text| AmqpAddress::parse(&text, "TOA_AMQP"))
             .transpose()?;
-        Self::validated(name, atomicity, addressed, amqp)
+        let number = |key: &str| -> Result<Option<u32>, ContextError> {
+            vars.get(key)
+                .map(|text| parse_count(&text, key))
+                .transpose()
+        };
+        let defaults = Limits::default();
+        let limits = Limits {
+            operation: ms("TOA_LIMIT_OPERATION")?.unwrap_or(defaults.operation),
+            run_command: ms("TOA_LIMIT_RUN_COMMAND")?.unwrap_or(defaults.run_command),
+            drain: ms("TOA_LIMIT_DRAIN")?.unwrap_or(defaults.drain),
+            queue: number("TOA_LIMIT_QUEUE")?.unwrap_or(defaults.queue),
+            deliveries: number("TOA_LIMIT_DELIVERIES")?.unwrap_or(defaults.deliveries),
+        };
+        Self::validated(name, atomicity, addressed, amqp, limits)
+    }
+
+    /// The `TOA_*` variables that [`Context::from_vars`] reads back into this context.
+    pub fn to_vars(&self) -> Vec<(&'static str, String)> {
+        let ms = |d: Duration| d.as_millis().to_string();
+        let mut vars = vec![("TOA_APPLICATION", self.name.clone())];
+        if let Some(atomicity) = &self.atomicity {
+            let redis: Vec<String> = atomicity.redis.iter().map(ToString::to_string).collect();
+            vars.push(("TOA_ATOMICITY_REDIS", redis.join(",")));
+            vars.push(("TOA_ATOMICITY_INTERVAL", ms(atomicity.interval)));
+            vars.push(("TOA_ATOMICITY_TTL", ms(atomicity.ttl)));
+        }
+        vars.push(("TOA_ADDRESSED_TIMEOUT", ms(self.addressed.timeout)));
+        if let Some(amqp) = &self.amqp {
+            vars.push(("TOA_AMQP", amqp.to_string()));
+        }
+        vars.push(("TOA_LIMIT_OPERATION", ms(self.limits.operation)));
+        vars.push(("TOA_LIMIT_RUN_COMMAND", ms(self.limits.run_command)));
+        vars.push(("TOA_LIMIT_DRAIN", ms(self.limits.drain)));
+        vars.push(("TOA_LIMIT_QUEUE", self.limits.queue.to_string()));
+        vars.push(("TOA_LIMIT_DELIVERIES", self.limits.deliveries.to_string()));
+        vars
     }
 
     fn validated(
@@ -200,6 +302,7 @@ impl Context {
         atomicity: Option<Atomicity>,
         addressed: Addressed,
         amqp: Option<AmqpAddress>,
+        limits: Limits,
     ) -> Result<Self, ContextError> {
         let valid_name = !name.is_empty()
             && name.len() <= 63
@@ -217,6 +320,7 @@ impl Context {
             atomicity,
             addressed,
             amqp,
+            limits,
         })
     }
 }
@@ -307,6 +411,24 @@ fn parse_millis(text: &str, key: &str) -> Result<Duration, ContextError> {
     }
 }
 
+fn count(value: Option<&Value>, key: &str) -> Result<Option<u32>, ContextError> {
+    match value {
+        None => Ok(None),
+        Some(Value::Number(n)) => parse_count(&n.to_string(), key).map(Some),
+        Some(other) => Err(expected(key, "a positive whole number", other)),
+    }
+}
+
+fn parse_count(text: &str, key: &str) -> Result<u32, ContextError> {
+    match text.trim().parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(ContextError::invalid(
+            key,
+            format!("expected a whole number from 1 to {}, got {text}", u32::MAX),
+        )),
+    }
+}
+
 fn expected(key: &str, what: &str, got: &Value) -> ContextError {
     let got = serde_yaml::to_string(got).unwrap_or_default();
     ContextError::invalid(key, format!("expected {what}, got {}", got.trim_end()))
@@ -363,7 +485,11 @@ mod tests {
     #[test]
     fn refused_annotations_name_the_key_and_what_was_expected() {
         let cases = [
-            ("name: a\nfoo: 1\n", "`foo`: unknown key; expected one of: name, atomicity, addressed, amqp"),
+            ("name: a\nfoo: 1\n", "`foo`: unknown key; expected one of: name, atomicity, addressed, amqp, limits"),
+            ("name: a\nlimits:\n  queue: 0\n", "`limits.queue`: expected a whole number from 1 to 4294967295, got 0"),
+            ("name: a\nlimits:\n  deliveries: many\n", "`limits.deliveries`: expected a positive whole number, got many"),
+            ("name: a\nlimits:\n  drain: -1\n", "`limits.drain`: expected a positive whole number of milliseconds, got -1"),
+            ("name: a\nlimits:\n  run_command: 5\n", "`limits.run_command`: unknown key; expected one of: operation, runCommand, drain, queue, deliveries"),
             ("name: a\natomicity:\n  redis: redis://a\n  intervl: 5\n", "`atomicity.intervl`: unknown key; expected one of: redis, interval, ttl"),
             ("name: a\natomicity:\n  redis: redis://a\n  interval: 0\n", "`atomicity.interval`: expected a positive whole number of milliseconds, got 0"),
             ("name: a\natomicity:\n  redis: redis://a\n  interval: -5\n", "`atomicity.interval`: expected a positive whole number of milliseconds, got -5"),
@@ -425,5 +551,43 @@ mod tests {
             Context::from_vars(&zero).unwrap_err().to_string(),
             "`TOA_ATOMICITY_TTL`: expected a positive whole number of milliseconds, got 0"
         );
+    }
+
+    #[test]
+    fn limits_are_read_with_their_defaults() {
+        let context = parse("name: a\n").unwrap();
+        assert_eq!(context.limits, Limits::default());
+        assert_eq!(context.limits.stop(), Duration::from_secs(90));
+        let context =
+            parse("name: a\nlimits:\n  operation: 1500\n  runCommand: 2000\n  drain: 3000\n  queue: 10\n  deliveries: 2\n")
+                .unwrap();
+        assert_eq!(
+            context.limits,
+            Limits {
+                operation: Duration::from_millis(1500),
+                run_command: Duration::from_secs(2),
+                drain: Duration::from_secs(3),
+                queue: 10,
+                deliveries: 2,
+            }
+        );
+        assert_eq!(context.limits.stop(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_context_reads_back_from_the_variables_it_writes() {
+        let documents = [
+            "name: a\n",
+            "name: shop\natomicity:\n  redis: [redis://r0, redis://r1:6380/2, redis://r2]\n  interval: 700\n  ttl: 9000\naddressed:\n  timeout: 1234\namqp: amqp://broker:5673/vh\nlimits:\n  operation: 5\n  runCommand: 6\n  drain: 7\n  queue: 8\n  deliveries: 9\n",
+        ];
+        for document in documents {
+            let context = parse(document).unwrap();
+            let vars: HashMap<String, String> = context
+                .to_vars()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect();
+            assert_eq!(Context::from_vars(&vars).unwrap(), context, "{document}");
+        }
     }
 }

@@ -17,7 +17,7 @@ pub mod environment;
 pub mod manifest;
 
 pub use address::{AmqpAddress, RedisAddress};
-pub use annotations::{Addressed, Atomicity, Context, ProcessVars, Vars};
+pub use annotations::{Addressed, Atomicity, Context, Limits, ProcessVars, Vars};
 pub use credentials::{Credentials, Secret};
 pub use environment::Environment;
 pub use manifest::{Manifest, ManifestError, Operation, RunCommand};

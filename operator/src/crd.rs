@@ -173,6 +173,35 @@ pub struct ContextSpec {
     /// The broker, `amqp://host[:port][/vhost]`; absent: no broker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amqp: Option<String>,
+    /// Limits every process keeps (docs/calls.md, "Limits"); each absent one has its default.
+    #[serde(default)]
+    pub limits: LimitsSpec,
+}
+
+/// `limits` of the context; durations in milliseconds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitsSpec {
+    /// How long a program may take to answer an ordinary call or a task (default 60000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub operation: Option<i64>,
+    /// How long one run command may take (default 60000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub run_command: Option<i64>,
+    /// How long the drain waits for calls in flight (default 25000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub drain: Option<i64>,
+    /// The most calls a shared queue holds (default 100000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4294967295u32))]
+    pub queue: Option<i64>,
+    /// Deliveries of one call before it is dead-lettered (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4294967295u32))]
+    pub deliveries: Option<i64>,
 }
 
 /// The odd-address rule as the API server checks it (Kubernetes ≥ 1.25; `messageExpression` from

@@ -61,9 +61,10 @@ pub const DECLARATIONS_DIR: &str = "/var/run/toa/declarations";
 /// component's name, and unique.
 pub const AGENT_CONTAINER: &str = "agent";
 pub const COMPONENT_CONTAINER: &str = "component";
-/// How long the kubelet gives a stopping pod: the drain's `dispose` may take its 60 s run-command
-/// limit, then the containers stop; the rest is margin for the hooks and the signal.
-pub const GRACE_SECONDS: i64 = 90;
+/// How long the kubelet gives a stopping pod: the drain's wait for calls in flight, `dispose`
+/// (one run command), 5 s to stop the programs ([`toa_context::Limits::stop`]), and this margin
+/// for the hooks and the signal.
+pub const GRACE_MARGIN_SECONDS: i64 = 5;
 /// The agent's termination message when it fails is the end of its log (it says why it stopped
 /// on stderr), so `Degraded` can quote it. Not for component containers: their logs may hold
 /// what readers of the Composition must not see; a component that wants its reason quoted
@@ -367,7 +368,7 @@ fn deployment(
                     // no other Services' addresses in their environment.
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
-                    termination_grace_period_seconds: Some(GRACE_SECONDS),
+                    termination_grace_period_seconds: Some(grace_seconds(valid)),
                     ..PodSpec::default()
                 }),
             },
@@ -591,6 +592,12 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
     }
 }
 
+/// The pod's `terminationGracePeriodSeconds`: the agent's longest stop, and a margin.
+pub fn grace_seconds(valid: &Valid) -> i64 {
+    let stop = valid.context.limits.stop().as_secs_f64().ceil() as i64;
+    stop.saturating_add(GRACE_MARGIN_SECONDS)
+}
+
 fn agent_env(valid: &Valid) -> Vec<EnvVar> {
     let context = &valid.context;
     let value = |name: &str, value: String| EnvVar {
@@ -598,26 +605,12 @@ fn agent_env(valid: &Valid) -> Vec<EnvVar> {
         value: Some(value),
         value_from: None,
     };
-    let mut env = vec![value("TOA_APPLICATION", context.name.clone())];
-    if let Some(atomicity) = &context.atomicity {
-        let redis: Vec<String> = atomicity.redis.iter().map(ToString::to_string).collect();
-        env.push(value("TOA_ATOMICITY_REDIS", redis.join(",")));
-        env.push(value(
-            "TOA_ATOMICITY_INTERVAL",
-            atomicity.interval.as_millis().to_string(),
-        ));
-        env.push(value(
-            "TOA_ATOMICITY_TTL",
-            atomicity.ttl.as_millis().to_string(),
-        ));
-    }
-    env.push(value(
-        "TOA_ADDRESSED_TIMEOUT",
-        context.addressed.timeout.as_millis().to_string(),
-    ));
-    if let Some(amqp) = &context.amqp {
-        env.push(value("TOA_AMQP", amqp.to_string()));
-    }
+    // The names are written once, by toa-context; credentials come from the Secret below.
+    let mut env: Vec<EnvVar> = context
+        .to_vars()
+        .into_iter()
+        .map(|(name, text)| value(name, text))
+        .collect();
     env.push(instance());
     if let Some(secret) = &valid.credentials {
         for (variable, key) in [

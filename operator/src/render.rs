@@ -4,7 +4,7 @@
 
 use crate::crd::{
     AddressedSpec, AtomicitySpec, ComponentSpec, Composition, CompositionSpec, ContextSpec,
-    CredentialsSpec,
+    CredentialsSpec, LimitsSpec,
 };
 use crate::manifest::{self, ReadError};
 use crate::validate::{validate, InvalidSpec};
@@ -143,6 +143,13 @@ fn context_spec(context: &Context) -> ContextSpec {
             timeout: millis(context.addressed.timeout),
         },
         amqp: context.amqp.as_ref().map(ToString::to_string),
+        limits: LimitsSpec {
+            operation: Some(millis(context.limits.operation)),
+            run_command: Some(millis(context.limits.run_command)),
+            drain: Some(millis(context.limits.drain)),
+            queue: Some(i64::from(context.limits.queue)),
+            deliveries: Some(i64::from(context.limits.deliveries)),
+        },
     }
 }
 

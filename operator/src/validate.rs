@@ -7,10 +7,10 @@
 //! Pure: no I/O, so the controller can call it on every reconcile and write the message into a
 //! `Ready=False` condition with reason [`crate::crd::reasons::INVALID_SPEC`].
 
-use crate::crd::{AtomicitySpec, CompositionSpec, ContextSpec, HaltSpec, SecuritySpec};
+use crate::crd::{AtomicitySpec, CompositionSpec, ContextSpec, HaltSpec, LimitsSpec, SecuritySpec};
 use crate::manifest;
 use std::time::Duration;
-use toa_context::{Addressed, AmqpAddress, Atomicity, Context, ContextError, Manifest};
+use toa_context::{Addressed, AmqpAddress, Atomicity, Context, ContextError, Limits, Manifest};
 
 /// Why a spec was refused: one message naming the field and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -212,6 +212,30 @@ fn context(application: &str, spec: &ContextSpec) -> Result<Context, InvalidSpec
         atomicity,
         addressed,
         amqp,
+        limits: limits(&spec.limits)?,
+    })
+}
+
+fn limits(spec: &LimitsSpec) -> Result<Limits, InvalidSpec> {
+    let defaults = Limits::default();
+    let duration = |value: Option<i64>, key: &str, default: Duration| {
+        value.map_or(Ok(default), |ms| millis(ms, key))
+    };
+    let count = |value: Option<i64>, key: &str, default: u32| match value {
+        None => Ok(default),
+        Some(n) => u32::try_from(n).ok().filter(|n| *n > 0).ok_or_else(|| {
+            invalid(
+                &format!("spec.context.{key}"),
+                format!("expected a whole number from 1 to {}, got {n}", u32::MAX),
+            )
+        }),
+    };
+    Ok(Limits {
+        operation: duration(spec.operation, "limits.operation", defaults.operation)?,
+        run_command: duration(spec.run_command, "limits.runCommand", defaults.run_command)?,
+        drain: duration(spec.drain, "limits.drain", defaults.drain)?,
+        queue: count(spec.queue, "limits.queue", defaults.queue)?,
+        deliveries: count(spec.deliveries, "limits.deliveries", defaults.deliveries)?,
     })
 }
 

@@ -35,9 +35,10 @@ use serde_json::{json, Value};
 use session::{Session, Settings};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use toa_context::{AmqpAddress, Credentials};
+use toa_context::{AmqpAddress, Credentials, Limits};
 use tokio::sync::watch;
 
+mod queues;
 mod serve;
 mod session;
 
@@ -49,6 +50,8 @@ const DEADLINE: &str = "toa-deadline";
 /// The largest AMQP frame, in bytes. lapin keeps 32 frames of buffer each way per connection:
 /// the broker's default (128 KiB) costs 8 MB of memory, this 2 MB. Larger messages are split.
 const FRAME_MAX: u32 = 32 * 1024;
+/// How long an ordinary call or task waits for its component's queue to exist.
+const QUEUE_WAIT: Duration = Duration::from_secs(30);
 /// How long a call without a deadline (ordinary, task) waits for the broker to confirm it.
 const CONFIRM_LIMIT: Duration = Duration::from_secs(30);
 /// The longest pause between two attempts to reconnect.
@@ -69,6 +72,23 @@ pub enum BrokerError {
     },
 }
 
+/// What a process offers to serve: one component, its program, and what tells whether it can
+/// take a call now.
+pub struct Offer {
+    pub component: Arc<Component>,
+    pub client: ProgramClient,
+    /// This process's name.
+    pub instance: String,
+    /// Operations are served (preflight ran).
+    pub serving: watch::Receiver<bool>,
+    /// The program answers.
+    pub alive: watch::Receiver<bool>,
+    /// Calls received count here.
+    pub activity: Arc<Activity>,
+    /// `toa_calls_dead_lettered_total` of the component.
+    pub dead_lettered: prometheus_client::metrics::counter::Counter,
+}
+
 /// A component served by this process: replayed on every session.
 #[derive(Clone)]
 struct Served {
@@ -82,11 +102,18 @@ struct Served {
     draining: watch::Receiver<bool>,
     /// Whether the component's program answers: while it does not, its calls go elsewhere.
     alive: watch::Receiver<bool>,
+    /// How long the program may take to answer an ordinary call.
+    operation_limit: Duration,
+    /// How many deliveries a call gets before it is dead-lettered.
+    deliveries: u32,
+    /// Calls dead-lettered: `toa_calls_dead_lettered_total`.
+    dead_lettered: prometheus_client::metrics::counter::Counter,
 }
 
 pub struct Broker {
     settings: Settings,
-    prefix: String,
+    names: queues::Names,
+    limits: Limits,
     prefetch: u16,
     /// The open session; `None` while reconnecting.
     current: watch::Sender<Option<Arc<Session>>>,
@@ -136,6 +163,7 @@ impl Broker {
         address: &AmqpAddress,
         credentials: &Credentials,
         application: &str,
+        limits: &Limits,
     ) -> Result<Arc<Self>, BrokerError> {
         let heartbeat = setting("TOA_AMQP_HEARTBEAT", HEARTBEAT_S, 3600)?;
         let prefetch = setting("TOA_PREFETCH", PREFETCH, u16::MAX)?;
@@ -164,7 +192,8 @@ impl Broker {
         let (current, _) = watch::channel(Some(session));
         let broker = Arc::new(Self {
             settings,
-            prefix: format!("toa.{application}."),
+            names: queues::Names::new(application),
+            limits: limits.clone(),
             prefetch,
             current,
             served: tokio::sync::Mutex::default(),
@@ -174,10 +203,41 @@ impl Broker {
         Ok(broker)
     }
 
-    pub fn queue(&self, component: &str, instance: Option<&str>) -> String {
-        match instance {
-            Some(instance) => format!("{}{component}@{instance}", self.prefix),
-            None => format!("{}{component}", self.prefix),
+    /// Where an ordinary call or task to `component` goes: its `#v2` queue once a replica of this
+    /// version declared it, else the queue of agents before it while one exists (a rollout);
+    /// neither yet (the component was never served), it waits up to [`QUEUE_WAIT`].
+    async fn route(&self, session: &Session, component: &str) -> Result<String, CallError> {
+        let shared = self.names.shared(component);
+        if session.declared.lock().expect("declared").contains(&shared) {
+            return Ok(shared);
+        }
+        let unavailable =
+            |message: String| CallError::Unavailable(format!("{}: {message}", self.settings.shown));
+        let deadline = tokio::time::Instant::now() + QUEUE_WAIT;
+        loop {
+            let found = async {
+                if queues::exists(session, &shared).await? {
+                    session
+                        .declared
+                        .lock()
+                        .expect("declared")
+                        .insert(shared.clone());
+                    return Ok(Some(shared.clone()));
+                }
+                let legacy = self.names.legacy(component);
+                Ok::<_, lapin::Error>(queues::exists(session, &legacy).await?.then_some(legacy))
+            };
+            match found.await.map_err(|e| unavailable(e.to_string()))? {
+                Some(queue) => return Ok(queue),
+                None if tokio::time::Instant::now() >= deadline => {
+                    return Err(unavailable(format!(
+                        "no replica of {component} has served it yet: its queue {shared} does \
+                         not exist after {} s",
+                        QUEUE_WAIT.as_secs()
+                    )))
+                }
+                None => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
         }
     }
 
@@ -254,7 +314,6 @@ impl Broker {
         deadline_ms: Option<i64>,
         task: bool,
     ) -> Result<Outcome, CallError> {
-        let queue = self.queue(component, instance);
         let addressee = || CallError::Addressee {
             component: component.to_owned(),
             instance: instance.unwrap_or_default().to_owned(),
@@ -267,15 +326,18 @@ impl Broker {
         };
         let failed =
             |message: String| CallError::Failed(format!("{}: {message}", self.settings.shown));
-        if instance.is_none() && !session.declared.lock().expect("declared").contains(&queue) {
-            declare_shared(&session, &queue)
-                .await
-                .map_err(|e| failed(e.to_string()))?;
-        }
+        let mut queue = match instance {
+            Some(instance) => self.names.own(component, instance),
+            None => self.route(&session, component).await?,
+        };
         let id = crate::component::client::new_id();
         let body =
             serde_json::to_vec(&json!({"operation": operation, "input": input})).expect("JSON");
         let mut properties = BasicProperties::default().with_correlation_id(id.as_str().into());
+        if instance.is_none() {
+            // Kept through a broker restart, as the durable queue is.
+            properties = properties.with_delivery_mode(2);
+        }
         let receiver = if task {
             None
         } else {
@@ -299,16 +361,19 @@ impl Broker {
                 .with_headers(headers);
         }
         // Mandatory for every call: a call to a process nobody holds is an Addressee; an ordinary
-        // call whose shared queue vanished (a broker restarted empty) declares it and goes again.
+        // call whose queue vanished (deleted, or the legacy queue gone with its broker) is routed
+        // again.
         let options = BasicPublishOptions {
             mandatory: true,
             ..Default::default()
         };
-        let publish = |properties: BasicProperties| async {
+        let session = &session;
+        let body = &body;
+        let publish = |queue: String, properties: BasicProperties| async move {
             let sent = async {
                 session
                     .channel
-                    .basic_publish("".into(), queue.as_str().into(), options, &body, properties)
+                    .basic_publish("".into(), queue.as_str().into(), options, body, properties)
                     .await?
                     .await
             };
@@ -332,19 +397,25 @@ impl Broker {
                 }
             })
         };
-        let mut confirm = publish(properties.clone()).await?;
+        let mut confirm = publish(queue.clone(), properties.clone()).await?;
         if instance.is_none() && matches!(confirm, Confirmation::Ack(Some(_))) {
             session.declared.lock().expect("declared").remove(&queue);
-            declare_shared(&session, &queue)
-                .await
-                .map_err(|e| failed(e.to_string()))?;
-            confirm = publish(properties).await?;
+            queue = self.route(session, component).await?;
+            confirm = publish(queue.clone(), properties).await?;
         }
         match confirm {
             Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) if instance.is_none() => {
                 return Err(failed(format!("the queue {queue} takes no calls")))
             }
             Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => return Err(addressee()),
+            // With `reject-publish`, a full queue refuses the message.
+            Confirmation::Nack(None) if instance.is_none() => {
+                return Err(CallError::Unavailable(format!(
+                    "the queue {queue} is full (it holds at most limits.queue calls, {} here); \
+                     try again later",
+                    self.limits.queue
+                )))
+            }
             Confirmation::Nack(None) => {
                 return Err(failed("the broker did not take the call".into()))
             }
@@ -381,25 +452,19 @@ impl Broker {
         }
     }
 
-    /// Takes calls for `component` from its shared queue and from this process's own queue, on
-    /// this connection and on every one after it. Never fails after it started: a name taken by
-    /// another process is retried.
-    pub async fn serve(
-        &self,
-        component: Arc<Component>,
-        client: ProgramClient,
-        instance: &str,
-        serving: watch::Receiver<bool>,
-        alive: watch::Receiver<bool>,
-        activity: Arc<Activity>,
-    ) -> Result<(), BrokerError> {
+    /// Takes calls for a component from its queues, on this connection and on every one after
+    /// it. Never fails after it started: a name taken by another process is retried.
+    pub async fn serve(&self, offer: Offer) -> Result<(), BrokerError> {
         let served = Served {
-            component,
-            client,
-            instance: instance.to_owned(),
-            serving,
-            activity,
-            alive,
+            component: offer.component,
+            client: offer.client,
+            instance: offer.instance,
+            serving: offer.serving,
+            activity: offer.activity,
+            alive: offer.alive,
+            operation_limit: self.limits.operation,
+            deliveries: self.limits.deliveries,
+            dead_lettered: offer.dead_lettered,
             draining: self.draining.subscribe(),
         };
         let mut all = self.served.lock().await;
@@ -436,39 +501,22 @@ impl Broker {
     }
 
     async fn serve_on(&self, session: &Arc<Session>, served: &Served) -> Result<(), BrokerError> {
-        let shared = self.queue(&served.component.name, None);
-        let own = self.queue(&served.component.name, Some(&served.instance));
-        serve::serve(session, served, shared.clone(), own, self.prefetch)
+        let name = &served.component.name;
+        let queues = serve::Queues {
+            shared: self.names.shared(name),
+            arguments: queues::arguments(&self.limits, &self.names.dead(name)),
+            legacy: self.names.legacy(name),
+            dead: self.names.dead(name),
+            own: self.names.own(name, &served.instance),
+        };
+        let what = format!("serving {}", queues.shared);
+        serve::serve(session, served, queues, self.prefetch)
             .await
             .map_err(|e| BrokerError::Refused {
-                what: format!("consuming {shared}"),
+                what,
                 message: e.to_string(),
             })
     }
-}
-
-async fn declare_shared(session: &Session, queue: &str) -> Result<(), BrokerError> {
-    session
-        .channel
-        .queue_declare(
-            queue.into(),
-            lapin::options::QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| {
-            session.check_channels();
-            BrokerError::Refused {
-                what: format!("the queue {queue}"),
-                message: e.to_string(),
-            }
-        })?;
-    session
-        .declared
-        .lock()
-        .expect("declared")
-        .insert(queue.to_owned());
-    Ok(())
 }
 
 /// Watches the session; when its connection ends, opens the next one (backing off up to

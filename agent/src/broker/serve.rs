@@ -1,6 +1,7 @@
 //! The callee's side: taking calls from a component's shared queue and from this process's own
 //! queue on one session, running them on the program, and replying.
 
+use super::queues::Declared;
 use super::session::{Consuming, Session};
 use super::{now_ms, Served, DEADLINE};
 use crate::component::client::{CallMeta, Outcome, ProgramError};
@@ -16,17 +17,55 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Serves `served` on `session` until the session ends: the shared queue at once, the instance
-/// queue as soon as no other process holds the name.
+/// The queues one served component takes calls from (see [`super::queues`]).
+pub(super) struct Queues {
+    pub shared: String,
+    pub arguments: FieldTable,
+    pub legacy: String,
+    pub dead: String,
+    pub own: String,
+}
+
+/// Serves `served` on `session` until the session ends: the shared queues and the dead letters
+/// at once, the instance queue as soon as no other process holds the name.
 pub(super) async fn serve(
     session: &Arc<Session>,
     served: &Served,
-    shared: String,
-    own: String,
+    queues: Queues,
     prefetch: u16,
 ) -> Result<(), lapin::Error> {
-    let channel = declare(session, &shared, false, prefetch).await?;
+    let Queues {
+        shared,
+        arguments,
+        legacy,
+        dead,
+        own,
+    } = queues;
+    super::queues::declare_dead(session, &dead).await?;
+    if let Declared::AsFound(refusal) =
+        super::queues::declare_shared(session, &shared, arguments).await?
+    {
+        tracing::warn!(
+            queue = %shared,
+            %refusal,
+            "the queue exists with other arguments (another limits.queue or limits.deliveries): serving it as it is; the new ones apply once it is deleted, when no replica uses the old ones"
+        );
+    }
+    session
+        .declared
+        .lock()
+        .expect("declared")
+        .insert(shared.clone());
+    let channel = session.connection.create_channel().await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
     consume(session, channel, shared, served, false).await?;
+    // The queue of agents before `#v2`, declared as they declare it.
+    let channel = declare(session, &legacy, false, prefetch).await?;
+    consume(session, channel, legacy, served, false).await?;
+    let channel = session.connection.create_channel().await?;
+    answer_dead(session, channel, dead, served).await?;
     let (session, served) = (session.clone(), served.clone());
     tokio::spawn(async move {
         let mut warned = false;
@@ -183,6 +222,47 @@ async fn start_consumer(
     Ok(consumer)
 }
 
+/// Answers the callers of calls that reached the delivery limit: each gets a failure, and the
+/// call is counted and logged with its id and operation (never its input).
+async fn answer_dead(
+    session: &Arc<Session>,
+    channel: Channel,
+    queue: String,
+    served: &Served,
+) -> Result<(), lapin::Error> {
+    let mut consumer = start_consumer(session, &channel, &queue, false).await?;
+    let (session, served) = (session.clone(), served.clone());
+    tokio::spawn(async move {
+        let _channel = channel;
+        while let Some(Ok(delivery)) = consumer.next().await {
+            let id = delivery
+                .properties
+                .correlation_id()
+                .as_ref()
+                .map_or_else(String::new, |id| id.to_string());
+            let operation = serde_json::from_slice::<Value>(&delivery.data)
+                .ok()
+                .and_then(|call| call.get("operation")?.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let operation: String = operation.chars().take(64).collect();
+            tracing::error!(call = %id, operation = ?operation, component = %served.component.name, "a call was delivered limits.deliveries times without an answer: dead-lettered, its caller is told");
+            served.dead_lettered.inc();
+            let failure = format!(
+                "{}.{operation}: the call was delivered {} times and never answered (each time \
+                 its process stopped under it); it is not tried again",
+                served.component.name, served.deliveries
+            );
+            finish(
+                &session,
+                &delivery,
+                Handled::Reply(json!({ "failure": failure })),
+            )
+            .await;
+        }
+    });
+    Ok(())
+}
+
 /// What becomes of a delivery.
 pub(super) enum Handled {
     /// Send this reply (if the caller waits for one), then acknowledge.
@@ -320,7 +400,7 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
             return Handled::Drop;
         }
         Some(d) => Duration::from_millis((d - now_ms()) as u64),
-        None => Duration::from_secs(60),
+        None => served.operation_limit,
     };
     let meta = CallMeta {
         id: id.clone(),
@@ -336,13 +416,20 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
         Ok(Outcome::Error { code, message }) => {
             Handled::Reply(json!({"error": {"code": code, "message": message}}))
         }
-        // The drain's budget ran out and the program was stopped under the call: it is given
-        // back, and another replica runs it (it may have run in part here: at least once).
-        Err(ProgramError::Unreachable { .. }) if *served.draining.borrow() && !own => {
+        // The program went away under the call (it crashed, its container restarts, or the
+        // drain's budget ran out and it was stopped): an ordinary call is given back, and another
+        // replica runs it (it may have run in part here: at least once; the delivery limit ends
+        // a call that takes every program down). Given back once the consumer stepped back, so
+        // it does not come straight back here.
+        Err(ProgramError::Unreachable { .. }) if !own => {
+            let mut alive = served.alive.clone();
+            let _ =
+                tokio::time::timeout(Duration::from_millis(1500), alive.wait_for(|alive| !*alive))
+                    .await;
             Handled::Requeue
         }
         // Cut off by the deadline: the caller has its `Abandoned` already; no reply.
-        Err(ProgramError::Unreachable { .. }) if deadline.is_some_and(|d| now_ms() >= d) => {
+        Err(ProgramError::TimedOut { .. }) if deadline.is_some_and(|d| now_ms() >= d) => {
             Handled::Drop
         }
         Err(error) => {

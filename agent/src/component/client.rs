@@ -18,6 +18,8 @@ pub enum Outcome {
 pub enum ProgramError {
     #[error("{component} is unreachable: {message}")]
     Unreachable { component: String, message: String },
+    #[error("{component} did not answer within {limit:?}")]
+    TimedOut { component: String, limit: Duration },
     #[error("{component} answered {status}: {body}")]
     Failed {
         component: String,
@@ -59,6 +61,8 @@ pub fn new_id() -> String {
 pub struct ProgramClient {
     component: String,
     port: u16,
+    /// How long one run command may take (`limits.runCommand`).
+    run_command_limit: Duration,
     base: String,
     http: reqwest::Client,
 }
@@ -68,6 +72,7 @@ impl ProgramClient {
         Self {
             component: component.to_owned(),
             port,
+            run_command_limit: toa_context::Limits::default().run_command,
             base: format!("http://127.0.0.1:{port}"),
             http: reqwest::Client::builder()
                 .no_proxy()
@@ -115,10 +120,20 @@ impl ProgramClient {
         receiver
     }
 
-    /// Runs a run command; a non-2xx answer is its failure.
-    pub async fn run(&self, command: &str, limit: Duration) -> Result<(), ProgramError> {
+    /// The same client, with run commands limited to `limit`.
+    pub fn with_run_command_limit(mut self, limit: Duration) -> Self {
+        self.run_command_limit = limit;
+        self
+    }
+
+    /// Runs a run command (within the client's limit); a non-2xx answer is its failure.
+    pub async fn run(&self, command: &str) -> Result<(), ProgramError> {
         let response = self
-            .post(&format!("/lifecycle/{command}"), &json!({}), limit)
+            .post(
+                &format!("/lifecycle/{command}"),
+                &json!({}),
+                self.run_command_limit,
+            )
             .await?;
         let status = response.status();
         if status.is_success() {
@@ -197,9 +212,18 @@ impl ProgramClient {
             .timeout(limit)
             .send()
             .await
-            .map_err(|error| ProgramError::Unreachable {
-                component: self.component.clone(),
-                message: error.to_string(),
+            .map_err(|error| {
+                if error.is_timeout() {
+                    ProgramError::TimedOut {
+                        component: self.component.clone(),
+                        limit,
+                    }
+                } else {
+                    ProgramError::Unreachable {
+                        component: self.component.clone(),
+                        message: error.to_string(),
+                    }
+                }
             })
     }
 }

@@ -244,12 +244,23 @@ pub fn control(
 }
 
 /// A context of its own (its own application, so its own queues) naming the broker at `amqp`:
-/// the file and the application's name.
-pub fn broker_context(name: &str, amqp: &str) -> (PathBuf, String) {
+/// the file, the application's name, and a guard that deletes the application's queues from
+/// the broker when dropped (they are durable: they would outlive the test).
+pub fn broker_context(name: &str, amqp: &str) -> (PathBuf, String, rabbit::Queues) {
+    broker_context_with(name, amqp, "")
+}
+
+/// [`broker_context`] with more lines of context (e.g. `limits:` and its keys).
+pub fn broker_context_with(
+    name: &str,
+    amqp: &str,
+    more: &str,
+) -> (PathBuf, String, rabbit::Queues) {
     let application = format!("{name}-{}", std::process::id());
     let path = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
-    std::fs::write(&path, format!("name: {application}\namqp: {amqp}\n")).unwrap();
-    (path, application)
+    std::fs::write(&path, format!("name: {application}\namqp: {amqp}\n{more}")).unwrap();
+    let queues = rabbit::Queues::of(amqp, &application);
+    (path, application, queues)
 }
 
 impl Composition {

@@ -180,3 +180,215 @@ pub fn queue_exists(url: &str, queue: &str) -> bool {
         exists
     })
 }
+
+/// The queues of one test's application on a broker, deleted when this is dropped.
+pub struct Queues {
+    url: String,
+    prefix: String,
+}
+
+impl Queues {
+    pub fn of(url: &str, application: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            prefix: format!("toa.{application}."),
+        }
+    }
+}
+
+impl Drop for Queues {
+    fn drop(&mut self) {
+        // A node of the test's own goes with its data directory.
+        if !self.url.ends_with(":5672") {
+            return;
+        }
+        let Ok(output) = Command::new("rabbitmqctl")
+            .args(["-q", "list_queues", "name"])
+            .output()
+        else {
+            return;
+        };
+        let names: Vec<String> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(str::trim)
+            .filter(|name| name.starts_with(&self.prefix))
+            .map(str::to_owned)
+            .collect();
+        // On a thread of its own: the test may be async, and a runtime cannot block in another.
+        let url = self.url.clone();
+        let cleanup = std::thread::spawn(move || {
+            runtime().block_on(async move {
+                let Ok(connection) =
+                    lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await
+                else {
+                    return;
+                };
+                for name in names {
+                    // A channel each: deleting an exclusive queue of a live process is refused.
+                    if let Ok(channel) = connection.create_channel().await {
+                        let _ = channel
+                            .queue_delete(name.as_str().into(), Default::default())
+                            .await;
+                    }
+                }
+                let _ = connection.close(200, "done".into()).await;
+            })
+        });
+        let _ = cleanup.join();
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A call as an agent of any version sends it: `body` published to `queue` with a reply queue,
+/// and the reply (within 10 s).
+pub fn request(url: &str, queue: &str, body: &str) -> serde_json::Value {
+    use futures::StreamExt;
+    use lapin::options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    runtime().block_on(async {
+        let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        let exclusive = QueueDeclareOptions {
+            exclusive: true,
+            ..Default::default()
+        };
+        let replies = channel
+            .queue_declare("".into(), exclusive, FieldTable::default())
+            .await
+            .unwrap();
+        let no_ack = BasicConsumeOptions {
+            no_ack: true,
+            ..Default::default()
+        };
+        let mut consumer = channel
+            .basic_consume(
+                replies.name().clone(),
+                "".into(),
+                no_ack,
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let properties = lapin::BasicProperties::default()
+            .with_correlation_id("raw-1".into())
+            .with_reply_to(replies.name().clone());
+        channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                properties,
+            )
+            .await
+            .unwrap();
+        let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .expect("a reply within 10 s")
+            .unwrap()
+            .unwrap();
+        let _ = connection.close(200, "done".into()).await;
+        serde_json::from_slice(&delivery.data).unwrap()
+    })
+}
+
+/// An agent of the version before durable queues, as far as the broker sees it: it declares
+/// the component's shared queue non-durable without arguments and answers every call on it with
+/// `{"reply": "old"}`, until dropped.
+pub struct OldAgent {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl OldAgent {
+    pub fn serve(url: &str, queue: &str) -> Self {
+        use futures::StreamExt;
+        use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions};
+        use lapin::types::FieldTable;
+        let (url, queue) = (url.to_owned(), queue.to_owned());
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (ready, is_ready) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            runtime().block_on(async move {
+                let connection =
+                    lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+                        .await
+                        .unwrap();
+                let channel = connection.create_channel().await.unwrap();
+                channel
+                    .queue_declare(
+                        queue.as_str().into(),
+                        Default::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                let mut consumer = channel
+                    .basic_consume(
+                        queue.as_str().into(),
+                        "".into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                ready.send(()).unwrap();
+                loop {
+                    if stopped.try_recv().is_ok() {
+                        break;
+                    }
+                    let next = tokio::time::timeout(Duration::from_millis(100), consumer.next());
+                    let Ok(Some(Ok(delivery))) = next.await else {
+                        continue;
+                    };
+                    if let Some(to) = delivery.properties.reply_to().clone() {
+                        let mut properties = lapin::BasicProperties::default();
+                        if let Some(id) = delivery.properties.correlation_id().clone() {
+                            properties = properties.with_correlation_id(id);
+                        }
+                        channel
+                            .basic_publish(
+                                "".into(),
+                                to,
+                                BasicPublishOptions::default(),
+                                br#"{"reply": "old"}"#,
+                                properties,
+                            )
+                            .await
+                            .unwrap();
+                    }
+                    delivery
+                        .acker
+                        .ack(BasicAckOptions::default())
+                        .await
+                        .unwrap();
+                }
+                let _ = connection.close(200, "done".into()).await;
+            });
+        });
+        is_ready.recv_timeout(Duration::from_secs(10)).unwrap();
+        Self {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for OldAgent {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

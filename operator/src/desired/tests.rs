@@ -333,8 +333,39 @@ fn without_atomicity_broker_or_credentials_their_variables_are_absent() {
     let names: Vec<_> = env.keys().map(String::as_str).collect();
     assert_eq!(
         names,
-        ["TOA_ADDRESSED_TIMEOUT", "TOA_APPLICATION", "TOA_INSTANCE"]
+        [
+            "TOA_ADDRESSED_TIMEOUT",
+            "TOA_APPLICATION",
+            "TOA_INSTANCE",
+            "TOA_LIMIT_DELIVERIES",
+            "TOA_LIMIT_DRAIN",
+            "TOA_LIMIT_OPERATION",
+            "TOA_LIMIT_QUEUE",
+            "TOA_LIMIT_RUN_COMMAND",
+        ]
     );
+}
+
+#[test]
+fn the_agents_variables_read_back_into_the_validated_context() {
+    let mut spec = CompositionSpec::test().with_redis(&["redis://r0", "redis://r1", "redis://r2"]);
+    spec.context.amqp = Some("amqp://broker:5673/shop".into());
+    spec.context.limits = crate::crd::LimitsSpec {
+        queue: Some(500),
+        drain: Some(4000),
+        ..Default::default()
+    };
+    let valid = validate(&spec).unwrap();
+    let desired = build(spec, Sidecar::Native, 1);
+    let vars: std::collections::HashMap<String, String> = env(&agent_of(&desired))
+        .into_iter()
+        .filter_map(|(name, var)| Some((name, var.value?)))
+        .collect();
+    assert_eq!(
+        toa_context::Context::from_vars(&vars).unwrap(),
+        valid.context
+    );
+    assert_eq!(valid.context.limits.queue, 500);
 }
 
 #[test]
@@ -675,8 +706,15 @@ fn no_credentials_or_agent_binary_reach_the_component_containers() {
 fn the_pod_stops_within_a_grace_period_that_covers_the_drain() {
     let desired = build(CompositionSpec::test(), Sidecar::Native, 1);
     let grace = pod(&desired).termination_grace_period_seconds.unwrap();
-    // dispose may take its 60 s run-command limit before the programs stop.
-    assert!(grace > 60, "{grace}");
+    // The drain's 25 s for calls in flight, dispose's 60 s, 5 s to stop the programs, a margin.
+    assert_eq!(grace, 95);
+    let mut spec = CompositionSpec::test();
+    spec.context.limits.drain = Some(10_000);
+    spec.context.limits.run_command = Some(120_500);
+    let grace = pod(&build(spec, Sidecar::Native, 1))
+        .termination_grace_period_seconds
+        .unwrap();
+    assert_eq!(grace, 10 + 121 + 5 + 5);
     let agent = agent_of(&desired);
     let pre_stop = agent.lifecycle.unwrap().pre_stop.unwrap().exec.unwrap();
     assert_eq!(

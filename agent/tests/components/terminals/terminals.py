@@ -41,8 +41,12 @@ def dispose(context):
 
 @component.operation
 def note(input, context):
-    # An ordinary call that records where and when it ran, to $TOA_NOTES.
+    # An ordinary call that records where and when it ran, to $TOA_NOTES (and that it started, to
+    # $TOA_NOTE_STARTS if set).
     started = time.time()
+    if os.environ.get("TOA_NOTE_STARTS"):
+        with open(os.environ["TOA_NOTE_STARTS"], "a") as out:
+            out.write(json.dumps({"id": input["id"], "pid": os.getpid()}) + "\n")
     time.sleep(input.get("sleep_ms", 0) / 1000)
     record = {"id": input["id"], "pid": os.getpid(), "started": started, "ended": time.time()}
     with open(os.environ["TOA_NOTES"], "a") as out:

@@ -1,0 +1,145 @@
+//! The queues of an application on the broker, and who declares them how.
+//!
+//! For application `app` and component `c`:
+//! - `toa.app.c#v2`: the shared queue of ordinary calls and tasks. A durable *quorum* queue (it
+//!   survives a broker restart, and it counts deliveries), with persistent messages, at most
+//!   `limits.queue` calls (`reject-publish`: a caller past the bound is refused, nothing is
+//!   dropped), and a delivery limit (`limits.deliveries`) after which a call is dead-lettered to
+//!   `toa.app.c#dead`. Only an agent that serves `c` declares it, with these arguments; callers
+//!   check that it exists (a passive declaration on a channel of its own) and never declare it,
+//!   so no two declarations can disagree and close the channel every call shares.
+//! - `toa.app.c`: the shared queue of agents before `#v2` (non-durable, no arguments). An agent
+//!   serving `c` declares it exactly as they did and consumes it too, and a caller whose `#v2`
+//!   queue does not exist yet (no replica of this version has served `c`) publishes there: during
+//!   a rollout old and new agents answer each other's calls.
+//! - `toa.app.c#dead`: durable; calls that reached the delivery limit. The agents serving `c`
+//!   answer each one's caller with a failure and count it.
+//! - `toa.app.c@instance`: one process's calls (exclusive to it).
+//!
+//! The `#v2` in the name is the plan for changing the queue's *kind* of arguments: a new kind
+//! gets a new name, served beside the old one during the rollout. A changed *value* (a new
+//! `limits.queue`) meets the existing queue: the agent serves it as it is and says so; the new
+//! bound applies once the queue is deleted (docs/calls.md, "Limits").
+
+use super::session::Session;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use toa_context::Limits;
+
+/// The names of one application's queues.
+pub(super) struct Names {
+    prefix: String,
+}
+
+impl Names {
+    pub fn new(application: &str) -> Self {
+        Self {
+            prefix: format!("toa.{application}."),
+        }
+    }
+
+    pub fn shared(&self, component: &str) -> String {
+        format!("{}{component}#v2", self.prefix)
+    }
+
+    pub fn legacy(&self, component: &str) -> String {
+        format!("{}{component}", self.prefix)
+    }
+
+    pub fn dead(&self, component: &str) -> String {
+        format!("{}{component}#dead", self.prefix)
+    }
+
+    pub fn own(&self, component: &str, instance: &str) -> String {
+        format!("{}{component}@{instance}", self.prefix)
+    }
+}
+
+/// The shared queue's arguments.
+pub(super) fn arguments(limits: &Limits, dead: &str) -> FieldTable {
+    let mut table = FieldTable::default();
+    let mut set = |key: &str, value: AMQPValue| {
+        table.insert(ShortString::from(key), value);
+    };
+    let text = |text: &str| AMQPValue::LongString(LongString::from(text));
+    set("x-queue-type", text("quorum"));
+    set("x-max-length", AMQPValue::LongLongInt(limits.queue.into()));
+    set("x-overflow", text("reject-publish"));
+    // The broker counts returns: `deliveries` deliveries are the first and deliveries − 1
+    // returns.
+    set(
+        "x-delivery-limit",
+        AMQPValue::LongLongInt(i64::from(limits.deliveries) - 1),
+    );
+    set("x-dead-letter-exchange", text(""));
+    set("x-dead-letter-routing-key", text(dead));
+    table
+}
+
+/// How the shared queue was found.
+pub(super) enum Declared {
+    /// With our arguments.
+    AsAsked,
+    /// It existed with other arguments: served as it is. The broker's refusal.
+    AsFound(String),
+}
+
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    }
+}
+
+/// Declares the shared queue with `arguments`, on a channel of its own (a refusal closes it).
+pub(super) async fn declare_shared(
+    session: &Session,
+    queue: &str,
+    arguments: FieldTable,
+) -> Result<Declared, lapin::Error> {
+    let channel = session.connection.create_channel().await?;
+    match channel
+        .queue_declare(queue.into(), durable(), arguments)
+        .await
+    {
+        Ok(_) => {
+            let _ = channel.close(200, "declared".into()).await;
+            Ok(Declared::AsAsked)
+        }
+        Err(error) if error.to_string().contains("PRECONDITION_FAILED") => {
+            Ok(Declared::AsFound(error.to_string()))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Declares the dead-letter queue.
+pub(super) async fn declare_dead(session: &Session, queue: &str) -> Result<(), lapin::Error> {
+    let channel = session.connection.create_channel().await?;
+    channel
+        .queue_declare(queue.into(), durable(), FieldTable::default())
+        .await?;
+    let _ = channel.close(200, "declared".into()).await;
+    Ok(())
+}
+
+/// Whether `queue` exists: a passive declaration on a channel of its own (a missing queue closes
+/// the channel it is asked on).
+pub(super) async fn exists(session: &Session, queue: &str) -> Result<bool, lapin::Error> {
+    let channel = session.connection.create_channel().await?;
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    match channel
+        .queue_declare(queue.into(), options, FieldTable::default())
+        .await
+    {
+        Ok(_) => {
+            let _ = channel.close(200, "checked".into()).await;
+            Ok(true)
+        }
+        Err(error) if error.to_string().contains("NOT_FOUND") => Ok(false),
+        Err(error) => Err(error),
+    }
+}

@@ -1,0 +1,277 @@
+//! Shared queues that lose nothing: tasks through a broker restart (a node of the test's own),
+//! a bounded queue, the delivery limit and its dead letters, and agents of the version before
+//! durable queues side by side with this one (the shared broker on 5672).
+
+mod support;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::rabbit::{OldAgent, RabbitNode};
+use support::{broker_context, broker_context_with, events, Composition};
+
+fn temp(name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("toa-queues-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+fn terminals(context: &Path, instance: &str, env: &[(&str, &str)]) -> Composition {
+    let mut all = vec![("TOA_INSTANCE", instance)];
+    all.extend_from_slice(env);
+    let composition = Composition::start(
+        &[
+            "agent/tests/components/terminals",
+            "--context",
+            context.to_str().unwrap(),
+        ],
+        &all,
+    );
+    composition.wait_ready();
+    composition
+}
+
+fn caller(context: &Path, record: &Path) -> Composition {
+    let composition = Composition::start(
+        &[
+            "agent/tests/components/recorder",
+            "--context",
+            context.to_str().unwrap(),
+        ],
+        &[
+            ("TOA_INSTANCE", "caller"),
+            ("TOA_RECORD", record.to_str().unwrap()),
+        ],
+    );
+    composition.wait_ready();
+    composition
+}
+
+/// A task through the caller's agent: the answer.
+fn task(agent: &str, request: &str) -> Value {
+    let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+        .args([
+            "call",
+            "test.terminals.note",
+            request,
+            "--agent",
+            agent,
+            "--task",
+        ])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
+}
+
+/// Waits until `path` holds `count` JSON lines, within `limit`.
+fn wait_lines(path: &Path, count: usize, limit: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let lines = events(path);
+        if lines.len() >= count {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {count} lines in {path:?} after {limit:?}",
+            lines.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn tasks_confirmed_before_a_broker_restart_all_run_after_it_each_once() {
+    let mut broker = RabbitNode::start();
+    let (context, _, _queues) = broker_context("restart-tasks", &broker.url());
+    let notes = temp("restart-notes");
+    let notes_env = [("TOA_NOTES", notes.to_str().unwrap())];
+    // A replica declares the queue, then leaves: the tasks wait in it.
+    let first = terminals(&context, "till-1", &notes_env);
+    let (stopped, log) = first.terminate(Duration::from_secs(30));
+    assert!(stopped, "{log}");
+    let record = temp("restart-caller");
+    let caller = caller(&context, &record);
+    const TASKS: usize = 500;
+    let agent = caller.agent.clone();
+    let senders: Vec<_> = (0..8)
+        .map(|worker| {
+            let agent = agent.clone();
+            std::thread::spawn(move || {
+                (worker..TASKS)
+                    .step_by(8)
+                    .map(|id| (id, task(&agent, &format!("{{ input: {{ id: {id} }} }}"))))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for sender in senders {
+        for (id, answer) in sender.join().unwrap() {
+            assert_eq!(answer, serde_json::json!({"reply": null}), "task {id}");
+        }
+    }
+    assert!(events(&notes).is_empty(), "nothing ran before the restart");
+
+    broker.restart();
+    let _replica = terminals(&context, "till-2", &notes_env);
+    let runs = wait_lines(&notes, TASKS, Duration::from_secs(60));
+    let mut ids: Vec<u64> = runs.iter().map(|r| r["id"].as_u64().unwrap()).collect();
+    ids.sort_unstable();
+    let expected: Vec<u64> = (0..TASKS as u64).collect();
+    assert_eq!(ids, expected, "each task ran exactly once");
+}
+
+#[test]
+fn a_full_queue_refuses_a_call_unavailable_naming_it() {
+    let (context, application, _queues) =
+        broker_context_with("bounded", "amqp://127.0.0.1:5672", "limits:\n  queue: 5\n");
+    let notes = temp("bounded-notes");
+    let notes_env = [("TOA_NOTES", notes.to_str().unwrap())];
+    let first = terminals(&context, "till-1", &notes_env);
+    let (stopped, log) = first.terminate(Duration::from_secs(30));
+    assert!(stopped, "{log}");
+    let record = temp("bounded-caller");
+    let caller = caller(&context, &record);
+    // A quorum queue checks its bound as it takes a message, so it may take one past it.
+    let mut taken = 0;
+    let refused = loop {
+        let answer = task(&caller.agent, &format!("{{ input: {{ id: {taken} }} }}"));
+        if answer != serde_json::json!({"reply": null}) {
+            break answer;
+        }
+        taken += 1;
+        assert!(
+            taken <= 7,
+            "the queue took {taken} calls past its bound of 5"
+        );
+    };
+    assert!(taken >= 5, "refused after {taken}: {refused}");
+    assert_eq!(refused["error"]["code"], "UNAVAILABLE", "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    let queue = format!("toa.{application}.test.terminals#v2");
+    assert!(
+        message.contains(&queue) && message.contains("full"),
+        "{message}"
+    );
+    // Nothing was dropped: the five run once a replica is back.
+    let _replica = terminals(&context, "till-2", &notes_env);
+    let runs = wait_lines(&notes, taken, Duration::from_secs(20));
+    let mut ids: Vec<u64> = runs.iter().map(|r| r["id"].as_u64().unwrap()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..taken as u64).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_call_whose_process_dies_under_it_each_time_is_dead_lettered_and_its_caller_told() {
+    let (context, _, _queues) = broker_context_with(
+        "dead-letter",
+        "amqp://127.0.0.1:5672",
+        "limits:\n  deliveries: 2\n",
+    );
+    let starts = temp("dead-starts");
+    let notes = temp("dead-notes");
+    let env = [
+        ("TOA_NOTE_STARTS", starts.to_str().unwrap()),
+        ("TOA_NOTES", notes.to_str().unwrap()),
+    ];
+    let record = temp("dead-caller");
+    let replica = terminals(&context, "till-1", &env);
+    let caller = caller(&context, &record);
+    let agent = caller.agent.clone();
+    let call = std::thread::spawn(move || {
+        let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+            .args([
+                "call",
+                "test.terminals.note",
+                "{ input: { id: 1, sleep_ms: 20000 } }",
+                "--agent",
+                &agent,
+            ])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&output.stdout).unwrap_or(Value::Null)
+    });
+    // Each process that takes the call dies under it (SIGKILL: no drain).
+    wait_lines(&starts, 1, Duration::from_secs(15));
+    replica.kill();
+    let replica = terminals(&context, "till-2", &env);
+    wait_lines(&starts, 2, Duration::from_secs(15));
+    replica.kill();
+
+    let probe = support::free_port();
+    let probe_listen = format!("127.0.0.1:{probe}");
+    let mut last = env.to_vec();
+    last.push(("TOA_PROBE_LISTEN", &probe_listen));
+    let replica = terminals(&context, "till-3", &last);
+    let answer = call.join().unwrap();
+    assert_eq!(answer["error"]["code"], "FAILED", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("delivered 2 times"), "{message}");
+    assert_eq!(
+        events(&starts).len(),
+        2,
+        "the call did not start a third time"
+    );
+    assert!(events(&notes).is_empty());
+    let (_, metrics) = support::http_get(&format!("http://127.0.0.1:{probe}/metrics"));
+    assert!(
+        metrics.contains("toa_calls_dead_lettered_total{application=")
+            && metrics.contains("group=\"test.terminals\"} 1"),
+        "{metrics}"
+    );
+    assert!(replica.log().contains("dead-lettered"));
+}
+
+#[test]
+fn agents_before_durable_queues_and_this_one_answer_each_others_calls_and_a_changed_bound_loses_nothing(
+) {
+    let broker = "amqp://127.0.0.1:5672";
+    let (context, application, _queues) = broker_context("rollout", broker);
+    let legacy = format!("toa.{application}.test.terminals");
+    let record = temp("rollout-caller");
+    let caller = caller(&context, &record);
+
+    // Only an old replica serves: a new caller's call finds no #v2 queue and goes to the old one.
+    let old = OldAgent::serve(broker, &legacy);
+    let (ok, answer) = caller.call("test.terminals.note", "{ input: { id: 1 } }");
+    assert!(ok, "{answer}");
+    assert_eq!(answer["reply"], "old");
+    drop(old);
+
+    // A new replica: an old caller's call (to the old queue) reaches it too.
+    let notes = temp("rollout-notes");
+    let notes_env = [("TOA_NOTES", notes.to_str().unwrap())];
+    let new = terminals(&context, "till-1", &notes_env);
+    let reply = support::rabbit::request(
+        broker,
+        &legacy,
+        r#"{"operation": "note", "input": {"id": 2}}"#,
+    );
+    assert!(reply["reply"]["pid"].is_u64(), "{reply}");
+    let (ok, answer) = caller.call("test.terminals.note", "{ input: { id: 3 } }");
+    assert!(ok && answer["reply"]["pid"].is_u64(), "{answer}");
+
+    // Another replica with another bound: it serves the queue as it is, and says so.
+    let (changed, _, _more_queues) =
+        broker_context_with("rollout", broker, "limits:\n  queue: 7\n");
+    let other = terminals(&changed, "till-2", &notes_env);
+    assert!(
+        other.log().contains("exists with other arguments"),
+        "{}",
+        other.log()
+    );
+    drop(new);
+    for id in 10..20 {
+        let (ok, answer) = caller.call(
+            "test.terminals.note",
+            &format!("{{ input: {{ id: {id} }} }}"),
+        );
+        assert!(ok, "call {id}: {answer}\n{}", other.log());
+    }
+    let ids: Vec<u64> = events(&notes)
+        .iter()
+        .map(|r| r["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 12, "{ids:?}");
+}
