@@ -181,9 +181,12 @@ async fn main() {
     );
     std::fs::write(dir.join("manifest.toa.yaml"), manifest).unwrap();
     let context = dir.parent().unwrap().join("context.toa.yaml");
+    // Atomicity for the records of idempotency keys (the local Redis).
     std::fs::write(
         &context,
-        format!("name: {application}\namqp: amqp://127.0.0.1:5672\n"),
+        format!(
+            "name: {application}\namqp: amqp://127.0.0.1:5672\natomicity:\n  redis: redis://127.0.0.1:6379\n"
+        ),
     )
     .unwrap();
 
@@ -373,11 +376,134 @@ async fn main() {
             );
         }
     }
+    // The cost of an idempotency key: ordinary calls with a fresh key each (a claim and a
+    // record on Redis) against the same calls without one, in alternating rounds.
+    let url = format!("http://127.0.0.1:{port_b}/v1/call/terminals/echo");
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..6 {
+        for keyed in [round % 2 == 0, round % 2 == 1] {
+            let (http, url) = (http.clone(), url.clone());
+            let figures = measure(1, 300, move || {
+                let (http, url) = (http.clone(), url.clone());
+                async move {
+                    let mut body = serde_json::json!({"input": {"n": 1}});
+                    if keyed {
+                        body["key"] = serde_json::json!(format!("{:x}", rand::random::<u64>()));
+                    }
+                    let response = http.post(&url).json(&body).send().await.unwrap();
+                    assert_eq!(response.status(), 200);
+                    let _ = response.bytes().await.unwrap();
+                }
+            })
+            .await;
+            if keyed { &mut with } else { &mut without }.push(figures.p50);
+        }
+    }
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    line(
+        "call_ordinary_with_key_p50_us_vs_without",
+        median(&mut with),
+        Some(median(&mut without)),
+    );
+
+    // Durable tasks: ours (caller's agent → persistent publish with confirm to the quorum
+    // queue, served by the agents meanwhile) against bare lapin publishing persistent messages
+    // with confirms to a quorum queue of its own, 32 publishers each.
+    let durable = format!("bench-durable-{}", std::process::id());
+    let confirming = connection.create_channel().await.unwrap();
+    confirming
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        lapin::types::AMQPValue::LongString("quorum".into()),
+    );
+    confirming
+        .queue_declare(
+            durable.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            arguments,
+        )
+        .await
+        .unwrap();
+    let bare_tasks = {
+        let (channel, durable) = (confirming.clone(), durable.clone());
+        measure(32, 6400, move || {
+            let (channel, durable) = (channel.clone(), durable.clone());
+            async move {
+                let confirm = channel
+                    .basic_publish(
+                        "".into(),
+                        durable.as_str().into(),
+                        BasicPublishOptions::default(),
+                        br#"{"operation":"echo","input":{"n":1}}"#,
+                        BasicProperties::default().with_delivery_mode(2),
+                    )
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+                assert!(confirm.is_ack());
+            }
+        })
+        .await
+    };
+    let url = format!("http://127.0.0.1:{port_b}/v1/task/terminals/echo");
+    let ours_tasks = {
+        let (http, url) = (http.clone(), url.clone());
+        measure(32, 6400, move || {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let response = http
+                    .post(&url)
+                    .json(&serde_json::json!({"input": {"n": 1}}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 200);
+                let _ = response.bytes().await.unwrap();
+            }
+        })
+        .await
+    };
+    line(
+        "task_durable_32callers_per_s_vs_bare_lapin_confirmed",
+        ours_tasks.rate,
+        Some(bare_tasks.rate),
+    );
+    line(
+        "task_durable_32callers_p50_us_vs_bare_lapin_confirmed",
+        ours_tasks.p50,
+        Some(bare_tasks.p50),
+    );
+    let _ = confirming
+        .queue_delete(durable.as_str().into(), Default::default())
+        .await;
+
     line("agent_rss_idle_mb", idle, None);
     line("agent_rss_loaded_mb", rss_mb(a.id()), None);
     for child in [&mut a, &mut b, &mut responder] {
         let _ = child.kill();
         let _ = child.wait();
+    }
+    // The application's queues are durable: remove them.
+    for suffix in ["#v2", "#dead", ""] {
+        let _ = channel
+            .queue_delete(
+                format!("toa.{application}.terminals{suffix}")
+                    .as_str()
+                    .into(),
+                Default::default(),
+            )
+            .await;
     }
     let _ = std::fs::remove_dir_all(dir.parent().unwrap());
 }

@@ -12,6 +12,7 @@ use crate::activity::Activity;
 use crate::catalog::Catalog;
 use crate::component::client::{CallMeta, Outcome, ProgramClient, ProgramError};
 use crate::component::Component;
+use crate::once::Once;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -31,6 +32,10 @@ pub struct Request {
     /// How long a stateful call waits for its reply, in ms.
     #[serde(default)]
     pub timeout: Option<u64>,
+    /// An idempotency key: a repeat of the call with this key (same operation, same input,
+    /// within `limits.idempotency`) gets the first call's outcome instead of running again.
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 /// The longest `timeout` a call may state, in ms: RabbitMQ refuses a message expiration above
@@ -87,6 +92,8 @@ impl CallError {
 pub struct Callee {
     pub component: Arc<Component>,
     pub client: ProgramClient,
+    /// The records of calls given a key.
+    pub repeats: Arc<crate::atom::repeats::Repeats>,
 }
 
 /// The in-process router.
@@ -99,6 +106,8 @@ pub struct Calls {
     default_timeout: Duration,
     /// How long the program may take to answer an ordinary call (`limits.operation`).
     operation_limit: Duration,
+    /// How long a call's idempotency key is remembered (`limits.idempotency`).
+    idempotency: Duration,
     /// Operations are served once preflight ran (and no longer once the drain began).
     serving: watch::Receiver<bool>,
     /// Calls made (and, in-process, received) count here; the broker's consumers count the
@@ -126,6 +135,7 @@ impl Calls {
             instance,
             default_timeout: context.addressed.timeout,
             operation_limit: context.limits.operation,
+            idempotency: context.limits.idempotency,
             serving,
             activity,
         }
@@ -178,16 +188,15 @@ impl Calls {
                     .timeout
                     .map_or(self.default_timeout, Duration::from_millis)
             });
-            return broker
-                .call(
-                    component,
-                    operation,
-                    &request.input,
-                    request.instance.as_deref(),
-                    timeout,
-                    task,
-                )
-                .await;
+            let call = crate::broker::Call {
+                component,
+                operation,
+                input: &request.input,
+                instance: request.instance.as_deref(),
+                key: request.key.as_deref(),
+                task,
+            };
+            return broker.call(call, timeout).await;
         }
         let callee = self
             .callees
@@ -221,12 +230,40 @@ impl Calls {
             return Err(abandoned());
         }
         let client = callee.client.clone();
+        let repeats = callee.repeats.clone();
+        let window = self.idempotency;
         let operation = operation.to_owned();
         let input = request.input;
+        let key = request.key;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let meta =
             CallMeta::new(stateful.then(|| crate::broker::now_ms() + left.as_millis() as i64));
-        let run = async move { client.operate(&operation, &input, &meta, left).await };
+        let run = async move {
+            let program = client.operate(&operation, &input, &meta, left);
+            let once = crate::once::run_once(
+                &repeats,
+                &operation,
+                key.as_deref(),
+                &input,
+                deadline,
+                window,
+                program,
+            )
+            .await;
+            match once {
+                Once::Ran(result) => result.map_err(|e| match e {
+                    ProgramError::TimedOut { .. } if stateful => abandoned_error(&operation, left),
+                    other => CallError::Failed(other.to_string()),
+                }),
+                Once::Repeated(outcome) => Ok(outcome),
+                Once::Refused(message) => Err(CallError::RequestContract(message)),
+                Once::StillRunning if stateful => Err(abandoned_error(&operation, left)),
+                Once::StillRunning => Err(CallError::Failed(format!(
+                    "{operation}: the first call with this key still runs"
+                ))),
+                Once::Unavailable(message) => Err(CallError::Unavailable(message)),
+            }
+        };
         if task {
             tokio::spawn(async move {
                 let _in_flight = in_flight;
@@ -236,15 +273,18 @@ impl Calls {
             });
             return Ok(Outcome::Reply(Value::Null));
         }
-        match run.await {
-            Ok(outcome) => Ok(outcome),
-            Err(ProgramError::TimedOut { .. })
-                if stateful && tokio::time::Instant::now() >= deadline =>
-            {
-                Err(abandoned())
-            }
-            Err(error) => Err(CallError::Failed(error.to_string())),
-        }
+        run.await.map_err(|error| match error {
+            CallError::Abandoned { .. } => abandoned(),
+            other => other,
+        })
+    }
+}
+
+/// An `Abandoned` for a call whose wait of `limit` ran out (the caller names the component).
+fn abandoned_error(operation: &str, limit: Duration) -> CallError {
+    CallError::Abandoned {
+        component: operation.to_owned(),
+        timeout_ms: limit.as_millis() as u64,
     }
 }
 
@@ -300,6 +340,10 @@ pub fn check_contract(
              a message's expiration), got {timeout}"
         ));
     }
+    if let Some(key) = &request.key {
+        crate::once::check_key(key)
+            .map_err(|e| CallError::RequestContract(format!("{target}: {e}")))?;
+    }
     if let Some(instance) = &request.instance {
         if let Err(error) = crate::instance::Instance::parse(instance) {
             let expected = error.to_string();
@@ -335,6 +379,7 @@ mod tests {
             input,
             instance: instance.map(str::to_owned),
             timeout,
+            key: None,
         }
     }
 

@@ -228,6 +228,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
                 Callee {
                     component: m.component.clone(),
                     client: m.client.clone(),
+                    repeats: atoms[&m.component.name].repeats(),
                 },
             )
         })
@@ -245,9 +246,15 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
             let connected = async {
                 let credentials = Credentials::from_vars(&toa_context::ProcessVars, "TOA_AMQP")
                     .map_err(|e| e.to_string())?;
-                let broker = Broker::connect(address, &credentials, &context.name, &context.limits)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let broker = Broker::connect(
+                    address,
+                    &credentials,
+                    &context.name,
+                    instance.as_str(),
+                    &context.limits,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
                 for (member, alive) in members.iter().zip(&alive) {
                     let scope = Scope::new(context.name.clone(), member.component.name.clone());
                     let offer = crate::broker::Offer {
@@ -258,6 +265,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
                         alive: alive.clone(),
                         activity: activity.clone(),
                         dead_lettered: metrics.dead_lettered(&scope),
+                        repeats: atoms[&member.component.name].repeats(),
                     };
                     broker.serve(offer).await.map_err(|e| e.to_string())?;
                 }

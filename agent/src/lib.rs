@@ -29,6 +29,7 @@ pub mod drain;
 pub mod instance;
 pub mod lifecycle;
 pub mod metrics;
+pub mod once;
 pub mod redis;
 pub mod supervisor;
 pub mod telemetry;

@@ -291,6 +291,7 @@ fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
                         input: serde_json::Value::Null,
                         instance: None,
                         timeout: None,
+                        key: None,
                     };
                     if let Err(error) = calls.call(&component, &operation, request, false).await {
                         tracing::warn!(%component, %operation, %error, "pulse failed");

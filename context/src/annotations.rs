@@ -14,6 +14,7 @@
 //! | `limits.drain`         | `TOA_LIMIT_DRAIN`        | 25000 ms: the drain's wait for calls in flight |
 //! | `limits.queue`         | `TOA_LIMIT_QUEUE`        | 100000 calls in a shared queue |
 //! | `limits.deliveries`    | `TOA_LIMIT_DELIVERIES`   | 5 deliveries of one call, then dead-lettered |
+//! | `limits.idempotency`   | `TOA_LIMIT_IDEMPOTENCY`  | 600000 ms: how long a call's idempotency key is remembered |
 
 use crate::address::{AmqpAddress, RedisAddress};
 use crate::environment::{join, Environment};
@@ -68,6 +69,8 @@ pub struct Limits {
     pub queue: u32,
     /// How many times one call is delivered before it is dead-lettered.
     pub deliveries: u32,
+    /// How long the outcome of a call given an idempotency key answers its repeats.
+    pub idempotency: Duration,
 }
 
 impl Default for Limits {
@@ -78,6 +81,7 @@ impl Default for Limits {
             drain: Duration::from_secs(25),
             queue: 100_000,
             deliveries: 5,
+            idempotency: Duration::from_secs(600),
         }
     }
 }
@@ -203,7 +207,14 @@ impl Context {
                 only_keys(
                     section,
                     "limits",
-                    &["operation", "runCommand", "drain", "queue", "deliveries"],
+                    &[
+                        "operation",
+                        "runCommand",
+                        "drain",
+                        "queue",
+                        "deliveries",
+                        "idempotency",
+                    ],
                 )?;
                 let defaults = Limits::default();
                 Limits {
@@ -215,6 +226,8 @@ impl Context {
                     queue: count(section.get("queue"), "limits.queue")?.unwrap_or(defaults.queue),
                     deliveries: count(section.get("deliveries"), "limits.deliveries")?
                         .unwrap_or(defaults.deliveries),
+                    idempotency: millis(section.get("idempotency"), "limits.idempotency")?
+                        .unwrap_or(defaults.idempotency),
                 }
             }
         };
@@ -271,6 +284,7 @@ impl Context {
             drain: ms("TOA_LIMIT_DRAIN")?.unwrap_or(defaults.drain),
             queue: number("TOA_LIMIT_QUEUE")?.unwrap_or(defaults.queue),
             deliveries: number("TOA_LIMIT_DELIVERIES")?.unwrap_or(defaults.deliveries),
+            idempotency: ms("TOA_LIMIT_IDEMPOTENCY")?.unwrap_or(defaults.idempotency),
         };
         Self::validated(name, atomicity, addressed, amqp, limits)
     }
@@ -294,6 +308,7 @@ impl Context {
         vars.push(("TOA_LIMIT_DRAIN", ms(self.limits.drain)));
         vars.push(("TOA_LIMIT_QUEUE", self.limits.queue.to_string()));
         vars.push(("TOA_LIMIT_DELIVERIES", self.limits.deliveries.to_string()));
+        vars.push(("TOA_LIMIT_IDEMPOTENCY", ms(self.limits.idempotency)));
         vars
     }
 
@@ -489,7 +504,7 @@ mod tests {
             ("name: a\nlimits:\n  queue: 0\n", "`limits.queue`: expected a whole number from 1 to 4294967295, got 0"),
             ("name: a\nlimits:\n  deliveries: many\n", "`limits.deliveries`: expected a positive whole number, got many"),
             ("name: a\nlimits:\n  drain: -1\n", "`limits.drain`: expected a positive whole number of milliseconds, got -1"),
-            ("name: a\nlimits:\n  run_command: 5\n", "`limits.run_command`: unknown key; expected one of: operation, runCommand, drain, queue, deliveries"),
+            ("name: a\nlimits:\n  run_command: 5\n", "`limits.run_command`: unknown key; expected one of: operation, runCommand, drain, queue, deliveries, idempotency"),
             ("name: a\natomicity:\n  redis: redis://a\n  intervl: 5\n", "`atomicity.intervl`: unknown key; expected one of: redis, interval, ttl"),
             ("name: a\natomicity:\n  redis: redis://a\n  interval: 0\n", "`atomicity.interval`: expected a positive whole number of milliseconds, got 0"),
             ("name: a\natomicity:\n  redis: redis://a\n  interval: -5\n", "`atomicity.interval`: expected a positive whole number of milliseconds, got -5"),
@@ -569,6 +584,7 @@ mod tests {
                 drain: Duration::from_secs(3),
                 queue: 10,
                 deliveries: 2,
+                idempotency: Duration::from_secs(600),
             }
         );
         assert_eq!(context.limits.stop(), Duration::from_secs(10));
@@ -578,7 +594,7 @@ mod tests {
     fn a_context_reads_back_from_the_variables_it_writes() {
         let documents = [
             "name: a\n",
-            "name: shop\natomicity:\n  redis: [redis://r0, redis://r1:6380/2, redis://r2]\n  interval: 700\n  ttl: 9000\naddressed:\n  timeout: 1234\namqp: amqp://broker:5673/vh\nlimits:\n  operation: 5\n  runCommand: 6\n  drain: 7\n  queue: 8\n  deliveries: 9\n",
+            "name: shop\natomicity:\n  redis: [redis://r0, redis://r1:6380/2, redis://r2]\n  interval: 700\n  ttl: 9000\naddressed:\n  timeout: 1234\namqp: amqp://broker:5673/vh\nlimits:\n  operation: 5\n  runCommand: 6\n  drain: 7\n  queue: 8\n  deliveries: 9\n  idempotency: 10\n",
         ];
         for document in documents {
             let context = parse(document).unwrap();

@@ -119,15 +119,25 @@ class Agent:
         connection.close()
         raise CallError({"code": "LOCK", "message": "the agent closed the lock stream"})
 
-    def call(self, target, input=None, instance=None, timeout=None):
-        """`target` is `namespace.component.operation`; returns the reply or an Error."""
+    def call(self, target, input=None, instance=None, timeout=None, key=None):
+        """`target` is `namespace.component.operation`; returns the reply or an Error. `key`: an
+        idempotency key (a repeat gets the first call's outcome without running again)."""
+        return self._call("call", target, input, instance, timeout, key)
+
+    def task(self, target, input=None, key=None):
+        """A call the caller does not wait for: returns once the broker took it."""
+        return self._call("task", target, input, None, None, key)
+
+    def _call(self, kind, target, input, instance, timeout, key):
         component, operation = target.rsplit(".", 1)
         body = {"input": input}
         if instance is not None:
             body["instance"] = instance
         if timeout is not None:
             body["timeout"] = timeout
-        status, value = self._request("POST", f"/v1/call/{component}/{operation}", body)
+        if key is not None:
+            body["key"] = key
+        status, value = self._request("POST", f"/v1/{kind}/{component}/{operation}", body)
         if status >= 400:
             raise CallError(value.get("error", {}))
         if "error" in value:

@@ -202,6 +202,10 @@ pub struct LimitsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4294967295u32))]
     pub deliveries: Option<i64>,
+    /// How long a call's idempotency key is remembered (default 600000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub idempotency: Option<i64>,
 }
 
 /// The odd-address rule as the API server checks it (Kubernetes ≥ 1.25; `messageExpression` from

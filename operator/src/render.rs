@@ -149,6 +149,7 @@ fn context_spec(context: &Context) -> ContextSpec {
             drain: Some(millis(context.limits.drain)),
             queue: Some(i64::from(context.limits.queue)),
             deliveries: Some(i64::from(context.limits.deliveries)),
+            idempotency: Some(millis(context.limits.idempotency)),
         },
     }
 }

@@ -236,6 +236,7 @@ fn limits(spec: &LimitsSpec) -> Result<Limits, InvalidSpec> {
         drain: duration(spec.drain, "limits.drain", defaults.drain)?,
         queue: count(spec.queue, "limits.queue", defaults.queue)?,
         deliveries: count(spec.deliveries, "limits.deliveries", defaults.deliveries)?,
+        idempotency: duration(spec.idempotency, "limits.idempotency", defaults.idempotency)?,
     })
 }
 

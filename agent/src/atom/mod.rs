@@ -14,6 +14,7 @@ pub mod keys;
 pub mod local;
 pub mod lock;
 pub mod meter;
+pub mod repeats;
 pub mod slots;
 mod waiters;
 
@@ -66,6 +67,7 @@ pub struct AtomConfig {
 /// The coordination primitives of one component in one process.
 pub struct Atom {
     backend: Backend,
+    repeats: Arc<repeats::Repeats>,
 }
 
 enum Backend {
@@ -89,6 +91,7 @@ impl Atom {
     /// Redis to answer.
     pub fn start(config: AtomConfig, metrics: Arc<Metrics>) -> Result<Self, AtomError> {
         let labels = metrics.component(&config.scope);
+        let mut repeats = repeats::Repeats::Disabled;
         let backend = match (&config.atomicity, config.mode) {
             (Some(atomicity), _) => {
                 let timeout = server_timeout(atomicity);
@@ -111,6 +114,7 @@ impl Atom {
                     atomicity.interval,
                     labels.clone(),
                 );
+                repeats = repeats::Repeats::redis(servers.clone(), &config.scope);
                 let meter = meter::Meter::new(servers, &config.scope, labels);
                 Backend::Redis {
                     locks,
@@ -118,16 +122,27 @@ impl Atom {
                     meter,
                 }
             }
-            (None, Mode::Local) => Backend::Local {
-                locks: local::LocalLocks::new(labels.clone()),
-                meter: local::LocalMeter::new(labels.clone()),
-                slots: slots::Fixed::new(Some(Assignment::alone()), labels),
-            },
+            (None, Mode::Local) => {
+                repeats = repeats::Repeats::local();
+                Backend::Local {
+                    locks: local::LocalLocks::new(labels.clone()),
+                    meter: local::LocalMeter::new(labels.clone()),
+                    slots: slots::Fixed::new(Some(Assignment::alone()), labels),
+                }
+            }
             (None, Mode::Pod) => Backend::Disabled {
                 slots: slots::Fixed::new(None, labels),
             },
         };
-        Ok(Self { backend })
+        Ok(Self {
+            backend,
+            repeats: Arc::new(repeats),
+        })
+    }
+
+    /// The records of calls given an idempotency key (see [`repeats`]).
+    pub fn repeats(&self) -> Arc<repeats::Repeats> {
+        self.repeats.clone()
     }
 
     /// Runs `f` while no other replica of the component holds any of `keys`, waiting as long as it

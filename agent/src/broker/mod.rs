@@ -72,6 +72,20 @@ pub enum BrokerError {
     },
 }
 
+/// One call as it is sent.
+#[derive(Clone, Copy)]
+pub struct Call<'a> {
+    pub component: &'a str,
+    pub operation: &'a str,
+    pub input: &'a Value,
+    /// The process a stateful call goes to.
+    pub instance: Option<&'a str>,
+    /// The idempotency key.
+    pub key: Option<&'a str>,
+    /// Sent without waiting for a reply.
+    pub task: bool,
+}
+
 /// What a process offers to serve: one component, its program, and what tells whether it can
 /// take a call now.
 pub struct Offer {
@@ -87,6 +101,8 @@ pub struct Offer {
     pub activity: Arc<Activity>,
     /// `toa_calls_dead_lettered_total` of the component.
     pub dead_lettered: prometheus_client::metrics::counter::Counter,
+    /// The records of calls given a key.
+    pub repeats: Arc<crate::atom::repeats::Repeats>,
 }
 
 /// A component served by this process: replayed on every session.
@@ -108,6 +124,9 @@ struct Served {
     deliveries: u32,
     /// Calls dead-lettered: `toa_calls_dead_lettered_total`.
     dead_lettered: prometheus_client::metrics::counter::Counter,
+    repeats: Arc<crate::atom::repeats::Repeats>,
+    /// How long a key's outcome answers repeats.
+    idempotency: Duration,
 }
 
 pub struct Broker {
@@ -163,6 +182,7 @@ impl Broker {
         address: &AmqpAddress,
         credentials: &Credentials,
         application: &str,
+        instance: &str,
         limits: &Limits,
     ) -> Result<Arc<Self>, BrokerError> {
         let heartbeat = setting("TOA_AMQP_HEARTBEAT", HEARTBEAT_S, 3600)?;
@@ -182,6 +202,7 @@ impl Broker {
                 encode(&address.vhost)
             ),
             shown: address.to_string(),
+            name: format!("toa-agent {application} {instance}"),
         };
         let session = Session::open(&settings)
             .await
@@ -270,27 +291,15 @@ impl Broker {
     /// `Abandoned`, whichever wait it was in.
     pub async fn call(
         &self,
-        component: &str,
-        operation: &str,
-        input: &Value,
-        instance: Option<&str>,
+        call: Call<'_>,
         timeout: Option<Duration>,
-        task: bool,
     ) -> Result<Outcome, CallError> {
+        let component = call.component;
         let Some(limit) = timeout else {
-            return self
-                .send(component, operation, input, instance, None, task)
-                .await;
+            return self.send(call, None).await;
         };
         let deadline_ms = now_ms().saturating_add(limit.as_millis() as i64);
-        let sent = self.send(
-            component,
-            operation,
-            input,
-            instance,
-            Some(deadline_ms),
-            task,
-        );
+        let sent = self.send(call, Some(deadline_ms));
         let abandoned = || CallError::Abandoned {
             component: component.to_owned(),
             timeout_ms: limit.as_millis() as u64,
@@ -305,15 +314,15 @@ impl Broker {
         }
     }
 
-    async fn send(
-        &self,
-        component: &str,
-        operation: &str,
-        input: &Value,
-        instance: Option<&str>,
-        deadline_ms: Option<i64>,
-        task: bool,
-    ) -> Result<Outcome, CallError> {
+    async fn send(&self, call: Call<'_>, deadline_ms: Option<i64>) -> Result<Outcome, CallError> {
+        let Call {
+            component,
+            operation,
+            input,
+            instance,
+            key,
+            task,
+        } = call;
         let addressee = || CallError::Addressee {
             component: component.to_owned(),
             instance: instance.unwrap_or_default().to_owned(),
@@ -331,8 +340,11 @@ impl Broker {
             None => self.route(&session, component).await?,
         };
         let id = crate::component::client::new_id();
-        let body =
-            serde_json::to_vec(&json!({"operation": operation, "input": input})).expect("JSON");
+        let mut message = json!({"operation": operation, "input": input});
+        if let Some(key) = key {
+            message["key"] = json!(key);
+        }
+        let body = serde_json::to_vec(&message).expect("JSON");
         let mut properties = BasicProperties::default().with_correlation_id(id.as_str().into());
         if instance.is_none() {
             // Kept through a broker restart, as the durable queue is.
@@ -465,6 +477,8 @@ impl Broker {
             operation_limit: self.limits.operation,
             deliveries: self.limits.deliveries,
             dead_lettered: offer.dead_lettered,
+            repeats: offer.repeats,
+            idempotency: self.limits.idempotency,
             draining: self.draining.subscribe(),
         };
         let mut all = self.served.lock().await;

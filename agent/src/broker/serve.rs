@@ -5,6 +5,7 @@ use super::queues::Declared;
 use super::session::{Consuming, Session};
 use super::{now_ms, Served, DEADLINE};
 use crate::component::client::{CallMeta, Outcome, ProgramError};
+use crate::once::{run_once, Once};
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -351,6 +352,7 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
         input: request.input.clone(),
         instance: own.then(|| served.instance.clone()),
         timeout: None,
+        key: request.key.clone(),
     };
     if let Err(error) =
         crate::calls::check_contract(&served.component, &request.operation, &contract, false)
@@ -407,11 +409,37 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
         redelivered: delivery.redelivered,
         deadline_ms: deadline,
     };
-    match served
+    let until = tokio::time::Instant::now() + limit;
+    let program = served
         .client
-        .operate(&request.operation, &request.input, &meta, limit)
-        .await
-    {
+        .operate(&request.operation, &request.input, &meta, limit);
+    let once = run_once(
+        &served.repeats,
+        &request.operation,
+        request.key.as_deref(),
+        &request.input,
+        until,
+        served.idempotency,
+        program,
+    )
+    .await;
+    let result = match once {
+        Once::Ran(result) => result,
+        Once::Repeated(outcome) => {
+            tracing::info!(call = %id, "a repeat of a call with a key: the first call's outcome, not run again");
+            Ok(outcome)
+        }
+        Once::Refused(message) => return refused(message),
+        // The caller of a call to one process has its `Abandoned` at the same time.
+        Once::StillRunning if own => return Handled::Drop,
+        Once::StillRunning => {
+            return Handled::Reply(json!({"failure": format!(
+                "{}: the first call with this key still runs", request.operation
+            )}))
+        }
+        Once::Unavailable(message) => return Handled::Reply(json!({ "failure": message })),
+    };
+    match result {
         Ok(Outcome::Reply(reply)) => Handled::Reply(json!({"reply": reply})),
         Ok(Outcome::Error { code, message }) => {
             Handled::Reply(json!({"error": {"code": code, "message": message}}))
@@ -445,6 +473,8 @@ struct Request {
     operation: String,
     #[serde(default)]
     input: Value,
+    #[serde(default)]
+    key: Option<String>,
 }
 
 fn refused(message: String) -> Handled {

@@ -19,6 +19,9 @@ pub(super) struct Settings {
     /// Holds the password: never logged (errors name `shown`).
     pub uri: String,
     pub shown: String,
+    /// The connection's name on the broker (`toa-agent <application> <instance>`): operators
+    /// find a process's connection by it.
+    pub name: String,
 }
 
 pub(super) struct Session {
@@ -50,8 +53,9 @@ pub(super) struct Consuming {
 
 impl Session {
     pub async fn open(settings: &Settings) -> Result<Arc<Self>, lapin::Error> {
-        let connection =
-            Connection::connect(&settings.uri, ConnectionProperties::default()).await?;
+        let properties =
+            ConnectionProperties::default().with_connection_name(settings.name.as_str().into());
+        let connection = Connection::connect(&settings.uri, properties).await?;
         let lost = CancellationToken::new();
         let mut events = connection.events_listener();
         let on_error = lost.clone();

@@ -339,6 +339,7 @@ fn without_atomicity_broker_or_credentials_their_variables_are_absent() {
             "TOA_INSTANCE",
             "TOA_LIMIT_DELIVERIES",
             "TOA_LIMIT_DRAIN",
+            "TOA_LIMIT_IDEMPOTENCY",
             "TOA_LIMIT_OPERATION",
             "TOA_LIMIT_QUEUE",
             "TOA_LIMIT_RUN_COMMAND",

@@ -119,6 +119,9 @@ async fn end_to_end() {
         ("halt_busy_called_off", |s| {
             Box::pin(halt_busy_called_off(s))
         }),
+        ("halt_of_a_composition_called_by_another", |s| {
+            Box::pin(halt_of_a_composition_called_by_another(s))
+        }),
         ("spec_change_rolls_out", |s| {
             Box::pin(spec_change_rolls_out(s))
         }),
@@ -898,6 +901,85 @@ async fn halt_busy_called_off(suite: Arc<Suite>) {
             pod.name
         );
     }
+}
+
+/// Composition A is called only by composition B, over the broker: while B calls, A is busy
+/// (the calls it *receives* count), so its halt is called off naming its pod; once B stops, A's
+/// halt stops it.
+async fn halt_of_a_composition_called_by_another(suite: Arc<Suite>) {
+    let namespace = "e2e-calls";
+    let dir = std::env::temp_dir().join(format!("toa-e2e-rabbit-calls-{}", std::process::id()));
+    let rabbit = tokio::task::spawn_blocking(move || services::Rabbit::start(node::BRIDGE_IP, dir))
+        .await
+        .unwrap();
+    cluster::namespace(&suite.admin, namespace).await;
+    let of = |name: &str, component: &str, halted: bool| {
+        composition(
+            namespace,
+            name,
+            json!({
+                "application": "e2e-calls",
+                "components": [{ "name": format!("e2e.{component}"), "manifest": manifest_of(component) }],
+                "context": { "amqp": rabbit.url() },
+                "halted": halted,
+                "halt": { "quietWindow": 3, "grace": 10 },
+            }),
+        )
+    };
+    apply(&suite, &of("caller", "caller", false)).await;
+    apply(&suite, &of("callee", "callee", false)).await;
+    let caller = ready_pods(&suite, namespace, "caller", 1).await.remove(0);
+    let callee = ready_pods(&suite, namespace, "callee", 1).await.remove(0);
+
+    suite.harness.ask(
+        &caller.name,
+        json!({ "do": "call", "target": "e2e.callee.echo" }),
+    );
+    eventually("the caller calls the callee", PATIENCE, || async {
+        if count(&suite, &caller, "called") > 0 {
+            Ok(())
+        } else {
+            Err(format!("{:?}", suite.harness.names(&caller.name)))
+        }
+    })
+    .await;
+    apply(&suite, &of("callee", "callee", true)).await;
+    let called_off = wait_condition(
+        &suite,
+        namespace,
+        "callee",
+        "Halted",
+        "False",
+        Some("HaltCalledOff"),
+        PATIENCE,
+    )
+    .await;
+    let message = condition(&called_off, "Halted").unwrap().message;
+    assert!(
+        message.contains(&callee.name) && message.contains("since the pause"),
+        "names the callee, busy with calls it received: {message}"
+    );
+
+    // The caller stops: the callee is quiet, and the halt asked again stops it.
+    suite.harness.ask(&caller.name, json!({ "do": "stop" }));
+    apply(&suite, &of("callee", "callee", false)).await;
+    wait_condition(&suite, namespace, "callee", "Ready", "True", None, PATIENCE).await;
+    let start = Instant::now();
+    apply(&suite, &of("callee", "callee", true)).await;
+    wait_condition(
+        &suite,
+        namespace,
+        "callee",
+        "Halted",
+        "True",
+        Some("Halted"),
+        PATIENCE,
+    )
+    .await;
+    eprintln!(
+        "e2e: halt_called: Halted=True {:.1} s after the caller stopped",
+        start.elapsed().as_secs_f64()
+    );
 }
 
 /// A spec change rolls out: new pods replace the old ones, `Ready=True` for the new generation;

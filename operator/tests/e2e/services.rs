@@ -93,7 +93,10 @@ impl Rabbit {
         std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
         std::fs::write(dir.join("rabbitmq.conf"), "loopback_users = none\n").unwrap();
         let (port, dist) = (free_port(ip), free_port("127.0.0.1"));
-        let name = format!("toa-e2e-{}@localhost", std::process::id());
+        // Several nodes may run at once (one per scenario that needs one): each its own name.
+        static NODES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NODES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("toa-e2e-{}-{n}@localhost", std::process::id());
         let log = std::fs::File::create(dir.join("server.log")).unwrap();
         let child = Command::new("/usr/lib/rabbitmq/bin/rabbitmq-server")
             .env("HOME", &dir)

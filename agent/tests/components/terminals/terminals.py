@@ -47,6 +47,8 @@ def note(input, context):
     if os.environ.get("TOA_NOTE_STARTS"):
         with open(os.environ["TOA_NOTE_STARTS"], "a") as out:
             out.write(json.dumps({"id": input["id"], "pid": os.getpid()}) + "\n")
+    if input.get("fail"):
+        raise RuntimeError("asked to fail")
     time.sleep(input.get("sleep_ms", 0) / 1000)
     record = {"id": input["id"], "pid": os.getpid(), "started": started, "ended": time.time()}
     with open(os.environ["TOA_NOTES"], "a") as out:
