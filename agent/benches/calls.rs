@@ -79,21 +79,38 @@ fn rss_mb(pid: u32) -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
-/// The bare responder: consumes `queue` and replies to each request at once.
-async fn respond(queue: &str) {
+/// A durable quorum queue's declaration: the kind of the agents' shared queues.
+fn quorum() -> (QueueDeclareOptions, FieldTable) {
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        lapin::types::AMQPValue::LongString("quorum".into()),
+    );
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    (options, arguments)
+}
+
+/// The bare responder: consumes `queue` (a transient classic queue, or with `durable` a quorum
+/// queue) and replies to each request at once.
+async fn respond(queue: &str, durable: bool) {
     let connection = Connection::connect(BROKER, ConnectionProperties::default())
         .await
         .unwrap();
     let channel = connection.create_channel().await.unwrap();
+    let (options, arguments) = if durable {
+        quorum()
+    } else {
+        let options = QueueDeclareOptions {
+            auto_delete: true,
+            ..Default::default()
+        };
+        (options, FieldTable::default())
+    };
     channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
+        .queue_declare(queue.into(), options, arguments)
         .await
         .unwrap();
     let mut consumer = channel
@@ -152,7 +169,10 @@ fn agent(bin: &str, dir: &Path, context: &Path, instance: &str, port: u16) -> Ch
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(position) = args.iter().position(|a| a == "--responder") {
-        return respond(&args[position + 1]).await;
+        return respond(&args[position + 1], false).await;
+    }
+    if let Some(position) = args.iter().position(|a| a == "--quorum-responder") {
+        return respond(&args[position + 1], true).await;
     }
     let exe = std::env::current_exe().unwrap();
     let release = exe
@@ -245,17 +265,9 @@ async fn main() {
 
     // The baseline's two processes: this one asks, the responder answers.
     let queue = format!("bench-bare-{}", std::process::id());
-    let mut responder = Command::new(&exe)
-        .args(["--responder", &queue])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::BufRead;
-        let mut out = std::io::BufReader::new(responder.stdout.take().unwrap());
-        let mut ready = String::new();
-        out.read_line(&mut ready).unwrap();
-    }
+    let mut transient_responder = start_responder(&exe, "--responder", &queue);
+    let durable_queue = format!("bench-bare-quorum-{}", std::process::id());
+    let mut quorum_responder = start_responder(&exe, "--quorum-responder", &durable_queue);
     let connection = Connection::connect(BROKER, ConnectionProperties::default())
         .await
         .unwrap();
@@ -300,42 +312,9 @@ async fn main() {
 
     for callers in [1usize, 32] {
         let total = if callers == 1 { 1000 } else { 6400 };
-        let bare = {
-            let (channel, pending, queue, replies) = (
-                channel.clone(),
-                pending.clone(),
-                queue.clone(),
-                replies.clone(),
-            );
-            measure(callers, total, move || {
-                let (channel, pending, queue, replies) = (
-                    channel.clone(),
-                    pending.clone(),
-                    queue.clone(),
-                    replies.clone(),
-                );
-                async move {
-                    let id = format!("{:x}", rand::random::<u64>());
-                    let (tx, rx) = oneshot::channel();
-                    pending.lock().unwrap().insert(id.clone(), tx);
-                    let properties = BasicProperties::default()
-                        .with_correlation_id(id.as_str().into())
-                        .with_reply_to(replies.as_str().into());
-                    channel
-                        .basic_publish(
-                            "".into(),
-                            queue.as_str().into(),
-                            BasicPublishOptions::default(),
-                            br#"{"input":{"terminal":"t1","amount":1}}"#,
-                            properties,
-                        )
-                        .await
-                        .unwrap();
-                    rx.await.unwrap();
-                }
-            })
-            .await
-        };
+        let bare_quorum =
+            bare_round_trips(callers, total, &channel, &pending, &durable_queue, &replies).await;
+        let bare = bare_round_trips(callers, total, &channel, &pending, &queue, &replies).await;
         for (name, path, body) in [
             (
                 "addressed",
@@ -374,6 +353,14 @@ async fn main() {
                 ours.rate,
                 Some(bare.rate),
             );
+            if name == "ordinary" {
+                // The same kind of queue as ours: what the agent adds, apart from durability.
+                line(
+                    &format!("call_{name}_{callers}callers_p50_us_vs_bare_lapin_quorum"),
+                    ours.p50,
+                    Some(bare_quorum.p50),
+                );
+            }
         }
     }
     // The cost of an idempotency key: ordinary calls with a fresh key each (a claim and a
@@ -412,6 +399,7 @@ async fn main() {
     // Durable tasks: ours (caller's agent → persistent publish with confirm to the quorum
     // queue, served by the agents meanwhile) against bare lapin publishing persistent messages
     // with confirms to a quorum queue of its own, 32 publishers each.
+    let loaded = rss_mb(a.id());
     let durable = format!("bench-durable-{}", std::process::id());
     let confirming = connection.create_channel().await.unwrap();
     confirming
@@ -457,23 +445,43 @@ async fn main() {
         .await
     };
     let url = format!("http://127.0.0.1:{port_b}/v1/task/terminals/echo");
-    let ours_tasks = {
-        let (http, url) = (http.clone(), url.clone());
-        measure(32, 6400, move || {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                let response = http
-                    .post(&url)
-                    .json(&serde_json::json!({"input": {"n": 1}}))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(response.status(), 200);
-                let _ = response.bytes().await.unwrap();
-            }
-        })
+    let served_tasks = post_tasks(&http, &url).await;
+    line(
+        "task_durable_served_32callers_per_s_vs_bare_lapin_confirmed",
+        served_tasks.rate,
+        Some(bare_tasks.rate),
+    );
+    // Like the bare publisher, with nobody consuming: a third agent, of another component,
+    // publishes to the queue A and B declared, once they are gone.
+    let caller_dir = dir.parent().unwrap().join("caller");
+    std::fs::create_dir_all(&caller_dir).unwrap();
+    std::fs::write(
+        caller_dir.join("manifest.toa.yaml"),
+        format!("name: caller\nprogram: [{}]\n", program.display()),
+    )
+    .unwrap();
+    let port_c = 17303;
+    let mut c = agent(bin, &caller_dir, &context, "caller", port_c);
+    for child in [&mut a, &mut b] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http
+        .get(format!("http://127.0.0.1:{port_c}/readyz"))
+        .send()
         .await
-    };
+        .map(|r| r.status() != 200)
+        .unwrap_or(true)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the caller agent did not get ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!("http://127.0.0.1:{port_c}/v1/task/terminals/echo");
+    let ours_tasks = post_tasks(&http, &url).await;
     line(
         "task_durable_32callers_per_s_vs_bare_lapin_confirmed",
         ours_tasks.rate,
@@ -488,9 +496,16 @@ async fn main() {
         .queue_delete(durable.as_str().into(), Default::default())
         .await;
 
+    let _ = c.kill();
+    let _ = c.wait();
     line("agent_rss_idle_mb", idle, None);
-    line("agent_rss_loaded_mb", rss_mb(a.id()), None);
-    for child in [&mut a, &mut b, &mut responder] {
+    line("agent_rss_loaded_mb", loaded, None);
+    for child in [
+        &mut a,
+        &mut b,
+        &mut transient_responder,
+        &mut quorum_responder,
+    ] {
         let _ = child.kill();
         let _ = child.wait();
     }
@@ -505,5 +520,86 @@ async fn main() {
             )
             .await;
     }
+    let _ = channel
+        .queue_delete(durable_queue.as_str().into(), Default::default())
+        .await;
     let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+}
+
+/// 6400 tasks through an agent's local API at `url`, 32 at a time.
+async fn post_tasks(http: &reqwest::Client, url: &str) -> Figures {
+    let (http, url) = (http.clone(), url.to_owned());
+    measure(32, 6400, move || {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let response = http
+                .post(&url)
+                .json(&serde_json::json!({"input": {"n": 1}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            let _ = response.bytes().await.unwrap();
+        }
+    })
+    .await
+}
+
+/// Starts this program as a bare responder (`flag`) on `queue`; returns once it consumes.
+fn start_responder(exe: &Path, flag: &str, queue: &str) -> Child {
+    let mut child = Command::new(exe)
+        .args([flag, queue])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut ready = String::new();
+    out.read_line(&mut ready).unwrap();
+    child
+}
+
+/// The bare request/reply round trip to the responder on `queue`.
+async fn bare_round_trips(
+    callers: usize,
+    total: usize,
+    channel: &lapin::Channel,
+    pending: &Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
+    queue: &str,
+    replies: &str,
+) -> Figures {
+    let (channel, pending, queue, replies) = (
+        channel.clone(),
+        pending.clone(),
+        queue.to_owned(),
+        replies.to_owned(),
+    );
+    measure(callers, total, move || {
+        let (channel, pending, queue, replies) = (
+            channel.clone(),
+            pending.clone(),
+            queue.clone(),
+            replies.clone(),
+        );
+        async move {
+            let id = format!("{:x}", rand::random::<u64>());
+            let (tx, rx) = oneshot::channel();
+            pending.lock().unwrap().insert(id.clone(), tx);
+            let properties = BasicProperties::default()
+                .with_correlation_id(id.as_str().into())
+                .with_reply_to(replies.as_str().into());
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    br#"{"input":{"terminal":"t1","amount":1}}"#,
+                    properties,
+                )
+                .await
+                .unwrap();
+            rx.await.unwrap();
+        }
+    })
+    .await
 }

@@ -346,7 +346,7 @@ fn the_receiving_agent_refuses_what_the_component_does_not_declare_and_keeps_ser
     // settle echoes once.
     let echoes = || support::count(&support::events(&record), "echo");
     assert_eq!(echoes(), 1);
-    let queue = format!("toa.{application}.test.recorder#v2");
+    let queue = format!("toa.{application}.test.recorder");
     for (body, expected) in [
         (
             r#"{"operation": "../lifecycle/dispose", "input": {}}"#,

@@ -579,3 +579,26 @@ fn a_timeout_past_the_brokers_limit_or_a_bad_instance_is_refused_not_a_crash() {
     let (ok, answer) = composition.call("terminals.connect", "{ input: { terminal: t1 } }");
     assert!(ok, "{answer}");
 }
+
+#[test]
+fn the_python_helpers_onassigned_hears_the_assignment_until_off() {
+    let record = std::env::temp_dir().join(format!("toa-assigned-{}", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let composition = Composition::start(
+        &["agent/tests/components/assigned"],
+        &[("TOA_RECORD", record.to_str().unwrap())],
+    );
+    composition.wait_ready();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while events(&record).is_empty() {
+        assert!(Instant::now() < deadline, "no assignment heard");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A local run: one replica owns every slot.
+    let first = &events(&record)[0];
+    assert_eq!(first["event"], "assigned");
+    assert_eq!(first["assignment"]["n"], 1, "{first}");
+    let (stopped, log) = composition.terminate(Duration::from_secs(20));
+    assert!(stopped, "{log}");
+    assert_eq!(events(&record).last().unwrap()["event"], "off");
+}

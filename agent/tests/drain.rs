@@ -52,13 +52,7 @@ fn sigterm_during_a_stream_of_calls_runs_each_once_elsewhere_and_gives_up_the_na
     };
     let (one, two) = (replica("till-1"), replica("till-2"));
     let caller_record = temp("caller");
-    let caller = Composition::start(
-        &["agent/tests/components/recorder", "--context", &context],
-        &[
-            ("TOA_INSTANCE", "caller-1"),
-            ("TOA_RECORD", caller_record.to_str().unwrap()),
-        ],
-    );
+    let caller = Composition::caller(std::path::Path::new(&context), &caller_record);
     for composition in [&one, &two, &caller] {
         composition.wait_ready();
     }
@@ -147,4 +141,63 @@ fn sigterm_during_a_stream_of_calls_runs_each_once_elsewhere_and_gives_up_the_na
     assert!(runs.iter().any(|r| r["pid"] == draining_pid));
     let (stopped, log) = one.terminate(Duration::from_secs(30));
     assert!(stopped, "{log}");
+}
+
+#[test]
+fn a_call_still_running_when_the_drains_budget_ends_is_given_back_and_runs_elsewhere() {
+    let (context, _, _queues) =
+        support::broker_context_with("budget", "amqp://127.0.0.1:5672", "limits:\n  drain: 500\n");
+    let context = context.to_str().unwrap().to_owned();
+    let starts = temp("budget-starts");
+    let notes = temp("budget-notes");
+    let replica = |instance: &str| {
+        let composition = Composition::start(
+            &["agent/tests/components/terminals", "--context", &context],
+            &[
+                ("TOA_INSTANCE", instance),
+                ("TOA_NOTE_STARTS", starts.to_str().unwrap()),
+                ("TOA_NOTES", notes.to_str().unwrap()),
+            ],
+        );
+        composition.wait_ready();
+        composition
+    };
+    let one = replica("till-1");
+    let caller_record = temp("budget-caller");
+    let caller = Composition::caller(std::path::Path::new(&context), &caller_record);
+    let agent = caller.agent.clone();
+    let call = std::thread::spawn(move || {
+        call(
+            &agent,
+            "test.terminals.note",
+            "{ input: { id: 1, sleep_ms: 3000 } }",
+        )
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while events(&starts).is_empty() {
+        assert!(Instant::now() < deadline, "the call did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _two = replica("till-2");
+    // The drain waits 0.5 s for the call, then stops the program under it.
+    let (stopped, log) = one.terminate(Duration::from_secs(30));
+    assert!(stopped, "{log}");
+    assert!(
+        log.contains("calls still run at the end of the drain's budget"),
+        "{log}"
+    );
+    let answer = call.join().unwrap();
+    let runs = events(&notes);
+    assert_eq!(runs.len(), 1, "it finished once: {runs:?}");
+    assert_eq!(answer["reply"]["pid"], runs[0]["pid"], "{answer}");
+    let started: Vec<u64> = events(&starts)
+        .iter()
+        .map(|s| s["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        started.len(),
+        2,
+        "started here, then again on the other replica"
+    );
+    assert_ne!(started[0], started[1]);
 }

@@ -103,15 +103,8 @@ fn calls_received_over_the_broker_count_and_a_running_one_is_in_flight() {
         ],
     );
     let b_record = temp("received-b");
-    let b = Composition::start(
-        &["agent/tests/components/recorder", "--context", &context],
-        &[
-            ("TOA_INSTANCE", "caller-1"),
-            ("TOA_RECORD", b_record.to_str().unwrap()),
-        ],
-    );
+    let b = Composition::caller(std::path::Path::new(&context), &b_record);
     a.wait_ready();
-    b.wait_ready();
 
     let (code, body) = halt(port, "h1");
     assert_eq!(

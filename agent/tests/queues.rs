@@ -32,22 +32,6 @@ fn terminals(context: &Path, instance: &str, env: &[(&str, &str)]) -> Compositio
     composition
 }
 
-fn caller(context: &Path, record: &Path) -> Composition {
-    let composition = Composition::start(
-        &[
-            "agent/tests/components/recorder",
-            "--context",
-            context.to_str().unwrap(),
-        ],
-        &[
-            ("TOA_INSTANCE", "caller"),
-            ("TOA_RECORD", record.to_str().unwrap()),
-        ],
-    );
-    composition.wait_ready();
-    composition
-}
-
 /// A task through the caller's agent: the answer.
 fn task(agent: &str, request: &str) -> Value {
     let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
@@ -92,7 +76,7 @@ fn tasks_confirmed_before_a_broker_restart_all_run_after_it_each_once() {
     let (stopped, log) = first.terminate(Duration::from_secs(30));
     assert!(stopped, "{log}");
     let record = temp("restart-caller");
-    let caller = caller(&context, &record);
+    let caller = Composition::caller(&context, &record);
     const TASKS: usize = 500;
     let agent = caller.agent.clone();
     let senders: Vec<_> = (0..8)
@@ -132,7 +116,7 @@ fn a_full_queue_refuses_a_call_unavailable_naming_it() {
     let (stopped, log) = first.terminate(Duration::from_secs(30));
     assert!(stopped, "{log}");
     let record = temp("bounded-caller");
-    let caller = caller(&context, &record);
+    let caller = Composition::caller(&context, &record);
     // A quorum queue checks its bound as it takes a message, so it may take one past it.
     let mut taken = 0;
     let refused = loop {
@@ -149,7 +133,7 @@ fn a_full_queue_refuses_a_call_unavailable_naming_it() {
     assert!(taken >= 5, "refused after {taken}: {refused}");
     assert_eq!(refused["error"]["code"], "UNAVAILABLE", "{refused}");
     let message = refused["error"]["message"].as_str().unwrap();
-    let queue = format!("toa.{application}.test.terminals#v2");
+    let queue = format!("toa.{application}.test.terminals#tasks");
     assert!(
         message.contains(&queue) && message.contains("full"),
         "{message}"
@@ -162,65 +146,88 @@ fn a_full_queue_refuses_a_call_unavailable_naming_it() {
     assert_eq!(ids, (0..taken as u64).collect::<Vec<_>>());
 }
 
+/// `toa_calls_dead_lettered_total` on the probe port `probe`.
+fn dead_lettered(probe: u16) -> u64 {
+    let (_, metrics) = support::http_get(&format!("http://127.0.0.1:{probe}/metrics"));
+    metrics
+        .lines()
+        .find(|line| line.starts_with("toa_calls_dead_lettered_total{"))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A replica of terminals with its probes on a free port: the composition and the port.
+fn probed(context: &Path, instance: &str, env: &[(&str, &str)]) -> (Composition, u16) {
+    let probe = support::free_port();
+    let listen = format!("127.0.0.1:{probe}");
+    let mut all = env.to_vec();
+    all.push(("TOA_PROBE_LISTEN", &listen));
+    (terminals(context, instance, &all), probe)
+}
+
 #[test]
-fn a_call_whose_process_dies_under_it_each_time_is_dead_lettered_and_its_caller_told() {
+fn a_call_that_takes_its_program_down_each_time_is_dead_lettered_and_its_caller_told() {
     let (context, _, _queues) = broker_context_with(
-        "dead-letter",
+        "dead-call",
         "amqp://127.0.0.1:5672",
         "limits:\n  deliveries: 2\n",
     );
-    let starts = temp("dead-starts");
-    let notes = temp("dead-notes");
+    let starts = temp("dead-call-starts");
+    let env = [("TOA_NOTE_STARTS", starts.to_str().unwrap())];
+    let (one, probe_one) = probed(&context, "till-1", &env);
+    let (two, probe_two) = probed(&context, "till-2", &env);
+    let caller = Composition::caller(&context, &temp("dead-call-caller"));
+    // Each program the call reaches dies under it; the call goes to the other replica once.
+    let (ok, answer) = caller.call("test.terminals.note", "{ input: { id: 1, crash: true } }");
+    assert!(!ok);
+    assert_eq!(answer["error"]["code"], "FAILED", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("delivered 2 times"), "{message}");
+    let pids: Vec<u64> = events(&starts)
+        .iter()
+        .map(|s| s["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2, "started twice, not a third time");
+    assert_ne!(pids[0], pids[1], "on both replicas");
+    assert_eq!(dead_lettered(probe_one) + dead_lettered(probe_two), 1);
+    assert!(one.log().contains("dead-lettered") || two.log().contains("dead-lettered"));
+}
+
+#[test]
+fn a_task_whose_process_dies_under_it_each_time_is_dead_lettered_by_the_broker() {
+    let (context, _, _queues) = broker_context_with(
+        "dead-task",
+        "amqp://127.0.0.1:5672",
+        "limits:\n  deliveries: 2\n",
+    );
+    let starts = temp("dead-task-starts");
+    let notes = temp("dead-task-notes");
     let env = [
         ("TOA_NOTE_STARTS", starts.to_str().unwrap()),
         ("TOA_NOTES", notes.to_str().unwrap()),
     ];
-    let record = temp("dead-caller");
     let replica = terminals(&context, "till-1", &env);
-    let caller = caller(&context, &record);
-    let agent = caller.agent.clone();
-    let call = std::thread::spawn(move || {
-        let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
-            .args([
-                "call",
-                "test.terminals.note",
-                "{ input: { id: 1, sleep_ms: 20000 } }",
-                "--agent",
-                &agent,
-            ])
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Value>(&output.stdout).unwrap_or(Value::Null)
-    });
-    // Each process that takes the call dies under it (SIGKILL: no drain).
+    let caller = Composition::caller(&context, &temp("dead-task-caller"));
+    let answer = task(&caller.agent, "{ input: { id: 1, sleep_ms: 20000 } }");
+    assert_eq!(answer, serde_json::json!({"reply": null}));
+    // Each process that takes the task dies under it (SIGKILL: no drain); the broker counts.
     wait_lines(&starts, 1, Duration::from_secs(15));
     replica.kill();
     let replica = terminals(&context, "till-2", &env);
     wait_lines(&starts, 2, Duration::from_secs(15));
     replica.kill();
-
-    let probe = support::free_port();
-    let probe_listen = format!("127.0.0.1:{probe}");
-    let mut last = env.to_vec();
-    last.push(("TOA_PROBE_LISTEN", &probe_listen));
-    let replica = terminals(&context, "till-3", &last);
-    let answer = call.join().unwrap();
-    assert_eq!(answer["error"]["code"], "FAILED", "{answer}");
-    let message = answer["error"]["message"].as_str().unwrap();
-    assert!(message.contains("delivered 2 times"), "{message}");
+    let (_replica, probe) = probed(&context, "till-3", &env);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while dead_lettered(probe) == 0 {
+        assert!(Instant::now() < deadline, "the task was not dead-lettered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(
         events(&starts).len(),
         2,
-        "the call did not start a third time"
+        "the task did not start a third time"
     );
     assert!(events(&notes).is_empty());
-    let (_, metrics) = support::http_get(&format!("http://127.0.0.1:{probe}/metrics"));
-    assert!(
-        metrics.contains("toa_calls_dead_lettered_total{application=")
-            && metrics.contains("group=\"test.terminals\"} 1"),
-        "{metrics}"
-    );
-    assert!(replica.log().contains("dead-lettered"));
 }
 
 #[test]
@@ -230,13 +237,26 @@ fn agents_before_durable_queues_and_this_one_answer_each_others_calls_and_a_chan
     let (context, application, _queues) = broker_context("rollout", broker);
     let legacy = format!("toa.{application}.test.terminals");
     let record = temp("rollout-caller");
-    let caller = caller(&context, &record);
+    let caller = Composition::caller(&context, &record);
 
-    // Only an old replica serves: a new caller's call finds no #v2 queue and goes to the old one.
+    // Only an old replica serves: a new caller's call reaches it, and so does a task (no
+    // #tasks queue yet: it goes where old agents take tasks).
     let old = OldAgent::serve(broker, &legacy);
     let (ok, answer) = caller.call("test.terminals.note", "{ input: { id: 1 } }");
     assert!(ok, "{answer}");
     assert_eq!(answer["reply"], "old");
+    assert_eq!(
+        task(&caller.agent, "{ input: { id: 0 } }"),
+        serde_json::json!({"reply": null})
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while old.taken.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the old replica did not get the task"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     drop(old);
 
     // A new replica: an old caller's call (to the old queue) reaches it too.

@@ -49,20 +49,7 @@ fn replica(context: &Path, instance: &str, files: &Files) -> Composition {
 }
 
 fn caller(context: &Path, name: &str) -> Composition {
-    let record = temp(&format!("{name}-caller"));
-    let composition = Composition::start(
-        &[
-            "agent/tests/components/recorder",
-            "--context",
-            context.to_str().unwrap(),
-        ],
-        &[
-            ("TOA_INSTANCE", "caller"),
-            ("TOA_RECORD", record.to_str().unwrap()),
-        ],
-    );
-    composition.wait_ready();
-    composition
+    Composition::caller(context, &temp(&format!("{name}-caller")))
 }
 
 fn note(agent: &str, request: &str) -> std::thread::JoinHandle<Value> {

@@ -97,6 +97,35 @@ class Agent:
     def slots(self, total):
         return self._checked("GET", f"/v1/{self.component}/slots?total={int(total)}")["slots"]
 
+    def onassigned(self, listener):
+        """Calls `listener(assignment)` (`{"i", "n", "epoch"}` or None) at once and on every change,
+        on a thread of its own; returns `off`, which removes the listener. A listener that raises
+        tells the agent, and this replica owns no slots from then on."""
+        connection = http.client.HTTPConnection(self.host, self.port)
+        connection.request("GET", f"/v1/{self.component}/onassigned")
+        response = connection.getresponse()
+        if response.status != 200:
+            error = json.loads(response.read()).get("error", {})
+            connection.close()
+            raise CallError(error)
+
+        def watch():
+            try:
+                for line in response:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    try:
+                        listener(event.get("assignment"))
+                    except Exception:  # noqa: BLE001 - the agent takes the slots back
+                        self._request("POST", f"/v1/{self.component}/onassigned/{event['listener']}/failed")
+                        return
+            except Exception:  # the stream ends when `off` closes it
+                pass
+
+        threading.Thread(target=watch, daemon=True).start()
+        return connection.close
+
     def lock(self, keys):
         """Waits as long as it takes; returns a Lock. Use as `with agent.lock(["k"]) as lock:`."""
         keys = [keys] if isinstance(keys, str) else list(keys)

@@ -1,8 +1,9 @@
 //! Calls over RabbitMQ (DESIGN decision 5), through `lapin`.
 //!
-//! Queues (default exchange, routing key = queue name), for application `app`:
-//! - `toa.app.{component}`: ordinary calls, shared by the component's replicas. A caller declares
-//!   it too, so a call to a component not running yet waits in it for the component to appear;
+//! Queues (default exchange, routing key = queue name), for application `app` (the shared ones,
+//! and who declares them, in [`queues`]):
+//! - `toa.app.{component}` (ordinary calls) and `toa.app.{component}#tasks` (tasks, durable),
+//!   shared by the component's replicas, and `#dead` for calls at the delivery limit;
 //! - `toa.app.{component}@{instance}`: calls to one process, declared *exclusive* by that process,
 //!   so only one process holds a name. Another process given the same name logs
 //!   `Instance name taken` and keeps trying until the name is free;
@@ -127,6 +128,8 @@ struct Served {
     repeats: Arc<crate::atom::repeats::Repeats>,
     /// How long a key's outcome answers repeats.
     idempotency: Duration,
+    /// Where calls at the delivery limit go.
+    dead_queue: String,
 }
 
 pub struct Broker {
@@ -224,41 +227,52 @@ impl Broker {
         Ok(broker)
     }
 
-    /// Where an ordinary call or task to `component` goes: its `#v2` queue once a replica of this
-    /// version declared it, else the queue of agents before it while one exists (a rollout);
-    /// neither yet (the component was never served), it waits up to [`QUEUE_WAIT`].
-    async fn route(&self, session: &Session, component: &str) -> Result<String, CallError> {
-        let shared = self.names.shared(component);
-        if session.declared.lock().expect("declared").contains(&shared) {
-            return Ok(shared);
+    /// Where an ordinary call or task to `component` goes: a call to its calls queue, a task to
+    /// its tasks queue once a replica of this version declared it, else (a rollout: only older
+    /// replicas run) to the calls queue. With neither yet (the component was never served), it
+    /// waits up to [`QUEUE_WAIT`].
+    async fn route(
+        &self,
+        session: &Session,
+        component: &str,
+        task: bool,
+    ) -> Result<String, CallError> {
+        let calls = self.names.calls(component);
+        let candidates = if task {
+            vec![self.names.tasks(component), calls]
+        } else {
+            vec![calls]
+        };
+        let cached = |queue: &String| session.declared.lock().expect("declared").contains(queue);
+        if let Some(queue) = candidates.iter().find(|q| cached(q)) {
+            return Ok(queue.clone());
         }
         let unavailable =
             |message: String| CallError::Unavailable(format!("{}: {message}", self.settings.shown));
         let deadline = tokio::time::Instant::now() + QUEUE_WAIT;
         loop {
-            let found = async {
-                if queues::exists(session, &shared).await? {
+            for queue in &candidates {
+                if queues::exists(session, queue)
+                    .await
+                    .map_err(|e| unavailable(e.to_string()))?
+                {
                     session
                         .declared
                         .lock()
                         .expect("declared")
-                        .insert(shared.clone());
-                    return Ok(Some(shared.clone()));
+                        .insert(queue.clone());
+                    return Ok(queue.clone());
                 }
-                let legacy = self.names.legacy(component);
-                Ok::<_, lapin::Error>(queues::exists(session, &legacy).await?.then_some(legacy))
-            };
-            match found.await.map_err(|e| unavailable(e.to_string()))? {
-                Some(queue) => return Ok(queue),
-                None if tokio::time::Instant::now() >= deadline => {
-                    return Err(unavailable(format!(
-                        "no replica of {component} has served it yet: its queue {shared} does \
-                         not exist after {} s",
-                        QUEUE_WAIT.as_secs()
-                    )))
-                }
-                None => tokio::time::sleep(Duration::from_millis(500)).await,
             }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(unavailable(format!(
+                    "no replica of {component} has served it yet: its queue {} does not exist \
+                     after {} s",
+                    candidates[0],
+                    QUEUE_WAIT.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 
@@ -337,7 +351,7 @@ impl Broker {
             |message: String| CallError::Failed(format!("{}: {message}", self.settings.shown));
         let mut queue = match instance {
             Some(instance) => self.names.own(component, instance),
-            None => self.route(&session, component).await?,
+            None => self.route(&session, component, task).await?,
         };
         let id = crate::component::client::new_id();
         let mut message = json!({"operation": operation, "input": input});
@@ -346,8 +360,8 @@ impl Broker {
         }
         let body = serde_json::to_vec(&message).expect("JSON");
         let mut properties = BasicProperties::default().with_correlation_id(id.as_str().into());
-        if instance.is_none() {
-            // Kept through a broker restart, as the durable queue is.
+        if task {
+            // Kept through a broker restart, as the tasks queue is.
             properties = properties.with_delivery_mode(2);
         }
         let receiver = if task {
@@ -412,7 +426,7 @@ impl Broker {
         let mut confirm = publish(queue.clone(), properties.clone()).await?;
         if instance.is_none() && matches!(confirm, Confirmation::Ack(Some(_))) {
             session.declared.lock().expect("declared").remove(&queue);
-            queue = self.route(session, component).await?;
+            queue = self.route(session, component, task).await?;
             confirm = publish(queue.clone(), properties).await?;
         }
         match confirm {
@@ -468,6 +482,7 @@ impl Broker {
     /// it. Never fails after it started: a name taken by another process is retried.
     pub async fn serve(&self, offer: Offer) -> Result<(), BrokerError> {
         let served = Served {
+            dead_queue: self.names.dead(&offer.component.name),
             component: offer.component,
             client: offer.client,
             instance: offer.instance,
@@ -483,7 +498,15 @@ impl Broker {
         };
         let mut all = self.served.lock().await;
         if let Some(session) = self.session() {
-            self.serve_on(&session, &served).await?;
+            match self.serve_on(&session, &served).await {
+                Ok(()) => {}
+                // The connection went meanwhile (RabbitMQ 3.10 may even drop it when a quorum
+                // queue is consumed the moment it was declared): the next session serves it.
+                Err(error) if session.is_lost() => {
+                    tracing::warn!(%error, "the connection ended while starting to serve; serving on the next one");
+                }
+                Err(error) => return Err(error),
+            }
         }
         all.push(served);
         Ok(())
@@ -517,13 +540,13 @@ impl Broker {
     async fn serve_on(&self, session: &Arc<Session>, served: &Served) -> Result<(), BrokerError> {
         let name = &served.component.name;
         let queues = serve::Queues {
-            shared: self.names.shared(name),
+            tasks: self.names.tasks(name),
             arguments: queues::arguments(&self.limits, &self.names.dead(name)),
-            legacy: self.names.legacy(name),
+            calls: self.names.calls(name),
             dead: self.names.dead(name),
             own: self.names.own(name, &served.instance),
         };
-        let what = format!("serving {}", queues.shared);
+        let what = format!("serving {}", queues.calls);
         serve::serve(session, served, queues, self.prefetch)
             .await
             .map_err(|e| BrokerError::Refused {

@@ -1,25 +1,27 @@
 //! The queues of an application on the broker, and who declares them how.
 //!
 //! For application `app` and component `c`:
-//! - `toa.app.c#v2`: the shared queue of ordinary calls and tasks. A durable *quorum* queue (it
-//!   survives a broker restart, and it counts deliveries), with persistent messages, at most
-//!   `limits.queue` calls (`reject-publish`: a caller past the bound is refused, nothing is
-//!   dropped), and a delivery limit (`limits.deliveries`) after which a call is dead-lettered to
-//!   `toa.app.c#dead`. Only an agent that serves `c` declares it, with these arguments; callers
-//!   check that it exists (a passive declaration on a channel of its own) and never declare it,
-//!   so no two declarations can disagree and close the channel every call shares.
-//! - `toa.app.c`: the shared queue of agents before `#v2` (non-durable, no arguments). An agent
-//!   serving `c` declares it exactly as they did and consumes it too, and a caller whose `#v2`
-//!   queue does not exist yet (no replica of this version has served `c`) publishes there: during
-//!   a rollout old and new agents answer each other's calls.
-//! - `toa.app.c#dead`: durable; calls that reached the delivery limit. The agents serving `c`
-//!   answer each one's caller with a failure and count it.
+//! - `toa.app.c#tasks`: the shared queue of tasks. A durable *quorum* queue (it survives a broker
+//!   restart, and it counts deliveries), with persistent messages, at most `limits.queue` tasks
+//!   (`reject-publish`: a caller past the bound is refused, nothing is dropped), and a delivery
+//!   limit (`limits.deliveries`) after which a task is dead-lettered to `toa.app.c#dead`. Only an
+//!   agent that serves `c` declares it, with these arguments; callers check that it exists (a
+//!   passive declaration on a channel of its own) and never declare it, so no two declarations
+//!   can disagree and close the channel every call shares.
+//! - `toa.app.c`: the shared queue of ordinary calls, transient as it always was: a call whose
+//!   caller waits lives as long as the caller's connection does (a broker restart ends the wait
+//!   anyway, "it may have run"), so it does not pay for the disk. The agent counts a call's
+//!   deliveries itself (a header), and sends it to `#dead` at the limit. Agents before `#tasks`
+//!   publish tasks here too: it is served all the same, so old and new agents answer each
+//!   other's calls during a rollout.
+//! - `toa.app.c#dead`: durable; calls and tasks that reached the delivery limit. The agents
+//!   serving `c` answer each one's caller (if it waits) with a failure, and count it.
 //! - `toa.app.c@instance`: one process's calls (exclusive to it).
 //!
-//! The `#v2` in the name is the plan for changing the queue's *kind* of arguments: a new kind
-//! gets a new name, served beside the old one during the rollout. A changed *value* (a new
+//! The `#tasks` name is the plan for changing the queue's *kind* of arguments: a new kind gets a
+//! new name, served beside the old one during the rollout. A changed *value* (a new
 //! `limits.queue`) meets the existing queue: the agent serves it as it is and says so; the new
-//! bound applies once the queue is deleted (docs/calls.md, "Limits").
+//! bound applies once the queue is deleted (docs/calls.md, "Queues").
 
 use super::session::Session;
 use lapin::options::QueueDeclareOptions;
@@ -38,11 +40,11 @@ impl Names {
         }
     }
 
-    pub fn shared(&self, component: &str) -> String {
-        format!("{}{component}#v2", self.prefix)
+    pub fn tasks(&self, component: &str) -> String {
+        format!("{}{component}#tasks", self.prefix)
     }
 
-    pub fn legacy(&self, component: &str) -> String {
+    pub fn calls(&self, component: &str) -> String {
         format!("{}{component}", self.prefix)
     }
 

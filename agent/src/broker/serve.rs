@@ -20,12 +20,27 @@ use std::time::Duration;
 
 /// The queues one served component takes calls from (see [`super::queues`]).
 pub(super) struct Queues {
-    pub shared: String,
+    pub tasks: String,
     pub arguments: FieldTable,
-    pub legacy: String,
+    pub calls: String,
     pub dead: String,
     pub own: String,
 }
+
+/// Which of them a delivery came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// This process's own: calls to it by name.
+    Own,
+    /// The transient queue of ordinary calls: this agent counts their deliveries.
+    Calls,
+    /// The durable quorum queue of tasks: the broker counts their deliveries.
+    Tasks,
+}
+
+/// The header that carries the number of an ordinary call's delivery, when the agent gave the
+/// call back after its program went away under it.
+const DELIVERY: &str = "x-toa-delivery";
 
 /// Serves `served` on `session` until the session ends: the shared queues and the dead letters
 /// at once, the instance queue as soon as no other process holds the name.
@@ -36,35 +51,35 @@ pub(super) async fn serve(
     prefetch: u16,
 ) -> Result<(), lapin::Error> {
     let Queues {
-        shared,
+        tasks,
         arguments,
-        legacy,
+        calls,
         dead,
         own,
     } = queues;
     super::queues::declare_dead(session, &dead).await?;
     if let Declared::AsFound(refusal) =
-        super::queues::declare_shared(session, &shared, arguments).await?
+        super::queues::declare_shared(session, &tasks, arguments).await?
     {
         tracing::warn!(
-            queue = %shared,
+            queue = %tasks,
             %refusal,
             "the queue exists with other arguments (another limits.queue or limits.deliveries): serving it as it is; the new ones apply once it is deleted, when no replica uses the old ones"
         );
     }
-    session
-        .declared
-        .lock()
-        .expect("declared")
-        .insert(shared.clone());
     let channel = session.connection.create_channel().await?;
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
         .await?;
-    consume(session, channel, shared, served, false).await?;
-    // The queue of agents before `#v2`, declared as they declare it.
-    let channel = declare(session, &legacy, false, prefetch).await?;
-    consume(session, channel, legacy, served, false).await?;
+    consume(session, channel, tasks.clone(), served, Kind::Tasks).await?;
+    // Declared as agents have always declared it: transient, without arguments.
+    let channel = declare(session, &calls, false, prefetch).await?;
+    consume(session, channel, calls.clone(), served, Kind::Calls).await?;
+    session
+        .declared
+        .lock()
+        .expect("declared")
+        .extend([tasks, calls]);
     let channel = session.connection.create_channel().await?;
     answer_dead(session, channel, dead, served).await?;
     let (session, served) = (session.clone(), served.clone());
@@ -76,7 +91,8 @@ pub(super) async fn serve(
                     if warned {
                         tracing::info!(queue = %own, "instance name free again: answering under it");
                     }
-                    if let Err(error) = consume(&session, channel, own.clone(), &served, true).await
+                    if let Err(error) =
+                        consume(&session, channel, own.clone(), &served, Kind::Own).await
                     {
                         tracing::warn!(%error, "cannot consume the instance queue");
                     }
@@ -143,8 +159,9 @@ async fn consume(
     channel: Channel,
     queue: String,
     served: &Served,
-    own: bool,
+    kind: Kind,
 ) -> Result<(), lapin::Error> {
+    let own = kind == Kind::Own;
     let mut consumer = start_consumer(session, &channel, &queue, own).await?;
     let (session, served) = (session.clone(), served.clone());
     tokio::spawn(async move {
@@ -157,6 +174,7 @@ async fn consume(
                             let (session, served) = (session.clone(), served.clone());
                             tokio::spawn(async move {
                                 let handled = handle(&delivery, &served, own).await;
+                                let handled = give_back(&session, &delivery, handled, &served, kind).await;
                                 finish(&session, &delivery, handled).await;
                             });
                         }
@@ -174,7 +192,7 @@ async fn consume(
                 .basic_cancel(consumer.tag(), Default::default())
                 .await;
             while let Some(Ok(delivery)) = consumer.next().await {
-                finish(&session, &delivery, Handled::Requeue).await;
+                finish(&session, &delivery, Handled::Requeue { started: false }).await;
             }
             tokio::select! {
                 _ = alive.wait_for(|alive| *alive) => {}
@@ -270,10 +288,66 @@ pub(super) enum Handled {
     Reply(Value),
     /// Acknowledge without a reply: the call must not run (its deadline passed).
     Drop,
-    /// Give it back to the broker, for another replica: it never started here.
-    Requeue,
+    /// Give it back to the broker, for another replica; `started`: the program went away under
+    /// it (a delivery that counts), else it never started here.
+    Requeue { started: bool },
     /// The process is leaving: tell the caller no process holds the name.
     Addressee,
+}
+
+/// An ordinary call whose program went away under it is given back counted: published again
+/// with its delivery's number in [`DELIVERY`] (the broker counts nothing on a transient queue),
+/// or, at `limits.deliveries`, to the dead letters, whose consumer tells its caller. Anything else
+/// passes through.
+async fn give_back(
+    session: &Session,
+    delivery: &Delivery,
+    handled: Handled,
+    served: &Served,
+    kind: Kind,
+) -> Handled {
+    if kind != Kind::Calls || !matches!(handled, Handled::Requeue { started: true }) {
+        return handled;
+    }
+    let number = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| match h.inner().get(DELIVERY) {
+            Some(AMQPValue::LongLongInt(n)) => Some(*n),
+            _ => None,
+        })
+        .unwrap_or(1)
+        + i64::from(delivery.redelivered);
+    let (queue, next) = if number >= i64::from(served.deliveries) {
+        (served.dead_queue.as_str(), number)
+    } else {
+        (delivery.routing_key.as_str(), number + 1)
+    };
+    let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+    headers.insert(DELIVERY.into(), AMQPValue::LongLongInt(next));
+    let properties = delivery.properties.clone().with_headers(headers);
+    let published = async {
+        session
+            .channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                &delivery.data,
+                properties,
+            )
+            .await?
+            .await
+    };
+    match published.await {
+        // Published again: this delivery is done with.
+        Ok(_) => Handled::Drop,
+        Err(error) => {
+            tracing::warn!(%error, "a call could not be counted and given back: returned as it is");
+            Handled::Requeue { started: true }
+        }
+    }
 }
 
 /// Replies and acknowledges (or gives back) a delivery as `handled` says.
@@ -282,7 +356,7 @@ pub(super) async fn finish(session: &Session, delivery: &Delivery, handled: Hand
         Handled::Reply(reply) => Some(reply),
         Handled::Addressee => Some(json!({"refused": "Addressee"})),
         Handled::Drop => None,
-        Handled::Requeue => {
+        Handled::Requeue { .. } => {
             let requeue = BasicNackOptions {
                 requeue: true,
                 ..Default::default()
@@ -371,7 +445,7 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
         if own {
             Handled::Addressee
         } else {
-            Handled::Requeue
+            Handled::Requeue { started: false }
         }
     };
     let mut draining = served.draining.clone();
@@ -392,7 +466,7 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
                 "the program of {} is not running", served.component.name
             )}));
         }
-        return Handled::Requeue;
+        return Handled::Requeue { started: false };
     }
     // Right before the program: a call whose caller gave up never starts; the program gets
     // what is left of the deadline.
@@ -454,7 +528,7 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
             let _ =
                 tokio::time::timeout(Duration::from_millis(1500), alive.wait_for(|alive| !*alive))
                     .await;
-            Handled::Requeue
+            Handled::Requeue { started: true }
         }
         // Cut off by the deadline: the caller has its `Abandoned` already; no reply.
         Err(ProgramError::TimedOut { .. }) if deadline.is_some_and(|d| now_ms() >= d) => {

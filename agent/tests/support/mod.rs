@@ -264,6 +264,24 @@ pub fn broker_context_with(
 }
 
 impl Composition {
+    /// A process that only calls: the recorder component, named `caller`, in the application of
+    /// `context`; ready when returned. It records its run commands to `record`.
+    pub fn caller(context: &std::path::Path, record: &std::path::Path) -> Self {
+        let composition = Composition::start(
+            &[
+                "agent/tests/components/recorder",
+                "--context",
+                context.to_str().unwrap(),
+            ],
+            &[
+                ("TOA_INSTANCE", "caller"),
+                ("TOA_RECORD", record.to_str().unwrap()),
+            ],
+        );
+        composition.wait_ready();
+        composition
+    }
+
     /// Calls until `accept` takes the answer, within `limit`; the answer and the time it took.
     pub fn call_until(
         &self,

@@ -306,6 +306,8 @@ pub fn request(url: &str, queue: &str, body: &str) -> serde_json::Value {
 pub struct OldAgent {
     stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Deliveries taken so far.
+    pub taken: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl OldAgent {
@@ -316,6 +318,8 @@ impl OldAgent {
         let (url, queue) = (url.to_owned(), queue.to_owned());
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let (ready, is_ready) = std::sync::mpsc::channel::<()>();
+        let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = taken.clone();
         let thread = std::thread::spawn(move || {
             runtime().block_on(async move {
                 let connection =
@@ -349,6 +353,7 @@ impl OldAgent {
                     let Ok(Some(Ok(delivery))) = next.await else {
                         continue;
                     };
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     if let Some(to) = delivery.properties.reply_to().clone() {
                         let mut properties = lapin::BasicProperties::default();
                         if let Some(id) = delivery.properties.correlation_id().clone() {
@@ -378,6 +383,7 @@ impl OldAgent {
         Self {
             stop: Some(stop),
             thread: Some(thread),
+            taken,
         }
     }
 }

@@ -49,6 +49,8 @@ def note(input, context):
             out.write(json.dumps({"id": input["id"], "pid": os.getpid()}) + "\n")
     if input.get("fail"):
         raise RuntimeError("asked to fail")
+    if input.get("crash"):
+        os._exit(3)
     time.sleep(input.get("sleep_ms", 0) / 1000)
     record = {"id": input["id"], "pid": os.getpid(), "started": started, "ended": time.time()}
     with open(os.environ["TOA_NOTES"], "a") as out:
