@@ -82,6 +82,10 @@ fn a_call_to_one_process_reaches_it_or_fails_with_addressee() {
         (Some("Addressee"), Some(403)),
         "{answer}"
     );
+    // No input in the logs, an Addressee's included.
+    for log in [till1.log(), till2.log()] {
+        assert!(!log.contains("amount"), "an input in the log:\n{log}");
+    }
     // The request contract is checked before anything is sent.
     let (_, answer) = till1.call(
         "test.terminals.charge",
@@ -367,6 +371,16 @@ fn the_receiving_agent_refuses_what_the_component_does_not_declare_and_keeps_ser
     }
     let names = support::event_names(&record);
     assert!(!names.contains(&"dispose".to_owned()), "{names:?}");
+    // Refusals are logged with the call's id and operation, never its input.
+    let log = recorder.log();
+    assert!(
+        log.contains("refused a call") && log.contains("raw-1"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("not an object"),
+        "an input in the log:\n{log}"
+    );
     assert_eq!(echoes(), 1, "{names:?}");
     // What the component declares still reaches it, with the call's id.
     let reply = support::rabbit::request(
