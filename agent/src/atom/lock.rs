@@ -21,6 +21,7 @@
 //! would expire, so a waiter sends a bounded number of commands per TTL and never spins.
 
 use super::keys::Scope;
+use super::quorum::{one_holder_has_majority, quorum, to_release, Tally, Verdict, Vote};
 use super::waiters::Waiters;
 use crate::metrics::ComponentMetrics;
 use crate::redis::{ServerError, Servers};
@@ -306,7 +307,6 @@ impl Locks {
         all.push(&self.fence);
         let ttl = self.ttl.as_millis().to_string();
         let n = self.servers.list.len();
-        let quorum = self.servers.quorum();
 
         let mut pending: FuturesUnordered<_> = (0..n)
             .map(|index| {
@@ -322,8 +322,8 @@ impl Locks {
             })
             .collect();
 
+        let mut tally = Tally::new(n);
         let mut granted: Vec<(usize, u64)> = Vec::new();
-        let mut out = 0usize; // servers that will not count toward this attempt
         let mut answered = vec![false; n];
         let mut busy: Option<Duration> = None;
         let mut unseeded = Vec::new();
@@ -332,45 +332,46 @@ impl Locks {
         let mut holders: Vec<String> = Vec::new();
         while let Some((index, reply)) = pending.next().await {
             answered[index] = true;
-            match reply {
+            let vote = match reply {
                 Ok((1, token, _)) => {
                     any_grant.push(index);
                     if self.servers.list[index].countable() {
                         granted.push((index, token.max(0) as u64));
+                        Vote::Yes
                     } else {
-                        out += 1;
+                        Vote::No
                     }
                 }
                 Ok((0, pttl, holder)) => {
                     let left = Duration::from_millis(pttl.max(1) as u64);
                     busy = Some(busy.map_or(left, |b| b.max(left)));
                     holders.push(holder);
-                    out += 1;
+                    Vote::No
                 }
                 Ok((-1, _, _)) => {
                     unseeded.push(index);
-                    out += 1;
+                    Vote::No
                 }
                 Ok(other) => {
                     error = Some(ServerError::Refused(
                         self.servers.list[index].address().to_string(),
                         format!("unexpected reply {other:?} to the lock script"),
                     ));
-                    out += 1;
+                    Vote::Failed
                 }
                 Err(e) => {
                     error = Some(e);
-                    out += 1;
+                    Vote::Failed
                 }
-            }
-            if granted.len() >= quorum || out > n - quorum {
+            };
+            if tally.add(vote) != Verdict::Continue {
                 break;
             }
         }
         drop(pending);
         let unanswered: Vec<usize> = (0..n).filter(|i| !answered[*i]).collect();
 
-        if granted.len() >= quorum {
+        if tally.verdict() == Verdict::Granted {
             let token = granted.iter().map(|(_, t)| *t).max().unwrap_or_default();
             if self.hold_token_on_majority(&granted, token).await {
                 let deadline = start + self.ttl.saturating_sub(self.drift);
@@ -387,17 +388,9 @@ impl Locks {
         // Waiters are woken only when this may have been a split vote: when one other holder was
         // seen on a majority, its release will wake them; waking them for our partial grants would
         // have them churn against each other for as long as it holds.
-        let mut release: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
-        release.extend(any_grant);
-        release.extend(unanswered);
-        release.sort_unstable();
-        release.dedup();
+        let release = to_release(&any_grant, &unanswered);
         if !release.is_empty() {
-            holders.sort_unstable();
-            let held_by_one = holders
-                .chunk_by(|a, b| a == b)
-                .any(|same| same.len() >= quorum);
-            let publish = !held_by_one;
+            let publish = !one_holder_has_majority(&holders, n);
             let mut pending = self.releases(release, keys, value, publish);
             tokio::spawn(async move { while pending.next().await.is_some() {} });
         }
@@ -413,7 +406,7 @@ impl Locks {
 
     /// Makes sure `token` is on a majority before it is handed out.
     async fn hold_token_on_majority(&self, granted: &[(usize, u64)], token: u64) -> bool {
-        let quorum = self.servers.quorum();
+        let quorum = quorum(self.servers.list.len());
         let already = granted.iter().filter(|(_, t)| *t == token).count();
         if already >= quorum {
             return true;
@@ -507,7 +500,7 @@ impl Locks {
     /// Sends the release to `servers` and waits until a majority of all servers answered (or
     /// every one of `servers` did); the rest finish in one background task.
     async fn release_on(self: &Arc<Self>, servers: Vec<usize>, keys: &[String], value: &str) {
-        let quorum = self.servers.quorum();
+        let quorum = quorum(self.servers.list.len());
         let mut pending = self.releases(servers, keys, value, true);
         let mut answered = 0;
         while answered < quorum {
@@ -607,7 +600,6 @@ impl Holding {
         let all: Vec<&str> = self.keys.iter().map(String::as_str).collect();
         let ttl = locks.ttl.as_millis().to_string();
         let n = locks.servers.list.len();
-        let quorum = locks.servers.quorum();
         let mut pending: FuturesUnordered<_> = (0..n)
             .map(|index| {
                 let all = &all;
@@ -621,21 +613,18 @@ impl Holding {
                 }
             })
             .collect();
-        let (mut yes, mut denied, mut failed) = (0, 0, 0);
+        let mut tally = Tally::new(n);
         while let Some((index, reply)) = pending.next().await {
-            match reply {
-                Ok(1) if locks.servers.list[index].countable() => yes += 1,
-                Ok(_) => denied += 1,
-                Err(_) => failed += 1,
-            }
-            if yes >= quorum {
-                return Some(true);
-            }
-            if denied > n - quorum {
-                return Some(false);
-            }
-            if denied + failed > n - quorum {
-                return None;
+            let vote = match reply {
+                Ok(1) if locks.servers.list[index].countable() => Vote::Yes,
+                Ok(_) => Vote::No,
+                Err(_) => Vote::Failed,
+            };
+            match tally.add(vote) {
+                Verdict::Continue => {}
+                Verdict::Granted => return Some(true),
+                Verdict::Denied => return Some(false),
+                Verdict::Failed => return None,
             }
         }
         None

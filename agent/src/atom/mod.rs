@@ -14,6 +14,7 @@ pub mod keys;
 pub mod local;
 pub mod lock;
 pub mod meter;
+pub mod quorum;
 pub mod repeats;
 pub mod slots;
 mod waiters;

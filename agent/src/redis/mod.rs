@@ -318,11 +318,6 @@ impl Servers {
         Ok(Self { list })
     }
 
-    /// How many servers make a majority.
-    pub fn quorum(&self) -> usize {
-        self.list.len() / 2 + 1
-    }
-
     /// The server slots and meter use.
     pub fn first(&self) -> &Server {
         &self.list[0]
