@@ -256,7 +256,6 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
                 .await
                 .map_err(|e| e.to_string())?;
                 for (member, alive) in members.iter().zip(&alive) {
-                    let scope = Scope::new(context.name.clone(), member.component.name.clone());
                     let offer = crate::broker::Offer {
                         component: member.component.clone(),
                         client: member.client.clone(),
@@ -264,7 +263,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
                         serving: serving.clone(),
                         alive: alive.clone(),
                         activity: activity.clone(),
-                        dead_lettered: metrics.dead_lettered(&scope),
+                        dead_lettered: metrics.dead_lettered(&context.name, &member.component.name),
                         repeats: atoms[&member.component.name].repeats(),
                     };
                     broker.serve(offer).await.map_err(|e| e.to_string())?;

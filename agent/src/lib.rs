@@ -5,7 +5,8 @@
 //! Layout:
 //! - [`api`]: the local HTTP API for components in any language;
 //! - [`atom`]: `lock`, `slots`, `onassigned`, `meter` (Redis, in-process, or none);
-//! - [`calls`]: calls between components: the request contract and the route;
+//! - [`contract`]: the request contract and how a call fails (a leaf);
+//! - [`calls`]: calls between components: the route, in-process or over the broker;
 //! - [`broker`]: calls over RabbitMQ;
 //! - [`component`]: a component's manifest, program and input checks;
 //! - [`compose`], [`lifecycle`], [`instance`]: running components locally;
@@ -24,6 +25,7 @@ pub mod calls;
 pub mod catalog;
 pub mod component;
 pub mod compose;
+pub mod contract;
 pub mod control;
 pub mod drain;
 pub mod instance;

@@ -10,7 +10,6 @@
 //!
 //! Every series carries `group`, the component (`namespace.name`), and `application`.
 
-use crate::atom::{Assignment, Scope};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -24,6 +23,15 @@ use std::time::Duration;
 pub struct Labels {
     pub application: String,
     pub group: String,
+}
+
+impl Labels {
+    fn of(application: &str, component: &str) -> Self {
+        Self {
+            application: application.to_owned(),
+            group: component.to_owned(),
+        }
+    }
 }
 
 type Waits = Family<Labels, Histogram, fn() -> Histogram>;
@@ -88,21 +96,15 @@ impl Metrics {
     }
 
     /// The count of one component's dead-lettered calls.
-    pub fn dead_lettered(&self, scope: &Scope) -> Counter {
+    pub fn dead_lettered(&self, application: &str, component: &str) -> Counter {
         self.calls_dead_lettered
-            .get_or_create(&Labels {
-                application: scope.application.clone(),
-                group: scope.component.clone(),
-            })
+            .get_or_create(&Labels::of(application, component))
             .clone()
     }
 
-    /// The handles for one component.
-    pub fn component(&self, scope: &Scope) -> ComponentMetrics {
-        let labels = Labels {
-            application: scope.application.clone(),
-            group: scope.component.clone(),
-        };
+    /// The handles for one component of an application.
+    pub fn component(&self, application: &str, component: &str) -> ComponentMetrics {
+        let labels = Labels::of(application, component);
         ComponentMetrics {
             lock_wait: self.lock_wait.get_or_create(&labels).clone(),
             locks_held: self.locks_held.get_or_create(&labels).clone(),
@@ -140,8 +142,9 @@ impl ComponentMetrics {
         self.locks_held.inc_by(delta);
     }
 
-    pub fn slots_owned(&self, assignment: Option<Assignment>) {
-        let (i, n) = assignment.map_or((0, 0), |a| (a.i, a.n));
+    /// This replica's share `(i, n)` of the slots, or `None` while it owns nothing.
+    pub fn slots_owned(&self, share: Option<(u32, u32)>) {
+        let (i, n) = share.unwrap_or((0, 0));
         self.slots_assigned.set(i64::from(i));
         self.slots_replicas.set(i64::from(n));
     }
@@ -158,15 +161,11 @@ mod tests {
     #[test]
     fn encodes_each_metric_with_the_component() {
         let metrics = Metrics::new();
-        let orders = metrics.component(&Scope::new("shop", "store.orders"));
+        let orders = metrics.component("shop", "store.orders");
         orders.lock_waited(Duration::from_millis(3));
         orders.lock_held(1);
         orders.meter_called();
-        orders.slots_owned(Some(Assignment {
-            i: 1,
-            n: 3,
-            epoch: 7,
-        }));
+        orders.slots_owned(Some((1, 3)));
         let text = metrics.encode();
         for line in [
             "toa_lock_wait_seconds_count{application=\"shop\",group=\"store.orders\"} 1",

@@ -287,7 +287,7 @@ fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tick.tick().await;
-                    let request = crate::calls::Request {
+                    let request = crate::contract::Request {
                         input: serde_json::Value::Null,
                         instance: None,
                         timeout: None,

@@ -8,8 +8,8 @@
 //! | `GET /healthz`, `GET /readyz` | 200 when alive; 200 once every component ran `ready`, else 503 |
 
 use super::{ApiError, Host};
-use crate::calls::{CallError, Request};
 use crate::component::client::Outcome;
+use crate::contract::{CallError, Request};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

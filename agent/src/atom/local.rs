@@ -122,7 +122,7 @@ mod tests {
     use std::time::Duration;
 
     fn metrics() -> ComponentMetrics {
-        Metrics::new().component(&super::super::Scope::new("test", "local"))
+        Metrics::new().component("test", "local")
     }
 
     #[tokio::test(start_paused = true)]

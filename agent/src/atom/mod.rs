@@ -91,7 +91,7 @@ impl Atom {
     /// Starts the backend: for Redis, the heartbeats and the release subscriptions. Never waits for
     /// Redis to answer.
     pub fn start(config: AtomConfig, metrics: Arc<Metrics>) -> Result<Self, AtomError> {
-        let labels = metrics.component(&config.scope);
+        let labels = metrics.component(&config.scope.application, &config.scope.component);
         let mut repeats = repeats::Repeats::Disabled;
         let backend = match (&config.atomicity, config.mode) {
             (Some(atomicity), _) => {

@@ -158,7 +158,7 @@ pub struct Fixed {
 
 impl Fixed {
     pub fn new(value: Option<Assignment>, metrics: ComponentMetrics) -> Self {
-        metrics.slots_owned(value);
+        metrics.slots_owned(value.map(|a| (a.i, a.n)));
         Self {
             value: Mutex::new(value),
             listeners: Listeners::new(value),
@@ -315,7 +315,7 @@ impl Shared {
             .lock()
             .expect("assignor")
             .current(Instant::now());
-        self.metrics.slots_owned(current);
+        self.metrics.slots_owned(current.map(|a| (a.i, a.n)));
         let panicked = self.listeners.deliver(current);
         if panicked {
             self.assignor.lock().expect("assignor").withdraw();

@@ -26,9 +26,9 @@
 //! answers under its name (see [`session`]).
 
 use crate::activity::Activity;
-use crate::calls::CallError;
 use crate::component::client::{Outcome, ProgramClient};
 use crate::component::Component;
+use crate::contract::CallError;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Confirmation};

@@ -422,19 +422,19 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
     };
     // The receiving side checks the call too: only a declared operation, with an input its
     // schema takes, on the queue its kind goes to, reaches the program.
-    let contract = crate::calls::Request {
+    let contract = crate::contract::Request {
         input: request.input.clone(),
         instance: own.then(|| served.instance.clone()),
         timeout: None,
         key: request.key.clone(),
     };
     if let Err(error) =
-        crate::calls::check_contract(&served.component, &request.operation, &contract, false)
+        crate::contract::check_contract(&served.component, &request.operation, &contract, false)
     {
         let operation: String = request.operation.chars().take(64).collect();
         tracing::warn!(call = %id, operation = ?operation, "refused a call that breaks the component's declarations");
         return refused(match error {
-            crate::calls::CallError::RequestContract(message) => message,
+            crate::contract::CallError::RequestContract(message) => message,
             other => other.to_string(),
         });
     }
