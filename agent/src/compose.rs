@@ -48,6 +48,15 @@ pub struct Options {
     pub declarations: Option<PathBuf>,
     /// A local run coordinates in-process without `atomicity`; a pod does not.
     pub mode: Mode,
+    /// How to reach the broker the context names (`None` without one).
+    pub broker: Option<BrokerConfig>,
+}
+
+/// The broker's credentials (`TOA_AMQP_USERNAME`, `TOA_AMQP_PASSWORD`) and tuning.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub credentials: Credentials,
+    pub tuning: crate::broker::Tuning,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +81,7 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         probe,
         declarations,
         mode,
+        broker: broker_config,
     } = options;
     let mut loaded = Vec::new();
     for dir in &components {
@@ -244,14 +254,19 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
         None => Arc::new(calls),
         Some(address) => {
             let connected = async {
-                let credentials = Credentials::from_vars(&toa_context::ProcessVars, "TOA_AMQP")
-                    .map_err(|e| e.to_string())?;
+                let BrokerConfig {
+                    credentials,
+                    tuning,
+                } = broker_config
+                    .clone()
+                    .ok_or("the broker's configuration was not read")?;
                 let broker = Broker::connect(
                     address,
                     &credentials,
                     &context.name,
                     instance.as_str(),
                     &context.limits,
+                    tuning,
                 )
                 .await
                 .map_err(|e| e.to_string())?;

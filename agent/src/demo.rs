@@ -29,6 +29,7 @@ pub async fn run() -> ExitCode {
         probe: None,
         declarations: None,
         mode: Mode::Local,
+        broker: None,
     };
     println!("composing examples/store.catalog, examples/store.orders, examples/notifications (embedded default: no Redis, no broker)");
     let composition = tokio::spawn(compose::run(options, async {

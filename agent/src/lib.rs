@@ -9,6 +9,7 @@
 //! - [`calls`]: calls between components: the route, in-process or over the broker;
 //! - [`broker`]: calls over RabbitMQ;
 //! - [`component`]: a component's manifest, program and input checks;
+//! - [`config`]: every flag and variable of `compose`, read and checked before anything starts;
 //! - [`compose`], [`lifecycle`], [`instance`]: running components locally;
 //! - [`activity`]: calls made and received, and in flight, for the halt;
 //! - [`control`]: the operator's authenticated control endpoint (halt, resume, status);
@@ -25,6 +26,7 @@ pub mod calls;
 pub mod catalog;
 pub mod component;
 pub mod compose;
+pub mod config;
 pub mod contract;
 pub mod control;
 pub mod drain;

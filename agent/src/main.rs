@@ -11,9 +11,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use toa_agent::compose::{self, Options};
-use toa_agent::instance::Instance;
-use toa_agent::Mode;
-use toa_context::{Context, Credentials, Environment, ProcessVars};
+use toa_agent::config::{compose_options, read_token};
 
 mod call;
 mod demo;
@@ -176,66 +174,4 @@ async fn main() -> ExitCode {
             }
         }
     }
-}
-
-/// Everything is validated before anything starts.
-fn compose_options(
-    components: Vec<PathBuf>,
-    path: &PathBuf,
-    environment: &str,
-    listen: SocketAddr,
-    control: Option<(SocketAddr, String)>,
-) -> Result<Options, String> {
-    let environment = Environment::parse(environment).map_err(|e| e.to_string())?;
-    // In a pod the operator gives the context as `TOA_*` variables (docs/context.md): they are the
-    // whole context, and the process is a pod (no in-process coordination without atomicity).
-    let (context, mode) = if std::env::var_os("TOA_APPLICATION").is_some() {
-        let context = Context::from_vars(&ProcessVars).map_err(|e| e.to_string())?;
-        (context, Mode::Pod)
-    } else {
-        let context = match std::fs::read_to_string(path) {
-            Ok(text) => Context::parse(&text, &environment)
-                .map_err(|e| format!("{}: {e}", path.display()))?,
-            // Without a context file, a local application named `local` with nothing configured.
-            Err(error)
-                if error.kind() == std::io::ErrorKind::NotFound
-                    && path.as_os_str() == "context.toa.yaml" =>
-            {
-                Context::parse("name: local\n", &environment).map_err(|e| e.to_string())?
-            }
-            Err(error) => return Err(format!("{}: {error}", path.display())),
-        };
-        (context, Mode::Local)
-    };
-    let credentials =
-        Credentials::from_vars(&ProcessVars, "TOA_REDIS").map_err(|e| e.to_string())?;
-    let instance =
-        Instance::from_env(std::env::var("TOA_INSTANCE").ok()).map_err(|e| e.to_string())?;
-    Ok(Options {
-        context,
-        credentials,
-        components,
-        listen,
-        instance,
-        on_ready: None,
-        control,
-        attach: None,
-        probe: None,
-        declarations: None,
-        mode,
-    })
-}
-
-/// The control token: the file's content without surrounding white space, never empty.
-fn read_token(path: &PathBuf) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--control-token-file {}: {e}", path.display()))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(format!(
-            "--control-token-file {}: expected a token, the file is empty",
-            path.display()
-        ));
-    }
-    Ok(token.to_owned())
 }

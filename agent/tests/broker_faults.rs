@@ -167,7 +167,7 @@ fn a_lost_node_is_abandoned_until_the_heartbeat_drops_it_then_an_addressee() {
 }
 
 #[test]
-fn a_bad_heartbeat_or_prefetch_is_refused_at_start() {
+fn a_bad_heartbeat_or_prefetch_is_refused_before_any_program_runs() {
     let (context, _, _queues) = broker_context("bad-heartbeat", "amqp://127.0.0.1:5672");
     for (name, value) in [("TOA_AMQP_HEARTBEAT", "0"), ("TOA_PREFETCH", "many")] {
         let output = support::compose_once(
@@ -179,7 +179,9 @@ fn a_bad_heartbeat_or_prefetch_is_refused_at_start() {
             &[(name, value)],
         );
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "{name}={value} was taken");
+        // 64 (EX_USAGE): refused while reading the configuration, before any program started
+        // (a refusal after the start exits 1).
+        assert_eq!(output.status.code(), Some(64), "{name}={value}: {stderr}");
         assert!(
             stderr.contains(&format!("{name} must be a whole number from 1 to"))
                 && stderr.contains(value),

@@ -162,6 +162,23 @@ fn encode(text: &str) -> String {
         .collect()
 }
 
+/// The connection's tuning: `TOA_AMQP_HEARTBEAT` and `TOA_PREFETCH` (docs/context.md), read
+/// with the rest of the configuration, before anything starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    pub heartbeat: u16,
+    pub prefetch: u16,
+}
+
+impl Tuning {
+    pub fn from_env() -> Result<Self, BrokerError> {
+        Ok(Self {
+            heartbeat: setting("TOA_AMQP_HEARTBEAT", HEARTBEAT_S, 3600)?,
+            prefetch: setting("TOA_PREFETCH", PREFETCH, u16::MAX)?,
+        })
+    }
+}
+
 /// A positive number from the environment, or `default` when the variable is not set.
 fn setting(name: &'static str, default: u16, max: u16) -> Result<u16, BrokerError> {
     match std::env::var(name) {
@@ -187,9 +204,12 @@ impl Broker {
         application: &str,
         instance: &str,
         limits: &Limits,
+        tuning: Tuning,
     ) -> Result<Arc<Self>, BrokerError> {
-        let heartbeat = setting("TOA_AMQP_HEARTBEAT", HEARTBEAT_S, 3600)?;
-        let prefetch = setting("TOA_PREFETCH", PREFETCH, u16::MAX)?;
+        let Tuning {
+            heartbeat,
+            prefetch,
+        } = tuning;
         let user = credentials.username.as_deref().unwrap_or("guest");
         let password = credentials
             .password

@@ -1,0 +1,83 @@
+//! Configuration first: every flag and `TOA_*` variable of `toa-agent compose` is read and
+//! checked here, into [`Options`], before anything binds or starts; `main` exits 64 (EX_USAGE)
+//! with the message when something is wrong, before any program runs.
+
+use crate::atom::Mode;
+use crate::broker::Tuning;
+use crate::compose::{BrokerConfig, Options};
+use crate::instance::Instance;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use toa_context::{Context, Credentials, Environment, ProcessVars};
+
+/// Everything is validated before anything starts.
+pub fn compose_options(
+    components: Vec<PathBuf>,
+    path: &PathBuf,
+    environment: &str,
+    listen: SocketAddr,
+    control: Option<(SocketAddr, String)>,
+) -> Result<Options, String> {
+    let environment = Environment::parse(environment).map_err(|e| e.to_string())?;
+    // In a pod the operator gives the context as `TOA_*` variables (docs/context.md): they are the
+    // whole context, and the process is a pod (no in-process coordination without atomicity).
+    let (context, mode) = if std::env::var_os("TOA_APPLICATION").is_some() {
+        let context = Context::from_vars(&ProcessVars).map_err(|e| e.to_string())?;
+        (context, Mode::Pod)
+    } else {
+        let context = match std::fs::read_to_string(path) {
+            Ok(text) => Context::parse(&text, &environment)
+                .map_err(|e| format!("{}: {e}", path.display()))?,
+            // Without a context file, a local application named `local` with nothing configured.
+            Err(error)
+                if error.kind() == std::io::ErrorKind::NotFound
+                    && path.as_os_str() == "context.toa.yaml" =>
+            {
+                Context::parse("name: local\n", &environment).map_err(|e| e.to_string())?
+            }
+            Err(error) => return Err(format!("{}: {error}", path.display())),
+        };
+        (context, Mode::Local)
+    };
+    let credentials =
+        Credentials::from_vars(&ProcessVars, "TOA_REDIS").map_err(|e| e.to_string())?;
+    let instance =
+        Instance::from_env(std::env::var("TOA_INSTANCE").ok()).map_err(|e| e.to_string())?;
+    // The broker's credentials and tuning, only when there is a broker.
+    let broker = match context.amqp {
+        None => None,
+        Some(_) => Some(BrokerConfig {
+            credentials: Credentials::from_vars(&ProcessVars, "TOA_AMQP")
+                .map_err(|e| e.to_string())?,
+            tuning: Tuning::from_env().map_err(|e| e.to_string())?,
+        }),
+    };
+    Ok(Options {
+        broker,
+        context,
+        credentials,
+        components,
+        listen,
+        instance,
+        on_ready: None,
+        control,
+        attach: None,
+        probe: None,
+        declarations: None,
+        mode,
+    })
+}
+
+/// The control token: the file's content without surrounding white space, never empty.
+pub fn read_token(path: &PathBuf) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--control-token-file {}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!(
+            "--control-token-file {}: expected a token, the file is empty",
+            path.display()
+        ));
+    }
+    Ok(token.to_owned())
+}
