@@ -3,9 +3,9 @@
 //! once every process is quiet (DESIGN decision 8), so a call that is still running counts as
 //! busy whatever the window, and a call's end (not its start) is when quiet begins.
 
-use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use toa_context::control::Calls as Counts;
 
 /// The live counters, shared by the call router (calls made, and in-process calls received) and
 /// the broker's consumers (calls received).
@@ -14,17 +14,6 @@ pub struct Activity {
     since_pause: AtomicU64,
     last_at_ms: AtomicU64,
     in_flight: AtomicU64,
-}
-
-/// What the control endpoint reports (`calls` in its status).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counts {
-    pub since_pause: u64,
-    /// Milliseconds since the Unix epoch of the last call's start or end, if any since the pause.
-    pub last_at_ms: Option<u64>,
-    /// Calls running now, made or received.
-    #[serde(default)]
-    pub in_flight: u64,
 }
 
 /// One call in flight; its drop ends it.
@@ -50,6 +39,7 @@ impl Activity {
         InFlight(self.clone())
     }
 
+    /// What the control endpoint reports (`calls` in its status).
     pub fn counts(&self) -> Counts {
         let last = self.last_at_ms.load(Ordering::SeqCst);
         Counts {

@@ -12,7 +12,6 @@
 //! | `POST /control/resume` `{"halt": "id"}` | runs `resume`, starts pulses again; answers the status |
 //! | `GET /control/status` | `{"phase", "halt", "instance", "calls": {"since_pause", "last_at_ms", "in_flight"}, "failure"}` |
 
-use crate::activity::Counts;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -20,33 +19,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-
-/// What a process reports about itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Status {
-    /// `starting`, `running`, `pausing`, `paused`, `resuming`, `draining`.
-    pub phase: String,
-    /// The halt the process is paused (or pausing) for; while `starting`, the halt it will pause
-    /// for as soon as its lifecycle is done.
-    pub halt: Option<String>,
-    pub instance: String,
-    pub calls: Counts,
-    /// The last halt or resume that failed, until the next one succeeds.
-    pub failure: Option<Failure>,
-}
-
-/// A `pause` or `resume` that failed: the process is back where it was.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Failure {
-    pub halt: String,
-    /// `pause` or `resume`.
-    pub command: String,
-    pub message: String,
-}
+use toa_context::control::{HaltRequest, Status, HALT_PATH, RESUME_PATH, STATUS_PATH};
 
 pub type Reply = Pin<Box<dyn Future<Output = Result<Status, String>> + Send>>;
 
@@ -55,12 +31,6 @@ pub trait Supervisor: Send + Sync + 'static {
     fn halt(self: Arc<Self>, halt: String) -> Reply;
     fn resume(self: Arc<Self>, halt: String) -> Reply;
     fn status(&self) -> Status;
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HaltRequest {
-    halt: String,
 }
 
 struct Control {
@@ -72,9 +42,9 @@ struct Control {
 pub fn router(token: String, supervisor: Arc<dyn Supervisor>) -> Router {
     let control = Arc::new(Control { token, supervisor });
     Router::new()
-        .route("/control/halt", post(halt))
-        .route("/control/resume", post(resume))
-        .route("/control/status", get(status))
+        .route(HALT_PATH, post(halt))
+        .route(RESUME_PATH, post(resume))
+        .route(STATUS_PATH, get(status))
         .layer(middleware::from_fn_with_state(
             control.clone(),
             authenticate,

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use toa_agent::compose::{self, Options};
 use toa_agent::config::{compose_options, read_token};
+use toa_context::control::LOCAL_PORT;
 
 mod call;
 mod demo;
@@ -44,7 +45,7 @@ enum Command {
         #[arg(long, default_value = "local", env = "TOA_ENV")]
         environment: String,
         /// Where the local API listens (a free port if taken).
-        #[arg(long, default_value = "127.0.0.1:7090", env = "TOA_AGENT_LISTEN")]
+        #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], LOCAL_PORT)), env = "TOA_AGENT_LISTEN")]
         listen: SocketAddr,
         /// Where the operator's control endpoint listens (halt, resume, status); none if not given.
         #[arg(long, env = "TOA_CONTROL_LISTEN", requires = "control_token_file")]
@@ -73,7 +74,7 @@ enum Command {
         #[arg(default_value = "{}")]
         request: String,
         /// The agent's local API.
-        #[arg(long, default_value = "http://127.0.0.1:7090", env = "TOA_AGENT")]
+        #[arg(long, default_value_t = format!("http://127.0.0.1:{LOCAL_PORT}"), env = "TOA_AGENT")]
         agent: String,
         /// Send it as a task: answered `{"reply": null}` once the broker took it.
         #[arg(long)]
@@ -85,7 +86,7 @@ enum Command {
     /// run dispose; returns when done.
     Drain {
         /// The agent's local API.
-        #[arg(long, default_value = "http://127.0.0.1:7090", env = "TOA_AGENT")]
+        #[arg(long, default_value_t = format!("http://127.0.0.1:{LOCAL_PORT}"), env = "TOA_AGENT")]
         agent: String,
         /// The control token, from which the drain key a pod's agent asks for is derived.
         #[arg(long, env = "TOA_CONTROL_TOKEN_FILE")]

@@ -14,7 +14,8 @@
 
 use crate::activity::Activity;
 use crate::calls::Calls;
-use crate::control::{Failure, Reply, Status, Supervisor};
+use crate::control::{Reply, Supervisor};
+use toa_context::control::{Failure, Phase as Reported, Status};
 use crate::lifecycle::{self, Member};
 use std::sync::Arc;
 use std::time::Duration;
@@ -227,16 +228,16 @@ impl Process {
 
     pub fn status(&self) -> Status {
         let view = self.view();
-        let (name, halt) = match view.phase {
-            Phase::Starting => ("starting", view.pending),
-            Phase::Running => ("running", None),
-            Phase::Pausing { halt } => ("pausing", Some(halt)),
-            Phase::Paused { halt } => ("paused", Some(halt)),
-            Phase::Resuming { halt } => ("resuming", Some(halt)),
-            Phase::Draining => ("draining", None),
+        let (phase, halt) = match view.phase {
+            Phase::Starting => (Reported::Starting, view.pending),
+            Phase::Running => (Reported::Running, None),
+            Phase::Pausing { halt } => (Reported::Pausing, Some(halt)),
+            Phase::Paused { halt } => (Reported::Paused, Some(halt)),
+            Phase::Resuming { halt } => (Reported::Resuming, Some(halt)),
+            Phase::Draining => (Reported::Draining, None),
         };
         Status {
-            phase: name.into(),
+            phase,
             halt,
             instance: self.instance.clone(),
             calls: self.activity.counts(),

@@ -1,5 +1,5 @@
-//! What the operator and the agent derive from a Composition's control token, so both sides
-//! compute it the same way.
+//! The contract between the operator and the agent, written once: the agent's ports, the control
+//! endpoint's paths and its status, and what both derive from a Composition's control token.
 //!
 //! The drain key: the component containers' `preStop` hook is an `httpGet` to the agent's probe
 //! port, whose path is written in the pod spec. That request must start a drain, and a program in
@@ -10,7 +10,79 @@
 //! path, not a header, because kubelets before 1.23 send a lifecycle hook's `httpGet` without
 //! its headers (and as `http://ip:port/` + path, so with a doubled slash).
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+/// The agent's local API, on loopback only: the component calls it, and so does `preStop`.
+pub const LOCAL_PORT: u16 = 7090;
+/// The agent's control endpoint on the pod network (halt, resume, status).
+pub const CONTROL_PORT: u16 = 7091;
+/// The agent's probes and metrics (`/healthz`, `/readyz`, `/metrics`; no token) on the pod
+/// network.
+pub const PROBE_PORT: u16 = 7092;
+
+/// `GET`: the process's [`Status`].
+pub const STATUS_PATH: &str = "/control/status";
+/// `POST` a [`HaltRequest`]: pause for the halt; answers the [`Status`].
+pub const HALT_PATH: &str = "/control/halt";
+/// `POST` a [`HaltRequest`]: resume from the halt; answers the [`Status`].
+pub const RESUME_PATH: &str = "/control/resume";
+
+/// The body of a halt or a resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HaltRequest {
+    pub halt: String,
+}
+
+/// What a process reports about itself on [`STATUS_PATH`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub phase: Phase,
+    /// The halt the process is paused (or pausing) for; while starting, the halt it will pause
+    /// for as soon as its lifecycle is done.
+    pub halt: Option<String>,
+    pub instance: String,
+    pub calls: Calls,
+    /// The last halt or resume that failed, until the next one succeeds (agents before it: none).
+    #[serde(default)]
+    pub failure: Option<Failure>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// The lifecycle runs; with a halt, the process pauses for it once the lifecycle is done.
+    Starting,
+    Running,
+    Pausing,
+    Paused,
+    Resuming,
+    Draining,
+    /// A phase this side does not know (a newer peer): neither paused nor busy.
+    #[serde(other)]
+    Unknown,
+}
+
+/// Calls made or received by the process's components since its last pause.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Calls {
+    pub since_pause: u64,
+    /// Milliseconds since the Unix epoch of the last such call's start or end.
+    pub last_at_ms: Option<u64>,
+    /// Calls running now (agents before it: 0).
+    #[serde(default)]
+    pub in_flight: u64,
+}
+
+/// A `pause` or `resume` that failed; the process is back where it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub halt: String,
+    /// `pause` or `resume`.
+    pub command: String,
+    pub message: String,
+}
 
 /// Where the component containers' `preStop` hook asks the agent to drain, on its probe port:
 /// this, a slash and the drain key.

@@ -6,7 +6,7 @@
 //! [`TIMEOUT`]: the reconcile loop never waits long on a slow agent; it records the pod as
 //! unreachable and asks again on the next reconcile. Errors say whether trying again can help.
 
-use crate::desired::CONTROL_PORT;
+use toa_context::control::{HaltRequest, CONTROL_PORT, HALT_PATH, RESUME_PATH, STATUS_PATH};
 use crate::halt::AgentStatus;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -100,7 +100,7 @@ impl HttpAgentControl {
 impl AgentControl for HttpAgentControl {
     fn status<'a>(&'a self, pod: IpAddr, token: &'a str) -> Reply<'a> {
         Box::pin(async move {
-            let request = self.client.get(self.url(pod, "/control/status"));
+            let request = self.client.get(self.url(pod, STATUS_PATH));
             self.send(request, &format!("status of {pod}"), token).await
         })
     }
@@ -109,8 +109,10 @@ impl AgentControl for HttpAgentControl {
         Box::pin(async move {
             let request = self
                 .client
-                .post(self.url(pod, "/control/halt"))
-                .json(&serde_json::json!({ "halt": halt }));
+                .post(self.url(pod, HALT_PATH))
+                .json(&HaltRequest {
+                    halt: halt.to_owned(),
+                });
             self.send(request, &format!("halt {halt} on {pod}"), token)
                 .await
         })
@@ -120,8 +122,10 @@ impl AgentControl for HttpAgentControl {
         Box::pin(async move {
             let request = self
                 .client
-                .post(self.url(pod, "/control/resume"))
-                .json(&serde_json::json!({ "halt": halt }));
+                .post(self.url(pod, RESUME_PATH))
+                .json(&HaltRequest {
+                    halt: halt.to_owned(),
+                });
             self.send(request, &format!("resume {halt} on {pod}"), token)
                 .await
         })

@@ -36,13 +36,8 @@ use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
 
-/// The port of the agent's control endpoint on the pod network (halt, resume, status).
-pub const CONTROL_PORT: u16 = 7091;
-/// Where the agent's probes and metrics (`/healthz`, `/readyz`, `/metrics`, no token) listen on
-/// the pod network.
-pub const PROBE_PORT: u16 = 7092;
-/// The agent's local API, on loopback only: the component calls it, and so does `preStop`.
-pub const LOCAL_LISTEN: &str = "127.0.0.1:7090";
+pub use toa_context::control::{CONTROL_PORT, PROBE_PORT};
+use toa_context::control::LOCAL_PORT;
 /// Where the control token Secret is mounted in the agent container.
 pub const CONTROL_DIR: &str = "/var/run/toa/control";
 /// The key of the control token in the `<name>-control` Secret.
@@ -461,7 +456,7 @@ fn components(composition: &Composition, valid: &Valid, drain: &str) -> Vec<Cont
                 working_dir: Some(format!("{COMPONENTS_DIR}/{full_name}")),
                 env: Some(vec![
                     value("TOA_PORT", port.to_string()),
-                    value("TOA_AGENT", format!("http://{LOCAL_LISTEN}")),
+                    value("TOA_AGENT", format!("http://127.0.0.1:{LOCAL_PORT}")),
                     value("TOA_COMPONENT", full_name),
                     instance(),
                 ]),
@@ -505,7 +500,7 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
     command.extend(
         [
             "--listen",
-            LOCAL_LISTEN,
+            &format!("127.0.0.1:{LOCAL_PORT}"),
             "--control-listen",
             &format!("0.0.0.0:{CONTROL_PORT}"),
             "--control-token-file",
@@ -659,7 +654,7 @@ fn listening_hook() -> LifecycleHandler {
             command: Some(vec![
                 "toa-agent".to_owned(),
                 "listening".to_owned(),
-                LOCAL_LISTEN.to_owned(),
+                format!("127.0.0.1:{LOCAL_PORT}"),
                 format!("127.0.0.1:{CONTROL_PORT}"),
                 format!("127.0.0.1:{PROBE_PORT}"),
             ]),

@@ -29,59 +29,16 @@
 
 use crate::validate::Halt;
 use k8s_openapi::jiff::Timestamp;
-use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
 
 /// The annotation on the Composition that records the current halt.
 pub const ANNOTATION: &str = "toa.io/halt";
 
-/// What a pod's agent reports on `GET /control/status`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AgentStatus {
-    pub phase: AgentPhase,
-    /// The halt the process is paused for, if any.
-    pub halt: Option<String>,
-    pub instance: String,
-    pub calls: Calls,
-    /// The last `pause` or `resume` that failed (agents before this field: none).
-    #[serde(default)]
-    pub failure: Option<AgentFailure>,
-}
-
-/// A `pause` or `resume` that failed in a pod; the agent is back where it was.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AgentFailure {
-    pub halt: String,
-    pub command: String,
-    pub message: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AgentPhase {
-    /// The lifecycle runs; with a halt, the pod pauses for it once the lifecycle is done.
-    Starting,
-    Running,
-    Pausing,
-    Paused,
-    Resuming,
-    Draining,
-    /// A phase this operator does not know (a newer agent): neither paused nor busy.
-    #[serde(other)]
-    Unknown,
-}
-
-/// Calls made or received by the process's components since its last pause.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Calls {
-    pub since_pause: u64,
-    /// Milliseconds since the Unix epoch of the last such call's start or end.
-    pub last_at_ms: Option<i64>,
-    /// Calls running now (agents before this field: 0).
-    #[serde(default)]
-    pub in_flight: u64,
-}
+/// What a pod's agent reports on `GET /control/status`: the contract both sides share.
+pub use toa_context::control::{
+    Calls, Failure as AgentFailure, Phase as AgentPhase, Status as AgentStatus,
+};
 
 /// One pod as the operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -419,7 +376,10 @@ fn in_progress(
             Calls {
                 last_at_ms: Some(ms),
                 ..
-            } => Timestamp::from_millisecond(ms).unwrap_or(now),
+            } => i64::try_from(ms)
+                .ok()
+                .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+                .unwrap_or(now),
             Calls {
                 last_at_ms: None, ..
             } => now,

@@ -51,7 +51,7 @@ fn paused(name: &str, halt: &str) -> Pod {
 fn busy(name: &str, halt: &str, at: i64) -> Pod {
     let calls = Calls {
         since_pause: 3,
-        last_at_ms: Some(t(at).as_millisecond()),
+        last_at_ms: Some(t(at).as_millisecond() as u64),
         in_flight: 0,
     };
     pod(name, status(AgentPhase::Paused, Some(halt), calls))
