@@ -7,11 +7,14 @@
 //! - [`atom`]: `lock`, `slots`, `onassigned`, `meter` (Redis, in-process, or none);
 //! - [`contract`]: the request contract and how a call fails (a leaf);
 //! - [`calls`]: calls between components: the route, in-process or over the broker;
-//! - [`broker`]: calls over RabbitMQ;
+//! - [`broker`]: calls over RabbitMQ (queues, serving, the session);
+//! - [`once`]: calls given an idempotency key run once;
+//! - [`catalog`]: the declarations of every component this process may call;
 //! - [`component`]: a component's manifest, program and input checks;
 //! - [`config`]: every flag and variable of `compose`, read and checked before anything starts;
 //! - [`compose`], [`lifecycle`], [`instance`]: running components locally;
 //! - [`activity`]: calls made and received, and in flight, for the halt;
+//! - [`supervisor`]: the process's phase: halts, resumes, the drain, pulses;
 //! - [`control`]: the operator's authenticated control endpoint (halt, resume, status);
 //! - [`drain`]: who may start the drain (a drain key in a pod) and how they wait for it;
 //! - [`redis`]: connections to the 1..N servers, with restart tracking;

@@ -15,10 +15,10 @@
 use crate::activity::Activity;
 use crate::calls::Calls;
 use crate::control::{Reply, Supervisor};
-use toa_context::control::{Failure, Phase as Reported, Status};
 use crate::lifecycle::{self, Member};
 use std::sync::Arc;
 use std::time::Duration;
+use toa_context::control::{Failure, Phase as Reported, Status};
 use toa_context::RunCommand;
 use tokio::task::JoinHandle;
 

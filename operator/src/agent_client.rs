@@ -6,12 +6,12 @@
 //! [`TIMEOUT`]: the reconcile loop never waits long on a slow agent; it records the pod as
 //! unreachable and asks again on the next reconcile. Errors say whether trying again can help.
 
-use toa_context::control::{HaltRequest, CONTROL_PORT, HALT_PATH, RESUME_PATH, STATUS_PATH};
 use crate::halt::AgentStatus;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::time::Duration;
+use toa_context::control::{HaltRequest, CONTROL_PORT, HALT_PATH, RESUME_PATH, STATUS_PATH};
 
 /// How long one control request may take, connection included.
 pub const TIMEOUT: Duration = Duration::from_secs(2);

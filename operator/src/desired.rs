@@ -36,8 +36,8 @@ use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
 
-pub use toa_context::control::{CONTROL_PORT, PROBE_PORT};
 use toa_context::control::LOCAL_PORT;
+pub use toa_context::control::{CONTROL_PORT, PROBE_PORT};
 /// Where the control token Secret is mounted in the agent container.
 pub const CONTROL_DIR: &str = "/var/run/toa/control";
 /// The key of the control token in the `<name>-control` Secret.
