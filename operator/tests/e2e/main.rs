@@ -1860,10 +1860,15 @@ async fn a_crashed_program_is_served_again(suite: Arc<Suite>) {
                 .and_then(|s| s.conditions.as_ref())
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
             let restarts = pod.restarts();
-            if ready && restarts["component-0"] >= 1 {
+            // Ready alone may be the kubelet's last probe from before the crash: the new
+            // program's lifecycle is what says the pod serves again.
+            let lifecycle = lifecycle(&suite, &pod);
+            if ready && restarts["component-0"] >= 1 && lifecycle.len() >= 4 {
                 Ok(pod)
             } else {
-                Err(format!("ready {ready}, restarts {restarts:?}"))
+                Err(format!(
+                    "ready {ready}, restarts {restarts:?}, lifecycle {lifecycle:?}"
+                ))
             }
         },
     )
