@@ -606,4 +606,65 @@ mod tests {
             assert_eq!(Context::from_vars(&vars).unwrap(), context, "{document}");
         }
     }
+
+    mod generated {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn millis() -> impl Strategy<Value = Duration> {
+            (1u64..10_000_000).prop_map(Duration::from_millis)
+        }
+
+        fn context() -> impl Strategy<Value = Context> {
+            let name = "[a-z][a-z0-9-]{0,20}";
+            let host = "[a-z][a-z0-9]{0,8}";
+            let redis = prop::sample::select(vec![1usize, 3, 5])
+                .prop_flat_map(move |n| prop::collection::btree_set((host, 1u16..u16::MAX), n..=n));
+            let atomicity = prop::option::of((redis, millis(), millis()));
+            let amqp = prop::option::of((host, 1u16..u16::MAX, "[a-z]{0,6}"));
+            let limits = (millis(), millis(), millis(), 1u32.., 1u32.., millis());
+            (name, atomicity, millis(), amqp, limits).prop_map(
+                |(name, atomicity, timeout, amqp, limits)| {
+                    let atomicity = atomicity.map(|(servers, interval, ttl)| {
+                        let redis: Vec<String> = servers
+                            .iter()
+                            .map(|(host, port)| format!("redis://{host}:{port}"))
+                            .collect();
+                        Atomicity::new(&redis, Some(interval), Some(ttl)).unwrap()
+                    });
+                    let amqp = amqp.map(|(host, port, vhost)| {
+                        AmqpAddress::parse(&format!("amqp://{host}:{port}/{vhost}"), "amqp")
+                            .unwrap()
+                    });
+                    let (operation, run_command, drain, queue, deliveries, idempotency) = limits;
+                    Context {
+                        name,
+                        atomicity,
+                        addressed: Addressed { timeout },
+                        amqp,
+                        limits: Limits {
+                            operation,
+                            run_command,
+                            drain,
+                            queue,
+                            deliveries,
+                            idempotency,
+                        },
+                    }
+                },
+            )
+        }
+
+        proptest! {
+            #[test]
+            fn from_vars_reads_back_what_to_vars_writes(context in context()) {
+                let vars: HashMap<String, String> = context
+                    .to_vars()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect();
+                prop_assert_eq!(Context::from_vars(&vars).unwrap(), context);
+            }
+        }
+    }
 }
