@@ -61,6 +61,10 @@ const COMPONENT: &str = "e2e.recorder";
 const IMAGE: &str = "localhost/toa/python:e2e";
 /// How long anything may take to happen once asked for.
 const PATIENCE: Duration = Duration::from_secs(60);
+/// How long pods being replaced may take to be gone: a pod's stop may use its grace period
+/// (95 s by default), and the kubelet's cleanup after the containers died has taken over a minute
+/// on this node before the API object went.
+const STOP_PATIENCE: Duration = Duration::from_secs(150);
 
 /// The suite's shared parts.
 struct Suite {
@@ -407,7 +411,7 @@ async fn wait_condition(
 async fn wait_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> Vec<PodView> {
     eventually(
         &format!("{namespace}/{name} runs {count} ready pods"),
-        PATIENCE,
+        STOP_PATIENCE,
         || async move {
             let list = node::pods(&suite.admin, namespace, name).await?;
             let ready: Vec<PodView> = list
