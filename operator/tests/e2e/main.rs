@@ -455,7 +455,7 @@ async fn ready_pods(suite: &Suite, namespace: &str, name: &str, count: usize) ->
 async fn wait_no_pods(suite: &Suite, namespace: &str, name: &str) {
     eventually(
         &format!("{namespace}/{name} has no pods"),
-        PATIENCE + PATIENCE,
+        STOP_PATIENCE,
         || async move {
             let list = node::pods(&suite.admin, namespace, name).await?;
             if list.is_empty() {
