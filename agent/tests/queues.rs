@@ -32,6 +32,20 @@ fn terminals(context: &Path, instance: &str, env: &[(&str, &str)]) -> Compositio
     composition
 }
 
+/// A replica declares the component's queues, then leaves (drained): tasks wait in them.
+fn declared_and_left(context: &Path, env: &[(&str, &str)]) {
+    let first = terminals(context, "till-1", env);
+    let (stopped, log) = first.terminate(Duration::from_secs(30));
+    assert!(stopped, "{log}");
+}
+
+/// The ids of the notes that ran, sorted.
+fn ids(runs: &[Value]) -> Vec<u64> {
+    let mut ids: Vec<u64> = runs.iter().map(|r| r["id"].as_u64().unwrap()).collect();
+    ids.sort_unstable();
+    ids
+}
+
 /// A task through the caller's agent: the answer.
 fn task(agent: &str, request: &str) -> Value {
     let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
@@ -71,10 +85,7 @@ fn tasks_confirmed_before_a_broker_restart_all_run_after_it_each_once() {
     let (context, _, _queues) = broker_context("restart-tasks", &broker.url());
     let notes = temp("restart-notes");
     let notes_env = [("TOA_NOTES", notes.to_str().unwrap())];
-    // A replica declares the queue, then leaves: the tasks wait in it.
-    let first = terminals(&context, "till-1", &notes_env);
-    let (stopped, log) = first.terminate(Duration::from_secs(30));
-    assert!(stopped, "{log}");
+    declared_and_left(&context, &notes_env);
     let record = temp("restart-caller");
     let caller = Composition::caller(&context, &record);
     const TASKS: usize = 500;
@@ -100,10 +111,8 @@ fn tasks_confirmed_before_a_broker_restart_all_run_after_it_each_once() {
     broker.restart();
     let _replica = terminals(&context, "till-2", &notes_env);
     let runs = wait_lines(&notes, TASKS, Duration::from_secs(60));
-    let mut ids: Vec<u64> = runs.iter().map(|r| r["id"].as_u64().unwrap()).collect();
-    ids.sort_unstable();
     let expected: Vec<u64> = (0..TASKS as u64).collect();
-    assert_eq!(ids, expected, "each task ran exactly once");
+    assert_eq!(ids(&runs), expected, "each task ran exactly once");
 }
 
 #[test]
@@ -112,9 +121,7 @@ fn a_full_queue_refuses_a_call_unavailable_naming_it() {
         broker_context_with("bounded", "amqp://127.0.0.1:5672", "limits:\n  queue: 5\n");
     let notes = temp("bounded-notes");
     let notes_env = [("TOA_NOTES", notes.to_str().unwrap())];
-    let first = terminals(&context, "till-1", &notes_env);
-    let (stopped, log) = first.terminate(Duration::from_secs(30));
-    assert!(stopped, "{log}");
+    declared_and_left(&context, &notes_env);
     let record = temp("bounded-caller");
     let caller = Composition::caller(&context, &record);
     // A quorum queue checks its bound as it takes a message, so it may take one past it.
@@ -141,9 +148,7 @@ fn a_full_queue_refuses_a_call_unavailable_naming_it() {
     // Nothing was dropped: the five run once a replica is back.
     let _replica = terminals(&context, "till-2", &notes_env);
     let runs = wait_lines(&notes, taken, Duration::from_secs(20));
-    let mut ids: Vec<u64> = runs.iter().map(|r| r["id"].as_u64().unwrap()).collect();
-    ids.sort_unstable();
-    assert_eq!(ids, (0..taken as u64).collect::<Vec<_>>());
+    assert_eq!(ids(&runs), (0..taken as u64).collect::<Vec<_>>());
 }
 
 /// `toa_calls_dead_lettered_total` on the probe port `probe`.
