@@ -8,10 +8,30 @@ use crate::compose::{BrokerConfig, Options};
 use crate::instance::Instance;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use toa_context::agent_args::ComposeArgs;
 use toa_context::{Context, Credentials, Environment, ProcessVars};
 
-/// Everything is validated before anything starts.
-pub fn compose_options(
+/// `toa-agent compose`'s flags and the process's `TOA_*` variables, every one checked before
+/// anything starts.
+pub fn options(args: ComposeArgs) -> Result<Options, String> {
+    let control = match (args.control_listen, &args.control_token_file) {
+        (Some(address), Some(file)) => Some((address, read_token(file)?)),
+        _ => None,
+    };
+    let mut options = compose_options(
+        args.components,
+        &args.context,
+        &args.environment,
+        args.listen,
+        control,
+    )?;
+    options.attach = args.attach;
+    options.probe = args.probe_listen;
+    options.declarations = args.declarations;
+    Ok(options)
+}
+
+fn compose_options(
     components: Vec<PathBuf>,
     path: &PathBuf,
     environment: &str,

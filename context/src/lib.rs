@@ -7,9 +7,12 @@
 //! - [`annotations`]: the typed model ([`Context`]) read from YAML or from environment variables;
 //! - [`credentials`]: secrets read from the environment or from mounted files, never printed;
 //! - [`manifest`]: a component's manifest;
-//! - [`control`]: the credentials the operator and the agent derive from a pod's control token.
+//! - [`control`]: the operator↔agent contract: ports, paths, the control status, and the
+//!   credentials both derive from a pod's control token;
+//! - [`agent_args`]: the agent's command line, written by the operator and parsed by the agent.
 
 pub mod address;
+pub mod agent_args;
 pub mod annotations;
 pub mod control;
 pub mod credentials;

@@ -35,6 +35,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use toa_context::agent_args::{ComposeArgs, DrainArgs, ListeningArgs};
 
 use toa_context::control::LOCAL_PORT;
 pub use toa_context::control::{CONTROL_PORT, PROBE_PORT};
@@ -489,31 +492,24 @@ fn components(composition: &Composition, valid: &Valid, drain: &str) -> Vec<Cont
 }
 
 fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Container {
-    let mut command = vec!["toa-agent".to_owned(), "compose".to_owned()];
-    command.extend(
-        composition
-            .spec
-            .components
-            .iter()
-            .map(|component| format!("{COMPONENTS_DIR}/{}", component.name)),
-    );
-    command.extend(
-        [
-            "--listen",
-            &format!("127.0.0.1:{LOCAL_PORT}"),
-            "--control-listen",
-            &format!("0.0.0.0:{CONTROL_PORT}"),
-            "--control-token-file",
-            &format!("{CONTROL_DIR}/{TOKEN_KEY}"),
-            "--attach",
-            &ATTACH_PORT.to_string(),
-            "--probe-listen",
-            &format!("0.0.0.0:{PROBE_PORT}"),
-            "--declarations",
-            DECLARATIONS_DIR,
-        ]
-        .map(str::to_owned),
-    );
+    let token_file = PathBuf::from(format!("{CONTROL_DIR}/{TOKEN_KEY}"));
+    let command = ComposeArgs {
+        listen: SocketAddr::from(([127, 0, 0, 1], LOCAL_PORT)),
+        control_listen: Some(SocketAddr::from(([0, 0, 0, 0], CONTROL_PORT))),
+        control_token_file: Some(token_file.clone()),
+        attach: Some(ATTACH_PORT),
+        probe_listen: Some(SocketAddr::from(([0, 0, 0, 0], PROBE_PORT))),
+        declarations: Some(PathBuf::from(DECLARATIONS_DIR)),
+        ..ComposeArgs::new(
+            composition
+                .spec
+                .components
+                .iter()
+                .map(|component| PathBuf::from(format!("{COMPONENTS_DIR}/{}", component.name)))
+                .collect(),
+        )
+    }
+    .command();
     Container {
         name: AGENT_CONTAINER.to_owned(),
         image: Some(settings.agent_image.clone()),
@@ -552,12 +548,7 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
         lifecycle: Some(Lifecycle {
             pre_stop: Some(LifecycleHandler {
                 exec: Some(ExecAction {
-                    command: Some(vec![
-                        "toa-agent".to_owned(),
-                        "drain".to_owned(),
-                        "--control-token-file".to_owned(),
-                        format!("{CONTROL_DIR}/{TOKEN_KEY}"),
-                    ]),
+                    command: Some(DrainArgs::new(Some(token_file)).command()),
                 }),
                 ..LifecycleHandler::default()
             }),
@@ -651,13 +642,14 @@ fn instance() -> EnvVar {
 fn listening_hook() -> LifecycleHandler {
     LifecycleHandler {
         exec: Some(ExecAction {
-            command: Some(vec![
-                "toa-agent".to_owned(),
-                "listening".to_owned(),
-                format!("127.0.0.1:{LOCAL_PORT}"),
-                format!("127.0.0.1:{CONTROL_PORT}"),
-                format!("127.0.0.1:{PROBE_PORT}"),
-            ]),
+            command: Some(
+                ListeningArgs::new(
+                    [LOCAL_PORT, CONTROL_PORT, PROBE_PORT]
+                        .map(|port| SocketAddr::from(([127, 0, 0, 1], port)))
+                        .to_vec(),
+                )
+                .command(),
+            ),
         }),
         ..LifecycleHandler::default()
     }
