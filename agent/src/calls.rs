@@ -96,34 +96,62 @@ impl Calls {
         task: bool,
     ) -> Result<Outcome, CallError> {
         let in_flight = self.activity.begin();
-        let declared = match self.catalog.get(component) {
-            Some(declared) => declared,
-            // Over a broker, a component may be deployed later: its declarations are looked up
-            // for a while. A call closed meanwhile is made nowhere.
+        let declared = self.declared(component).await?;
+        let stateful = check_contract(&declared, operation, &request, task)?;
+        let Some(broker) = &self.broker else {
+            let call = Local {
+                component,
+                operation,
+                request,
+                task,
+                stateful,
+            };
+            return self.in_process(call, in_flight).await;
+        };
+        let timeout = stateful.then(|| {
+            request
+                .timeout
+                .map_or(self.default_timeout, Duration::from_millis)
+        });
+        let call = crate::broker::Call {
+            component,
+            operation,
+            input: &request.input,
+            instance: request.instance.as_deref(),
+            key: request.key.as_deref(),
+            task,
+        };
+        broker.call(call, timeout).await
+    }
+
+    /// The component's declarations. Over a broker, a component may be deployed later: its
+    /// declarations are looked up for a while. A call closed meanwhile is made nowhere.
+    async fn declared(&self, component: &str) -> Result<Arc<Component>, CallError> {
+        let unknown = || CallError::UnknownComponent(component.to_owned());
+        match self.catalog.get(component) {
+            Some(declared) => Ok(declared),
             None if self.broker.is_some() => self
                 .catalog
                 .find(component, LOOKUP)
                 .await
-                .ok_or_else(|| CallError::UnknownComponent(component.to_owned()))?,
-            None => return Err(CallError::UnknownComponent(component.to_owned())),
-        };
-        let stateful = check_contract(&declared, operation, &request, task)?;
-        if let Some(broker) = &self.broker {
-            let timeout = stateful.then(|| {
-                request
-                    .timeout
-                    .map_or(self.default_timeout, Duration::from_millis)
-            });
-            let call = crate::broker::Call {
-                component,
-                operation,
-                input: &request.input,
-                instance: request.instance.as_deref(),
-                key: request.key.as_deref(),
-                task,
-            };
-            return broker.call(call, timeout).await;
+                .ok_or_else(unknown),
+            None => Err(unknown()),
         }
+    }
+
+    /// A call to a component of this process, without a broker.
+    async fn in_process(
+        &self,
+        call: Local<'_>,
+        in_flight: crate::activity::InFlight,
+    ) -> Result<Outcome, CallError> {
+        let Local {
+            component,
+            operation,
+            request,
+            task,
+            stateful,
+        } = call;
         let callee = self
             .callees
             .get(component)
@@ -149,47 +177,18 @@ impl Calls {
         };
         // Wait until operations are served (preflight done).
         let mut serving = self.serving.clone();
-        if tokio::time::timeout_at(deadline, serving.wait_for(|on| *on))
-            .await
-            .is_err()
-        {
+        let served = serving.wait_for(|on| *on);
+        if tokio::time::timeout_at(deadline, served).await.is_err() {
             return Err(abandoned());
         }
-        let client = callee.client.clone();
-        let repeats = callee.repeats.clone();
-        let window = self.idempotency;
-        let operation = operation.to_owned();
-        let input = request.input;
-        let key = request.key;
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let meta =
-            CallMeta::new(stateful.then(|| crate::broker::now_ms() + left.as_millis() as i64));
-        let run = async move {
-            let program = client.operate(&operation, &input, &meta, left);
-            let once = crate::once::run_once(
-                &repeats,
-                &operation,
-                key.as_deref(),
-                &input,
-                deadline,
-                window,
-                program,
-            )
-            .await;
-            match once {
-                Once::Ran(result) => result.map_err(|e| match e {
-                    ProgramError::TimedOut { .. } if stateful => abandoned_error(&operation, left),
-                    other => CallError::Failed(other.to_string()),
-                }),
-                Once::Repeated(outcome) => Ok(outcome),
-                Once::Refused(message) => Err(CallError::RequestContract(message)),
-                Once::StillRunning if stateful => Err(abandoned_error(&operation, left)),
-                Once::StillRunning => Err(CallError::Failed(format!(
-                    "{operation}: the first call with this key still runs"
-                ))),
-                Once::Unavailable(message) => Err(CallError::Unavailable(message)),
-            }
-        };
+        let run = run_here(
+            callee,
+            operation.to_owned(),
+            request,
+            deadline,
+            stateful,
+            self.idempotency,
+        );
         if task {
             tokio::spawn(async move {
                 let _in_flight = in_flight;
@@ -203,6 +202,52 @@ impl Calls {
             CallError::Abandoned { .. } => abandoned(),
             other => other,
         })
+    }
+}
+
+/// A call to run in this process.
+struct Local<'a> {
+    component: &'a str,
+    operation: &'a str,
+    request: Request,
+    task: bool,
+    /// Addressed to one process, with a deadline.
+    stateful: bool,
+}
+
+/// The program's run of a call, once per key, until `deadline`.
+fn run_here(
+    callee: &Callee,
+    operation: String,
+    request: Request,
+    deadline: tokio::time::Instant,
+    stateful: bool,
+    window: Duration,
+) -> impl std::future::Future<Output = Result<Outcome, CallError>> + Send + 'static {
+    let client = callee.client.clone();
+    let repeats = callee.repeats.clone();
+    let Request { input, key, .. } = request;
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let meta = CallMeta::new(stateful.then(|| crate::broker::now_ms() + left.as_millis() as i64));
+    async move {
+        let program = client.operate(&operation, &input, &meta, left);
+        let key = key.as_deref();
+        let once =
+            crate::once::run_once(&repeats, &operation, key, &input, deadline, window, program)
+                .await;
+        match once {
+            Once::Ran(result) => result.map_err(|e| match e {
+                ProgramError::TimedOut { .. } if stateful => abandoned_error(&operation, left),
+                other => CallError::Failed(other.to_string()),
+            }),
+            Once::Repeated(outcome) => Ok(outcome),
+            Once::Refused(message) => Err(CallError::RequestContract(message)),
+            Once::StillRunning if stateful => Err(abandoned_error(&operation, left)),
+            Once::StillRunning => Err(CallError::Failed(format!(
+                "{operation}: the first call with this key still runs"
+            ))),
+            Once::Unavailable(message) => Err(CallError::Unavailable(message)),
+        }
     }
 }
 

@@ -82,6 +82,25 @@ impl CallError {
     }
 }
 
+/// Only a call to one process states a timeout: a positive one, within the broker's limit.
+fn check_timeout(target: &str, stateful: bool, timeout: Option<u64>) -> Result<(), CallError> {
+    let refuse = |message: String| Err(CallError::RequestContract(message));
+    match timeout {
+        None => Ok(()),
+        Some(_) if !stateful => refuse(format!(
+            "{target} is not stateful: only a call to one process states a timeout"
+        )),
+        Some(0) => refuse(format!(
+            "{target}: expected a positive timeout in milliseconds"
+        )),
+        Some(timeout) if timeout > MAX_TIMEOUT_MS => refuse(format!(
+            "{target}: expected a timeout of at most {MAX_TIMEOUT_MS} ms (the broker's limit on \
+             a message's expiration), got {timeout}"
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
 /// The request contract; returns whether the operation is stateful.
 pub fn check_contract(
     component: &Component,
@@ -118,22 +137,7 @@ pub fn check_contract(
         }
         _ => {}
     }
-    if !declaration.stateful && request.timeout.is_some() {
-        return refuse(format!(
-            "{target} is not stateful: only a call to one process states a timeout"
-        ));
-    }
-    if request.timeout == Some(0) {
-        return refuse(format!(
-            "{target}: expected a positive timeout in milliseconds"
-        ));
-    }
-    if let Some(timeout) = request.timeout.filter(|t| *t > MAX_TIMEOUT_MS) {
-        return refuse(format!(
-            "{target}: expected a timeout of at most {MAX_TIMEOUT_MS} ms (the broker's limit on \
-             a message's expiration), got {timeout}"
-        ));
-    }
+    check_timeout(&target, declaration.stateful, request.timeout)?;
     if let Some(key) = &request.key {
         crate::once::check_key(key)
             .map_err(|e| CallError::RequestContract(format!("{target}: {e}")))?;

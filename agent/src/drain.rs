@@ -14,6 +14,8 @@
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
 use std::sync::Arc;
 use toa_context::control::{drain_key, same_key, DRAIN_HEADER, DRAIN_PATH, STARTED_PATH};
 use tokio::sync::{mpsc, watch};
@@ -57,9 +59,21 @@ pub fn channel(control_token: Option<&str>) -> (Trigger, Asked) {
     )
 }
 
+/// The local API's route: `POST /v1/drain`.
+pub fn local_route(trigger: Trigger) -> Router {
+    Router::new()
+        .route("/v1/drain", post(by_header))
+        .with_state(trigger)
+}
+
+/// The probe port's kubelet hooks: whatever the probes themselves do not serve.
+pub fn hook_routes(trigger: Trigger) -> Router {
+    Router::new().fallback(by_path).with_state(trigger)
+}
+
 /// `POST /v1/drain`: 401 without the right key in the header (in a pod); otherwise starts the
 /// drain and answers once it is done.
-pub async fn by_header(State(trigger): State<Trigger>, headers: HeaderMap) -> Response {
+async fn by_header(State(trigger): State<Trigger>, headers: HeaderMap) -> Response {
     if let Some(key) = &trigger.key {
         let presented = headers
             .get(DRAIN_HEADER)
@@ -79,7 +93,7 @@ pub async fn by_header(State(trigger): State<Trigger>, headers: HeaderMap) -> Re
 /// The probe port's fallback, the kubelet's hooks (with a doubled leading slash too): `GET
 /// /drain/<key>` drains; `GET /started/<index>/<key>` tells that component container `index`
 /// started. 401 with another key; any other path is 404.
-pub async fn by_path(State(trigger): State<Trigger>, uri: Uri) -> Response {
+async fn by_path(State(trigger): State<Trigger>, uri: Uri) -> Response {
     let path = uri.path().trim_start_matches('/');
     let hook = |prefix: &str| match path.strip_prefix(prefix.trim_start_matches('/')) {
         Some("") => Some(""),

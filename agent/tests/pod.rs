@@ -323,3 +323,66 @@ fn a_stop_while_starting_answers_the_drain_at_once() {
         pod.agent.log()
     );
 }
+
+/// The listening socket on `port` of process `pid`, duplicated into this process (pidfd_getfd:
+/// the same socket, not a copy), found through the process's descriptors and its TCP table.
+fn listener_of(pid: u32, port: u16) -> i32 {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
+    let inode = table
+        .lines()
+        .skip(1)
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local = u16::from_str_radix(fields.get(1)?.rsplit(':').next()?, 16).ok()?;
+            // 0A: LISTEN.
+            (local == port && fields.get(3) == Some(&"0A")).then(|| fields[9].to_owned())
+        })
+        .unwrap_or_else(|| panic!("nothing listens on {port}"));
+    let socket = format!("socket:[{inode}]");
+    let fd = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|entry| {
+            std::fs::read_link(entry.path()).is_ok_and(|link| link.as_os_str() == socket.as_str())
+        })
+        .and_then(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .unwrap_or_else(|| panic!("process {pid} holds no {socket}"));
+    // SAFETY: plain system calls on descriptors this test owns.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as i32;
+        assert!(
+            pidfd >= 0,
+            "pidfd_open: {}",
+            std::io::Error::last_os_error()
+        );
+        let stolen = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as i32;
+        assert!(
+            stolen >= 0,
+            "pidfd_getfd: {}",
+            std::io::Error::last_os_error()
+        );
+        libc::close(pidfd);
+        stolen
+    }
+}
+
+#[test]
+fn a_server_that_dies_stops_the_agent_and_says_which() {
+    let (mut program, mut pod, _record) = ready_pod("recorder.py", "dies");
+    // The probe listener's socket, shut down under the agent: it accepts nothing any more.
+    let socket = listener_of(pod.agent.pid(), pod.probe);
+    // SAFETY: the descriptor was duplicated into this process above.
+    unsafe {
+        assert_eq!(libc::shutdown(socket, libc::SHUT_RDWR), 0);
+        libc::close(socket);
+    }
+    let succeeded = wait_exit(&mut pod.agent, Duration::from_secs(15));
+    let log = pod.agent.log();
+    assert!(!succeeded, "the agent exited successfully:\n{log}");
+    assert!(
+        log.contains("the probe endpoint stopped: accepting connections failed"),
+        "the log does not name the server:\n{log}"
+    );
+    let _ = program.kill();
+    let _ = program.wait();
+}

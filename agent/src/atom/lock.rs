@@ -24,7 +24,7 @@ use super::keys::Scope;
 use super::quorum::{one_holder_has_majority, quorum, to_release, Tally, Verdict, Vote};
 use super::waiters::Waiters;
 use crate::metrics::ComponentMetrics;
-use crate::redis::{ServerError, Servers};
+use crate::redis::{Server, ServerError, Servers};
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
 use redis::Script;
@@ -237,6 +237,83 @@ enum Attempt {
     Unavailable(Option<ServerError>),
 }
 
+/// What the servers answered one acquisition, each reply turned into a vote.
+struct Answers {
+    /// The grants that count toward the quorum, with the fencing token each server gave.
+    granted: Vec<(usize, u64)>,
+    /// Every server that granted, counted or not (all are released on a failure).
+    any_grant: Vec<usize>,
+    answered: Vec<bool>,
+    /// The longest time another holder keeps the lock, as its servers said.
+    busy: Option<Duration>,
+    holders: Vec<String>,
+    /// Servers without the fencing counter (restarted empty): seeded before the next attempt.
+    unseeded: Vec<usize>,
+    error: Option<ServerError>,
+}
+
+impl Answers {
+    fn new(servers: usize) -> Self {
+        Self {
+            granted: Vec::new(),
+            any_grant: Vec::new(),
+            answered: vec![false; servers],
+            busy: None,
+            holders: Vec::new(),
+            unseeded: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// Server `index`'s reply to the lock script: granted with a token, held by another for so
+    /// long, unseeded, or failed.
+    fn record(
+        &mut self,
+        server: &Server,
+        index: usize,
+        reply: Result<(i64, i64, String), ServerError>,
+    ) -> Vote {
+        self.answered[index] = true;
+        match reply {
+            Ok((1, token, _)) => {
+                self.any_grant.push(index);
+                if !server.countable() {
+                    return Vote::No;
+                }
+                self.granted.push((index, token.max(0) as u64));
+                Vote::Yes
+            }
+            Ok((0, pttl, holder)) => {
+                let left = Duration::from_millis(pttl.max(1) as u64);
+                self.busy = Some(self.busy.map_or(left, |b| b.max(left)));
+                self.holders.push(holder);
+                Vote::No
+            }
+            Ok((-1, _, _)) => {
+                self.unseeded.push(index);
+                Vote::No
+            }
+            Ok(other) => {
+                self.error = Some(ServerError::Refused(
+                    server.address().to_string(),
+                    format!("unexpected reply {other:?} to the lock script"),
+                ));
+                Vote::Failed
+            }
+            Err(e) => {
+                self.error = Some(e);
+                Vote::Failed
+            }
+        }
+    }
+
+    fn unanswered(&self) -> Vec<usize> {
+        (0..self.answered.len())
+            .filter(|i| !self.answered[*i])
+            .collect()
+    }
+}
+
 impl Locks {
     pub fn new(
         servers: Arc<Servers>,
@@ -323,84 +400,66 @@ impl Locks {
             .collect();
 
         let mut tally = Tally::new(n);
-        let mut granted: Vec<(usize, u64)> = Vec::new();
-        let mut answered = vec![false; n];
-        let mut busy: Option<Duration> = None;
-        let mut unseeded = Vec::new();
-        let mut error = None;
-        let mut any_grant = Vec::new();
-        let mut holders: Vec<String> = Vec::new();
+        let mut answers = Answers::new(n);
         while let Some((index, reply)) = pending.next().await {
-            answered[index] = true;
-            let vote = match reply {
-                Ok((1, token, _)) => {
-                    any_grant.push(index);
-                    if self.servers.list[index].countable() {
-                        granted.push((index, token.max(0) as u64));
-                        Vote::Yes
-                    } else {
-                        Vote::No
-                    }
-                }
-                Ok((0, pttl, holder)) => {
-                    let left = Duration::from_millis(pttl.max(1) as u64);
-                    busy = Some(busy.map_or(left, |b| b.max(left)));
-                    holders.push(holder);
-                    Vote::No
-                }
-                Ok((-1, _, _)) => {
-                    unseeded.push(index);
-                    Vote::No
-                }
-                Ok(other) => {
-                    error = Some(ServerError::Refused(
-                        self.servers.list[index].address().to_string(),
-                        format!("unexpected reply {other:?} to the lock script"),
-                    ));
-                    Vote::Failed
-                }
-                Err(e) => {
-                    error = Some(e);
-                    Vote::Failed
-                }
-            };
+            let vote = answers.record(&self.servers.list[index], index, reply);
             if tally.add(vote) != Verdict::Continue {
                 break;
             }
         }
         drop(pending);
-        let unanswered: Vec<usize> = (0..n).filter(|i| !answered[*i]).collect();
-
         if tally.verdict() == Verdict::Granted {
-            let token = granted.iter().map(|(_, t)| *t).max().unwrap_or_default();
-            if self.hold_token_on_majority(&granted, token).await {
-                let deadline = start + self.ttl.saturating_sub(self.drift);
-                if Instant::now() < deadline {
-                    return Attempt::Granted { token, deadline };
-                }
-            }
-            self.release_on(all_servers(n), keys, value).await;
-            return Attempt::Unavailable(None);
+            return self.granted(&answers.granted, start, keys, value).await;
         }
+        self.not_granted(answers, keys, value).await
+    }
 
-        // Failed: give back what was granted, and what may still be granted by servers that did
-        // not answer yet (the release queues behind the acquisition on the same connection).
-        // Waiters are woken only when this may have been a split vote: when one other holder was
-        // seen on a majority, its release will wake them; waking them for our partial grants would
-        // have them churn against each other for as long as it holds.
-        let release = to_release(&any_grant, &unanswered);
+    /// A majority granted: the fencing token on a majority and time left, or all given back.
+    async fn granted(
+        self: &Arc<Self>,
+        granted: &[(usize, u64)],
+        start: Instant,
+        keys: &[String],
+        value: &str,
+    ) -> Attempt {
+        let token = granted.iter().map(|(_, t)| *t).max().unwrap_or_default();
+        if self.hold_token_on_majority(granted, token).await {
+            let deadline = start + self.ttl.saturating_sub(self.drift);
+            if Instant::now() < deadline {
+                return Attempt::Granted { token, deadline };
+            }
+        }
+        self.release_on(all_servers(self.servers.list.len()), keys, value)
+            .await;
+        Attempt::Unavailable(None)
+    }
+
+    /// Failed: give back what was granted, and what may still be granted by servers that did
+    /// not answer yet (the release queues behind the acquisition on the same connection).
+    /// Waiters are woken only when this may have been a split vote: when one other holder was
+    /// seen on a majority, its release will wake them; waking them for our partial grants would
+    /// have them churn against each other for as long as it holds.
+    async fn not_granted(
+        self: &Arc<Self>,
+        answers: Answers,
+        keys: &[String],
+        value: &str,
+    ) -> Attempt {
+        let n = self.servers.list.len();
+        let release = to_release(&answers.any_grant, &answers.unanswered());
         if !release.is_empty() {
-            let publish = !one_holder_has_majority(&holders, n);
+            let publish = !one_holder_has_majority(&answers.holders, n);
             let mut pending = self.releases(release, keys, value, publish);
             tokio::spawn(async move { while pending.next().await.is_some() {} });
         }
-        for index in unseeded {
+        for index in answers.unseeded {
             self.seed(index).await;
         }
-        match busy {
+        match answers.busy {
             Some(left) => Attempt::Busy(left),
-            None if error.is_none() => Attempt::Busy(Duration::from_millis(1)), // was unseeded: retry now
-            None => Attempt::Unavailable(error),
+            // Was unseeded: retry now.
+            None if answers.error.is_none() => Attempt::Busy(Duration::from_millis(1)),
+            None => Attempt::Unavailable(answers.error),
         }
     }
 

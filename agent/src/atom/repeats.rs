@@ -290,6 +290,18 @@ mod tests {
             repeats.claim("op2", "k", &hash, limit).await.unwrap(),
             Claim::Run
         );
+    }
+
+    #[tokio::test]
+    async fn a_too_large_outcome_is_told_and_a_claim_expires_with_its_calls_limit() {
+        let repeats = Repeats::local();
+        let limit = Duration::from_secs(5);
+        let window = Duration::from_secs(60);
+        let hash = input_hash(&json!({"a": 1}));
+        assert_eq!(
+            repeats.claim("op2", "k", &hash, limit).await.unwrap(),
+            Claim::Run
+        );
         // Too large to keep: the repeat is told so.
         let large = Stored::Reply(json!("x".repeat(MAX_STORED)));
         repeats

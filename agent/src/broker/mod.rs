@@ -143,6 +143,52 @@ pub struct Broker {
     draining: watch::Sender<bool>,
 }
 
+/// A call's properties: its id, persistent for a task (kept through a broker restart, as the
+/// tasks queue is), where an ordinary call's reply goes, and the caller's deadline (the broker
+/// drops the call if it is still queued then).
+fn properties(
+    id: &str,
+    session: &Session,
+    task: bool,
+    deadline_ms: Option<i64>,
+) -> BasicProperties {
+    let mut properties = BasicProperties::default().with_correlation_id(id.into());
+    properties = if task {
+        properties.with_delivery_mode(2)
+    } else {
+        properties.with_reply_to(session.replies.as_str().into())
+    };
+    if let Some(deadline_ms) = deadline_ms {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            ShortString::from(DEADLINE),
+            AMQPValue::LongLongInt(deadline_ms),
+        );
+        let left = (deadline_ms - now_ms()).max(1);
+        properties = properties
+            .with_expiration(left.to_string().into())
+            .with_headers(headers);
+    }
+    properties
+}
+
+/// A reply: refused by the receiving agent (the process was leaving, or the call broke the
+/// declarations), or the program's outcome.
+fn read_reply(reply: Value, addressee: impl Fn() -> CallError) -> Result<Outcome, CallError> {
+    match reply.get("refused").and_then(Value::as_str) {
+        // The process was leaving when the call reached it: the call did not run.
+        Some("Addressee") => Err(addressee()),
+        Some("RequestContract") => Err(CallError::RequestContract(
+            reply
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("refused by the receiving agent")
+                .to_owned(),
+        )),
+        _ => decode_reply(reply),
+    }
+}
+
 /// Milliseconds since the Unix epoch: deadlines travel between processes in this unit.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -367,8 +413,6 @@ impl Broker {
             (None, Some(_)) => return Err(addressee()),
             (None, None) => self.next_session().await,
         };
-        let failed =
-            |message: String| CallError::Failed(format!("{}: {message}", self.settings.shown));
         let mut queue = match instance {
             Some(instance) => self.names.own(component, instance),
             None => self.route(&session, component, task).await?,
@@ -379,123 +423,122 @@ impl Broker {
             message["key"] = json!(key);
         }
         let body = serde_json::to_vec(&message).expect("JSON");
-        let mut properties = BasicProperties::default().with_correlation_id(id.as_str().into());
-        if task {
-            // Kept through a broker restart, as the tasks queue is.
-            properties = properties.with_delivery_mode(2);
-        }
-        let receiver = if task {
-            None
-        } else {
-            properties = properties.with_reply_to(session.replies.as_str().into());
-            Some(session.expect(&id))
-        };
+        let properties = properties(&id, &session, task, deadline_ms);
+        let receiver = (!task).then(|| session.expect(&id));
         let _forget = Forget {
             session: &session,
             id: &id,
         };
-        if let Some(deadline_ms) = deadline_ms {
-            let mut headers = FieldTable::default();
-            headers.insert(
-                ShortString::from(DEADLINE),
-                AMQPValue::LongLongInt(deadline_ms),
-            );
-            // The broker drops the call if it is still queued at the deadline.
-            let left = (deadline_ms - now_ms()).max(1);
-            properties = properties
-                .with_expiration(left.to_string().into())
-                .with_headers(headers);
-        }
-        // Mandatory for every call: a call to a process nobody holds is an Addressee; an ordinary
-        // call whose queue vanished (deleted, or the legacy queue gone with its broker) is routed
-        // again.
-        let options = BasicPublishOptions {
-            mandatory: true,
-            ..Default::default()
-        };
-        let session = &session;
-        let body = &body;
-        let publish = |queue: String, properties: BasicProperties| async move {
-            let sent = async {
-                session
-                    .channel
-                    .basic_publish("".into(), queue.as_str().into(), options, body, properties)
-                    .await?
-                    .await
-            };
-            // Without a deadline of its own, a call waits for the broker's confirm this long.
-            let sent = tokio::time::timeout(CONFIRM_LIMIT, sent)
-                .await
-                .map_err(|_| {
-                    CallError::Unavailable(format!(
-                    "{}: the broker did not confirm the call within {} s; it may have been taken",
-                    self.settings.shown,
-                    CONFIRM_LIMIT.as_secs()
-                ))
-                })?;
-            sent.map_err(|e| {
-                // A channel the broker closed ends the session: the next call gets a new one.
-                session.check_channels();
-                if instance.is_some() && session.is_lost() {
-                    addressee()
-                } else {
-                    failed(e.to_string())
-                }
-            })
+        let publish = |queue: String, properties: BasicProperties| {
+            self.publish(
+                &session,
+                queue,
+                &body,
+                properties,
+                instance.is_some(),
+                addressee,
+            )
         };
         let mut confirm = publish(queue.clone(), properties.clone()).await?;
         if instance.is_none() && matches!(confirm, Confirmation::Ack(Some(_))) {
             session.declared.lock().expect("declared").remove(&queue);
-            queue = self.route(session, component, task).await?;
+            queue = self.route(&session, component, task).await?;
             confirm = publish(queue.clone(), properties).await?;
         }
-        match confirm {
-            Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) if instance.is_none() => {
-                return Err(failed(format!("the queue {queue} takes no calls")))
-            }
-            Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => return Err(addressee()),
-            // With `reject-publish`, a full queue refuses the message.
-            Confirmation::Nack(None) if instance.is_none() => {
-                return Err(CallError::Unavailable(format!(
-                    "the queue {queue} is full (it holds at most limits.queue calls, {} here); \
-                     try again later",
-                    self.limits.queue
-                )))
-            }
-            Confirmation::Nack(None) => {
-                return Err(failed("the broker did not take the call".into()))
-            }
-            _ => {}
-        }
+        self.confirmed(confirm, &queue, instance.is_some(), addressee)?;
         let Some(receiver) = receiver else {
             return Ok(Outcome::Reply(Value::Null));
         };
-        let reply = receiver.await.map_err(|_| {
-            if deadline_ms.is_some() {
-                // The connection ended: the reply will not come (`call` names the timeout).
-                CallError::Abandoned {
-                    component: component.to_owned(),
-                    timeout_ms: 0,
-                }
+        let reply = receiver
+            .await
+            .map_err(|_| self.reply_lost(component, deadline_ms))?;
+        read_reply(reply, addressee)
+    }
+
+    /// Publishes one call and waits for the broker's confirm. Mandatory for every call: a call
+    /// to a process nobody holds is an Addressee; an ordinary call whose queue vanished
+    /// (deleted, or the legacy queue gone with its broker) is routed again.
+    async fn publish(
+        &self,
+        session: &Session,
+        queue: String,
+        body: &[u8],
+        properties: BasicProperties,
+        named: bool,
+        addressee: impl Fn() -> CallError,
+    ) -> Result<Confirmation, CallError> {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        };
+        let sent = async {
+            session
+                .channel
+                .basic_publish("".into(), queue.as_str().into(), options, body, properties)
+                .await?
+                .await
+        };
+        // Without a deadline of its own, a call waits for the broker's confirm this long.
+        let sent = tokio::time::timeout(CONFIRM_LIMIT, sent)
+            .await
+            .map_err(|_| {
+                CallError::Unavailable(format!(
+                    "{}: the broker did not confirm the call within {} s; it may have been taken",
+                    self.settings.shown,
+                    CONFIRM_LIMIT.as_secs()
+                ))
+            })?;
+        sent.map_err(|e| {
+            // A channel the broker closed ends the session: the next call gets a new one.
+            session.check_channels();
+            if named && session.is_lost() {
+                addressee()
             } else {
-                failed(
-                    "the connection to the broker ended before the reply came; the call may have run"
-                        .into(),
-                )
+                self.failed(&e.to_string())
             }
-        })?;
-        match reply.get("refused").and_then(Value::as_str) {
-            // The process was leaving when the call reached it: the call did not run.
-            Some("Addressee") => Err(addressee()),
-            Some("RequestContract") => Err(CallError::RequestContract(
-                reply
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("refused by the receiving agent")
-                    .to_owned(),
-            )),
-            _ => decode_reply(reply),
+        })
+    }
+
+    /// What the broker's confirm says: taken, or refused (returned unroutable, or nacked).
+    fn confirmed(
+        &self,
+        confirm: Confirmation,
+        queue: &str,
+        named: bool,
+        addressee: impl Fn() -> CallError,
+    ) -> Result<(), CallError> {
+        match confirm {
+            Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) if !named => {
+                Err(self.failed(&format!("the queue {queue} takes no calls")))
+            }
+            Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => Err(addressee()),
+            // With `reject-publish`, a full queue refuses the message.
+            Confirmation::Nack(None) if !named => Err(CallError::Unavailable(format!(
+                "the queue {queue} is full (it holds at most limits.queue calls, {} here); \
+                 try again later",
+                self.limits.queue
+            ))),
+            Confirmation::Nack(None) => Err(self.failed("the broker did not take the call")),
+            _ => Ok(()),
         }
+    }
+
+    /// The connection ended before the reply came: it will not come.
+    fn reply_lost(&self, component: &str, deadline_ms: Option<i64>) -> CallError {
+        match deadline_ms {
+            // `call` names the timeout.
+            Some(_) => CallError::Abandoned {
+                component: component.to_owned(),
+                timeout_ms: 0,
+            },
+            None => self.failed(
+                "the connection to the broker ended before the reply came; the call may have run",
+            ),
+        }
+    }
+
+    fn failed(&self, message: &str) -> CallError {
+        CallError::Failed(format!("{}: {message}", self.settings.shown))
     }
 
     /// Takes calls for a component from its queues, on this connection and on every one after

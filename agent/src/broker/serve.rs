@@ -82,43 +82,50 @@ pub(super) async fn serve(
         .extend([tasks, calls]);
     let channel = session.connection.create_channel().await?;
     answer_dead(session, channel, dead, served).await?;
-    let (session, served) = (session.clone(), served.clone());
-    tokio::spawn(async move {
-        let mut warned = false;
-        while !session.is_lost() && !*served.draining.borrow() {
-            match take_name(&session, &own, prefetch).await {
-                Ok(channel) => {
-                    if warned {
-                        tracing::info!(queue = %own, "instance name free again: answering under it");
-                    }
-                    if let Err(error) =
-                        consume(&session, channel, own.clone(), &served, Kind::Own).await
-                    {
-                        tracing::warn!(%error, "cannot consume the instance queue");
-                    }
-                    return;
+    tokio::spawn(take_name_when_free(
+        session.clone(),
+        served.clone(),
+        own,
+        prefetch,
+    ));
+    Ok(())
+}
+
+/// Consumes the instance queue once no other process holds the name, trying every second.
+async fn take_name_when_free(session: Arc<Session>, served: Served, own: String, prefetch: u16) {
+    let mut warned = false;
+    while !session.is_lost() && !*served.draining.borrow() {
+        match take_name(&session, &own, prefetch).await {
+            Ok(channel) => {
+                if warned {
+                    tracing::info!(queue = %own, "instance name free again: answering under it");
                 }
-                Err(error) if error.to_string().contains("RESOURCE_LOCKED") => {
-                    if !warned {
-                        tracing::warn!(queue = %own, "Instance name taken: another process holds it; trying again every second");
-                        warned = true;
-                    }
+                if let Err(error) =
+                    consume(&session, channel, own.clone(), &served, Kind::Own).await
+                {
+                    tracing::warn!(%error, "cannot consume the instance queue");
                 }
-                Err(error) if session.is_lost() => {
-                    tracing::debug!(%error, "the session ended while taking the instance name");
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, queue = %own, "cannot declare the instance queue; trying again")
+                return;
+            }
+            Err(error) if error.to_string().contains("RESOURCE_LOCKED") => {
+                if !warned {
+                    tracing::warn!(queue = %own, "Instance name taken: another process holds it; trying again every second");
+                    warned = true;
                 }
             }
-            tokio::select! {
-                () = session.lost.cancelled() => return,
-                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            Err(error) if session.is_lost() => {
+                tracing::debug!(%error, "the session ended while taking the instance name");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, queue = %own, "cannot declare the instance queue; trying again")
             }
         }
-    });
-    Ok(())
+        tokio::select! {
+            () = session.lost.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
 }
 
 /// The instance queue, declared exclusive: the broker refuses it while another process holds it.
@@ -393,54 +400,175 @@ pub(super) async fn finish(session: &Session, delivery: &Delivery, handled: Hand
 /// Runs one call, unless it must not run here (its deadline passed, the process drains, or it
 /// breaks the component's declarations).
 async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
-    let deadline =
-        delivery
-            .properties
-            .headers()
-            .as_ref()
-            .and_then(|h| match h.inner().get(DEADLINE) {
-                Some(AMQPValue::LongLongInt(ms)) => Some(*ms),
-                _ => None,
-            });
-    let id = delivery
-        .properties
-        .correlation_id()
-        .as_ref()
-        .map_or_else(String::new, |id| id.to_string());
-    if deadline.is_some_and(|d| now_ms() >= d) {
-        tracing::info!(call = %id, "a call reached this process after its deadline: it does not run");
-        return Handled::Drop;
-    }
-    let request: Request = match serde_json::from_slice(&delivery.data) {
-        Ok(request) => request,
-        Err(error) => {
-            tracing::warn!(call = %id, %error, "refused a call that is not {{\"operation\", \"input\"}}");
-            return refused(format!(
-                "expected a JSON call {{\"operation\": name, \"input\": ...}}: {error}"
-            ));
-        }
+    let call = match Call::read(delivery, served, own) {
+        Ok(call) => call,
+        Err(handled) => return handled,
     };
-    // The receiving side checks the call too: only a declared operation, with an input its
-    // schema takes, on the queue its kind goes to, reaches the program.
-    let contract = crate::contract::Request {
-        input: request.input.clone(),
-        instance: own.then(|| served.instance.clone()),
-        timeout: None,
-        key: request.key.clone(),
-    };
-    if let Err(error) =
-        crate::contract::check_contract(&served.component, &request.operation, &contract, false)
-    {
-        let operation: String = request.operation.chars().take(64).collect();
-        tracing::warn!(call = %id, operation = ?operation, "refused a call that breaks the component's declarations");
-        return refused(match error {
-            crate::contract::CallError::RequestContract(message) => message,
-            other => other.to_string(),
-        });
-    }
     // From here the call is received: a halt sees it, and the drain waits while it runs. The
     // count starts before the drain is checked, so the drain cannot miss a call that runs.
     let _in_flight = served.activity.begin();
+    if let Some(handled) = admit(served, own).await {
+        return handled;
+    }
+    // Right before the program: a call whose caller gave up never starts; the program gets
+    // what is left of the deadline.
+    let limit = match call.deadline {
+        Some(d) if now_ms() >= d => {
+            tracing::info!(call = %call.id, "a call's deadline passed before it started: it does not run");
+            return Handled::Drop;
+        }
+        Some(d) => Duration::from_millis((d - now_ms()) as u64),
+        None => served.operation_limit,
+    };
+    match call.run(served, limit, own).await {
+        Ok(result) => call.answer(result, served, own).await,
+        Err(handled) => handled,
+    }
+}
+
+/// A call read from its delivery.
+struct Call {
+    id: String,
+    /// The caller's deadline, in milliseconds since the epoch.
+    deadline: Option<i64>,
+    redelivered: bool,
+    request: Request,
+}
+
+impl Call {
+    /// The call, or how it is answered when it must not reach the program: past its deadline,
+    /// not a call, or breaking the component's declarations (the receiving side checks too:
+    /// only a declared operation, with an input its schema takes, on the queue its kind goes to).
+    fn read(delivery: &Delivery, served: &Served, own: bool) -> Result<Self, Handled> {
+        let headers = delivery.properties.headers().as_ref();
+        let deadline = headers.and_then(|h| match h.inner().get(DEADLINE) {
+            Some(AMQPValue::LongLongInt(ms)) => Some(*ms),
+            _ => None,
+        });
+        let id = delivery
+            .properties
+            .correlation_id()
+            .as_ref()
+            .map_or_else(String::new, |id| id.to_string());
+        if deadline.is_some_and(|d| now_ms() >= d) {
+            tracing::info!(call = %id, "a call reached this process after its deadline: it does not run");
+            return Err(Handled::Drop);
+        }
+        let request: Request = serde_json::from_slice(&delivery.data).map_err(|error| {
+            tracing::warn!(call = %id, %error, "refused a call that is not {{\"operation\", \"input\"}}");
+            refused(format!(
+                "expected a JSON call {{\"operation\": name, \"input\": ...}}: {error}"
+            ))
+        })?;
+        let contract = crate::contract::Request {
+            input: request.input.clone(),
+            instance: own.then(|| served.instance.clone()),
+            timeout: None,
+            key: request.key.clone(),
+        };
+        let checked = crate::contract::check_contract(
+            &served.component,
+            &request.operation,
+            &contract,
+            false,
+        );
+        if let Err(error) = checked {
+            let operation: String = request.operation.chars().take(64).collect();
+            tracing::warn!(call = %id, operation = ?operation, "refused a call that breaks the component's declarations");
+            return Err(refused(match error {
+                crate::contract::CallError::RequestContract(message) => message,
+                other => other.to_string(),
+            }));
+        }
+        Ok(Self {
+            id,
+            deadline,
+            redelivered: delivery.redelivered,
+            request,
+        })
+    }
+
+    /// The program's outcome, once per key; `Err`: answered without it.
+    async fn run(
+        &self,
+        served: &Served,
+        limit: Duration,
+        own: bool,
+    ) -> Result<Result<Outcome, ProgramError>, Handled> {
+        let meta = CallMeta {
+            id: self.id.clone(),
+            redelivered: self.redelivered,
+            deadline_ms: self.deadline,
+        };
+        let until = tokio::time::Instant::now() + limit;
+        let request = &self.request;
+        let program = served
+            .client
+            .operate(&request.operation, &request.input, &meta, limit);
+        let once = run_once(
+            &served.repeats,
+            &request.operation,
+            request.key.as_deref(),
+            &request.input,
+            until,
+            served.idempotency,
+            program,
+        )
+        .await;
+        match once {
+            Once::Ran(result) => Ok(result),
+            Once::Repeated(outcome) => {
+                tracing::info!(call = %self.id, "a repeat of a call with a key: the first call's outcome, not run again");
+                Ok(Ok(outcome))
+            }
+            Once::Refused(message) => Err(refused(message)),
+            // The caller of a call to one process has its `Abandoned` at the same time.
+            Once::StillRunning if own => Err(Handled::Drop),
+            Once::StillRunning => Err(Handled::Reply(json!({"failure": format!(
+                "{}: the first call with this key still runs", request.operation
+            )}))),
+            Once::Unavailable(message) => Err(Handled::Reply(json!({ "failure": message }))),
+        }
+    }
+
+    /// What the caller is told of the program's outcome.
+    async fn answer(
+        &self,
+        result: Result<Outcome, ProgramError>,
+        served: &Served,
+        own: bool,
+    ) -> Handled {
+        match result {
+            Ok(Outcome::Reply(reply)) => Handled::Reply(json!({"reply": reply})),
+            Ok(Outcome::Error { code, message }) => {
+                Handled::Reply(json!({"error": {"code": code, "message": message}}))
+            }
+            // The program went away under the call (it crashed, its container restarts, or the
+            // drain's budget ran out and it was stopped): an ordinary call is given back, and
+            // another replica runs it (it may have run in part here: at least once; the delivery
+            // limit ends a call that takes every program down). Given back once the consumer
+            // stepped back, so it does not come straight back here.
+            Err(ProgramError::Unreachable { .. }) if !own => {
+                let mut alive = served.alive.clone();
+                let stepped_back = alive.wait_for(|alive| !*alive);
+                let _ = tokio::time::timeout(Duration::from_millis(1500), stepped_back).await;
+                Handled::Requeue { started: true }
+            }
+            // Cut off by the deadline: the caller has its `Abandoned` already; no reply.
+            Err(ProgramError::TimedOut { .. }) if self.deadline.is_some_and(|d| now_ms() >= d) => {
+                Handled::Drop
+            }
+            Err(error) => {
+                tracing::warn!(call = %self.id, %error, "a call failed in the program");
+                Handled::Reply(json!({"failure": error.to_string()}))
+            }
+        }
+    }
+}
+
+/// Waits until operations are served; `Some`: the call does not run here (the process drains,
+/// or its program is not running).
+async fn admit(served: &Served, own: bool) -> Option<Handled> {
     let leaving = || {
         if own {
             Handled::Addressee
@@ -450,95 +578,25 @@ async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
     };
     let mut draining = served.draining.clone();
     if *draining.borrow() {
-        return leaving();
+        return Some(leaving());
     }
     let mut serving = served.serving.clone();
     tokio::select! {
         _ = serving.wait_for(|on| *on) => {}
-        _ = draining.wait_for(|on| *on) => return leaving(),
+        _ = draining.wait_for(|on| *on) => return Some(leaving()),
     }
     if *served.draining.borrow() {
-        return leaving();
+        return Some(leaving());
     }
     if !*served.alive.borrow() {
         if own {
-            return Handled::Reply(json!({"failure": format!(
+            return Some(Handled::Reply(json!({"failure": format!(
                 "the program of {} is not running", served.component.name
-            )}));
+            )})));
         }
-        return Handled::Requeue { started: false };
+        return Some(Handled::Requeue { started: false });
     }
-    // Right before the program: a call whose caller gave up never starts; the program gets
-    // what is left of the deadline.
-    let limit = match deadline {
-        Some(d) if now_ms() >= d => {
-            tracing::info!(call = %id, "a call's deadline passed before it started: it does not run");
-            return Handled::Drop;
-        }
-        Some(d) => Duration::from_millis((d - now_ms()) as u64),
-        None => served.operation_limit,
-    };
-    let meta = CallMeta {
-        id: id.clone(),
-        redelivered: delivery.redelivered,
-        deadline_ms: deadline,
-    };
-    let until = tokio::time::Instant::now() + limit;
-    let program = served
-        .client
-        .operate(&request.operation, &request.input, &meta, limit);
-    let once = run_once(
-        &served.repeats,
-        &request.operation,
-        request.key.as_deref(),
-        &request.input,
-        until,
-        served.idempotency,
-        program,
-    )
-    .await;
-    let result = match once {
-        Once::Ran(result) => result,
-        Once::Repeated(outcome) => {
-            tracing::info!(call = %id, "a repeat of a call with a key: the first call's outcome, not run again");
-            Ok(outcome)
-        }
-        Once::Refused(message) => return refused(message),
-        // The caller of a call to one process has its `Abandoned` at the same time.
-        Once::StillRunning if own => return Handled::Drop,
-        Once::StillRunning => {
-            return Handled::Reply(json!({"failure": format!(
-                "{}: the first call with this key still runs", request.operation
-            )}))
-        }
-        Once::Unavailable(message) => return Handled::Reply(json!({ "failure": message })),
-    };
-    match result {
-        Ok(Outcome::Reply(reply)) => Handled::Reply(json!({"reply": reply})),
-        Ok(Outcome::Error { code, message }) => {
-            Handled::Reply(json!({"error": {"code": code, "message": message}}))
-        }
-        // The program went away under the call (it crashed, its container restarts, or the
-        // drain's budget ran out and it was stopped): an ordinary call is given back, and another
-        // replica runs it (it may have run in part here: at least once; the delivery limit ends
-        // a call that takes every program down). Given back once the consumer stepped back, so
-        // it does not come straight back here.
-        Err(ProgramError::Unreachable { .. }) if !own => {
-            let mut alive = served.alive.clone();
-            let _ =
-                tokio::time::timeout(Duration::from_millis(1500), alive.wait_for(|alive| !*alive))
-                    .await;
-            Handled::Requeue { started: true }
-        }
-        // Cut off by the deadline: the caller has its `Abandoned` already; no reply.
-        Err(ProgramError::TimedOut { .. }) if deadline.is_some_and(|d| now_ms() >= d) => {
-            Handled::Drop
-        }
-        Err(error) => {
-            tracing::warn!(call = %id, %error, "a call failed in the program");
-            Handled::Reply(json!({"failure": error.to_string()}))
-        }
-    }
+    None
 }
 
 /// A call as it travels over the broker.

@@ -57,29 +57,7 @@ impl Session {
             ConnectionProperties::default().with_connection_name(settings.name.as_str().into());
         let connection = Connection::connect(&settings.uri, properties).await?;
         let lost = CancellationToken::new();
-        let mut events = connection.events_listener();
-        let on_error = lost.clone();
-        // A channel's error (a name taken, say) is an event too: only the connection's counts.
-        let status = connection.status().clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = on_error.cancelled() => return,
-                    event = events.next() => match event {
-                        Some(Event::Error(error)) if !status.connected() => {
-                            tracing::warn!(%error, "the connection to the broker failed");
-                            on_error.cancel();
-                            return;
-                        }
-                        Some(_) => {}
-                        None => {
-                            on_error.cancel();
-                            return;
-                        }
-                    },
-                }
-            }
-        });
+        watch_connection(&connection, lost.clone());
         let channel = connection.create_channel().await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
@@ -100,7 +78,7 @@ impl Session {
             .as_str()
             .to_owned();
         let consumer_channel = connection.create_channel().await?;
-        let mut consumer = consumer_channel
+        let consumer = consumer_channel
             .basic_consume(
                 replies.as_str().into(),
                 "".into(),
@@ -121,33 +99,13 @@ impl Session {
             lost,
             consumers: Mutex::default(),
         });
-        // The reply consumer holds the session weakly: a session nobody uses any more ends.
-        let weak = Arc::downgrade(&session);
         let lost = session.lost.clone();
-        tokio::spawn(async move {
-            let _channel = consumer_channel;
-            loop {
-                let delivery = tokio::select! {
-                    () = lost.cancelled() => break,
-                    delivery = consumer.next() => delivery,
-                };
-                let Some(Ok(delivery)) = delivery else { break };
-                let Some(session) = weak.upgrade() else { break };
-                let Some(id) = delivery.properties.correlation_id().as_ref() else {
-                    continue;
-                };
-                let reply = serde_json::from_slice(&delivery.data)
-                    .unwrap_or_else(|_| json!({"failure": "a reply that is not JSON"}));
-                if let Some(caller) = session.forget(id.as_str()) {
-                    let _ = caller.send(reply);
-                }
-            }
-            // However the consumer ended, the session is over: its waiting callers learn it.
-            lost.cancel();
-            if let Some(session) = weak.upgrade() {
-                session.pending.lock().expect("pending").clear();
-            }
-        });
+        tokio::spawn(answer_callers(
+            Arc::downgrade(&session),
+            lost,
+            consumer_channel,
+            consumer,
+        ));
         Ok(session)
     }
 
@@ -190,5 +148,62 @@ impl Session {
 
     pub fn forget(&self, id: &str) -> Option<oneshot::Sender<Value>> {
         self.pending.lock().expect("pending").remove(id)
+    }
+}
+
+/// Ends the session (`lost`) when the connection fails. A channel's error (a name taken, say) is
+/// an event too: only the connection's counts.
+fn watch_connection(connection: &Connection, lost: CancellationToken) {
+    let mut events = connection.events_listener();
+    let status = connection.status().clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = lost.cancelled() => return,
+                event = events.next() => match event {
+                    Some(Event::Error(error)) if !status.connected() => {
+                        tracing::warn!(%error, "the connection to the broker failed");
+                        lost.cancel();
+                        return;
+                    }
+                    Some(_) => {}
+                    None => {
+                        lost.cancel();
+                        return;
+                    }
+                },
+            }
+        }
+    });
+}
+
+/// Hands each reply to its waiting caller. It holds the session weakly: a session nobody uses
+/// any more ends.
+async fn answer_callers(
+    weak: std::sync::Weak<Session>,
+    lost: CancellationToken,
+    _channel: Channel,
+    mut consumer: lapin::Consumer,
+) {
+    loop {
+        let delivery = tokio::select! {
+            () = lost.cancelled() => break,
+            delivery = consumer.next() => delivery,
+        };
+        let Some(Ok(delivery)) = delivery else { break };
+        let Some(session) = weak.upgrade() else { break };
+        let Some(id) = delivery.properties.correlation_id().as_ref() else {
+            continue;
+        };
+        let reply = serde_json::from_slice(&delivery.data)
+            .unwrap_or_else(|_| json!({"failure": "a reply that is not JSON"}));
+        if let Some(caller) = session.forget(id.as_str()) {
+            let _ = caller.send(reply);
+        }
+    }
+    // However the consumer ended, the session is over: its waiting callers learn it.
+    lost.cancel();
+    if let Some(session) = weak.upgrade() {
+        session.pending.lock().expect("pending").clear();
     }
 }

@@ -81,6 +81,10 @@ impl Composition {
         )
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether the process exited (and whether successfully), without waiting.
     pub fn exited(&mut self) -> Option<bool> {
         self.child

@@ -1,0 +1,484 @@
+//! `toa-agent compose DIR...`: runs components locally, the way the seeds' `toa compose` does,
+//! and in a pod beside its component containers.
+//!
+//! [`run`] reads top-down: [`Composition::prepare`] loads the components and binds every listener,
+//! [`Composition::start`] starts (or attaches to) the programs, connects the broker and runs the
+//! lifecycle (`preflight` → operations served → `settle` → `ready` → "Composition complete"),
+//! [`Composition::serve`] waits for the stop (SIGINT/SIGTERM or a drain asked for) while running
+//! the lifecycle again for a restarted container, and [`Composition::drain`] stops taking calls
+//! and pulses, waits for calls in flight, runs `dispose`, leaves the slots membership and stops
+//! the programs. Every stage is watched against the servers ([`servers`]): one that dies stops
+//! the process with its error. Dropping a [`Composition`] (any early return) aborts its servers
+//! and kills the programs it started. Without `atomicity` it coordinates in-process; calls between
+//! its components go in-process.
+
+mod prepare;
+mod programs;
+mod servers;
+
+use crate::activity::Activity;
+use crate::api::{self, Host};
+use crate::atom::{Atom, Mode};
+use crate::broker::{Broker, Offer};
+use crate::calls::{Callee, Calls};
+use crate::catalog::Catalog;
+use crate::component::program::Program;
+use crate::component::{Component, ComponentError};
+use crate::drain;
+use crate::instance::Instance;
+use crate::lifecycle::{self, Member};
+use crate::metrics::Metrics;
+use crate::supervisor::Process;
+use servers::Servers;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use toa_context::{Context, Credentials, RunCommand};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// What `compose` was asked to run.
+pub struct Options {
+    pub context: Context,
+    pub credentials: Credentials,
+    pub components: Vec<PathBuf>,
+    pub listen: SocketAddr,
+    pub instance: Instance,
+    /// Told the local API's address once the composition is complete.
+    pub on_ready: Option<oneshot::Sender<SocketAddr>>,
+    /// Where the control endpoint listens, and the token every control request must carry.
+    pub control: Option<(SocketAddr, String)>,
+    /// Where the probes (`/healthz`, `/readyz`) listen on the pod network, if anywhere.
+    pub probe: Option<SocketAddr>,
+    /// Attach to programs started by someone else (a pod's component containers) instead of
+    /// starting them: component i serves 127.0.0.1:(this port + i).
+    pub attach: Option<u16>,
+    /// A directory of other components' manifests, `<component>.yaml` (see [`crate::catalog`]).
+    pub declarations: Option<PathBuf>,
+    /// A local run coordinates in-process without `atomicity`; a pod does not.
+    pub mode: Mode,
+    /// How to reach the broker the context names (`None` without one).
+    pub broker: Option<BrokerConfig>,
+}
+
+/// The broker's credentials (`TOA_AMQP_USERNAME`, `TOA_AMQP_PASSWORD`) and tuning.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub credentials: Credentials,
+    pub tuning: crate::broker::Tuning,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ComposeError {
+    #[error(transparent)]
+    Component(#[from] ComponentError),
+    #[error("{0}")]
+    Setup(String),
+    /// A server of the agent's stopped: the process stops with it.
+    #[error("the {server} stopped: {message}")]
+    Server {
+        server: &'static str,
+        message: String,
+    },
+}
+
+/// Runs until `shutdown` completes (or a drain is asked for), then drains. An error: the start
+/// failed, or one of the agent's servers stopped.
+pub async fn run(
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ComposeError> {
+    let (mut composition, servers, local, asked) = Composition::prepare(options).await?;
+    let drain::Asked {
+        asked: mut drain_asked,
+        done,
+        started: restarted,
+    } = asked;
+    composition.drained = Some(done);
+    // A stop (the signal, or a drain asked for) ends the start too: a pod deleted while it
+    // starts does not keep its preStop hooks waiting for a drain that would come only after.
+    let stop = Box::pin(async move {
+        tokio::select! {
+            () = shutdown => {}
+            _ = drain_asked.recv() => {}
+        }
+    });
+    let mut watch = Watch { servers, stop };
+    let served = match composition.start(local, &mut watch).await {
+        Ok(()) => composition.serve(restarted, &mut watch).await,
+        Err(Ended::Stopped) => return composition.stopped_while_starting(watch.servers).await,
+        Err(Ended::Failed(error)) => Err(error),
+    };
+    match served {
+        Ok(()) => composition.drain(watch.servers).await,
+        Err(error) => {
+            drop(watch.servers);
+            composition.close().await;
+            Err(error)
+        }
+    }
+}
+
+/// The stop: a signal, or a drain asked for.
+type Stop<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// Why a stage did not complete.
+enum Ended {
+    /// A stop was asked for.
+    Stopped,
+    Failed(ComposeError),
+}
+
+impl<E: Into<ComposeError>> From<E> for Ended {
+    fn from(error: E) -> Self {
+        Ended::Failed(error.into())
+    }
+}
+
+/// What every stage is raced against: the servers (dropped: aborted) and the stop.
+struct Watch<'a> {
+    servers: Servers,
+    stop: Stop<'a>,
+}
+
+impl Watch<'_> {
+    /// `work`, unless a server dies or a stop is asked for first (in that order).
+    async fn watched<T, E: Into<ComposeError>>(
+        &mut self,
+        work: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, Ended> {
+        tokio::select! {
+            biased;
+            died = self.servers.died() => Err(Ended::Failed(died)),
+            () = &mut self.stop => Err(Ended::Stopped),
+            done = work => done.map_err(Ended::from),
+        }
+    }
+}
+
+/// One process's composition: what every stage reads and what it started.
+pub struct Composition {
+    context: Context,
+    instance: Instance,
+    components: Vec<PathBuf>,
+    loaded: Vec<Arc<Component>>,
+    attach: Option<u16>,
+    declarations: Option<PathBuf>,
+    broker: Option<BrokerConfig>,
+    on_ready: Option<oneshot::Sender<SocketAddr>>,
+    metrics: Arc<Metrics>,
+    atoms: HashMap<String, Arc<Atom>>,
+    activity: Arc<Activity>,
+    process: Arc<Process>,
+    /// The local API's address.
+    address: SocketAddr,
+    trigger: drain::Trigger,
+    /// Told once the drain is done (its waiting requests answer then).
+    drained: Option<watch::Sender<bool>>,
+    /// Operations are served (after `preflight`, until the drain).
+    serving: watch::Sender<bool>,
+    /// The lifecycle is done; with every program answering, the process is ready.
+    lifecycle_done: watch::Sender<bool>,
+    programs_up: watch::Sender<bool>,
+    ready: watch::Receiver<bool>,
+    /// Stops the local API, letting requests in flight finish.
+    local_stop: Option<oneshot::Sender<()>>,
+    /// Killed on drop (those the agent started).
+    programs: Vec<Program>,
+    members: Vec<Member>,
+    alive: Vec<watch::Receiver<bool>>,
+    calls: Option<Arc<Calls>>,
+}
+
+/// The servers' names, as errors and logs say them.
+const LOCAL_API: &str = "local API";
+const CONTROL: &str = "control endpoint";
+const PROBES: &str = "probe endpoint";
+
+impl Composition {
+    /// Programs started, broker connected, local API served, lifecycle run: the process is ready.
+    async fn start(&mut self, local: TcpListener, watch: &mut Watch<'_>) -> Result<(), Ended> {
+        let agent_url = format!("http://{}", self.address);
+        let starts = programs::start(&self.loaded, self.attach, &agent_url, &self.instance);
+        let started = watch
+            .watched(async { Ok::<_, ComposeError>(starts.await) })
+            .await?;
+        self.keep(started)?;
+        self.watch_programs();
+        let calls = self.calls();
+        let calls = match self.context.amqp.clone() {
+            None => Arc::new(calls),
+            Some(_) => {
+                let broker = watch.watched(self.connect()).await?;
+                let catalog = Catalog::new(
+                    &self.loaded,
+                    prepare::sources(&self.components, self.declarations.clone()),
+                );
+                catalog.keep_reloading();
+                Arc::new(calls.over_broker(broker, catalog))
+            }
+        };
+        self.calls = Some(calls.clone());
+        self.serve_local(&mut watch.servers, local, calls.clone());
+        tracing::info!(agent = %agent_url, instance = %self.instance, "serving the local API");
+        watch
+            .watched(lifecycle::run_up(&self.members, &self.serving))
+            .await?;
+        self.lifecycle_done.send_replace(true);
+        let names: Vec<&str> = self.loaded.iter().map(|c| c.name.as_str()).collect();
+        tracing::info!(components = ?names, "Composition complete");
+        if let Some(on_ready) = self.on_ready.take() {
+            let _ = on_ready.send(self.address);
+        }
+        self.process.started(self.members.clone(), calls).await;
+        Ok(())
+    }
+
+    /// Keeps the programs that started; the first failure fails the start (the others stop).
+    fn keep(
+        &mut self,
+        started: Vec<Result<(Program, crate::component::client::ProgramClient), ComponentError>>,
+    ) -> Result<(), ComponentError> {
+        let mut failure = None;
+        for (component, started) in self.loaded.iter().zip(started) {
+            match started {
+                Ok((program, client)) => {
+                    self.programs.push(program);
+                    self.members.push(Member {
+                        component: component.clone(),
+                        client: client.with_run_command_limit(self.context.limits.run_command),
+                    });
+                }
+                Err(error) => {
+                    failure.get_or_insert(error);
+                }
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// A program that stops answering makes the process not ready, and its calls go elsewhere.
+    fn watch_programs(&mut self) {
+        self.alive = self
+            .members
+            .iter()
+            .map(|m| m.client.watch(programs::ALIVE_EVERY))
+            .collect();
+        let mut all_alive = programs::all_true(self.alive.clone());
+        let programs_up = self.programs_up.clone();
+        tokio::spawn(async move {
+            loop {
+                programs_up.send_replace(*all_alive.borrow_and_update());
+                if all_alive.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// The call router over this process's components.
+    fn calls(&self) -> Calls {
+        let callees = self
+            .members
+            .iter()
+            .map(|m| {
+                let callee = Callee {
+                    component: m.component.clone(),
+                    client: m.client.clone(),
+                    repeats: self.atoms[&m.component.name].repeats(),
+                };
+                (m.component.name.clone(), callee)
+            })
+            .collect();
+        Calls::new(
+            callees,
+            self.instance.to_string(),
+            &self.context,
+            self.serving.subscribe(),
+            self.activity.clone(),
+        )
+    }
+
+    /// Connects the broker and offers it every component.
+    async fn connect(&self) -> Result<Arc<Broker>, ComposeError> {
+        let setup = |e: &dyn std::fmt::Display| ComposeError::Setup(e.to_string());
+        let (
+            Some(address),
+            Some(BrokerConfig {
+                credentials,
+                tuning,
+            }),
+        ) = (&self.context.amqp, self.broker.clone())
+        else {
+            return Err(setup(&"the broker's configuration was not read"));
+        };
+        let (application, instance) = (&self.context.name, self.instance.as_str());
+        let limits = &self.context.limits;
+        let broker = Broker::connect(address, &credentials, application, instance, limits, tuning)
+            .await
+            .map_err(|e| setup(&e))?;
+        for (member, alive) in self.members.iter().zip(&self.alive) {
+            let name = &member.component.name;
+            let offer = Offer {
+                component: member.component.clone(),
+                client: member.client.clone(),
+                instance: instance.to_owned(),
+                serving: self.serving.subscribe(),
+                alive: alive.clone(),
+                activity: self.activity.clone(),
+                dead_lettered: self.metrics.dead_lettered(application, name),
+                repeats: self.atoms[name].repeats(),
+            };
+            broker.serve(offer).await.map_err(|e| setup(&e))?;
+        }
+        tracing::info!(broker = %address, "calls go over the broker");
+        Ok(broker)
+    }
+
+    fn serve_local(&mut self, servers: &mut Servers, listener: TcpListener, calls: Arc<Calls>) {
+        let host = Arc::new(Host {
+            atoms: self.atoms.clone(),
+            calls: Some(calls),
+            instance: self.instance.to_string(),
+            ready: self.ready.clone(),
+            listeners: Default::default(),
+            metrics: self.metrics.clone(),
+        });
+        let app = api::router(host).merge(drain::local_route(self.trigger.clone()));
+        let (stop, stopped) = oneshot::channel::<()>();
+        self.local_stop = Some(stop);
+        servers.serve_until(LOCAL_API, listener, app, async {
+            let _ = stopped.await;
+        });
+    }
+
+    /// Until the stop. A component container the kubelet restarted (told by its `postStart`
+    /// hook; every container's first start is the pod's) gets the lifecycle again, in this
+    /// process, which keeps its listeners: the agent never lets its ports go.
+    async fn serve(
+        &mut self,
+        mut restarted: mpsc::UnboundedReceiver<usize>,
+        watch: &mut Watch<'_>,
+    ) -> Result<(), ComposeError> {
+        let mut starts = vec![0u32; self.members.len()];
+        loop {
+            let index = tokio::select! {
+                biased;
+                died = watch.servers.died() => return Err(died),
+                () = &mut watch.stop => return Ok(()),
+                Some(index) = restarted.recv() => index,
+            };
+            let Some(seen) = starts.get_mut(index) else {
+                tracing::warn!(
+                    index,
+                    "a postStart hook named a container this pod does not have"
+                );
+                continue;
+            };
+            *seen += 1;
+            if *seen == 1 {
+                continue;
+            }
+            let member = &self.members[index];
+            let port = self.programs[index].port();
+            let (serving, done) = (&self.serving, &self.lifecycle_done);
+            let again = programs::again(member, port, serving, done);
+            match watch.watched(again).await {
+                Ok(()) => {}
+                Err(Ended::Stopped) => return Ok(()),
+                Err(Ended::Failed(error)) => {
+                    tracing::error!(%error, "the component's new program did not start");
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    /// No more calls in, calls in flight waited for, `dispose`, programs stopped.
+    async fn drain(mut self, mut servers: Servers) -> Result<(), ComposeError> {
+        tracing::info!("draining: no more calls in, running dispose");
+        self.lifecycle_done.send_replace(false);
+        self.serving.send_replace(false);
+        self.process.drain().await;
+        let budget = self.context.limits.drain;
+        let running = match &self.calls {
+            Some(calls) => calls.drain(budget).await,
+            None => 0,
+        };
+        if running > 0 {
+            tracing::warn!(
+                running,
+                budget_ms = budget.as_millis() as u64,
+                "calls still run at the end of the drain's budget: dispose runs anyway; calls from the broker are given back to it, for another replica"
+            );
+        }
+        servers.abort(CONTROL);
+        if let Err(error) = lifecycle::phase(&self.members, RunCommand::Dispose).await {
+            tracing::error!(%error, "dispose failed");
+        }
+        self.tell_drained();
+        self.shutdown_atoms().await;
+        programs::stop(std::mem::take(&mut self.programs)).await;
+        // Let a waiting drain request have its answer, then stop serving. The probe port stays
+        // until here: the components' preStop hooks wait on it for the drain.
+        if let Some(stop) = self.local_stop.take() {
+            let _ = stop.send(());
+            if !servers.finished(LOCAL_API, LOCAL_CLOSE).await {
+                tracing::warn!("the local API did not close within {LOCAL_CLOSE:?}");
+            }
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+
+    /// A stop asked for before the composition was complete: what started stops, without
+    /// `dispose` (nothing ran `ready`), and a waiting drain is answered.
+    async fn stopped_while_starting(mut self, mut servers: Servers) -> Result<(), ComposeError> {
+        tracing::info!("stopped while starting");
+        servers.abort(LOCAL_API);
+        programs::stop(std::mem::take(&mut self.programs)).await;
+        self.tell_drained();
+        // Let the waiting drain requests have their answer before the probes go.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(())
+    }
+
+    /// After a failure (the servers are gone): the programs stop, the slots membership is left.
+    async fn close(mut self) {
+        programs::stop(std::mem::take(&mut self.programs)).await;
+        self.shutdown_atoms().await;
+    }
+
+    fn tell_drained(&self) {
+        if let Some(drained) = &self.drained {
+            drained.send_replace(true);
+        }
+    }
+
+    async fn shutdown_atoms(&self) {
+        for atom in self.atoms.values() {
+            atom.shutdown().await;
+        }
+    }
+}
+
+/// How long the local API may take to answer its last requests.
+const LOCAL_CLOSE: Duration = Duration::from_secs(2);
+
+/// Completes on SIGINT or SIGTERM; the handlers are installed when this is called (in a
+/// runtime), so a signal during the start is not the default action (an exit without a drain).
+pub fn signals() -> impl Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut interrupt = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = term.recv() => {}
+        }
+    }
+}

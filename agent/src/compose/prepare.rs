@@ -1,0 +1,176 @@
+//! The first stage: the components loaded, their atoms made, and every listener bound before
+//! any program starts. In a pod the component containers start only once these are bound (the
+//! agent's postStart hook or startupProbe waits for them), so no program can take their ports;
+//! the probes answer `/healthz` from here on and the control endpoint answers `starting` (a halt
+//! asked for meanwhile is kept for when the lifecycle is done).
+
+use super::servers::Servers;
+use super::{ComposeError, Composition, Options, CONTROL, PROBES};
+use crate::activity::Activity;
+use crate::api;
+use crate::atom::{Atom, AtomConfig, Mode, Scope};
+use crate::catalog::Source;
+use crate::component::Component;
+use crate::drain;
+use crate::metrics::Metrics;
+use crate::supervisor::Process;
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+impl Composition {
+    /// The composition, its control and probe servers running, the local API's listener (served
+    /// once the calls can be routed), and the drain's receiving end.
+    pub(super) async fn prepare(
+        options: Options,
+    ) -> Result<(Self, Servers, TcpListener, drain::Asked), ComposeError> {
+        let loaded = load(&options.components)?;
+        let metrics = Metrics::new();
+        let atoms = atoms(&options, &loaded, &metrics)?;
+        let local = bind_local(options.listen, options.mode).await?;
+        let address = local
+            .local_addr()
+            .map_err(|e| ComposeError::Setup(e.to_string()))?;
+        let control = match options.control {
+            Some((address, token)) => Some((bind(address, CONTROL).await?, token)),
+            None => None,
+        };
+        let probe = match options.probe {
+            Some(address) => Some(bind(address, PROBES).await?),
+            None => None,
+        };
+        let activity = Activity::new();
+        let process = Process::new(options.instance.to_string(), activity.clone());
+        let token = control.as_ref().map(|(_, token)| token.as_str());
+        let (trigger, asked) = drain::channel(token);
+        let (lifecycle_done, lifecycle_ready) = watch::channel(false);
+        let (programs_up, up) = watch::channel(true);
+        let ready = super::programs::all_true(vec![lifecycle_ready, up]);
+        let mut servers = Servers::default();
+        if let Some((listener, token)) = control {
+            let app = crate::control::router(token, process.clone());
+            servers.serve(CONTROL, listener, app);
+        }
+        if let Some(listener) = probe {
+            servers.serve(PROBES, listener, probes(&ready, &metrics, &trigger));
+        }
+        let composition = Self {
+            context: options.context,
+            instance: options.instance,
+            components: options.components,
+            loaded,
+            attach: options.attach,
+            declarations: options.declarations,
+            broker: options.broker,
+            on_ready: options.on_ready,
+            metrics,
+            atoms,
+            activity,
+            process,
+            address,
+            trigger,
+            drained: None,
+            serving: watch::channel(false).0,
+            lifecycle_done,
+            programs_up,
+            ready,
+            local_stop: None,
+            programs: Vec::new(),
+            members: Vec::new(),
+            alive: Vec::new(),
+            calls: None,
+        };
+        Ok((composition, servers, local, asked))
+    }
+}
+
+/// `/healthz`, `/readyz`, `/metrics`, and the kubelet's hooks (the drain key is in the path:
+/// anything the probes do not serve goes to them).
+fn probes(
+    ready: &watch::Receiver<bool>,
+    metrics: &Arc<Metrics>,
+    trigger: &drain::Trigger,
+) -> axum::Router {
+    api::calls::probes(ready.clone(), metrics.clone())
+        .fallback_service(drain::hook_routes(trigger.clone()))
+}
+
+/// Every component's manifest, each name once.
+fn load(dirs: &[PathBuf]) -> Result<Vec<Arc<Component>>, ComposeError> {
+    let mut loaded = Vec::new();
+    for dir in dirs {
+        loaded.push(Arc::new(Component::load(dir)?));
+    }
+    let mut names: Vec<&str> = loaded.iter().map(|c| c.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(twice) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+        return Err(ComposeError::Setup(format!(
+            "component {} is given twice",
+            twice[0]
+        )));
+    }
+    Ok(loaded)
+}
+
+/// Each component's coordination (lock, slots, meter), by name.
+fn atoms(
+    options: &Options,
+    loaded: &[Arc<Component>],
+    metrics: &Arc<Metrics>,
+) -> Result<HashMap<String, Arc<Atom>>, ComposeError> {
+    let mut atoms = HashMap::new();
+    for component in loaded {
+        let config = AtomConfig {
+            scope: Scope::new(options.context.name.clone(), component.name.clone()),
+            mode: options.mode,
+            atomicity: options.context.atomicity.clone(),
+            credentials: options.credentials.clone(),
+            instance: options.instance.to_string(),
+        };
+        let atom =
+            Atom::start(config, metrics.clone()).map_err(|e| ComposeError::Setup(e.to_string()))?;
+        atoms.insert(component.name.clone(), Arc::new(atom));
+    }
+    Ok(atoms)
+}
+
+/// The local API's listener. A local run serves on a free port when the address is taken; in a
+/// pod a taken port means something else holds it, and the agent refuses to start.
+async fn bind_local(listen: SocketAddr, mode: Mode) -> Result<TcpListener, ComposeError> {
+    match TcpListener::bind(listen).await {
+        Ok(listener) => Ok(listener),
+        Err(error) if mode == Mode::Local => {
+            tracing::warn!(%listen, %error, "the agent's address is taken; serving on a free port instead");
+            TcpListener::bind((listen.ip(), 0))
+                .await
+                .map_err(|e| ComposeError::Setup(e.to_string()))
+        }
+        Err(error) => Err(ComposeError::Setup(format!(
+            "{} {listen}: {error}",
+            super::LOCAL_API
+        ))),
+    }
+}
+
+async fn bind(address: SocketAddr, what: &str) -> Result<TcpListener, ComposeError> {
+    TcpListener::bind(address)
+        .await
+        .map_err(|e| ComposeError::Setup(format!("{what} {address}: {e}")))
+}
+
+/// Where the other components' declarations are: the directories beside the given ones (a local
+/// run), and the declarations directory (a pod).
+pub(super) fn sources(dirs: &[PathBuf], declarations: Option<PathBuf>) -> Vec<Source> {
+    let parents: BTreeSet<PathBuf> = dirs
+        .iter()
+        .filter_map(|dir| std::fs::canonicalize(dir).ok()?.parent().map(PathBuf::from))
+        .collect();
+    parents
+        .into_iter()
+        .map(Source::Neighbours)
+        .chain(declarations.map(Source::Manifests))
+        .collect()
+}
