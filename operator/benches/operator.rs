@@ -227,7 +227,7 @@ async fn baseline(
             .await?;
             maps.patch(
                 &objects.declarations.name_any(),
-                &PatchParams::apply(&desired::declarations_manager(&name)).force(),
+                &PatchParams::apply(&toa_operator::declarations::manager(&name)).force(),
                 &Patch::Apply(&objects.declarations),
             )
             .await?;

@@ -1,12 +1,14 @@
 //! The controller: watches Compositions and what they own, and reconciles each one. Wiring only:
-//! what to apply comes from [`crate::desired`], the halt's next step from [`crate::halt`], the
-//! conditions from [`crate::status`]; the requests are in [`crate::kube_io`] and
-//! [`crate::agent_client`].
+//! what to apply comes from [`crate::desired`] (the shared declarations ConfigMap's rules from
+//! [`crate::declarations`]), the halt's next step from [`crate::halt`], the conditions from
+//! [`crate::status`]; the requests are in [`crate::kube_io`] and [`crate::agent_client`].
 //!
 //! A reconcile, in order:
 //! 1. if this replica does not hold the lease, nothing (asked again later);
 //! 2. validate the spec; refused → `Ready=False`, `InvalidSpec`, and nothing else is touched;
-//! 3. apply the ConfigMap of manifests; read the control token (creating its Secret once);
+//! 3. apply the ConfigMap of manifests and this Composition's part of the namespace's shared
+//!    declarations (kept by [`crate::declarations`]); read the control token (creating its Secret
+//!    once);
 //! 4. list the pods (their statuses make `Degraded`) and ask each agent for its status (2 s at
 //!    most each, all at once);
 //! 5. do the halt's one next step (record, halt pods, resume pods);
@@ -15,14 +17,15 @@
 
 use crate::agent_client::AgentControl;
 use crate::crd::Composition;
-use crate::desired::{self, Settings};
+use crate::declarations;
+use crate::desired::{self, Owner, Settings};
 use crate::halt::{self, Decision, Observation, Record, Report, Step};
 use crate::kube_io;
 use crate::metrics::Metrics;
 use crate::pods::Seen;
 use crate::status::{self, Observed, Rollout};
-use crate::validate::validate;
-use crate::Error;
+use crate::validate::{validate, InvalidSpec};
+use crate::{CompositionStatus, Error};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -75,10 +78,8 @@ pub struct Context {
     pub now: fn() -> Timestamp,
     /// Failures in a row per Composition, for the backoff.
     failures: Mutex<HashMap<ObjectRef<Composition>, u32>>,
-    /// One writer at a time per namespace for the shared declarations ConfigMap: concurrent
-    /// applies to one object conflict and are retried by the API server, so 100 at once cost
-    /// far more than 100 in a row (the benchmark).
-    declarations: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One writer at a time per namespace for the shared declarations ConfigMap.
+    declarations: declarations::Writers,
 }
 
 impl Context {
@@ -98,7 +99,7 @@ impl Context {
             recorder: None,
             now: Timestamp::now,
             failures: Mutex::default(),
-            declarations: Mutex::default(),
+            declarations: declarations::Writers::default(),
         }
     }
 }
@@ -215,6 +216,7 @@ pub async fn reconcile(
     Ok(action)
 }
 
+/// The reconcile proper, on the leader: steps 2 to 7 of the module's list.
 async fn reconcile_inner(composition: &Composition, context: &Context) -> Result<Action, Error> {
     let name = composition.name_any();
     let namespace = composition
@@ -223,115 +225,15 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let client = &context.client;
     let compositions = Api::<Composition>::namespaced(client.clone(), &namespace);
     let now = (context.now)();
-    let previous = composition.status.as_ref();
-
     let valid = match validate(&composition.spec) {
         Ok(valid) => valid,
-        Err(invalid) => {
-            // What runs is left as it was: no apply, no halt step.
-            let status = status::status(
-                &Observed {
-                    generation: composition.metadata.generation,
-                    invalid: Some(&invalid.0),
-                    rollout: None,
-                    replicas: composition.spec.replicas,
-                    halt: None,
-                    pods: &[],
-                    now,
-                },
-                previous,
-            );
-            if status::changed(previous, &status) {
-                kube_io::patch_status(&compositions, &name, &status).await?;
-            }
-            return Ok(Action::requeue(RESYNC));
-        }
+        Err(invalid) => return refuse(composition, &compositions, &invalid, now).await,
     };
-
-    let build = |token: &str, replicas: i32| {
-        desired::desired(composition, &valid, &context.settings, token, replicas)
-    };
-    // The ConfigMap does not depend on the token or the replicas.
-    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
-    let objects = build("", 0)?;
-    kube_io::apply(&config_maps, &objects.components).await?;
-    // Every Composition of the namespace writes into this one ConfigMap, and the API server
-    // serialises those writes: with 100 Compositions reconciling at once, applying it on every
-    // reconcile made each reconcile take seconds (the benchmark). Once this generation was
-    // reconciled (so applied), a read that finds it holding this Composition's part is enough.
-    let reconciled = previous.and_then(|p| p.observed_generation).is_some()
-        && previous.and_then(|p| p.observed_generation) == composition.metadata.generation;
-    let mut shared = if reconciled {
-        config_maps.get_opt(desired::DECLARATIONS).await?
-    } else {
-        None
-    };
-    let writers = context
-        .declarations
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(namespace.clone())
-        .or_default()
-        .clone();
-    if !shared
-        .as_ref()
-        .is_some_and(|current| desired::holds(current, &objects.declarations))
-    {
-        let _one_writer = writers.lock().await;
-        shared = Some(
-            kube_io::apply_as(
-                &config_maps,
-                &objects.declarations,
-                &desired::declarations_manager(&name),
-            )
-            .await?,
-        );
-    }
-    // A deleted Composition's keys: taken back by whichever Composition of the namespace
-    // reconciles next, once the garbage collector removed the deleted one's owner reference.
-    for gone in shared
-        .as_ref()
-        .map(desired::orphaned_declarations)
-        .unwrap_or_default()
-    {
-        let _one_writer = writers.lock().await;
-        kube_io::apply_as(
-            &config_maps,
-            &desired::withdrawn_declarations(&namespace),
-            &desired::declarations_manager(&gone),
-        )
-        .await?;
-        tracing::info!(%namespace, composition = %gone, "took back the declarations of a deleted Composition");
-    }
-    let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
-    let token = {
-        let control = build("", 0)?;
-        let control_name = control.control.name_any();
-        kube_io::control_token(&secrets, &control_name, |token| {
-            let mut secret = control.control.clone();
-            if let Some(data) = secret.data.as_mut() {
-                data.insert(
-                    desired::TOKEN_KEY.to_owned(),
-                    k8s_openapi::ByteString(token.as_bytes().to_vec()),
-                );
-            }
-            secret
-        })
-        .await?
-    };
+    let owner = Owner::of(composition)?;
+    let token = configure(context, composition, &owner).await?;
 
     // The halt.
-    let record =
-        composition
-            .annotations()
-            .get(halt::ANNOTATION)
-            .and_then(|text| match Record::parse(text) {
-                Ok(record) => Some(record),
-                Err(error) => {
-                    tracing::warn!(composition = %name, %error, "ignoring the halt record");
-                    None
-                }
-            });
+    let record = halt_record(composition);
     let pods = kube_io::pods(&Api::<Pod>::namespaced(client.clone(), &namespace), &name).await?;
     let reports = reports(context, &pods, &token).await;
     let decision = halt::decide(&Observation {
@@ -353,27 +255,100 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     .await?;
 
     let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
-    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
-    let applied = kube_io::apply(&deployments, &build(&token, replicas)?.deployment).await?;
-
-    let status = status::status(
-        &Observed {
-            generation: composition.metadata.generation,
-            invalid: None,
-            rollout: Some(Rollout::of(&applied)),
-            replicas,
-            halt: Some(&decision),
-            pods: &pods,
-            now,
-        },
-        previous,
+    let deployment = desired::deployment(
+        &owner,
+        composition,
+        &valid,
+        &context.settings,
+        &token,
+        replicas,
     );
-    if status::changed(previous, &status) {
-        kube_io::patch_status(&compositions, &name, &status).await?;
-    }
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
+    let applied = kube_io::apply(&deployments, &deployment).await?;
 
-    Ok(match decision.step {
-        Step::Nothing if decision.unreachable.is_empty() && !status_pending(&status) => {
+    let observed = Observed {
+        generation: composition.metadata.generation,
+        invalid: None,
+        rollout: Some(Rollout::of(&applied)),
+        replicas,
+        halt: Some(&decision),
+        pods: &pods,
+        now,
+    };
+    let status = write_status(&compositions, composition, &observed).await?;
+    Ok(next(&decision, &status, now))
+}
+
+/// A spec refused at reconcile time: its status says so, and what runs is left as it was (no
+/// apply, no halt step).
+async fn refuse(
+    composition: &Composition,
+    compositions: &Api<Composition>,
+    invalid: &InvalidSpec,
+    now: Timestamp,
+) -> Result<Action, Error> {
+    let observed = Observed {
+        generation: composition.metadata.generation,
+        invalid: Some(&invalid.0),
+        rollout: None,
+        replicas: composition.spec.replicas,
+        halt: None,
+        pods: &[],
+        now,
+    };
+    write_status(compositions, composition, &observed).await?;
+    Ok(Action::requeue(RESYNC))
+}
+
+/// The status `observed` makes of the Composition's, written when it changed.
+async fn write_status(
+    compositions: &Api<Composition>,
+    composition: &Composition,
+    observed: &Observed<'_>,
+) -> Result<CompositionStatus, Error> {
+    let previous = composition.status.as_ref();
+    let status = status::status(observed, previous);
+    if status::changed(previous, &status) {
+        kube_io::patch_status(compositions, &composition.name_any(), &status).await?;
+    }
+    Ok(status)
+}
+
+/// Applies what the pods read (the ConfigMap of manifests, this Composition's part of the
+/// namespace's declarations) and returns the control token, creating its Secret once.
+async fn configure(
+    context: &Context,
+    composition: &Composition,
+    owner: &Owner,
+) -> Result<String, Error> {
+    let config_maps = Api::<ConfigMap>::namespaced(context.client.clone(), &owner.namespace);
+    kube_io::apply(&config_maps, &desired::components(owner, composition)).await?;
+    declarations::reconcile(&config_maps, &context.declarations, composition, owner).await?;
+    let secrets = Api::<Secret>::namespaced(context.client.clone(), &owner.namespace);
+    let control = desired::control_name(&owner.name);
+    let token = kube_io::control_token(&secrets, &control, |token| {
+        desired::control_secret(owner, token)
+    })
+    .await?;
+    Ok(token)
+}
+
+/// The halt record the Composition's annotation holds; an unreadable one is ignored (logged).
+fn halt_record(composition: &Composition) -> Option<Record> {
+    let text = composition.annotations().get(halt::ANNOTATION)?;
+    match Record::parse(text) {
+        Ok(record) => Some(record),
+        Err(error) => {
+            tracing::warn!(composition = %composition.name_any(), %error, "ignoring the halt record");
+            None
+        }
+    }
+}
+
+/// When to look at the composition again, after `decision` and the `status` it led to.
+fn next(decision: &Decision, status: &CompositionStatus, now: Timestamp) -> Action {
+    match decision.step {
+        Step::Nothing if decision.unreachable.is_empty() && !status_pending(status) => {
             Action::requeue(RESYNC)
         }
         Step::WaitUntil(at) => {
@@ -383,12 +358,12 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
         Step::Halt { .. } | Step::Resume(_) => Action::requeue(HALT_STEP),
         Step::Nothing if decision.phase == halt::Phase::ScalingDown => Action::requeue(HALT_STEP),
         _ => Action::requeue(HALT_POLL),
-    })
+    }
 }
 
 /// Whether a rollout is still under way or a pod is in trouble, so the composition is looked at
 /// again soon (the owned Deployment's changes also trigger reconciles, pods' do not).
-fn status_pending(status: &crate::CompositionStatus) -> bool {
+fn status_pending(status: &CompositionStatus) -> bool {
     status.conditions.iter().any(|condition| {
         (condition.type_ == crate::crd::conditions::PROGRESSING
             || condition.type_ == crate::crd::conditions::DEGRADED)

@@ -2,18 +2,22 @@
 //! randomness: the control token and the replica count are inputs, so every output is a function
 //! of what the caller passes and the tests compare whole objects.
 //!
-//! For a Composition `shop` the operator applies:
-//! - ConfigMap `shop-components`: each component's manifest as YAML (`<component>.yaml`), mounted
-//!   into the agent at `/components/<component>/manifest.toa.yaml`;
-//! - ConfigMap `toa-declarations`, shared by the namespace: this Composition's keys of it (the
-//!   same manifests), mounted into the agent at `/var/run/toa/declarations` (`--declarations`), so
-//!   callers in every pod know every component's declarations;
-//! - Secret `shop-control`: the control endpoint's token (`token`), mounted into the agent at
-//!   `/var/run/toa/control/token`; created once, never rewritten (see [`crate::kube_io`]);
-//! - Deployment `shop`: one container per component, each running the component's `program` from
-//!   `spec.image`, and the agent beside them in attach mode (`toa-agent compose … --attach`), a
-//!   native sidecar (an init container with `restartPolicy: Always`) on Kubernetes ≥ 1.29 and a
-//!   plain container below, since server-side apply refuses fields a server does not know.
+//! For a Composition `shop` the operator applies, each built by a function of its own from the
+//! Composition's [`Owner`] and typed inputs ([`desired`] builds them all at once):
+//! - ConfigMap `shop-components` ([`components`]): each component's manifest as YAML
+//!   (`<component>.yaml`), mounted into the agent at `/components/<component>/manifest.toa.yaml`;
+//! - ConfigMap `toa-declarations` ([`declarations`]), shared by the namespace: this Composition's
+//!   keys of it (the same manifests), mounted into the agent at `/var/run/toa/declarations`
+//!   (`--declarations`), so callers in every pod know every component's declarations; how the
+//!   shared object is kept is [`crate::declarations`]'s;
+//! - Secret `shop-control` ([`control_secret`]): the control endpoint's token (`token`), mounted
+//!   into the agent at `/var/run/toa/control/token`; created once, never rewritten (see
+//!   [`crate::kube_io`]);
+//! - Deployment `shop` ([`deployment`]): one container per component, each running the
+//!   component's `program` from `spec.image`, and the agent beside them in attach mode
+//!   (`toa-agent compose … --attach`), a native sidecar (an init container with
+//!   `restartPolicy: Always`) on Kubernetes ≥ 1.29 and a plain container below, since
+//!   server-side apply refuses fields a server does not know.
 //!
 //! The image layout convention: `spec.image` holds each component under
 //! `/components/<namespace.name>/` (its program and whatever it reads), the directory a component
@@ -36,7 +40,7 @@ use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use toa_context::agent_args::{ComposeArgs, DrainArgs, ListeningArgs};
 
 use toa_context::control::LOCAL_PORT;
@@ -49,8 +53,8 @@ pub const TOKEN_KEY: &str = "token";
 pub const COMPONENTS_DIR: &str = "/components";
 /// The namespace's ConfigMap of every Composition's component manifests (`<component>.yaml`):
 /// each Composition applies its own keys with a field manager of its own
-/// ([`declarations_manager`]), so callers in every pod of the namespace know every component's
-/// declarations; the agent reads the mounted files again when they change.
+/// ([`crate::declarations::manager`]), so callers in every pod of the namespace know every
+/// component's declarations; the agent reads the mounted files again when they change.
 pub const DECLARATIONS: &str = "toa-declarations";
 /// Where [`DECLARATIONS`] is mounted in the agent container (`--declarations`).
 pub const DECLARATIONS_DIR: &str = "/var/run/toa/declarations";
@@ -132,8 +136,48 @@ pub struct Desired {
 #[error("Composition {0:?} has no uid or namespace: expected an object read from the API server")]
 pub struct NotStored(pub String);
 
+/// What every object of a Composition is built from: its name, its namespace and the owner
+/// reference back to it, checked once ([`Owner::of`]), so the builders below cannot fail.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Owner {
+    pub name: String,
+    pub namespace: String,
+    /// The Composition as the controller of what it owns.
+    pub reference: OwnerReference,
+}
+
+impl Owner {
+    /// `composition`'s name, namespace and owner reference; [`NotStored`] when it lacks a
+    /// namespace or a uid (it was not read from the API server).
+    pub fn of(composition: &Composition) -> Result<Self, NotStored> {
+        let name = composition.name_any();
+        let stored = || NotStored(name.clone());
+        let namespace = composition.namespace().ok_or_else(stored)?;
+        let reference = composition.controller_owner_ref(&()).ok_or_else(stored)?;
+        Ok(Self {
+            name,
+            namespace,
+            reference,
+        })
+    }
+
+    /// The metadata of one of the Composition's own objects: named `object_name`, in its
+    /// namespace, with its [`labels`] and controlled by it.
+    fn meta(&self, object_name: String) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(object_name),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(labels(&self.name)),
+            owner_references: Some(vec![self.reference.clone()]),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
 /// The objects for `composition`, validated as `valid`, with `replicas` pods (the spec's count,
-/// or 0 once a halt has stopped the composition) and `token` in the control Secret.
+/// or 0 once a halt has stopped the composition) and `token` in the control Secret: each
+/// builder's object, all at once (the controller applies them one by one, each when its inputs
+/// are known).
 pub fn desired(
     composition: &Composition,
     valid: &Valid,
@@ -141,126 +185,58 @@ pub fn desired(
     token: &str,
     replicas: i32,
 ) -> Result<Desired, NotStored> {
-    let name = composition.name_any();
-    let stored = || NotStored(name.clone());
-    let namespace = composition.namespace().ok_or_else(stored)?;
-    let owner = composition.controller_owner_ref(&()).ok_or_else(stored)?;
-    let meta = |object_name: String| ObjectMeta {
-        name: Some(object_name),
-        namespace: Some(namespace.clone()),
-        labels: Some(labels(&name)),
-        owner_references: Some(vec![owner.clone()]),
-        ..ObjectMeta::default()
-    };
+    let owner = Owner::of(composition)?;
     Ok(Desired {
-        components: ConfigMap {
-            metadata: meta(components_name(&name)),
-            data: Some(manifests(composition)),
-            ..ConfigMap::default()
-        },
-        // Shared by the namespace's Compositions: each is an owner, none the controller, so the
-        // ConfigMap goes when the last of them does.
-        declarations: ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(DECLARATIONS.to_owned()),
-                namespace: Some(namespace.clone()),
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/managed-by".to_owned(),
-                    MANAGER.to_owned(),
-                )])),
-                owner_references: Some(vec![OwnerReference {
-                    controller: None,
-                    block_owner_deletion: None,
-                    ..owner.clone()
-                }]),
-                ..ObjectMeta::default()
-            },
-            data: Some(manifests(composition)),
-            ..ConfigMap::default()
-        },
-        control: Secret {
-            metadata: meta(control_name(&name)),
-            data: Some(BTreeMap::from([(
-                TOKEN_KEY.to_owned(),
-                ByteString(token.as_bytes().to_vec()),
-            )])),
-            type_: Some("Opaque".to_owned()),
-            ..Secret::default()
-        },
-        deployment: deployment(
-            meta(name.clone()),
-            &name,
-            composition,
-            valid,
-            settings,
-            token,
-            replicas,
-        ),
+        components: components(&owner, composition),
+        declarations: declarations(&owner, composition),
+        control: control_secret(&owner, token),
+        deployment: deployment(&owner, composition, valid, settings, token, replicas),
     })
 }
 
-/// Whether `current` (the namespace's [`DECLARATIONS`] as read) holds this Composition's part
-/// `part`: each of its keys with the same value, and its owner reference.
-pub fn holds(current: &ConfigMap, part: &ConfigMap) -> bool {
-    let data = current.data.clone().unwrap_or_default();
-    let owners = current
-        .metadata
-        .owner_references
-        .clone()
-        .unwrap_or_default();
-    part.data
-        .iter()
-        .flatten()
-        .all(|(key, value)| data.get(key) == Some(value))
-        && part
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .all(|owner| owners.iter().any(|o| o.uid == owner.uid))
+/// The ConfigMap `<name>-components`: each component's manifest as YAML (`<component>.yaml`).
+pub fn components(owner: &Owner, composition: &Composition) -> ConfigMap {
+    ConfigMap {
+        metadata: owner.meta(components_name(&owner.name)),
+        data: Some(manifests(composition)),
+        ..ConfigMap::default()
+    }
 }
 
-/// The field manager a Composition applies its part of [`DECLARATIONS`] with.
-pub fn declarations_manager(composition: &str) -> String {
-    format!("{MANAGER}.{composition}")
-}
-
-/// The Compositions whose part of `current` (the namespace's [`DECLARATIONS`] as read) outlived
-/// them: a field manager [`declarations_manager`] of a name no owner reference has any more (the
-/// garbage collector removes a deleted owner's reference from an object that has other owners).
-pub fn orphaned_declarations(current: &ConfigMap) -> Vec<String> {
-    let owners: Vec<&str> = current
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .map(|owner| owner.name.as_str())
-        .collect();
-    let prefix = format!("{MANAGER}.");
-    let mut orphans: Vec<String> = current
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter_map(|entry| entry.manager.as_deref()?.strip_prefix(prefix.as_str()))
-        .filter(|name| !owners.contains(name))
-        .map(str::to_owned)
-        .collect();
-    orphans.sort_unstable();
-    orphans.dedup();
-    orphans
-}
-
-/// Applied as a gone Composition's [`declarations_manager`], takes back everything it applied
-/// to [`DECLARATIONS`] that no other Composition applies too.
-pub fn withdrawn_declarations(namespace: &str) -> ConfigMap {
+/// This Composition's part of the namespace's [`DECLARATIONS`]: the same manifests, applied as
+/// [`crate::declarations::manager`]. Shared by the namespace's Compositions: each is an owner,
+/// none the controller, so the ConfigMap goes when the last of them does.
+pub fn declarations(owner: &Owner, composition: &Composition) -> ConfigMap {
     ConfigMap {
         metadata: ObjectMeta {
             name: Some(DECLARATIONS.to_owned()),
-            namespace: Some(namespace.to_owned()),
+            namespace: Some(owner.namespace.clone()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_owned(),
+                MANAGER.to_owned(),
+            )])),
+            owner_references: Some(vec![OwnerReference {
+                controller: None,
+                block_owner_deletion: None,
+                ..owner.reference.clone()
+            }]),
             ..ObjectMeta::default()
         },
+        data: Some(manifests(composition)),
         ..ConfigMap::default()
+    }
+}
+
+/// The Secret `<name>-control` holding `token` (under [`TOKEN_KEY`]).
+pub fn control_secret(owner: &Owner, token: &str) -> Secret {
+    Secret {
+        metadata: owner.meta(control_name(&owner.name)),
+        data: Some(BTreeMap::from([(
+            TOKEN_KEY.to_owned(),
+            ByteString(token.as_bytes().to_vec()),
+        )])),
+        type_: Some("Opaque".to_owned()),
+        ..Secret::default()
     }
 }
 
@@ -308,43 +284,24 @@ fn manifests(composition: &Composition) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn deployment(
-    metadata: ObjectMeta,
-    name: &str,
+/// The Deployment `<name>`: `replicas` pods of the components' containers and the agent beside
+/// them, the agent's drain hooks keyed by `token`.
+pub fn deployment(
+    owner: &Owner,
     composition: &Composition,
     valid: &Valid,
     settings: &Settings,
     token: &str,
     replicas: i32,
 ) -> Deployment {
+    let name = owner.name.as_str();
     let selector = BTreeMap::from([
         ("app.kubernetes.io/instance".to_owned(), name.to_owned()),
         (LABEL_COMPOSITION.to_owned(), name.to_owned()),
     ]);
-    let drain = toa_context::control::drain_key(token);
-    let mut containers = components(composition, valid, &drain);
-    let mut agent = agent(composition, valid, settings);
-    let init_containers = match settings.sidecar {
-        // The kubelet starts the component containers once the sidecar's startupProbe passes,
-        // that is once its listeners are bound.
-        Sidecar::Native => {
-            agent.restart_policy = Some("Always".to_owned());
-            Some(vec![agent])
-        }
-        // The kubelet starts containers in order and the next one only after the previous one's
-        // postStart hook returned: first, with a hook that returns once its listeners are bound.
-        Sidecar::Plain => {
-            let hook = listening_hook();
-            agent
-                .lifecycle
-                .get_or_insert_with(Lifecycle::default)
-                .post_start = Some(hook);
-            containers.insert(0, agent);
-            None
-        }
-    };
+    let (containers, init_containers) = containers(composition, valid, settings, token);
     Deployment {
-        metadata,
+        metadata: owner.meta(name.to_owned()),
         spec: Some(DeploymentSpec {
             replicas: Some(replicas),
             selector: LabelSelector {
@@ -374,6 +331,39 @@ fn deployment(
         }),
         ..Deployment::default()
     }
+}
+
+/// The pod's containers and init containers: the components' and the agent, placed as the
+/// sidecar style says.
+fn containers(
+    composition: &Composition,
+    valid: &Valid,
+    settings: &Settings,
+    token: &str,
+) -> (Vec<Container>, Option<Vec<Container>>) {
+    let drain = toa_context::control::drain_key(token);
+    let mut containers = component_containers(composition, valid, &drain);
+    let mut agent = agent(composition, valid, settings);
+    let init_containers = match settings.sidecar {
+        // The kubelet starts the component containers once the sidecar's startupProbe passes,
+        // that is once its listeners are bound.
+        Sidecar::Native => {
+            agent.restart_policy = Some("Always".to_owned());
+            Some(vec![agent])
+        }
+        // The kubelet starts containers in order and the next one only after the previous one's
+        // postStart hook returned: first, with a hook that returns once its listeners are bound.
+        Sidecar::Plain => {
+            let hook = listening_hook();
+            agent
+                .lifecycle
+                .get_or_insert_with(Lifecycle::default)
+                .post_start = Some(hook);
+            containers.insert(0, agent);
+            None
+        }
+    };
+    (containers, init_containers)
 }
 
 /// Where Prometheus finds the agent's `/metrics` (annotation-based scraping; a PodMonitor names
@@ -438,7 +428,7 @@ fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {
 /// One container per component, in the spec's order (the order of the agent's arguments, which
 /// gives each its attach port): the component's `program` from `spec.image`, started in its
 /// directory in the image, with the variables `toa-agent compose` would give it.
-fn components(composition: &Composition, valid: &Valid, drain: &str) -> Vec<Container> {
+fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -> Vec<Container> {
     valid
         .components
         .iter()
@@ -493,42 +483,12 @@ fn components(composition: &Composition, valid: &Valid, drain: &str) -> Vec<Cont
 
 fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Container {
     let token_file = PathBuf::from(format!("{CONTROL_DIR}/{TOKEN_KEY}"));
-    let command = ComposeArgs {
-        listen: SocketAddr::from(([127, 0, 0, 1], LOCAL_PORT)),
-        control_listen: Some(SocketAddr::from(([0, 0, 0, 0], CONTROL_PORT))),
-        control_token_file: Some(token_file.clone()),
-        attach: Some(ATTACH_PORT),
-        probe_listen: Some(SocketAddr::from(([0, 0, 0, 0], PROBE_PORT))),
-        declarations: Some(PathBuf::from(DECLARATIONS_DIR)),
-        ..ComposeArgs::new(
-            composition
-                .spec
-                .components
-                .iter()
-                .map(|component| PathBuf::from(format!("{COMPONENTS_DIR}/{}", component.name)))
-                .collect(),
-        )
-    }
-    .command();
     Container {
         name: AGENT_CONTAINER.to_owned(),
         image: Some(settings.agent_image.clone()),
-        command: Some(command),
+        command: Some(agent_command(composition, &token_file)),
         env: Some(agent_env(valid)),
-        ports: Some(vec![
-            ContainerPort {
-                name: Some("control".to_owned()),
-                container_port: i32::from(CONTROL_PORT),
-                protocol: Some("TCP".to_owned()),
-                ..ContainerPort::default()
-            },
-            ContainerPort {
-                name: Some("probe".to_owned()),
-                container_port: i32::from(PROBE_PORT),
-                protocol: Some("TCP".to_owned()),
-                ..ContainerPort::default()
-            },
-        ]),
+        ports: Some(agent_ports()),
         resources: Some(settings.agent_resources.clone()),
         termination_message_policy: Some(LOG_TAIL.to_owned()),
         security_context: Some(SecurityContext {
@@ -554,28 +514,58 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
             }),
             ..Lifecycle::default()
         }),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: "components".to_owned(),
-                mount_path: COMPONENTS_DIR.to_owned(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            },
-            VolumeMount {
-                name: "declarations".to_owned(),
-                mount_path: DECLARATIONS_DIR.to_owned(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            },
-            VolumeMount {
-                name: "control".to_owned(),
-                mount_path: CONTROL_DIR.to_owned(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            },
-        ]),
+        volume_mounts: Some(agent_mounts()),
         ..Container::default()
     }
+}
+
+/// `toa-agent compose … --attach` of every component's manifest directory, in the spec's order.
+fn agent_command(composition: &Composition, token_file: &Path) -> Vec<String> {
+    ComposeArgs {
+        listen: SocketAddr::from(([127, 0, 0, 1], LOCAL_PORT)),
+        control_listen: Some(SocketAddr::from(([0, 0, 0, 0], CONTROL_PORT))),
+        control_token_file: Some(token_file.to_owned()),
+        attach: Some(ATTACH_PORT),
+        probe_listen: Some(SocketAddr::from(([0, 0, 0, 0], PROBE_PORT))),
+        declarations: Some(PathBuf::from(DECLARATIONS_DIR)),
+        ..ComposeArgs::new(
+            composition
+                .spec
+                .components
+                .iter()
+                .map(|component| PathBuf::from(format!("{COMPONENTS_DIR}/{}", component.name)))
+                .collect(),
+        )
+    }
+    .command()
+}
+
+/// The agent's named ports: `control` and `probe`.
+fn agent_ports() -> Vec<ContainerPort> {
+    [("control", CONTROL_PORT), ("probe", PROBE_PORT)]
+        .map(|(name, port)| ContainerPort {
+            name: Some(name.to_owned()),
+            container_port: i32::from(port),
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        })
+        .to_vec()
+}
+
+/// The agent's read-only mounts of the pod's [`volumes`].
+fn agent_mounts() -> Vec<VolumeMount> {
+    [
+        ("components", COMPONENTS_DIR),
+        ("declarations", DECLARATIONS_DIR),
+        ("control", CONTROL_DIR),
+    ]
+    .map(|(name, path)| VolumeMount {
+        name: name.to_owned(),
+        mount_path: path.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    })
+    .to_vec()
 }
 
 /// The pod's `terminationGracePeriodSeconds`: the agent's longest stop, and a margin.
@@ -708,11 +698,6 @@ fn container_security(user: Option<i64>, group: Option<i64>) -> SecurityContext 
         }),
         ..SecurityContext::default()
     }
-}
-
-/// The owner reference every object carries, for tests and for callers that build patches.
-pub fn owner(composition: &Composition) -> Option<OwnerReference> {
-    composition.controller_owner_ref(&())
 }
 
 #[cfg(test)]

@@ -8,7 +8,11 @@
 //! - [`manifest`]: component manifests (`manifest.toa.yaml`) and component names;
 //! - [`restricted`]: the restricted Pod Security profile's rules, checked by the tests;
 //! - [`render`]: context.toa.yaml + manifests → a Composition, for `kubectl apply`;
-//! - [`desired`]: a validated Composition → the ConfigMap, Secret and Deployment to apply (pure);
+//! - [`desired`]: a validated Composition → the ConfigMaps, Secret and Deployment to apply, one
+//!   builder per object (pure);
+//! - [`declarations`]: the namespace's shared `toa-declarations` ConfigMap: each Composition's
+//!   part applied under a manager of its own, one writer at a time, deleted ones' parts taken
+//!   back;
 //! - [`status`]: observations → the Composition's conditions (pure);
 //! - [`pods`]: what the pods' own statuses say is wrong, for `Degraded` (pure);
 //! - [`halt`]: the halt's state machine (pure);
@@ -25,6 +29,7 @@ pub mod agent_client;
 pub mod args;
 pub mod controller;
 pub mod crd;
+pub mod declarations;
 pub mod desired;
 #[cfg(test)]
 mod fixtures;

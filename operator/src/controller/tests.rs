@@ -542,10 +542,7 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
             echo,
         )
         .await;
-        let valid = crate::validate::validate(&composition.spec).unwrap();
-        let part = desired::desired(&composition, &valid, &context.settings, "", 0)
-            .unwrap()
-            .declarations;
+        let part = desired::declarations(&Owner::of(&composition).unwrap(), &composition);
         let mut current = serde_json::to_value(&part).unwrap();
         current["data"]["other.component.yaml"] = json!("name: component\n");
         if !holds {
@@ -573,35 +570,4 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
         .await;
         task.abort();
     }
-}
-
-#[test]
-fn declarations_hold_a_part_with_its_values_and_owner() {
-    let composition = Composition::test(CompositionSpec::test());
-    let valid = crate::validate::validate(&composition.spec).unwrap();
-    let settings = Settings::test(Sidecar::Plain);
-    let part = desired::desired(&composition, &valid, &settings, "", 0)
-        .unwrap()
-        .declarations;
-    assert!(desired::holds(&part, &part));
-    let mut more = part.clone();
-    more.data
-        .as_mut()
-        .unwrap()
-        .insert("other.yaml".into(), "x".into());
-    assert!(
-        desired::holds(&more, &part),
-        "other Compositions' keys do not matter"
-    );
-    let mut changed = part.clone();
-    for value in changed.data.as_mut().unwrap().values_mut() {
-        value.push_str("changed: true\n");
-    }
-    assert!(!desired::holds(&changed, &part));
-    let mut unowned = part.clone();
-    unowned.metadata.owner_references = None;
-    assert!(
-        !desired::holds(&unowned, &part),
-        "its owner reference is missing"
-    );
 }

@@ -1,0 +1,234 @@
+//! A Composition applied: deployed, its pods up and `Ready=True`; or refused at reconcile time,
+//! nothing deployed and what already ran left as it was.
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::cluster;
+use crate::support::{
+    agent_status, apply, composition, condition, control_token, deployment, describe, lifecycle,
+    uids, wait_condition, wait_pods, Suite, COMPONENT, PATIENCE,
+};
+use crate::wait::eventually;
+
+/// A valid Composition → its Deployment → pods → `Ready=True`.
+pub async fn ready(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-ready", "shop");
+    cluster::restricted_namespace(&suite.admin, namespace).await;
+    let start = Instant::now();
+    apply(
+        &suite,
+        &composition(namespace, name, json!({ "replicas": 2 })),
+    )
+    .await;
+    let created = eventually("the Deployment exists", PATIENCE, || {
+        let suite = suite.clone();
+        async move {
+            deployment(&suite, namespace, name)
+                .await
+                .ok_or("no Deployment yet".to_owned())
+        }
+    })
+    .await;
+    eprintln!(
+        "e2e: ready: Deployment created {:.2} s after apply",
+        start.elapsed().as_secs_f64()
+    );
+    let owner = created
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        owner
+            .iter()
+            .any(|o| o.kind == "Composition" && o.name == name && o.controller == Some(true)),
+        "the Deployment is owned by the Composition: {owner:?}"
+    );
+    let composition = wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Ready",
+        "True",
+        Some("RolledOut"),
+        PATIENCE,
+    )
+    .await;
+    eprintln!(
+        "e2e: ready: Ready=True {:.2} s after apply",
+        start.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        composition.status.as_ref().unwrap().observed_generation,
+        composition.metadata.generation
+    );
+    for (type_, status) in [
+        ("Progressing", "False"),
+        ("Halted", "False"),
+        ("Degraded", "False"),
+    ] {
+        let found = condition(&composition, type_);
+        assert_eq!(
+            found.as_ref().map(|c| c.status.as_str()),
+            Some(status),
+            "{type_}: {}",
+            describe(&composition)
+        );
+    }
+    let pods = wait_pods(&suite, namespace, name, 2).await;
+    let token = control_token(&suite, namespace, name).await;
+    let http = reqwest::Client::new();
+    for pod in &pods {
+        // Every container started once and stayed up: the agent read its token (its control
+        // endpoint answers with it), nothing crash-looped.
+        assert_eq!(
+            pod.restarts(),
+            [("agent".to_owned(), 0), ("component-0".to_owned(), 0)].into(),
+            "{}",
+            pod.name
+        );
+        let status = agent_status(pod, &token).await;
+        assert_eq!(status["phase"], "running", "{}: {status}", pod.name);
+        assert_eq!(status["instance"], pod.name.as_str(), "{status}");
+        assert_eq!(
+            lifecycle(&suite, pod),
+            ["preflight", "ready"],
+            "{}",
+            pod.name
+        );
+        // The agent's ports were bound before the component's container started: the program
+        // tried each and found it taken.
+        let binds: Vec<(u64, bool)> = suite
+            .harness
+            .events(&pod.name)
+            .iter()
+            .filter(|e| e.event == "bind")
+            .map(|e| {
+                (
+                    e.details["port"].as_u64().unwrap(),
+                    e.details["taken"] == true,
+                )
+            })
+            .collect();
+        assert_eq!(
+            binds,
+            [(7090, true), (7091, true), (7092, true)],
+            "{}",
+            pod.name
+        );
+        // Prometheus's view: the pod IP, the probe port, no token.
+        let metrics = http
+            .get(format!("http://{}:7092/metrics", pod.ip))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .unwrap_or_else(|e| panic!("/metrics of {}: {e}", pod.name));
+        let text = metrics.text().await.unwrap();
+        assert!(text.contains("toa_"), "{}: {text}", pod.name);
+        // The namespace is labelled restricted; v1.20 has no Pod Security admission to enforce
+        // it, so the pod as the API server stored it is checked against the profile's rules.
+        let spec = pod.pod.spec.clone().unwrap();
+        assert_eq!(
+            toa_operator::restricted::violations(&spec),
+            Vec::<String>::new(),
+            "{}",
+            pod.name
+        );
+    }
+    let manifests = Api::<ConfigMap>::namespaced(suite.admin.clone(), namespace)
+        .get(&format!("{name}-components"))
+        .await
+        .expect("the ConfigMap of manifests");
+    assert!(manifests
+        .data
+        .unwrap()
+        .contains_key(&format!("{COMPONENT}.yaml")));
+}
+
+/// Two Redis addresses: `Ready=False`, `InvalidSpec`, the exact message, nothing deployed; and a
+/// running composition changed to that keeps its Deployment and pods as they were.
+pub async fn invalid_spec(suite: Arc<Suite>) {
+    const MESSAGE: &str = "Atomicity takes an odd number of addresses, 2 given.";
+    let namespace = "e2e-invalid";
+    cluster::namespace(&suite.admin, namespace).await;
+    let two =
+        json!({ "atomicity": { "redis": ["redis://127.0.0.1:6379", "redis://127.0.0.1:6380"] } });
+
+    // New: v1.20 has no CEL, so the API server takes it and the operator refuses it.
+    apply(
+        &suite,
+        &composition(namespace, "even", json!({ "context": two })),
+    )
+    .await;
+    let refused = wait_condition(
+        &suite,
+        namespace,
+        "even",
+        "Ready",
+        "False",
+        Some("InvalidSpec"),
+        PATIENCE,
+    )
+    .await;
+    assert_eq!(condition(&refused, "Ready").unwrap().message, MESSAGE);
+    let degraded = condition(&refused, "Degraded").unwrap();
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "InvalidSpec")
+    );
+    assert!(
+        deployment(&suite, namespace, "even").await.is_none(),
+        "nothing deployed"
+    );
+    assert!(Api::<ConfigMap>::namespaced(suite.admin.clone(), namespace)
+        .get_opt("even-components")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(Api::<Secret>::namespaced(suite.admin.clone(), namespace)
+        .get_opt("even-control")
+        .await
+        .unwrap()
+        .is_none());
+
+    // Running, then refused: what runs stays.
+    apply(&suite, &composition(namespace, "kept", json!({}))).await;
+    wait_condition(&suite, namespace, "kept", "Ready", "True", None, PATIENCE).await;
+    let before = deployment(&suite, namespace, "kept").await.unwrap();
+    let pods = wait_pods(&suite, namespace, "kept", 1).await;
+    apply(
+        &suite,
+        &composition(
+            namespace,
+            "kept",
+            json!({ "context": two, "image": "e2e.local/recorder:2" }),
+        ),
+    )
+    .await;
+    let refused = wait_condition(
+        &suite,
+        namespace,
+        "kept",
+        "Ready",
+        "False",
+        Some("InvalidSpec"),
+        PATIENCE,
+    )
+    .await;
+    assert_eq!(condition(&refused, "Ready").unwrap().message, MESSAGE);
+    let after = deployment(&suite, namespace, "kept").await.unwrap();
+    assert_eq!(
+        after.metadata.generation, before.metadata.generation,
+        "the Deployment is untouched"
+    );
+    assert_eq!(after.spec, before.spec);
+    assert_eq!(
+        uids(&wait_pods(&suite, namespace, "kept", 1).await),
+        uids(&pods)
+    );
+}

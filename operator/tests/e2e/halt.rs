@@ -1,0 +1,417 @@
+//! The halt: a quiet composition halts and comes back; a busy one's halt is called off, whether
+//! it calls or is called by another composition; a pod whose agent does not answer holds the halt
+//! back; and a halt under way survives an operator restart.
+
+use kube::ResourceExt;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::{
+    agent_status, apply, assert_disposed_before_stopped, composition, compositions, condition,
+    control_token, count, deployment, describe, halting, lifecycle, manifest_of, ready_pods,
+    running_two, uids, wait_condition, wait_no_pods, wait_pods, Suite, PATIENCE,
+};
+use crate::wait::eventually;
+use crate::{cluster, node, services, wait};
+
+/// A quiet composition halts: agents paused → scaled to zero → `Halted=True`, and `dispose` ran;
+/// then `halted: false` brings it back, `preflight` running anew in new pods.
+pub async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-halt-quiet", "quiet");
+    cluster::namespace(&suite.admin, namespace).await;
+    let spec = halting(namespace, name, 2, 30);
+    let pods = running_two(&suite, namespace, name, &spec).await;
+
+    let start = Instant::now();
+    apply(&suite, &spec(true)).await;
+    let halted = wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Halted",
+        "True",
+        Some("Halted"),
+        PATIENCE,
+    )
+    .await;
+    eprintln!(
+        "e2e: halt_quiet: Halted=True {:.1} s after halted: true",
+        start.elapsed().as_secs_f64()
+    );
+    let ready = condition(&halted, "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Halted")
+    );
+    assert_eq!(
+        deployment(&suite, namespace, name)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .replicas,
+        Some(0)
+    );
+    wait_no_pods(&suite, namespace, name).await;
+    for pod in &pods {
+        assert_eq!(
+            lifecycle(&suite, pod),
+            ["preflight", "ready", "pause", "dispose"],
+            "{}: paused, then disposed on the way down",
+            pod.name
+        );
+        assert_disposed_before_stopped(&suite, pod);
+    }
+
+    apply(&suite, &spec(false)).await;
+    let back = wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    assert_eq!(condition(&back, "Halted").unwrap().status, "False");
+    let again = wait_pods(&suite, namespace, name, 2).await;
+    assert!(uids(&again).is_disjoint(&uids(&pods)), "new pods");
+    for pod in &again {
+        assert_eq!(
+            lifecycle(&suite, pod),
+            ["preflight", "ready"],
+            "{}",
+            pod.name
+        );
+    }
+    eventually("the halt record is removed", PATIENCE, || {
+        let api = compositions(&suite, namespace);
+        async move {
+            let composition = api.get(name).await.map_err(|e| e.to_string())?;
+            if composition.annotations().contains_key("toa.io/halt") {
+                Err(describe(&composition))
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
+}
+
+/// A busy composition's halt is called off: the pods resume (same pods, same processes),
+/// `dispose` does not run, `Halted=False` names the busy pod.
+pub async fn halt_busy_called_off(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-halt-busy", "busy");
+    cluster::namespace(&suite.admin, namespace).await;
+    let spec = halting(namespace, name, 3, 8);
+    let pods = running_two(&suite, namespace, name, &spec).await;
+    let busy = pods[0].clone();
+
+    // Calls into the first pod, all along: its recorder calls its own `echo` through its agent
+    // every 0.3 s, as the harness asks.
+    suite.harness.ask(&busy.name, json!({ "do": "call" }));
+    eventually("the busy pod calls", PATIENCE, || async {
+        let called = count(&suite, &busy, "called");
+        if called > 0 {
+            Ok(())
+        } else {
+            Err(format!("{:?}", suite.harness.names(&busy.name)))
+        }
+    })
+    .await;
+    let start = Instant::now();
+    apply(&suite, &spec(true)).await;
+    let called_off = wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Halted",
+        "False",
+        Some("HaltCalledOff"),
+        PATIENCE,
+    )
+    .await;
+    eprintln!(
+        "e2e: halt_busy: called off {:.1} s after halted: true",
+        start.elapsed().as_secs_f64()
+    );
+    let message = condition(&called_off, "Halted").unwrap().message;
+    assert!(
+        message.contains(&busy.name),
+        "names the busy pod {}: {message}",
+        busy.name
+    );
+    assert!(
+        !message.contains(&pods[1].name),
+        "names only the busy pod: {message}"
+    );
+    // Stop asking for the halt before it is tried again (grace after the call-off).
+    apply(&suite, &spec(false)).await;
+    suite.harness.ask(&busy.name, json!({ "do": "stop" }));
+    let answered = count(&suite, &busy, "called");
+    assert!(
+        answered > 5,
+        "the calls went through during the halt: {answered}"
+    );
+
+    let token = control_token(&suite, namespace, name).await;
+    let after = ready_pods(&suite, namespace, name, 2).await;
+    assert_eq!(uids(&after), uids(&pods), "the same pods");
+    for (pod, before) in after.iter().zip(&pods) {
+        // The same containers, never restarted: the same processes.
+        assert_eq!(
+            pod.containers, before.containers,
+            "{}: the same containers",
+            pod.name
+        );
+        let status = agent_status(pod, &token).await;
+        assert_eq!(status["phase"], "running", "{}: {status}", pod.name);
+        assert_eq!(
+            lifecycle(&suite, pod),
+            ["preflight", "ready", "pause", "resume"],
+            "{}",
+            pod.name
+        );
+    }
+}
+
+/// Composition A is called only by composition B, over the broker: while B calls, A is busy
+/// (the calls it *receives* count), so its halt is called off naming its pod; once B stops, A's
+/// halt stops it.
+pub async fn halt_of_a_composition_called_by_another(suite: Arc<Suite>) {
+    let namespace = "e2e-calls";
+    let dir = std::env::temp_dir().join(format!("toa-e2e-rabbit-calls-{}", std::process::id()));
+    let rabbit = tokio::task::spawn_blocking(move || services::Rabbit::start(node::BRIDGE_IP, dir))
+        .await
+        .unwrap();
+    cluster::namespace(&suite.admin, namespace).await;
+    let of = |name: &str, component: &str, halted: bool| {
+        composition(
+            namespace,
+            name,
+            json!({
+                "application": "e2e-calls",
+                "components": [{ "name": format!("e2e.{component}"), "manifest": manifest_of(component) }],
+                "context": { "amqp": rabbit.url() },
+                "halted": halted,
+                "halt": { "quietWindow": 3, "grace": 10 },
+            }),
+        )
+    };
+    apply(&suite, &of("caller", "caller", false)).await;
+    apply(&suite, &of("callee", "callee", false)).await;
+    let caller = ready_pods(&suite, namespace, "caller", 1).await.remove(0);
+    let callee = ready_pods(&suite, namespace, "callee", 1).await.remove(0);
+
+    suite.harness.ask(
+        &caller.name,
+        json!({ "do": "call", "target": "e2e.callee.echo" }),
+    );
+    eventually("the caller calls the callee", PATIENCE, || async {
+        if count(&suite, &caller, "called") > 0 {
+            Ok(())
+        } else {
+            Err(format!("{:?}", suite.harness.names(&caller.name)))
+        }
+    })
+    .await;
+    apply(&suite, &of("callee", "callee", true)).await;
+    let called_off = wait_condition(
+        &suite,
+        namespace,
+        "callee",
+        "Halted",
+        "False",
+        Some("HaltCalledOff"),
+        PATIENCE,
+    )
+    .await;
+    let message = condition(&called_off, "Halted").unwrap().message;
+    assert!(
+        message.contains(&callee.name) && message.contains("since the pause"),
+        "names the callee, busy with calls it received: {message}"
+    );
+
+    // The caller stops: the callee is quiet, and the halt asked again stops it.
+    suite.harness.ask(&caller.name, json!({ "do": "stop" }));
+    apply(&suite, &of("callee", "callee", false)).await;
+    wait_condition(&suite, namespace, "callee", "Ready", "True", None, PATIENCE).await;
+    let start = Instant::now();
+    apply(&suite, &of("callee", "callee", true)).await;
+    wait_condition(
+        &suite,
+        namespace,
+        "callee",
+        "Halted",
+        "True",
+        Some("Halted"),
+        PATIENCE,
+    )
+    .await;
+    eprintln!(
+        "e2e: halt_called: Halted=True {:.1} s after the caller stopped",
+        start.elapsed().as_secs_f64()
+    );
+}
+
+/// A pod whose agent does not answer (SIGSTOP) during a halt: `Degraded=True` names it and the
+/// composition is not stopped, since that pod cannot prove it is idle; once it answers again the
+/// halt completes.
+pub async fn unanswering_pod_during_halt(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-unanswering", "frozen");
+    cluster::namespace(&suite.admin, namespace).await;
+    let spec = halting(namespace, name, 1, 60);
+    let pods = running_two(&suite, namespace, name, &spec).await;
+    let frozen = &pods[0];
+    // The agent container's processes frozen (cgroup freezer): it answers nothing, for less than
+    // its liveness probe's 30 s.
+    let agent = frozen.agent_container();
+    suite.node.freeze(&agent);
+    let thaw = Thaw(suite.clone(), agent);
+
+    apply(&suite, &spec(true)).await;
+    let degraded = wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Degraded",
+        "True",
+        Some("AgentsUnreachable"),
+        PATIENCE,
+    )
+    .await;
+    let message = condition(&degraded, "Degraded").unwrap().message;
+    assert!(
+        message.contains(&frozen.name),
+        "names {}: {message}",
+        frozen.name
+    );
+    assert!(!message.contains(&pods[1].name), "{message}");
+    // For four quiet windows, nothing is stopped while the pod cannot answer.
+    wait::always(
+        "the composition is not stopped while a pod does not answer",
+        Duration::from_secs(4),
+        || {
+            let suite = suite.clone();
+            async move {
+                let composition = compositions(&suite, namespace)
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let replicas = deployment(&suite, namespace, name)
+                    .await
+                    .and_then(|d| d.spec?.replicas);
+                let halted = condition(&composition, "Halted").is_some_and(|c| c.status == "True");
+                if halted || replicas != Some(2) {
+                    Err(format!("replicas {replicas:?}; {}", describe(&composition)))
+                } else {
+                    Ok(())
+                }
+            }
+        },
+    )
+    .await;
+
+    drop(thaw);
+    wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Halted",
+        "True",
+        Some("Halted"),
+        PATIENCE,
+    )
+    .await;
+    let composition = compositions(&suite, namespace).get(name).await.unwrap();
+    assert_eq!(condition(&composition, "Degraded").unwrap().status, "False");
+    wait_no_pods(&suite, namespace, name).await;
+    for pod in &pods {
+        assert_eq!(
+            lifecycle(&suite, pod),
+            ["preflight", "ready", "pause", "dispose"],
+            "{}",
+            pod.name
+        );
+    }
+}
+
+/// Thaws a frozen container when dropped, even when the scenario fails.
+struct Thaw(Arc<Suite>, String);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        self.0.node.thaw(&self.1);
+    }
+}
+
+/// The operator stops in the middle of a halt; the next one completes it.
+pub async fn operator_restart_during_halt(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-restart", "restart");
+    cluster::namespace(&suite.admin, namespace).await;
+    let spec = halting(namespace, name, 4, 60);
+    let pods = running_two(&suite, namespace, name, &spec).await;
+    let token = control_token(&suite, namespace, name).await;
+
+    apply(&suite, &spec(true)).await;
+    // Every agent paused for the recorded halt: the halt is under way.
+    let record = eventually(
+        "the halt is recorded and every pod paused",
+        PATIENCE,
+        || {
+            let suite = suite.clone();
+            let (pods, token) = (pods.clone(), token.clone());
+            async move {
+                let composition = compositions(&suite, namespace)
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let record = composition
+                    .annotations()
+                    .get("toa.io/halt")
+                    .cloned()
+                    .ok_or_else(|| describe(&composition))?;
+                for pod in &pods {
+                    let status = agent_status(pod, &token).await;
+                    if status["phase"] != "paused" {
+                        return Err(format!("{}: {status}", pod.name));
+                    }
+                }
+                Ok(record)
+            }
+        },
+    )
+    .await;
+    assert!(!record.contains("stopped"), "not stopped yet: {record}");
+
+    let mut operator = suite.operator.lock().await;
+    operator.stop().await;
+    operator.start().await;
+    drop(operator);
+
+    wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Halted",
+        "True",
+        Some("Halted"),
+        PATIENCE,
+    )
+    .await;
+    wait_no_pods(&suite, namespace, name).await;
+    let composition = compositions(&suite, namespace).get(name).await.unwrap();
+    let after = composition
+        .annotations()
+        .get("toa.io/halt")
+        .cloned()
+        .unwrap_or_default();
+    let id = |record: &str| record.split('@').next().unwrap_or_default().to_owned();
+    assert_eq!(
+        id(&after),
+        id(&record),
+        "the same halt completed: {record} → {after}"
+    );
+    assert!(after.contains("stopped"), "{after}");
+    for pod in &pods {
+        assert_eq!(
+            lifecycle(&suite, pod),
+            ["preflight", "ready", "pause", "dispose"],
+            "{}",
+            pod.name
+        );
+    }
+}

@@ -1,0 +1,327 @@
+//! What the scenarios share: the suite's parts ([`Suite`]), the e2e Composition and how to apply
+//! it, and the waits and reads on the cluster every scenario file uses.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::time::Duration;
+use toa_operator::Composition;
+
+use crate::cluster;
+use crate::harness::Harness;
+use crate::node::{self, Node, PodView};
+use crate::operator::Operator;
+use crate::wait::eventually;
+
+pub const COMPONENT: &str = "e2e.recorder";
+/// The image every e2e Composition runs (scripts/images).
+pub const IMAGE: &str = "localhost/toa/python:e2e";
+/// How long anything may take to happen once asked for.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+/// How long pods being replaced may take to be gone: a pod's stop may use its grace period
+/// (95 s by default), and the kubelet's cleanup after the containers died has taken over a minute
+/// on this node before the API object went.
+pub const STOP_PATIENCE: Duration = Duration::from_secs(150);
+
+/// The suite's shared parts.
+pub struct Suite {
+    pub admin: Client,
+    pub node: Node,
+    pub harness: Harness,
+    pub chart: cluster::Chart,
+    /// The operator's kubeconfig (the chart's ServiceAccount).
+    pub operator_kubeconfig: std::path::PathBuf,
+    pub operator: tokio::sync::Mutex<Operator>,
+}
+
+pub fn manifest() -> serde_json::Value {
+    manifest_of("recorder")
+}
+
+/// The recorder's manifest under another name (component `e2e.<name>`).
+pub fn manifest_of(name: &str) -> serde_json::Value {
+    json!({
+        "name": name,
+        "namespace": "e2e",
+        // Every e2e component's directory in the image holds the recorder.
+        "program": ["python3", "recorder.py"],
+        "lifecycle": ["preflight", "ready", "pause", "resume", "dispose"],
+        "operations": { "echo": { "input": { "type": "object" } } }
+    })
+}
+
+/// A Composition of the recorder, with `spec` merged over the defaults.
+pub fn composition(namespace: &str, name: &str, spec: serde_json::Value) -> serde_json::Value {
+    let mut base = json!({
+        "application": "e2e",
+        "image": IMAGE,
+        "replicas": 1,
+        "components": [{ "name": COMPONENT, "manifest": manifest() }],
+    });
+    for (key, value) in spec.as_object().unwrap() {
+        base[key] = value.clone();
+    }
+    json!({
+        "apiVersion": "toa.io/v1alpha1",
+        "kind": "Composition",
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": base,
+    })
+}
+
+/// A two-replica Composition of the recorder with halt windows of `quiet` and `grace` seconds,
+/// by whether it is `halted`.
+pub fn halting(
+    namespace: &'static str,
+    name: &'static str,
+    quiet: u32,
+    grace: u32,
+) -> impl Fn(bool) -> serde_json::Value {
+    move |halted| {
+        let halt = json!({ "quietWindow": quiet, "grace": grace });
+        composition(
+            namespace,
+            name,
+            json!({ "replicas": 2, "halted": halted, "halt": halt }),
+        )
+    }
+}
+
+/// Applies `spec(false)` and waits for its two pods.
+pub async fn running_two(
+    suite: &Suite,
+    namespace: &str,
+    name: &str,
+    spec: &impl Fn(bool) -> serde_json::Value,
+) -> Vec<PodView> {
+    apply(suite, &spec(false)).await;
+    ready_pods(suite, namespace, name, 2).await
+}
+
+/// Applies a Composition as a user would (server-side apply, field manager `e2e`).
+pub async fn apply(suite: &Suite, object: &serde_json::Value) -> Composition {
+    let namespace = object["metadata"]["namespace"].as_str().unwrap();
+    let name = object["metadata"]["name"].as_str().unwrap();
+    compositions(suite, namespace)
+        .patch(
+            name,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .unwrap_or_else(|error| panic!("applying Composition {namespace}/{name}: {error}"))
+}
+
+pub fn compositions(suite: &Suite, namespace: &str) -> Api<Composition> {
+    Api::namespaced(suite.admin.clone(), namespace)
+}
+
+pub fn condition(composition: &Composition, type_: &str) -> Option<Condition> {
+    composition
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .cloned()
+}
+
+pub fn describe(composition: &Composition) -> String {
+    let conditions: Vec<String> = composition
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter())
+        .map(|c| {
+            format!(
+                "{}={} ({}: {}; gen {:?})",
+                c.type_, c.status, c.reason, c.message, c.observed_generation
+            )
+        })
+        .collect();
+    format!(
+        "generation {:?}, annotations {:?}, conditions [{}]",
+        composition.metadata.generation,
+        composition.annotations(),
+        conditions.join(", ")
+    )
+}
+
+/// Waits until the Composition's condition `type_` has `status` (and `reason`, when given) for
+/// its current generation; returns the Composition.
+pub async fn wait_condition(
+    suite: &Suite,
+    namespace: &str,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+    timeout: Duration,
+) -> Composition {
+    let api = compositions(suite, namespace);
+    eventually(
+        &format!("{namespace}/{name} has {type_}={status} ({reason:?})"),
+        timeout,
+        || {
+            let api = api.clone();
+            async move {
+                let composition = api.get(name).await.map_err(|e| e.to_string())?;
+                let found = condition(&composition, type_).is_some_and(|c| {
+                    c.status == status
+                        && reason.is_none_or(|r| c.reason == r)
+                        && c.observed_generation == composition.metadata.generation
+                });
+                if found {
+                    Ok(composition)
+                } else {
+                    Err(describe(&composition))
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// Waits until the composition has exactly `count` pods, every one Ready and none being deleted;
+/// returns them by name.
+pub async fn wait_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> Vec<PodView> {
+    eventually(
+        &format!("{namespace}/{name} runs {count} ready pods"),
+        STOP_PATIENCE,
+        || async move {
+            let list = node::pods(&suite.admin, namespace, name).await?;
+            let ready: Vec<PodView> = list
+                .iter()
+                .filter(|pod| {
+                    pod.metadata.deletion_timestamp.is_none()
+                        && pod
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|cs| {
+                                cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                            })
+                })
+                .filter_map(PodView::of)
+                .collect();
+            if list.len() != count || ready.len() != count {
+                return Err(format!(
+                    "{} pods, {} ready: {:?}",
+                    list.len(),
+                    ready.len(),
+                    list.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+                ));
+            }
+            let mut ready = ready;
+            ready.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(ready)
+        },
+    )
+    .await
+}
+
+/// `Ready=True`, then the composition's `count` running pods.
+pub async fn ready_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> Vec<PodView> {
+    wait_condition(suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    wait_pods(suite, namespace, name, count).await
+}
+
+/// Waits until no pod of the composition is left: the kubelet reported every container stopped
+/// and the pod was removed.
+pub async fn wait_no_pods(suite: &Suite, namespace: &str, name: &str) {
+    eventually(
+        &format!("{namespace}/{name} has no pods"),
+        STOP_PATIENCE,
+        || async move {
+            let list = node::pods(&suite.admin, namespace, name).await?;
+            if list.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "pods {:?}",
+                    list.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+                ))
+            }
+        },
+    )
+    .await
+}
+
+/// The run commands the recorder ran in `pod`.
+pub fn lifecycle(suite: &Suite, pod: &PodView) -> Vec<String> {
+    suite.harness.lifecycle(&pod.name, COMPONENT)
+}
+
+pub async fn control_token(suite: &Suite, namespace: &str, name: &str) -> String {
+    let secret = Api::<Secret>::namespaced(suite.admin.clone(), namespace)
+        .get(&format!("{name}-control"))
+        .await
+        .expect("the control Secret");
+    String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap()
+}
+
+/// The agent's own report, from its control endpoint on the pod's IP.
+pub async fn agent_status(pod: &PodView, token: &str) -> serde_json::Value {
+    reqwest::Client::new()
+        .get(format!("http://{}:7091/control/status", pod.ip))
+        .bearer_auth(token)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .unwrap_or_else(|error| panic!("status of {}: {error}", pod.name))
+        .json()
+        .await
+        .unwrap()
+}
+
+pub async fn deployment(suite: &Suite, namespace: &str, name: &str) -> Option<Deployment> {
+    Api::<Deployment>::namespaced(suite.admin.clone(), namespace)
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+/// How many `event`s the pod's recorder told.
+pub fn count(suite: &Suite, pod: &PodView, event: &str) -> usize {
+    suite
+        .harness
+        .events(&pod.name)
+        .iter()
+        .filter(|e| e.event == event)
+        .count()
+}
+
+/// The preStop drain ran `dispose` in the real container before the kubelet stopped it.
+pub fn assert_disposed_before_stopped(suite: &Suite, pod: &PodView) {
+    let names = suite.harness.names(&pod.name);
+    let dispose = names.iter().position(|n| n == "dispose");
+    let stopped = names.iter().position(|n| n == "sigterm");
+    assert!(
+        matches!((dispose, stopped), (Some(d), Some(s)) if d < s),
+        "{}: dispose, then SIGTERM: {names:?}",
+        pod.name
+    );
+}
+
+pub fn uids(pods: &[PodView]) -> BTreeSet<String> {
+    pods.iter().map(|p| p.uid.clone()).collect()
+}
+
+/// The Lease's holder and spec, read as admin.
+pub async fn lease_spec(leases: &Api<Lease>, name: &str) -> Result<LeaseSpec, String> {
+    leases
+        .get(name)
+        .await
+        .map_err(|e| format!("Lease {name}: {e}"))?
+        .spec
+        .ok_or_else(|| format!("Lease {name} has no spec"))
+}
+
+pub fn holder(spec: &LeaseSpec) -> &str {
+    spec.holder_identity.as_deref().unwrap_or_default()
+}
