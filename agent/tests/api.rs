@@ -56,6 +56,7 @@ async fn serve() -> Served {
         instance: "api-test".into(),
         ready,
         listeners: Default::default(),
+        streams: Default::default(),
         metrics,
     };
     tokio::spawn(axum::serve(listener, router(Arc::new(host))).into_future());
@@ -525,4 +526,122 @@ async fn the_openapi_file_documents_routes_that_exist() {
         }
     }
     assert!(checked >= 10, "checked {checked} routes");
+}
+
+/// Single requests cannot exhaust the agent: `total`, keys per call, deltas and bodies are
+/// bounded (each refusal a 4xx naming the field and the bound), a 2 MB list of keys is refused
+/// at once, and one component holds at most `MAX_STREAMS` streams open.
+#[tokio::test]
+async fn requests_are_bounded_and_every_refusal_names_the_bound() {
+    let served = serve().await;
+    let post = |path: &str, body: String| {
+        served
+            .client
+            .post(format!("{}{path}", served.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let get = |path: &str| served.client.get(format!("{}{path}", served.base)).send();
+
+    let (status, error) = error_of(
+        get("/v1/local.embedded/slots?total=4294967295")
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        error["message"],
+        "total: expected at most 65536 slots, got 4294967295"
+    );
+    let slots: Value = get("/v1/local.embedded/slots?total=65536")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(slots["slots"].as_array().unwrap().len(), 65536);
+
+    let keys: Vec<String> = (0..65).map(|i| format!("k{i}")).collect();
+    let body = json!({ "keys": keys }).to_string();
+    let (status, error) = error_of(post("/v1/local.embedded/lock", body).await.unwrap()).await;
+    assert_eq!(
+        (status, error["message"].as_str()),
+        (
+            400,
+            Some("keys: expected at most 64 keys in one call, got 65")
+        )
+    );
+    let deltas = json!({"keys": ["a", "b"], "deltas": [60000, u64::MAX]}).to_string();
+    let (status, error) = error_of(post("/v1/local.embedded/meter", deltas).await.unwrap()).await;
+    assert_eq!(status, 400);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("deltas[1]: expected at most"),
+        "{error}"
+    );
+    let debts: Value = post(
+        "/v1/local.embedded/meter",
+        json!({"keys": ["a"], "deltas": [0]}).to_string(),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(debts, json!({"debts": [0]}), "a refused call charged a");
+
+    // A 2 MB body of keys: refused by its size, at once.
+    let huge =
+        json!({ "keys": (0..200_000).map(|i| format!("{i:08}")).collect::<Vec<_>>() }).to_string();
+    let started = std::time::Instant::now();
+    let (status, error) = error_of(post("/v1/local.embedded/lock", huge).await.unwrap()).await;
+    assert_eq!(
+        (status, error["code"].as_str()),
+        (413, Some("PAYLOAD_TOO_LARGE"))
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    // Streams: at most MAX_STREAMS open per component; closing one frees its place.
+    let mut open = Vec::new();
+    for i in 0..toa_agent::api::MAX_STREAMS {
+        let response = post(
+            "/v1/local.embedded/lock",
+            json!({"keys": [format!("s{i}")]}).to_string(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status(), 200, "stream {i}");
+        open.push(response);
+    }
+    let (status, error) = error_of(get("/v1/local.embedded/onassigned").await.unwrap()).await;
+    assert_eq!(
+        (status, error["code"].as_str()),
+        (429, Some("TOO_MANY_STREAMS"))
+    );
+    assert!(
+        error["message"].as_str().unwrap().contains("at most 256"),
+        "{error}"
+    );
+    // Another component is not affected.
+    let other = get("/v1/pod.redis/onassigned").await.unwrap();
+    assert_eq!(other.status(), 200);
+    drop(open.pop());
+    let mut freed = false;
+    for _ in 0..100 {
+        let response = get("/v1/local.embedded/onassigned").await.unwrap();
+        if response.status() == 200 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(freed, "a closed stream did not free its place within 5 s");
 }

@@ -418,3 +418,38 @@ async fn a_frozen_server_does_not_stall_acquisition_and_is_left_alone() {
         "the frozen server received {received} scripts over {cycles} lock cycles"
     );
 }
+
+/// A waiting marker is not a lock key: a holder of `x:w` keeps it while others contend for `x`
+/// (when the marker of `x` was the lock key `x:w`, a denied attempt on `x` overwrote that
+/// holding and the release of `x` deleted it, and a second holder took `x:w`).
+#[tokio::test]
+async fn a_key_named_like_a_waiting_marker_stays_held_while_others_contend() {
+    let ttl = Duration::from_millis(1000);
+    let server = RedisServer::start();
+    let replica = replica_on(&[&server], "test", "markers", None, Some(ttl));
+    let first = tokio::time::timeout(Duration::from_secs(10), replica.acquire("x:w"))
+        .await
+        .expect("x:w is free")
+        .unwrap();
+    let x = replica.acquire("x").await.unwrap();
+    // Someone waits for `x`: denied, which marks `x` as waited for.
+    let waiting = tokio::time::timeout(Duration::from_millis(300), replica.acquire("x")).await;
+    assert!(waiting.is_err(), "x was granted while held");
+    x.release().await;
+    // `x:w` is still the first holder's: nobody else gets it, for longer than a TTL.
+    let second = tokio::time::timeout(ttl * 2, replica.acquire("x:w")).await;
+    assert!(
+        second.is_err(),
+        "a second holder took x:w while the first held it"
+    );
+    assert!(
+        !first.signal().aborted(),
+        "the holder of x:w was told it lost it"
+    );
+    first.release().await;
+    let second = tokio::time::timeout(Duration::from_secs(5), replica.acquire("x:w"))
+        .await
+        .expect("x:w is free once released")
+        .unwrap();
+    second.release().await;
+}

@@ -187,3 +187,40 @@ fn a_shifted_client_clock_does_not_change_the_debts() {
         "read {read}: the debt drained by real elapsed time only"
     );
 }
+
+/// A call is charged whole or not at all: a delta over the bound is refused before anything is
+/// charged (it once charged `a` and answered "Redis is unavailable"), and so is a debt the
+/// server could not keep, refused by the script before it writes.
+#[tokio::test]
+async fn a_refused_meter_call_charges_nothing() {
+    let server = RedisServer::start();
+    let atom = atom(&server, "bounds");
+    let refused = atom
+        .meter(["a", "b"], &[60_000, u64::MAX])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, toa_agent::AtomError::InvalidMeter(_)),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("deltas[1]"), "{refused}");
+    assert_eq!(atom.meter(["a"], &[0]).await.unwrap(), [0], "a was charged");
+
+    // Within the bound per call, but a debt beyond what the server keeps: the script refuses
+    // it before writing the first key.
+    let year = toa_agent::atom::meter::MAX_DELTA_MS;
+    let mut connection = server.connection();
+    redis::cmd("SET")
+        .arg(debt_key("bounds", "b"))
+        .arg("")
+        .arg("PX")
+        .arg(9_007_199_254_740_000u64)
+        .query::<()>(&mut connection)
+        .unwrap();
+    let refused = atom.meter(["a", "b"], &[60_000, year]).await.unwrap_err();
+    assert!(
+        matches!(refused, toa_agent::AtomError::InvalidMeter(_)),
+        "{refused}"
+    );
+    assert_eq!(atom.meter(["a"], &[0]).await.unwrap(), [0], "a was charged");
+}

@@ -19,6 +19,12 @@ use tokio::sync::mpsc;
 /// How often a stream writes a blank line, so that a component that went away is noticed.
 pub const KEEPALIVE: Duration = Duration::from_secs(1);
 
+/// The most slots `GET /v1/{component}/slots?total=` splits (the answer lists them).
+pub const MAX_TOTAL: u32 = 65_536;
+
+/// The largest body the coordination routes take: 64 keys of 512 bytes, and room to spare.
+pub const MAX_BODY: usize = 64 * 1024;
+
 pub fn routes() -> Router<Arc<Host>> {
     Router::new()
         .route("/v1/{component}/lock", post(lock))
@@ -29,6 +35,7 @@ pub fn routes() -> Router<Arc<Host>> {
             post(listener_failed),
         )
         .route("/v1/{component}/meter", post(meter))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
 }
 
 #[derive(Deserialize)]
@@ -77,8 +84,10 @@ async fn lock(
     // Refuse what can be refused before the stream starts, so it gets a status code.
     let keys = keys::validate(request.keys)?;
     atom.available("lock")?;
+    let stream = host.streams.open(&component)?;
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     tokio::spawn(async move {
+        let _stream = stream;
         let mut keepalive = tokio::time::interval(KEEPALIVE);
         let acquire = atom.acquire(keys);
         tokio::pin!(acquire);
@@ -132,6 +141,12 @@ async fn slots(
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query?;
     let atom = host.atom(&component)?;
+    if query.total > MAX_TOTAL {
+        return Err(ApiError::bad_request(format!(
+            "total: expected at most {MAX_TOTAL} slots, got {}",
+            query.total
+        )));
+    }
     Ok(Json(json!({"slots": atom.slots(query.total)})))
 }
 
@@ -140,17 +155,27 @@ async fn onassigned(
     Path(component): Path<String>,
 ) -> Result<Response, ApiError> {
     let atom = host.atom(&component)?.clone();
+    let stream = host.streams.open(&component)?;
     let id = host.listeners.open(&component);
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let (changes, mut changed) = mpsc::unbounded_channel();
+    // Only the latest assignment matters: a slow reader gets that, never a growing backlog.
+    let (changes, mut changed) = tokio::sync::watch::channel(None);
     let listening = atom.onassigned(move |assignment| {
-        let _ = changes.send(line(json!({"listener": id, "assignment": assignment})));
+        changes.send_replace(Some(line(
+            json!({"listener": id, "assignment": assignment}),
+        )));
     });
     tokio::spawn(async move {
+        let _stream = stream;
         let mut keepalive = tokio::time::interval(KEEPALIVE);
         loop {
             tokio::select! {
-                Some(change) = changed.recv() => if tx.send(change).await.is_err() { break },
+                Ok(()) = changed.changed() => {
+                    let change = changed.borrow_and_update().clone();
+                    if let Some(change) = change {
+                        if tx.send(change).await.is_err() { break }
+                    }
+                }
                 _ = tx.closed() => break,
                 _ = keepalive.tick() => { let _ = tx.send(Bytes::from_static(b"\n")).await; }
             }

@@ -26,7 +26,11 @@ pub fn routes() -> Router<Arc<Host>> {
         .route("/v1/instance", get(instance))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_CALL_BODY))
 }
+
+/// The largest call or task body taken (its input travels in one broker message).
+pub const MAX_CALL_BODY: usize = 1024 * 1024;
 
 async fn call(
     state: State<Arc<Host>>,

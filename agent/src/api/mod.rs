@@ -41,6 +41,8 @@ pub struct Host {
     pub ready: tokio::sync::watch::Receiver<bool>,
     /// Open `onassigned` streams, for their failure reports.
     pub listeners: Listeners,
+    /// Open lock and `onassigned` streams, per component, bounded.
+    pub streams: Streams,
     /// What `GET /metrics` answers.
     pub metrics: Arc<Metrics>,
 }
@@ -48,13 +50,14 @@ pub struct Host {
 /// The `onassigned` streams open now, by component and id.
 #[derive(Default)]
 pub struct Listeners {
-    next: std::sync::atomic::AtomicU64,
     open: std::sync::Mutex<std::collections::HashSet<(String, u64)>>,
 }
 
 impl Listeners {
+    /// A new stream's id: random (another component cannot guess it to fail the stream), below
+    /// 2^53 (a JSON number every client reads exactly).
     fn open(&self, component: &str) -> u64 {
-        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let id = rand::random_range(1..1u64 << 53);
         self.open
             .lock()
             .expect("listeners")
@@ -74,6 +77,56 @@ impl Listeners {
             .lock()
             .expect("listeners")
             .contains(&(component.to_owned(), id))
+    }
+}
+
+/// The most lock and `onassigned` streams one component may hold open at once: each holds a
+/// task (and a lock waiter), and a component's code is not trusted to close them.
+pub const MAX_STREAMS: usize = 256;
+
+/// The lock and `onassigned` streams open now, counted per component.
+#[derive(Default, Clone)]
+pub struct Streams(Arc<std::sync::Mutex<HashMap<String, usize>>>);
+
+/// One open stream; dropping it closes it.
+pub struct Stream {
+    streams: Streams,
+    component: String,
+}
+
+impl Streams {
+    fn open(&self, component: &str) -> Result<Stream, ApiError> {
+        let mut open = self.0.lock().expect("streams");
+        let count = open.entry(component.to_owned()).or_default();
+        if *count >= MAX_STREAMS {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TOO_MANY_STREAMS",
+                format!(
+                    "{component}: expected at most {MAX_STREAMS} lock and onassigned streams open \
+                     at once; close one first"
+                ),
+            ));
+        }
+        *count += 1;
+        Ok(Stream {
+            streams: self.clone(),
+            component: component.to_owned(),
+        })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Some(count) = self
+            .streams
+            .0
+            .lock()
+            .expect("streams")
+            .get_mut(&self.component)
+        {
+            *count = count.saturating_sub(1);
+        }
     }
 }
 
@@ -156,9 +209,9 @@ impl From<AtomError> for ApiError {
     fn from(error: AtomError) -> Self {
         let (status, code) = match &error {
             AtomError::RequiresAtomicity(_) => (StatusCode::NOT_IMPLEMENTED, "REQUIRES_ATOMICITY"),
-            AtomError::InvalidKey { .. } | AtomError::InvalidMeter(_) => {
-                (StatusCode::BAD_REQUEST, "BAD_REQUEST")
-            }
+            AtomError::InvalidKey { .. }
+            | AtomError::TooManyKeys(_)
+            | AtomError::InvalidMeter(_) => (StatusCode::BAD_REQUEST, "BAD_REQUEST"),
             AtomError::Unavailable(_) | AtomError::Protocol(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
             }
@@ -169,6 +222,16 @@ impl From<AtomError> for ApiError {
 
 impl From<axum::extract::rejection::JsonRejection> for ApiError {
     fn from(rejection: axum::extract::rejection::JsonRejection) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "PAYLOAD_TOO_LARGE",
+                format!(
+                    "the body is larger than this route takes: {}",
+                    rejection.body_text()
+                ),
+            );
+        }
         Self::bad_request(rejection.body_text())
     }
 }

@@ -70,6 +70,9 @@ impl<const N: usize> IntoKeys for [&str; N] {
 /// The longest key accepted, in bytes.
 pub const MAX_KEY: usize = 512;
 
+/// The most keys one call takes (held or charged together).
+pub const MAX_KEYS: usize = 64;
+
 /// Refuses empty lists, empty or overlong keys, control characters and repeated keys.
 pub fn validate(keys: Vec<String>) -> Result<Vec<String>, AtomError> {
     if keys.is_empty() {
@@ -78,14 +81,18 @@ pub fn validate(keys: Vec<String>) -> Result<Vec<String>, AtomError> {
             reason: "expected at least one key",
         });
     }
-    for (index, key) in keys.iter().enumerate() {
+    if keys.len() > MAX_KEYS {
+        return Err(AtomError::TooManyKeys(keys.len()));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    for key in &keys {
         let reason = if key.is_empty() {
             Some("expected a non-empty string")
         } else if key.len() > MAX_KEY {
             Some("expected at most 512 bytes")
         } else if key.chars().any(char::is_control) {
             Some("expected no control characters")
-        } else if keys[..index].contains(key) {
+        } else if !seen.insert(key.as_str()) {
             Some("given twice")
         } else {
             None
@@ -135,5 +142,11 @@ mod tests {
         let long = "x".repeat(513);
         assert!(refused(vec![&long]).contains("expected at most 512 bytes"));
         assert!(validate(vec!["settlement".into(), "customer:42".into()]).is_ok());
+        let many: Vec<String> = (0..=MAX_KEYS).map(|i| i.to_string()).collect();
+        assert_eq!(
+            validate(many).unwrap_err().to_string(),
+            "keys: expected at most 64 keys in one call, got 65"
+        );
+        assert!(validate((0..MAX_KEYS).map(|i| i.to_string()).collect()).is_ok());
     }
 }

@@ -35,18 +35,19 @@ use std::time::Duration;
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// KEYS: the lock keys, then the fence counter. ARGV: value, TTL in ms.
-/// Returns {1, token, ''} granted, {0, pttl, holder} held by another, {-1, 0, ''} counter not
-/// seeded. A denial marks the key `{key}:w` (for two TTLs: a waiter tries again at least once per
-/// TTL), so that its release is published; an uncontended release publishes nothing.
+/// KEYS: the n lock keys, their n waiting markers, then the fence counter. ARGV: value, TTL in
+/// ms. Returns {1, token, ''} granted, {0, pttl, holder} held by another, {-1, 0, ''} counter not
+/// seeded. A denial sets the key's marker (for two TTLs: a waiter tries again at least once per
+/// TTL), so that its release is published; an uncontended release publishes nothing. Markers
+/// live under `wait:`, apart from every lock key (`lock:`): no user key names another's marker.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local n = #KEYS - 1
+local n = (#KEYS - 1) / 2
 for i = 1, n do
   local holder = redis.call('GET', KEYS[i])
   if holder and holder ~= ARGV[1] then
-    redis.call('SET', KEYS[i] .. ':w', '1', 'PX', 2 * tonumber(ARGV[2]))
+    redis.call('SET', KEYS[n + i], '1', 'PX', 2 * tonumber(ARGV[2]))
     return {0, redis.call('PTTL', KEYS[i]), holder}
   end
 end
@@ -76,16 +77,18 @@ return 1
     )
 });
 
-/// KEYS: the lock keys. ARGV: value, release channel, publish (1/0). Deletes the keys still
-/// ours and, if asked and somebody waits for a key (it is marked), publishes it; returns how many.
+/// KEYS: the n lock keys, then their n waiting markers. ARGV: value, release channel, publish
+/// (1/0). Deletes the keys still ours and, if asked and somebody waits for a key (its marker is
+/// set), publishes it; returns how many.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local released = 0
-for i = 1, #KEYS do
+local n = #KEYS / 2
+for i = 1, n do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
-    if ARGV[3] == '1' and redis.call('DEL', KEYS[i] .. ':w') == 1 then
+    if ARGV[3] == '1' and redis.call('DEL', KEYS[n + i]) == 1 then
       redis.call('PUBLISH', ARGV[2], KEYS[i])
     end
     released = released + 1
@@ -217,7 +220,10 @@ impl Drop for Held {
 /// The Redis lock engine of one component.
 pub struct Locks {
     servers: Arc<Servers>,
+    /// `{scope}lock:`: a lock key is this and the user's key.
     prefix: String,
+    /// `{scope}wait:`: a key's waiting marker is this and the user's key.
+    wait_prefix: String,
     fence: String,
     channel: String,
     ttl: Duration,
@@ -327,6 +333,7 @@ impl Locks {
         Self {
             fence: format!("{prefix}fence"),
             prefix: format!("{prefix}lock:"),
+            wait_prefix: format!("{prefix}wait:"),
             channel,
             drift: ttl / 100 + Duration::from_millis(2),
             servers,
@@ -380,7 +387,8 @@ impl Locks {
 
     async fn attempt(self: &Arc<Self>, keys: &[String], value: &str) -> Attempt {
         let start = Instant::now();
-        let mut all: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let markers = self.markers(keys);
+        let mut all: Vec<&str> = keys.iter().chain(&markers).map(String::as_str).collect();
         all.push(&self.fence);
         let ttl = self.ttl.as_millis().to_string();
         let n = self.servers.list.len();
@@ -556,6 +564,16 @@ impl Locks {
         held
     }
 
+    /// The waiting markers of lock keys.
+    fn markers(&self, keys: &[String]) -> Vec<String> {
+        keys.iter()
+            .map(|key| {
+                let user = key.strip_prefix(&self.prefix).unwrap_or(key);
+                format!("{}{user}", self.wait_prefix)
+            })
+            .collect()
+    }
+
     /// Sends the release to `servers` and waits until a majority of all servers answered (or
     /// every one of `servers` did); the rest finish in one background task.
     async fn release_on(self: &Arc<Self>, servers: Vec<usize>, keys: &[String], value: &str) {
@@ -589,7 +607,8 @@ impl Locks {
             .map(|index| {
                 let (this, keys, value) = (self.clone(), keys.clone(), value.clone());
                 Box::pin(async move {
-                    let all: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    let markers = this.markers(&keys);
+                    let all: Vec<&str> = keys.iter().chain(&markers).map(String::as_str).collect();
                     let server = &this.servers.list[index];
                     if let Err(error) = server
                         .invoke::<i64>(&RELEASE, &all, &[&value, &this.channel, publish])

@@ -8,11 +8,13 @@
 use super::keys::Scope;
 use super::AtomError;
 use crate::metrics::ComponentMetrics;
-use crate::redis::Servers;
+use crate::redis::{ServerError, Servers};
 use redis::Script;
 use std::sync::{Arc, LazyLock};
 
-/// KEYS: the meter keys. ARGV: one delta (ms, ≥ 0) per key. Returns the debts reached.
+/// KEYS: the meter keys. ARGV: one delta (ms, ≥ 0) per key. Returns the debts reached. Every
+/// debt is computed before any is written: a refusal (a debt beyond what a Redis expiry and a Lua
+/// number hold exactly) charges nothing, as Redis does not undo a script's writes.
 static METER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -20,17 +22,28 @@ local reached = {}
 for i = 1, #KEYS do
   local debt = redis.call('PTTL', KEYS[i])
   if debt < 0 then debt = 0 end
-  local delta = tonumber(ARGV[i])
-  debt = debt + delta
-  if delta > 0 then
-    redis.call('SET', KEYS[i], '', 'PX', debt)
+  debt = debt + tonumber(ARGV[i])
+  if debt > 9007199254740991 then
+    return redis.error_reply('ERR debt beyond 2^53 ms: more than a Redis expiry keeps exactly')
   end
   reached[i] = debt
+end
+for i = 1, #KEYS do
+  if tonumber(ARGV[i]) > 0 then
+    redis.call('SET', KEYS[i], '', 'PX', reached[i])
+  end
 end
 return reached
 ",
     )
 });
+
+/// The largest delta one call may add to a key, in ms: a year. Checked before anything is
+/// charged.
+pub const MAX_DELTA_MS: u64 = 365 * 24 * 3600 * 1000;
+
+/// The script's refusal of a debt it cannot keep.
+const DEBT_BEYOND: &str = "debt beyond 2^53 ms";
 
 pub struct Meter {
     servers: Arc<Servers>,
@@ -61,6 +74,11 @@ impl Meter {
             invocation.arg(*delta);
         }
         self.metrics.meter_called();
-        Ok(self.servers.first().invoke_prepared(&invocation).await?)
+        match self.servers.first().invoke_prepared(&invocation).await {
+            Err(ServerError::Refused(_, message)) if message.contains(DEBT_BEYOND) => Err(
+                AtomError::InvalidMeter(format!("a {DEBT_BEYOND}; nothing was charged")),
+            ),
+            reached => Ok(reached?),
+        }
     }
 }

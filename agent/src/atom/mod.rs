@@ -36,6 +36,8 @@ pub enum AtomError {
     RequiresAtomicity(&'static str),
     #[error("invalid key {key:?}: {reason}")]
     InvalidKey { key: String, reason: &'static str },
+    #[error("keys: expected at most {max} keys in one call, got {0}", max = keys::MAX_KEYS)]
+    TooManyKeys(usize),
     #[error("meter: {0}")]
     InvalidMeter(String),
     #[error("Redis is unavailable: {0}")]
@@ -210,6 +212,16 @@ impl Atom {
                 "expected one delta per key, got {} keys and {} deltas",
                 keys.len(),
                 deltas.len()
+            )));
+        }
+        if let Some((index, delta)) = deltas
+            .iter()
+            .enumerate()
+            .find(|(_, delta)| **delta > meter::MAX_DELTA_MS)
+        {
+            return Err(AtomError::InvalidMeter(format!(
+                "deltas[{index}]: expected at most {} ms (a year), got {delta}; nothing was charged",
+                meter::MAX_DELTA_MS
             )));
         }
         match &self.backend {

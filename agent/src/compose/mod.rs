@@ -346,6 +346,7 @@ impl Composition {
             instance: self.instance.to_string(),
             ready: self.ready.clone(),
             listeners: Default::default(),
+            streams: Default::default(),
             metrics: self.metrics.clone(),
         });
         let app = api::router(host).merge(drain::local_route(self.trigger.clone()));
