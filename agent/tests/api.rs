@@ -475,7 +475,7 @@ async fn bad_requests_get_a_clear_error_and_the_agent_keeps_serving() {
 }
 
 /// Every route the OpenAPI file documents for the local API exists (a missing route answers 404
-/// with an empty body, or 405).
+/// `UNKNOWN_ROUTE`, or 405).
 #[tokio::test]
 async fn the_openapi_file_documents_routes_that_exist() {
     let served = serve().await;
@@ -513,14 +513,18 @@ async fn the_openapi_file_documents_routes_that_exist() {
             let response = request.send().await.unwrap();
             let status = response.status().as_u16();
             // Streams never end: read a body only where it decides (a 404).
-            let body = if status == 404 {
-                response.text().await.unwrap_or_default()
+            let code = if status == 404 {
+                let body: Value = response.json().await.unwrap();
+                body["error"]["code"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
             } else {
-                String::from("-")
+                String::new()
             };
             assert!(
-                status != 405 && !(status == 404 && body.is_empty()),
-                "{method} {path} is documented but not served ({status})"
+                status != 405 && code != "UNKNOWN_ROUTE",
+                "{method} {path} is documented but not served ({status} {code})"
             );
             checked += 1;
         }
@@ -644,4 +648,103 @@ async fn requests_are_bounded_and_every_refusal_names_the_bound() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(freed, "a closed stream did not free its place within 5 s");
+}
+
+/// Every refusal is `{"error": {"code", "message"}}` with its status, axum's own included (a
+/// path parameter of the wrong type, an unknown route or method, a missing content type: 400), and a
+/// body must be the object the API documents, not an array serde would take for it.
+#[tokio::test]
+async fn every_refusal_has_the_documented_shape() {
+    let served = serve().await;
+    let url = |path: &str| format!("{}{path}", served.base);
+    let json_post = |path: &str, body: &'static str| {
+        served
+            .client
+            .post(url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let cases = [
+        (
+            json_post("/v1/local.embedded/lock", r#"[["a"]]"#)
+                .await
+                .unwrap(),
+            400,
+            "expected a JSON object, got an array",
+        ),
+        (
+            json_post(
+                "/v1/local.embedded/meter",
+                r#"{"keys": ["a"], "deltas": [-1]}"#,
+            )
+            .await
+            .unwrap(),
+            400,
+            "deltas[0]: invalid value",
+        ),
+        (
+            json_post("/v1/call/local.embedded/x", "[]").await.unwrap(),
+            400,
+            "expected a JSON object",
+        ),
+        (
+            served
+                .client
+                .post(url("/v1/local.embedded/onassigned/abc/failed"))
+                .send()
+                .await
+                .unwrap(),
+            400,
+            "abc",
+        ),
+        (
+            served
+                .client
+                .get(url("/v1/nothing/here"))
+                .send()
+                .await
+                .unwrap(),
+            404,
+            "nothing serves GET /v1/nothing/here",
+        ),
+        (
+            served
+                .client
+                .delete(url("/v1/local.embedded/meter"))
+                .send()
+                .await
+                .unwrap(),
+            405,
+            "does not take DELETE",
+        ),
+        (
+            served
+                .client
+                .post(url("/v1/local.embedded/lock"))
+                .body(r#"{"keys": ["a"]}"#)
+                .send()
+                .await
+                .unwrap(),
+            400,
+            "Content-Type: application/json",
+        ),
+    ];
+    for (response, status, says) in cases {
+        let got = response.status().as_u16();
+        // A request taken by mistake (a lock stream) never ends: bound the read.
+        let text = tokio::time::timeout(Duration::from_secs(5), response.text())
+            .await
+            .unwrap_or_else(|_| panic!("{got}: a stream instead of a refusal"))
+            .unwrap();
+        let body: Value =
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("{got}: not JSON: {text:?}"));
+        assert_eq!(got, status, "{body}");
+        let error = &body["error"];
+        assert!(error["code"].is_string(), "{body}");
+        assert!(
+            error["message"].as_str().unwrap().contains(says),
+            "{status}: {body}"
+        );
+    }
 }

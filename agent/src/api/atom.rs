@@ -1,10 +1,11 @@
 //! `lock`, `slots`, `onassigned` and `meter` over HTTP (see the table in [`super`]).
 
+use super::body::{Object, Path};
 use super::{ApiError, Host};
 use crate::atom::{keys, Atom};
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -77,9 +78,8 @@ fn line(value: Value) -> Bytes {
 async fn lock(
     State(host): State<Arc<Host>>,
     Path(component): Path<String>,
-    body: Result<Json<LockRequest>, JsonRejection>,
+    Object(request): Object<LockRequest>,
 ) -> Result<Response, ApiError> {
-    let Json(request) = body?;
     let atom: Arc<Atom> = host.atom(&component)?.clone();
     // Refuse what can be refused before the stream starts, so it gets a status code.
     let keys = keys::validate(request.keys)?;
@@ -210,9 +210,8 @@ async fn listener_failed(
 async fn meter(
     State(host): State<Arc<Host>>,
     Path(component): Path<String>,
-    body: Result<Json<MeterRequest>, JsonRejection>,
+    Object(request): Object<MeterRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let Json(request) = body?;
     let atom = host.atom(&component)?;
     let debts = atom.meter(request.keys, &request.deltas).await?;
     Ok(Json(json!({"debts": debts})))

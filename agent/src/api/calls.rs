@@ -7,11 +7,11 @@
 //! | `GET /v1/instance` | `{"instance": "..."}`, this process's name |
 //! | `GET /healthz`, `GET /readyz` | 200 when alive; 200 once every component ran `ready`, else 503 |
 
+use super::body::{Object, Path};
 use super::{ApiError, Host};
 use crate::component::client::Outcome;
 use crate::contract::{CallError, Request};
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -35,7 +35,7 @@ pub const MAX_CALL_BODY: usize = 1024 * 1024;
 async fn call(
     state: State<Arc<Host>>,
     path: Path<(String, String)>,
-    body: Result<Json<Request>, JsonRejection>,
+    body: Object<Request>,
 ) -> Response {
     forward(state, path, body, false).await
 }
@@ -43,7 +43,7 @@ async fn call(
 async fn task(
     state: State<Arc<Host>>,
     path: Path<(String, String)>,
-    body: Result<Json<Request>, JsonRejection>,
+    body: Object<Request>,
 ) -> Response {
     forward(state, path, body, true).await
 }
@@ -51,13 +51,9 @@ async fn task(
 async fn forward(
     State(host): State<Arc<Host>>,
     Path((component, operation)): Path<(String, String)>,
-    body: Result<Json<Request>, JsonRejection>,
+    Object(request): Object<Request>,
     task: bool,
 ) -> Response {
-    let request = match body {
-        Ok(Json(request)) => request,
-        Err(rejection) => return ApiError::from(rejection).into_response(),
-    };
     let Some(calls) = &host.calls else {
         return ApiError::new(
             StatusCode::NOT_FOUND,

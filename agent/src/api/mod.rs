@@ -17,6 +17,7 @@
 //! Calls, the process's name and the probes are in [`calls`].
 
 pub mod atom;
+pub mod body;
 pub mod calls;
 
 use axum::http::StatusCode;
@@ -154,6 +155,8 @@ pub fn router(host: Arc<Host>) -> axum::Router {
         .merge(calls::routes())
         .with_state(host)
         .merge(metrics_route(metrics))
+        .fallback(body::unknown_route)
+        .method_not_allowed_fallback(body::method_not_allowed)
 }
 
 /// `GET /metrics` (OpenMetrics text, which Prometheus reads): on the local API and on the probe

@@ -1,0 +1,86 @@
+//! One shape for every refusal: request bodies, paths and queries read by extractors whose
+//! rejections are [`ApiError`]s (`{"error": {"code", "message"}}`), never axum's plain text; a
+//! body must be a JSON object (serde would take an array for a struct); unknown routes and
+//! methods are answered in the same shape.
+
+use super::ApiError;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{Method, StatusCode, Uri};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// A JSON object body read into `T`; a refusal names the field (`deltas[1]: ...`).
+pub struct Object<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Object<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let axum::Json(value) = axum::Json::<Value>::from_request(request, state).await?;
+        if !value.is_object() {
+            return Err(ApiError::bad_request(format!(
+                "expected a JSON object, got {}",
+                kind(&value)
+            )));
+        }
+        serde_path_to_error::deserialize(value)
+            .map(Object)
+            .map_err(|error| ApiError::bad_request(named(&error)))
+    }
+}
+
+/// Path parameters; a refusal names what was expected.
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| Path(value))
+            .map_err(|rejection| ApiError::bad_request(rejection.body_text()))
+    }
+}
+
+/// `404 UNKNOWN_ROUTE`, for a path nothing serves.
+pub async fn unknown_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "UNKNOWN_ROUTE",
+        format!(
+            "nothing serves {method} {}; agent/openapi.yaml lists the routes",
+            uri.path()
+        ),
+    )
+}
+
+/// `405 METHOD_NOT_ALLOWED`, for a route asked with a method it does not take.
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "METHOD_NOT_ALLOWED",
+        format!("{} does not take {method}", uri.path()),
+    )
+}
+
+fn named(error: &serde_path_to_error::Error<serde_json::Error>) -> String {
+    let path = error.path().to_string();
+    if path == "." {
+        error.inner().to_string()
+    } else {
+        format!("{path}: {}", error.inner())
+    }
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
