@@ -1,7 +1,10 @@
 //! The control endpoint, for the operator: halt, resume, status, on its own port.
 //!
-//! Every request must carry `Authorization: Bearer <token>`, the composition's token read from a
-//! file at start (a Secret the operator creates); anything else gets 401 and changes nothing.
+//! Every request must be signed with the composition's token, read from a file at start (a
+//! Secret the operator creates): `Authorization: Toa-HMAC-SHA256 pod=.., ts=.., sig=..`, an HMAC
+//! over the method, path, body, this pod's name and a time within 30 s of this agent's clock
+//! ([`toa_context::control::Signed`]); `Bearer <token>` from operators before signing is still
+//! taken. Anything else gets 401 and changes nothing.
 //! Actions are idempotent by halt id: halting twice with one id pauses once. A halt or resume
 //! runs to its end once asked for, even when the request that asked is dropped (the operator's
 //! requests give up after 2 s; it polls the status).
@@ -22,7 +25,7 @@ use axum::{Json, Router};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use toa_context::control::{HaltRequest, Status, HALT_PATH, RESUME_PATH, STATUS_PATH};
+use toa_context::control::{HaltRequest, Signed, Status, HALT_PATH, RESUME_PATH, STATUS_PATH};
 
 pub type Reply = Pin<Box<dyn Future<Output = Result<Status, String>> + Send>>;
 
@@ -57,24 +60,54 @@ async fn authenticate(
     request: Request,
     next: Next,
 ) -> Response {
-    let given = request
-        .headers()
+    let (parts, body) = request.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, MAX_BODY).await else {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "PAYLOAD_TOO_LARGE",
+            "expected a body of at most 1 KiB",
+        );
+    };
+    let given = parts
+        .headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    match given {
-        Some(token) if toa_context::control::same_key(token, &control.token) => {
-            next.run(request).await
-        }
-        _ => {
-            tracing::warn!("control request refused: no valid token");
-            error(
+        .unwrap_or_default();
+    let instance = control.supervisor.status().instance;
+    let signed = Signed {
+        method: parts.method.as_str(),
+        path: parts.uri.path(),
+        pod: &instance,
+        ts: now_s(),
+        body: &body,
+    };
+    // Operators before signed requests sent the token itself; still taken, for one version.
+    let bearer = given
+        .strip_prefix("Bearer ")
+        .is_some_and(|token| toa_context::control::same_key(token, &control.token));
+    match signed.verify(given, &control.token) {
+        Ok(()) => {}
+        Err(_) if bearer => {}
+        Err(why) => {
+            tracing::warn!(%why, "control request refused");
+            return error(
                 StatusCode::UNAUTHORIZED,
                 "UNAUTHORIZED",
-                "expected `Authorization: Bearer <the composition's token>`",
-            )
+                &format!("expected a request signed with the composition's token: {why}"),
+            );
         }
     }
+    next.run(Request::from_parts(parts, axum::body::Body::from(body)))
+        .await
+}
+
+/// The largest control request body: a halt id of at most 128 characters, in JSON.
+const MAX_BODY: usize = 1024;
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn error(status: StatusCode, code: &str, message: &str) -> Response {

@@ -386,3 +386,58 @@ fn a_server_that_dies_stops_the_agent_and_says_which() {
     let _ = program.kill();
     let _ = program.wait();
 }
+
+#[test]
+fn control_requests_are_signed_for_this_pod_and_now() {
+    let (mut program, pod, _record) = ready_pod("recorder.py", "signed");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let body = r#"{"halt":"h1"}"#;
+    let signed = |pod_name: &str, ts: u64, path: &str| {
+        toa_context::control::Signed {
+            method: "POST",
+            path,
+            pod: pod_name,
+            ts,
+            body: body.as_bytes(),
+        }
+        .authorization(pod.token)
+    };
+    let halt = |authorization: &str| {
+        support::control_with(
+            pod.control,
+            "POST",
+            "/control/halt",
+            Some(authorization),
+            body,
+        )
+    };
+    let refused = |(status, answer): (u16, serde_json::Value), why: &str| {
+        assert_eq!(status, 401, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap().to_owned();
+        assert!(message.contains(why), "{message}");
+    };
+    refused(
+        halt(&signed("pod-2", now, "/control/halt")),
+        "signed for pod",
+    );
+    refused(
+        halt(&signed("pod-1", now - 120, "/control/halt")),
+        "more than 30 s",
+    );
+    refused(
+        halt(&signed("pod-1", now, "/control/resume")),
+        "does not match",
+    );
+    let (status, answer) = halt(&signed("pod-1", now, "/control/halt"));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["halt"], "h1");
+    // The token itself, as operators before signing sent it: still taken.
+    let (status, answer) =
+        support::control(pod.control, "GET", "/control/status", Some(pod.token), "");
+    assert_eq!((status, answer["instance"].as_str()), (200, Some("pod-1")));
+    let _ = program.kill();
+    let _ = program.wait();
+}

@@ -103,7 +103,7 @@ pub fn drain_key(token: &str) -> String {
         .chain_update(b"toa drain key v1\0")
         .chain_update(token.as_bytes())
         .finalize();
-    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+    hex(&digest)
 }
 
 /// Compares a presented key or token with the expected one in time that does not depend on
@@ -115,6 +115,105 @@ pub fn same_key(presented: &str, expected: &str) -> bool {
             .zip(expected.bytes())
             .fold(0u8, |differ, (a, b)| differ | (a ^ b))
             == 0
+}
+
+/// The scheme of a signed control request's `Authorization` header:
+/// `Toa-HMAC-SHA256 pod=<pod name>, ts=<unix seconds>, sig=<hex>`.
+///
+/// The signature is HMAC-SHA256, keyed by the composition's token, over the method, the path,
+/// the pod it is meant for, the time and the SHA-256 of the body. The token itself never
+/// travels: a listener that took over a pod's IP learns a signature for that one request, to that
+/// pod, within [`SIGNATURE_WINDOW_S`], which the agent of any other pod refuses (a replay to the
+/// same pod within the window repeats an idempotent halt, resume or status read).
+pub const SIGNATURE_SCHEME: &str = "Toa-HMAC-SHA256";
+
+/// How far a signed request's time may be from the agent's clock, in seconds, either way.
+pub const SIGNATURE_WINDOW_S: u64 = 30;
+
+/// One control request, as signed.
+#[derive(Debug, Clone, Copy)]
+pub struct Signed<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    /// The pod the request is for (its agent's instance name).
+    pub pod: &'a str,
+    /// Unix seconds.
+    pub ts: u64,
+    pub body: &'a [u8],
+}
+
+impl Signed<'_> {
+    fn signature(&self, token: &str) -> String {
+        use hmac::Mac;
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(token.as_bytes())
+            .expect("HMAC takes a key of any length");
+        let body = Sha256::digest(self.body);
+        for part in [
+            b"toa control v1".as_slice(),
+            self.method.as_bytes(),
+            self.path.as_bytes(),
+            self.pod.as_bytes(),
+            self.ts.to_string().as_bytes(),
+            body.as_slice(),
+        ] {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part);
+        }
+        hex(&mac.finalize().into_bytes())
+    }
+
+    /// The `Authorization` header's value.
+    pub fn authorization(&self, token: &str) -> String {
+        format!(
+            "{SIGNATURE_SCHEME} pod={}, ts={}, sig={}",
+            self.pod,
+            self.ts,
+            self.signature(token)
+        )
+    }
+
+    /// Checks `header` against this request as the agent of `self.pod` received it at `self.ts`
+    /// (its own clock); `Err` says what was wrong, without echoing a secret.
+    pub fn verify(&self, header: &str, token: &str) -> Result<(), String> {
+        let fields = header
+            .strip_prefix(SIGNATURE_SCHEME)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .ok_or_else(|| {
+                format!("expected `Authorization: {SIGNATURE_SCHEME} pod=.., ts=.., sig=..`")
+            })?;
+        let field = |name: &str| {
+            fields
+                .split(", ")
+                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+                .ok_or_else(|| format!("the signature has no `{name}`"))
+        };
+        let (pod, ts, sig) = (field("pod")?, field("ts")?, field("sig")?);
+        if pod != self.pod {
+            return Err(format!(
+                "signed for pod {pod:?}, not this one ({})",
+                self.pod
+            ));
+        }
+        let ts: u64 = ts
+            .parse()
+            .map_err(|_| "`ts`: expected unix seconds".to_owned())?;
+        if ts.abs_diff(self.ts) > SIGNATURE_WINDOW_S {
+            return Err(format!(
+                "signed at {ts}, more than {SIGNATURE_WINDOW_S} s from this agent's clock ({})",
+                self.ts
+            ));
+        }
+        let expected = Signed { ts, ..*self }.signature(token);
+        if same_key(sig, &expected) {
+            Ok(())
+        } else {
+            Err("the signature does not match this request and the composition's token".to_owned())
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -140,5 +239,58 @@ mod tests {
         let mut other = key.clone().into_bytes();
         other[63] = if other[63] == b'0' { b'1' } else { b'0' };
         assert!(!same_key(std::str::from_utf8(&other).unwrap(), &key));
+    }
+
+    #[test]
+    fn a_signature_holds_for_its_request_pod_and_window_only() {
+        let request = Signed {
+            method: "POST",
+            path: HALT_PATH,
+            pod: "orders-7d9-abc",
+            ts: 1_000_000,
+            body: br#"{"halt":"h1"}"#,
+        };
+        let header = request.authorization("token");
+        assert!(!header.contains("token"), "{header}");
+        assert_eq!(request.verify(&header, "token"), Ok(()));
+        let at = |ts: u64| Signed { ts, ..request };
+        assert!(at(1_000_030).verify(&header, "token").is_ok());
+        assert!(at(999_970).verify(&header, "token").is_ok());
+        let late = at(1_000_031).verify(&header, "token").unwrap_err();
+        assert!(late.contains("more than 30 s"), "{late}");
+        let other_pod = Signed {
+            pod: "orders-7d9-xyz",
+            ..request
+        };
+        assert!(other_pod
+            .verify(&header, "token")
+            .unwrap_err()
+            .contains("signed for pod"));
+        for changed in [
+            Signed {
+                method: "GET",
+                ..request
+            },
+            Signed {
+                path: RESUME_PATH,
+                ..request
+            },
+            Signed {
+                body: br#"{"halt":"h2"}"#,
+                ..request
+            },
+        ] {
+            assert!(changed
+                .verify(&header, "token")
+                .unwrap_err()
+                .contains("does not match"));
+        }
+        assert!(request.verify(&header, "other token").is_err());
+        assert!(request.verify("Bearer token", "token").is_err());
+        let forged = header.replace("ts=1000000", "ts=1000010");
+        assert!(request
+            .verify(&forged, "token")
+            .unwrap_err()
+            .contains("does not match"));
     }
 }

@@ -2,19 +2,40 @@
 //! `GET /control/status` on the pod IP, port [`CONTROL_PORT`]), behind [`AgentControl`] so the
 //! controller can be tested without pods.
 //!
-//! Every request carries the composition's token as `Authorization: Bearer` and gives up after
-//! [`TIMEOUT`]: the reconcile loop never waits long on a slow agent; it records the pod as
-//! unreachable and asks again on the next reconcile. Errors say whether trying again can help.
+//! Every request is signed with the composition's token ([`toa_context::control::Signed`]: an
+//! HMAC over the method, path, body, the pod it is for and the time; the token never travels) and
+//! gives up after [`TIMEOUT`]: the reconcile loop never waits long on a slow agent; it records the
+//! pod as unreachable and asks again on the next reconcile. An answer is trusted no further than
+//! it must be: no redirects or proxies, at most [`MAX_ANSWER`] bytes read, the status's
+//! `instance` must be the pod asked (an IP another pod took answers as someone else), and the
+//! words of an error are cut to [`MAX_WORDS`] characters before they reach a condition. Errors
+//! say whether trying again can help.
 
 use crate::halt::AgentStatus;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::time::Duration;
-use toa_context::control::{HaltRequest, CONTROL_PORT, HALT_PATH, RESUME_PATH, STATUS_PATH};
+use toa_context::control::{
+    HaltRequest, Signed, CONTROL_PORT, HALT_PATH, RESUME_PATH, STATUS_PATH,
+};
 
 /// How long one control request may take, connection included.
 pub const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The most of an answer read: a status is a few hundred bytes.
+pub const MAX_ANSWER: usize = 64 * 1024;
+
+/// The most characters of an agent's error quoted (in logs and conditions).
+pub const MAX_WORDS: usize = 200;
+
+/// The pod a control request goes to: its name (what the request is signed for, and what its
+/// agent must answer as) and its IP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target<'a> {
+    pub name: &'a str,
+    pub ip: IpAddr,
+}
 
 /// Why a control request failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,9 +59,9 @@ pub type Reply<'a> = Pin<Box<dyn Future<Output = Result<AgentStatus, ControlErro
 
 /// The control endpoint of one pod's agent, addressed by the pod's IP.
 pub trait AgentControl: Send + Sync + 'static {
-    fn status<'a>(&'a self, pod: IpAddr, token: &'a str) -> Reply<'a>;
-    fn halt<'a>(&'a self, pod: IpAddr, token: &'a str, halt: &'a str) -> Reply<'a>;
-    fn resume<'a>(&'a self, pod: IpAddr, token: &'a str, halt: &'a str) -> Reply<'a>;
+    fn status<'a>(&'a self, pod: Target<'a>, token: &'a str) -> Reply<'a>;
+    fn halt<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a>;
+    fn resume<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a>;
 }
 
 /// [`AgentControl`] over HTTP.
@@ -61,75 +82,152 @@ impl HttpAgentControl {
         let client = reqwest::Client::builder()
             .timeout(TIMEOUT)
             .connect_timeout(TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
             .build()?;
         Ok(Self { client, port })
     }
 
+    /// Sends one signed request to `pod` and reads its status.
     async fn send(
         &self,
-        request: reqwest::RequestBuilder,
-        what: &str,
+        pod: Target<'_>,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&HaltRequest>,
         token: &str,
+        what: &str,
     ) -> Result<AgentStatus, ControlError> {
-        let response =
-            request.bearer_auth(token).send().await.map_err(|error| {
-                ControlError::Transient(format!("{what}: {}", describe(&error)))
-            })?;
+        let body = body.map_or_else(Vec::new, |body| serde_json::to_vec(body).expect("JSON"));
+        let signed = Signed {
+            method: method.as_str(),
+            path,
+            pod: pod.name,
+            ts: now_s(),
+            body: &body,
+        };
+        let url = format!("http://{}{path}", SocketAddr::new(pod.ip, self.port));
+        let mut request = self
+            .client
+            .request(method.clone(), url)
+            .header(reqwest::header::AUTHORIZATION, signed.authorization(token));
+        if method == reqwest::Method::POST {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|error| ControlError::Transient(format!("{what}: {}", describe(&error))))?;
         let code = response.status();
-        if code.is_success() {
-            return response.json::<AgentStatus>().await.map_err(|error| {
-                ControlError::Permanent(format!(
-                    "{what}: expected the status JSON {{phase, halt, instance, calls}}, got an answer that does not parse: {error}"
-                ))
-            });
+        let answer = read_capped(response)
+            .await
+            .map_err(|message| ControlError::Transient(format!("{what}: {message}")))?;
+        if !code.is_success() {
+            let words = quote(&String::from_utf8_lossy(&answer));
+            let message = format!("{what}: answered {code}: {words}");
+            return Err(
+                if code.is_server_error() || code == reqwest::StatusCode::TOO_MANY_REQUESTS {
+                    ControlError::Transient(message)
+                } else {
+                    ControlError::Permanent(message)
+                },
+            );
         }
-        let body = response.text().await.unwrap_or_default();
-        let message = format!("{what}: answered {code}: {}", body.trim());
-        if code.is_server_error() || code == reqwest::StatusCode::TOO_MANY_REQUESTS {
-            Err(ControlError::Transient(message))
-        } else {
-            Err(ControlError::Permanent(message))
+        let status: AgentStatus = serde_json::from_slice(&answer).map_err(|error| {
+            ControlError::Permanent(format!(
+                "{what}: expected the status JSON {{phase, halt, instance, calls}}, got an answer that does not parse: {error}"
+            ))
+        })?;
+        if status.instance != pod.name {
+            return Err(ControlError::Permanent(format!(
+                "{what}: answered as {:?}, not as the pod {}: another process holds its IP",
+                quote(&status.instance),
+                pod.name
+            )));
         }
-    }
-
-    fn url(&self, pod: IpAddr, path: &str) -> String {
-        format!("http://{}{path}", SocketAddr::new(pod, self.port))
+        Ok(status)
     }
 }
 
 impl AgentControl for HttpAgentControl {
-    fn status<'a>(&'a self, pod: IpAddr, token: &'a str) -> Reply<'a> {
+    fn status<'a>(&'a self, pod: Target<'a>, token: &'a str) -> Reply<'a> {
         Box::pin(async move {
-            let request = self.client.get(self.url(pod, STATUS_PATH));
-            self.send(request, &format!("status of {pod}"), token).await
-        })
-    }
-
-    fn halt<'a>(&'a self, pod: IpAddr, token: &'a str, halt: &'a str) -> Reply<'a> {
-        Box::pin(async move {
-            let request = self
-                .client
-                .post(self.url(pod, HALT_PATH))
-                .json(&HaltRequest {
-                    halt: halt.to_owned(),
-                });
-            self.send(request, &format!("halt {halt} on {pod}"), token)
+            let what = format!("status of {}", pod.name);
+            self.send(pod, reqwest::Method::GET, STATUS_PATH, None, token, &what)
                 .await
         })
     }
 
-    fn resume<'a>(&'a self, pod: IpAddr, token: &'a str, halt: &'a str) -> Reply<'a> {
+    fn halt<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a> {
         Box::pin(async move {
-            let request = self
-                .client
-                .post(self.url(pod, RESUME_PATH))
-                .json(&HaltRequest {
-                    halt: halt.to_owned(),
-                });
-            self.send(request, &format!("resume {halt} on {pod}"), token)
-                .await
+            let body = HaltRequest {
+                halt: halt.to_owned(),
+            };
+            let what = format!("halt {halt} on {}", pod.name);
+            self.send(
+                pod,
+                reqwest::Method::POST,
+                HALT_PATH,
+                Some(&body),
+                token,
+                &what,
+            )
+            .await
         })
     }
+
+    fn resume<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a> {
+        Box::pin(async move {
+            let body = HaltRequest {
+                halt: halt.to_owned(),
+            };
+            let what = format!("resume {halt} on {}", pod.name);
+            self.send(
+                pod,
+                reqwest::Method::POST,
+                RESUME_PATH,
+                Some(&body),
+                token,
+                &what,
+            )
+            .await
+        })
+    }
+}
+
+/// The answer's body, at most [`MAX_ANSWER`] bytes.
+async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|error| format!("the answer broke off: {}", describe(&error)))?
+    {
+        if body.len() + chunk.len() > MAX_ANSWER {
+            return Err(format!(
+                "the answer is longer than {MAX_ANSWER} bytes; a status is a few hundred"
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// One line of an agent's words, at most [`MAX_WORDS`] characters.
+fn quote(words: &str) -> String {
+    let line = words.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(MAX_WORDS) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
+    }
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn describe(error: &reqwest::Error) -> String {

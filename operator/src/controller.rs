@@ -371,14 +371,15 @@ fn status_pending(status: &CompositionStatus) -> bool {
     })
 }
 
-/// Each pod's report, asked of all agents at once; each request gives up after 2 s. Pods without
-/// an IP run no agent yet and are left out of the halt (the status counts them as not answering).
+/// Each pod's report, asked of all agents at once; each request gives up after 2 s. Only pods
+/// that can be asked ([`Seen::control`]: running, not being deleted, with an IP) take part in
+/// the halt: a pod without an IP runs no agent yet, and an evicted one never answers again.
 async fn reports(context: &Context, pods: &[Seen], token: &str) -> Vec<halt::Pod> {
     let asks = pods
         .iter()
-        .filter_map(|pod| Some((pod, pod.ip?)))
-        .map(|(pod, ip)| async move {
-            let report = match context.agents.status(ip, token).await {
+        .filter_map(|pod| Some((pod, pod.control()?)))
+        .map(|(pod, target)| async move {
+            let report = match context.agents.status(target, token).await {
                 Ok(status) => Report::Status(status),
                 Err(error) => Report::Unreachable(error.to_string()),
             };
@@ -401,7 +402,7 @@ async fn step(
     record: Option<Record>,
 ) -> Result<Option<Record>, Error> {
     let name = composition.name_any();
-    let ip = |pod: &str| pods.iter().find(|p| p.name == pod).and_then(|p| p.ip);
+    let target = |pod: &str| pods.iter().find(|p| p.name == pod).and_then(Seen::control);
     match &decision.step {
         Step::Record(new) => {
             kube_io::record_halt(compositions, &name, Some(new)).await?;
@@ -427,8 +428,8 @@ async fn step(
         }
         Step::Halt { id, pods: targets } => {
             let sends = targets.iter().filter_map(|pod| {
-                let ip = ip(pod)?;
-                Some(async move { (pod, context.agents.halt(ip, token, id).await) })
+                let target = target(pod)?;
+                Some(async move { (pod, context.agents.halt(target, token, id).await) })
             });
             for (pod, result) in futures::future::join_all(sends).await {
                 if let Err(error) = result {
@@ -439,8 +440,8 @@ async fn step(
         }
         Step::Resume(targets) => {
             let sends = targets.iter().filter_map(|(pod, id)| {
-                let ip = ip(pod)?;
-                Some(async move { (pod, context.agents.resume(ip, token, id).await) })
+                let target = target(pod)?;
+                Some(async move { (pod, context.agents.resume(target, token, id).await) })
             });
             for (pod, result) in futures::future::join_all(sends).await {
                 if let Err(error) = result {

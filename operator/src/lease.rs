@@ -7,8 +7,9 @@
 //! same Lease one gets 409 Conflict and stays a follower. Expiry is judged by this replica's own
 //! clock (how long the Lease has been seen unchanged), as client-go does, so clock skew between
 //! nodes does not matter. A leader that cannot renew for the lease's duration steps down before
-//! another replica can take over. On shutdown the leader gives the Lease up, so the next one need
-//! not wait.
+//! another replica can take over, on a timer of its own: a renewal is stamped when sent, every
+//! request has a timeout, and a hung one cannot keep it leading. On shutdown the leader gives the
+//! Lease up, so the next one need not wait.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -86,8 +87,20 @@ pub fn held(previous: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Lea
     }
 }
 
+/// How long this replica leads after its last renewal was sent: it steps down before another
+/// replica may take over (that one's clock starts when it saw the Lease change, no earlier than
+/// the renewal was sent), with [`RENEW`] to spare.
+pub const LEAD_FOR: Duration = DURATION.saturating_sub(RENEW);
+
+/// How long one look at the Lease (read and write) may take.
+pub const REQUEST_TIMEOUT: Duration = RENEW;
+
 /// Runs the election until `shutdown` completes, telling `leader` whether this replica holds
 /// the Lease. Returns only on shutdown, after giving up a held Lease.
+///
+/// A renewal is stamped when it is sent, not when it returns; every request has a timeout; and
+/// stepping down is a timer of its own, which needs no I/O: a hung request to the API server
+/// cannot keep this replica leading past [`LEAD_FOR`].
 pub async fn run(
     api: Api<Lease>,
     config: Config,
@@ -97,22 +110,19 @@ pub async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
     // What the Lease looked like when last seen change, and when (this replica's clock).
     let mut seen: Option<(Option<String>, Option<MicroTime>, Instant)> = None;
+    // When the last renewal that succeeded was sent.
     let mut renewed: Option<Instant> = None;
     let mut ticks = tokio::time::interval(RENEW);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let step_down = step_down_at(renewed);
         tokio::select! {
+            biased;
             _ = &mut shutdown => break,
-            _ = ticks.tick() => {}
+            () = step_down => renewed = None,
+            _ = ticks.tick() => renewed = look(&api, &config, &mut seen, renewed).await,
         }
-        match tick(&api, &config, &mut seen).await {
-            Ok(true) => renewed = Some(Instant::now()),
-            Ok(false) => renewed = None,
-            Err(error) => tracing::warn!(lease = %config.name, %error, "lease request failed"),
-        }
-        // Step down before another replica may take over: its clock starts when it last saw
-        // the Lease change, which is no earlier than this replica's last renewal.
-        let holding = renewed.is_some_and(|at| at.elapsed() < DURATION - RENEW);
+        let holding = renewed.is_some_and(|at| at.elapsed() < LEAD_FOR);
         leader.send_if_modified(|was| {
             let changed = *was != holding;
             if changed {
@@ -124,8 +134,45 @@ pub async fn run(
     }
     if *leader.borrow() {
         leader.send_replace(false);
-        if let Err(error) = release(&api, &config).await {
-            tracing::warn!(lease = %config.name, %error, "cannot give up the lease");
+        let released = tokio::time::timeout(REQUEST_TIMEOUT, release(&api, &config)).await;
+        if !matches!(released, Ok(Ok(()))) {
+            tracing::warn!(lease = %config.name, ?released, "cannot give up the lease");
+        }
+    }
+}
+
+/// Completes when a leader renewed at `renewed` must step down; never without a renewal.
+async fn step_down_at(renewed: Option<Instant>) {
+    match renewed {
+        Some(at) => tokio::time::sleep_until(at + LEAD_FOR).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One look at the Lease, within [`REQUEST_TIMEOUT`] and never past the step-down time: when
+/// the renewal that holds it now was sent, or `None`.
+async fn look(
+    api: &Api<Lease>,
+    config: &Config,
+    seen: &mut Option<(Option<String>, Option<MicroTime>, Instant)>,
+    renewed: Option<Instant>,
+) -> Option<Instant> {
+    let sent = Instant::now();
+    let looked = tokio::select! {
+        biased;
+        () = step_down_at(renewed) => return None,
+        looked = tokio::time::timeout(REQUEST_TIMEOUT, tick(api, config, seen)) => looked,
+    };
+    match looked {
+        Ok(Ok(true)) => Some(sent),
+        Ok(Ok(false)) => None,
+        Ok(Err(error)) => {
+            tracing::warn!(lease = %config.name, %error, "lease request failed");
+            renewed
+        }
+        Err(_) => {
+            tracing::warn!(lease = %config.name, "the lease request got no answer within {REQUEST_TIMEOUT:?}");
+            renewed
         }
     }
 }
@@ -265,5 +312,57 @@ mod tests {
 
         let created = held(None, "a", now);
         assert_eq!(created.lease_transitions, Some(0));
+    }
+
+    /// A leader whose next renewal hangs (the API server, or a proxy before it, stops answering)
+    /// steps down before the Lease's duration ends, without the request ever returning: another
+    /// replica may take over at the duration, counted from when it saw the renewal.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_renewal_does_not_keep_a_replica_leading() {
+        use http::{Request, Response, StatusCode};
+        use kube::client::Body;
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let api: Api<Lease> = Api::namespaced(kube::Client::new(service, "default"), "ops");
+        let config = Config {
+            name: "toa-operator".into(),
+            namespace: "ops".into(),
+            identity: "a".into(),
+        };
+        let (leader, mut leading) = watch::channel(false);
+        let started = Instant::now();
+        tokio::spawn(run(api, config, leader, std::future::pending()));
+        let answer = |status: StatusCode, body: serde_json::Value| {
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap()
+        };
+        // No Lease yet: created, and this replica leads.
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), "GET");
+        send.send_response(answer(
+            StatusCode::NOT_FOUND,
+            serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                               "code": 404, "reason": "NotFound"}),
+        ));
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), "POST");
+        let body = request.into_body().collect_bytes().await.unwrap();
+        let mut lease: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        lease["metadata"]["resourceVersion"] = "1".into();
+        send.send_response(answer(StatusCode::CREATED, lease));
+        leading.wait_for(|leading| *leading).await.unwrap();
+        // The next look hangs: its request is taken and never answered.
+        let (request, _never) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), "GET");
+        let stepped_down =
+            tokio::time::timeout(DURATION * 4, leading.wait_for(|leading| !*leading)).await;
+        assert!(stepped_down.is_ok(), "still leading after {:?}", started.elapsed());
+        let led = started.elapsed();
+        assert!(
+            led < DURATION,
+            "led for {led:?} after its last renewal was sent; another may take over at {DURATION:?}"
+        );
+        assert!(led >= LEAD_FOR, "stepped down early, after {led:?}");
     }
 }

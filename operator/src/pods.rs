@@ -13,6 +13,7 @@
 //! A container that is merely not ready yet, in a pod that never restarted, is starting, not in
 //! trouble: `preflight` may take its minute.
 
+use crate::agent_client::Target;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::ResourceExt;
 use std::net::IpAddr;
@@ -28,8 +29,23 @@ pub struct Seen {
     pub ip: Option<IpAddr>,
     /// Being deleted.
     pub terminating: bool,
+    /// In phase `Running` (not Pending, Failed, evicted or Succeeded).
+    pub running: bool,
     /// What is wrong with it, one sentence each; empty when nothing is.
     pub troubles: Vec<String>,
+}
+
+impl Seen {
+    /// Where the operator may send a control request: a `Running` pod that is not being deleted
+    /// and has an IP. A Failed (evicted) pod's IP may already be another pod's, and neither it
+    /// nor a pod on its way out takes part in a halt.
+    pub fn control(&self) -> Option<Target<'_>> {
+        let ip = self.ip.filter(|_| self.running && !self.terminating)?;
+        Some(Target {
+            name: &self.name,
+            ip,
+        })
+    }
 }
 
 /// Reads one pod.
@@ -59,6 +75,7 @@ pub fn seen(pod: &Pod) -> Seen {
         name: pod.name_any(),
         ip: status.pod_ip.as_deref().and_then(|ip| ip.parse().ok()),
         terminating,
+        running: status.phase.as_deref() == Some("Running"),
         troubles,
     }
 }

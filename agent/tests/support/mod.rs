@@ -221,13 +221,25 @@ pub fn control(
     token: Option<&str>,
     body: &str,
 ) -> (u16, Value) {
+    let authorization = token.map(|t| format!("Bearer {t}"));
+    control_with(port, method, path, authorization.as_deref(), body)
+}
+
+/// A request to the control endpoint with this `Authorization` header, if any: (status, body).
+pub fn control_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+    body: &str,
+) -> (u16, Value) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+    let auth = authorization
+        .map(|value| format!("Authorization: {value}\r\n"))
         .unwrap_or_default();
     write!(
         stream,

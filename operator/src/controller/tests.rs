@@ -3,7 +3,7 @@
 //! reconcile must make, answers it, and fails on anything else, including an extra request.
 
 use super::*;
-use crate::agent_client::{ControlError, Reply};
+use crate::agent_client::{ControlError, Reply, Target};
 use crate::crd::{conditions, reasons, CompositionSpec};
 use crate::desired::Sidecar;
 use crate::halt::{AgentPhase, AgentStatus, Calls};
@@ -29,14 +29,16 @@ struct FakeAgents {
 }
 
 impl AgentControl for FakeAgents {
-    fn status<'a>(&'a self, pod: IpAddr, _: &'a str) -> Reply<'a> {
+    fn status<'a>(&'a self, pod: Target<'a>, _: &'a str) -> Reply<'a> {
+        let pod = pod.ip;
         let status = self.statuses.get(&pod).cloned();
         Box::pin(async move {
             status.ok_or_else(|| ControlError::Transient(format!("no answer from {pod}")))
         })
     }
 
-    fn halt<'a>(&'a self, pod: IpAddr, token: &'a str, halt: &'a str) -> Reply<'a> {
+    fn halt<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a> {
+        let pod = pod.ip;
         self.told
             .lock()
             .unwrap()
@@ -45,7 +47,8 @@ impl AgentControl for FakeAgents {
         Box::pin(async move { status.ok_or_else(|| ControlError::Transient("gone".into())) })
     }
 
-    fn resume<'a>(&'a self, pod: IpAddr, token: &'a str, halt: &'a str) -> Reply<'a> {
+    fn resume<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a> {
+        let pod = pod.ip;
         self.told
             .lock()
             .unwrap()
@@ -225,7 +228,13 @@ fn base64(text: &str) -> String {
 }
 
 fn pod(name: &str, ip: &str) -> Value {
-    json!({"metadata": {"name": name, "namespace": "shop"}, "status": {"podIP": ip}})
+    json!({"metadata": {"name": name, "namespace": "shop"}, "status": {"podIP": ip, "phase": "Running"}})
+}
+
+/// A pod the kubelet evicted: Failed, its IP still in its status.
+fn evicted(name: &str, ip: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "shop"},
+           "status": {"podIP": ip, "phase": "Failed", "reason": "Evicted"}})
 }
 
 fn rolled_out(replicas: i32) -> Value {
@@ -570,4 +579,72 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
         .await;
         task.abort();
     }
+}
+
+/// An evicted pod (Failed, its IP still in its status, perhaps another pod's by now) is not
+/// asked anything and does not hold the halt back: with the one running pod paused, the halt
+/// goes on to its quiet window. (Asked, it answered nothing, and every halt was called off.)
+#[tokio::test]
+async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
+    let ip: IpAddr = "10.0.0.7".parse().unwrap();
+    let agents = Arc::new(FakeAgents {
+        statuses: HashMap::from([(
+            ip,
+            AgentStatus {
+                phase: AgentPhase::Paused,
+                halt: Some("h1".into()),
+                instance: "shop-a".into(),
+                calls: Calls::default(),
+                failure: None,
+            },
+        )]),
+        ..FakeAgents::default()
+    });
+    let (context, mut handle) = context(agents.clone(), true);
+    let mut spec = CompositionSpec::test();
+    spec.halted = true;
+    let mut stored_composition = Composition::test(spec);
+    stored_composition.metadata.annotations = Some(
+        [(
+            halt::ANNOTATION.to_owned(),
+            "h1@2027-01-15T07:59:50Z".to_owned(),
+        )]
+        .into(),
+    );
+    let composition = Arc::new(stored_composition);
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    up_to_pods(
+        &mut handle,
+        Some("t0k"),
+        json!([pod("shop-a", "10.0.0.7"), evicted("shop-b", "10.0.0.8")]),
+    )
+    .await;
+    expect(
+        &mut handle,
+        "PATCH",
+        "/apis/apps/v1/namespaces/shop/deployments/shop",
+        deployment_with(rolled_out(1)),
+    )
+    .await;
+    let (_, status) = expect(
+        &mut handle,
+        "PATCH",
+        &format!("{COMPOSITIONS}/status"),
+        stored(&composition),
+    )
+    .await;
+    assert_eq!(
+        condition(&status, conditions::HALTED)["reason"],
+        "QuietWatch"
+    );
+    let degraded = condition(&status, conditions::DEGRADED);
+    let message = degraded["message"].as_str().unwrap();
+    assert!(message.contains("Evicted"), "{degraded}");
+    assert!(
+        !message.contains("no answer"),
+        "the evicted pod was asked: {degraded}"
+    );
+    task.await.unwrap().unwrap();
+    expect_nothing_more(handle, context).await;
+    assert!(agents.told.lock().unwrap().is_empty());
 }

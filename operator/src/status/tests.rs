@@ -188,6 +188,7 @@ fn seen(name: &str, ip: Option<&str>, troubles: &[&str]) -> Seen {
         name: name.into(),
         ip: ip.map(|ip| ip.parse().unwrap()),
         terminating: false,
+        running: true,
         troubles: troubles.iter().map(|t| (*t).to_owned()).collect(),
     }
 }
