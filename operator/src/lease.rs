@@ -357,7 +357,11 @@ mod tests {
         assert_eq!(request.method(), "GET");
         let stepped_down =
             tokio::time::timeout(DURATION * 4, leading.wait_for(|leading| !*leading)).await;
-        assert!(stepped_down.is_ok(), "still leading after {:?}", started.elapsed());
+        assert!(
+            stepped_down.is_ok(),
+            "still leading after {:?}",
+            started.elapsed()
+        );
         let led = started.elapsed();
         assert!(
             led < DURATION,
