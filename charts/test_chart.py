@@ -178,6 +178,21 @@ def _():
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", env
 
 
+@check("networkPolicy: on by default, naming the operator's namespace and pod labels; off on request")
+def _():
+    deployment, c = container(DEFAULT)
+    given = [a for a in c["args"] if a.startswith("--control-from=")]
+    assert len(given) == 1, c["args"]
+    namespace, labels = given[0].split("=", 1)[1].split("/", 1)
+    assert namespace == NAMESPACE, given
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for pair in labels.split(","):
+        key, value = pair.split("=", 1)
+        assert pod_labels.get(key) == value, (pair, pod_labels)
+    _, c = container(render({"networkPolicy": {"enabled": False}}))
+    assert not any(a.startswith("--control-from") for a in c["args"]), c["args"]
+
+
 @check("the Deployment passes only flags that `toa-operator run` takes")
 def _():
     known = {
@@ -188,6 +203,7 @@ def _():
         "--lease-name",
         "--lease-namespace",
         "--lease-identity",
+        "--control-from",
     }
     source = (CHART.parent.parent / "operator" / "src" / "args.rs").read_text()
     for objects in (DEFAULT, SINGLE):
@@ -263,6 +279,8 @@ def _():
         ("", "pods", "list"),
         ("", "pods", "watch"),
         ("events.k8s.io", "events", "create"),
+        ("networking.k8s.io", "networkpolicies", "create"),
+        ("networking.k8s.io", "networkpolicies", "patch"),
     }
     assert needed <= granted, needed - granted
     assert not any(verb in ("delete", "deletecollection", "escalate", "bind", "impersonate")

@@ -434,6 +434,7 @@ async fn main() {
         sidecar: Sidecar::Plain,
         agent_resources: serde_json::from_str(toa_operator::args::DEFAULT_AGENT_RESOURCES)
             .expect("the default resources parse"),
+        control_from: None,
     };
     let pid = operator.pid().unwrap();
     let (idle, _) = memory(pid);

@@ -62,6 +62,10 @@ pub struct RunArgs {
     /// This replica's name in the Lease [default: $POD_NAME, else $HOSTNAME].
     #[arg(long, env = "TOA_LEASE_IDENTITY")]
     pub lease_identity: Option<String>,
+    /// The operator's pods, `NAMESPACE/KEY=VALUE,KEY=VALUE`: each Composition gets a
+    /// NetworkPolicy that lets only them reach its agents' control port. Without it, none.
+    #[arg(long, env = "TOA_CONTROL_FROM", value_name = "NAMESPACE/LABELS")]
+    pub control_from: Option<String>,
 }
 
 /// The agent's requests and limits unless the chart says otherwise: it idles at about 11 MB and
@@ -100,6 +104,7 @@ impl RunArgs {
             lease_name,
             lease_namespace,
             lease_identity,
+            control_from,
         } = self;
         if agent_image.is_empty() || agent_image.chars().any(char::is_whitespace) {
             return Err(RunArgsError {
@@ -139,13 +144,40 @@ impl RunArgs {
                 })
             }
         };
+        let control_from = control_from
+            .map(|given| {
+                parse_control_from(&given).ok_or(RunArgsError {
+                    option: "--control-from",
+                    expected: "the operator's namespace and pod labels, NAMESPACE/KEY=VALUE[,KEY=VALUE...]",
+                    given,
+                })
+            })
+            .transpose()?;
         Ok(run::Config {
             agent_image,
             agent_resources,
             metrics_listen,
             lease,
+            control_from,
         })
     }
+}
+
+/// `NAMESPACE/KEY=VALUE,KEY=VALUE`, each part non-empty and without white space.
+fn parse_control_from(text: &str) -> Option<crate::desired::ControlFrom> {
+    let (namespace, labels) = text.split_once('/')?;
+    let plain = |part: &str| !part.is_empty() && !part.chars().any(char::is_whitespace);
+    let pod_labels = labels
+        .split(',')
+        .map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            (plain(key) && plain(value)).then(|| (key.to_owned(), value.to_owned()))
+        })
+        .collect::<Option<std::collections::BTreeMap<_, _>>>()?;
+    plain(namespace).then(|| crate::desired::ControlFrom {
+        namespace: namespace.to_owned(),
+        pod_labels,
+    })
 }
 
 /// Requests and limits with only `cpu` and `memory`, each a Kubernetes quantity (`50m`, `32Mi`,
@@ -283,8 +315,38 @@ mod tests {
                     namespace: None,
                     identity: "op-0".into(),
                 }),
+                control_from: None,
             }
         );
+    }
+
+    #[test]
+    fn control_from_names_the_operators_namespace_and_pod_labels() {
+        let config = |value: &str| {
+            parse(&["--agent-image", "a:1", "--control-from", value])
+                .unwrap()
+                .into_config(|_| Some("op".to_owned()))
+        };
+        let from = config("ops/app.kubernetes.io/name=toa-operator,app.kubernetes.io/instance=t")
+            .unwrap()
+            .control_from
+            .unwrap();
+        assert_eq!(from.namespace, "ops");
+        assert_eq!(
+            from.pod_labels,
+            [
+                ("app.kubernetes.io/instance".to_owned(), "t".to_owned()),
+                (
+                    "app.kubernetes.io/name".to_owned(),
+                    "toa-operator".to_owned()
+                ),
+            ]
+            .into()
+        );
+        for bad in ["ops", "ops/", "/a=b", "ops/a", "ops/a=b,", "ops/a =b"] {
+            let error = config(bad).unwrap_err();
+            assert_eq!(error.option, "--control-from", "{bad}");
+        }
     }
 
     #[test]

@@ -29,6 +29,7 @@ use crate::{CompositionStatus, Error};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -330,6 +331,10 @@ async fn configure(
         desired::control_secret(owner, token)
     })
     .await?;
+    if let Some(from) = &context.settings.control_from {
+        let policies = Api::<NetworkPolicy>::namespaced(context.client.clone(), &owner.namespace);
+        kube_io::apply(&policies, &desired::network_policy(owner, from)).await?;
+    }
     Ok(token)
 }
 

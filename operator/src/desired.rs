@@ -34,6 +34,10 @@ use k8s_openapi::api::core::v1::{
     PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
     Secret, SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::ByteString;
@@ -118,6 +122,64 @@ pub struct Settings {
     pub sidecar: Sidecar,
     /// The agent container's requests and limits (the chart's `agentResources`).
     pub agent_resources: ResourceRequirements,
+    /// Who may reach the agents' control port: with it, each Composition gets a NetworkPolicy
+    /// ([`network_policy`]); without it, none.
+    pub control_from: Option<ControlFrom>,
+}
+
+/// The operator's pods, as a NetworkPolicy peer: their namespace and labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlFrom {
+    pub namespace: String,
+    pub pod_labels: BTreeMap<String, String>,
+}
+
+/// The Composition's NetworkPolicy: its pods take the control port (7091) only from the
+/// operator's pods, the probe port (7092) from anywhere (the kubelet's probes come from the node,
+/// Prometheus from wherever it runs), and nothing else (their components listen on loopback).
+/// Enforced only where the cluster's network plugin enforces NetworkPolicies.
+pub fn network_policy(owner: &Owner, from: &ControlFrom) -> NetworkPolicy {
+    let port = |number: u16| NetworkPolicyPort {
+        port: Some(IntOrString::Int(i32::from(number))),
+        protocol: Some("TCP".to_owned()),
+        ..NetworkPolicyPort::default()
+    };
+    let namespace = BTreeMap::from([(
+        "kubernetes.io/metadata.name".to_owned(),
+        from.namespace.clone(),
+    )]);
+    let operator = NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(namespace),
+            ..LabelSelector::default()
+        }),
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(from.pod_labels.clone()),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    };
+    NetworkPolicy {
+        metadata: owner.meta(owner.name.clone()),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(labels(&owner.name)),
+                ..LabelSelector::default()
+            }),
+            policy_types: Some(vec!["Ingress".to_owned()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    from: Some(vec![operator]),
+                    ports: Some(vec![port(CONTROL_PORT)]),
+                },
+                NetworkPolicyIngressRule {
+                    from: None,
+                    ports: Some(vec![port(PROBE_PORT)]),
+                },
+            ]),
+            ..NetworkPolicySpec::default()
+        }),
+    }
 }
 
 /// The objects for one Composition.

@@ -24,6 +24,8 @@ pub struct Config {
     pub metrics_listen: SocketAddr,
     /// `None`: leader election off, this replica always reconciles (run one replica only).
     pub lease: Option<LeaseSettings>,
+    /// `None`: no NetworkPolicy per Composition.
+    pub control_from: Option<crate::desired::ControlFrom>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +76,7 @@ pub async fn run(
         agent_resources,
         metrics_listen,
         lease,
+        control_from,
     } = config;
     let client = Client::try_default().await.map_err(RunError::Client)?;
     let sidecar = kube_io::sidecar(&client).await.map_err(RunError::Version)?;
@@ -100,6 +103,7 @@ pub async fn run(
             agent_image,
             sidecar,
             agent_resources,
+            control_from,
         },
         Arc::new(agents),
         metrics.clone(),

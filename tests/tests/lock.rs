@@ -453,3 +453,39 @@ async fn a_key_named_like_a_waiting_marker_stays_held_while_others_contend() {
         .unwrap();
     second.release().await;
 }
+
+/// An acquisition that timed out on a frozen server is released there too, queued behind it on
+/// the same connection: when the server wakes, the late grant is taken back at once instead of
+/// holding the key on that server for a whole TTL (it once did, and with another server down
+/// that blocked every holder for the TTL).
+#[tokio::test]
+async fn a_grant_that_lands_late_on_a_frozen_server_is_released_there() {
+    let ttl = Duration::from_millis(5000);
+    let (servers, replica) = three_counted_servers("late", ttl).await;
+    let key = "toa:test:late:lock:k";
+    // Someone else holds `k` on the first server: with the third frozen, no majority.
+    redis::cmd("SET")
+        .arg(key)
+        .arg("someone")
+        .arg("PX")
+        .arg(60_000)
+        .query::<()>(&mut servers[0].connection())
+        .unwrap();
+    servers[2].freeze();
+    let attempt = tokio::time::timeout(Duration::from_secs(2), replica.acquire("k")).await;
+    assert!(attempt.is_err(), "acquired without a majority");
+    servers[2].thaw();
+    // Once the woken server has run what was queued for it, `k` is not held there.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let held = loop {
+        let held = servers[2].keys(key);
+        if held.is_empty() || Instant::now() > deadline {
+            break held;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        held.is_empty(),
+        "the late grant still holds {key} on the woken server"
+    );
+}

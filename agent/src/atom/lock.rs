@@ -255,6 +255,9 @@ struct Answers {
     holders: Vec<String>,
     /// Servers without the fencing counter (restarted empty): seeded before the next attempt.
     unseeded: Vec<usize>,
+    /// Servers the acquisition reached but that did not answer in time: their grant may still
+    /// land, so a release is queued behind it.
+    timed_out: Vec<usize>,
     error: Option<ServerError>,
 }
 
@@ -267,6 +270,7 @@ impl Answers {
             busy: None,
             holders: Vec::new(),
             unseeded: Vec::new(),
+            timed_out: Vec::new(),
             error: None,
         }
     }
@@ -307,10 +311,23 @@ impl Answers {
                 Vote::Failed
             }
             Err(e) => {
+                if matches!(e, ServerError::Timeout(..)) {
+                    self.timed_out.push(index);
+                }
                 self.error = Some(e);
                 Vote::Failed
             }
         }
+    }
+
+    /// The servers whose acquisition timed out and that `release` leaves out: released behind
+    /// it, on the same connection, even while they are silent.
+    fn behind(&self, release: &[usize]) -> Vec<usize> {
+        self.timed_out
+            .iter()
+            .copied()
+            .filter(|index| !release.contains(index))
+            .collect()
     }
 
     fn unanswered(&self) -> Vec<usize> {
@@ -455,9 +472,11 @@ impl Locks {
     ) -> Attempt {
         let n = self.servers.list.len();
         let release = to_release(&answers.any_grant, &answers.unanswered());
-        if !release.is_empty() {
+        let behind = answers.behind(&release);
+        if !release.is_empty() || !behind.is_empty() {
             let publish = !one_holder_has_majority(&answers.holders, n);
             let mut pending = self.releases(release, keys, value, publish);
+            pending.extend(self.releases_behind(behind, keys, value));
             tokio::spawn(async move { while pending.next().await.is_some() {} });
         }
         for index in answers.unseeded {
@@ -615,6 +634,36 @@ impl Locks {
                         .await
                     {
                         tracing::debug!(%error, "lock: release not confirmed; the key expires by itself");
+                    }
+                }) as Pin<Box<dyn Future<Output = ()> + Send>>
+            })
+            .collect()
+    }
+}
+
+impl Locks {
+    /// Releases queued behind an acquisition that timed out on each of `servers`
+    /// ([`crate::redis::Server::invoke_behind`]); nothing is published (nobody was told it
+    /// waits on these).
+    fn releases_behind(
+        self: &Arc<Self>,
+        servers: Vec<usize>,
+        keys: &[String],
+        value: &str,
+    ) -> Vec<Pin<Box<dyn Future<Output = ()> + Send>>> {
+        let keys: Arc<[String]> = keys.into();
+        let value: Arc<str> = value.into();
+        servers
+            .into_iter()
+            .map(|index| {
+                let (this, keys, value) = (self.clone(), keys.clone(), value.clone());
+                Box::pin(async move {
+                    let markers = this.markers(&keys);
+                    let all: Vec<&str> = keys.iter().chain(&markers).map(String::as_str).collect();
+                    let server = &this.servers.list[index];
+                    let args = [&*value, this.channel.as_str(), "0"];
+                    if let Err(error) = server.invoke_behind::<i64>(&RELEASE, &all, &args).await {
+                        tracing::debug!(%error, "lock: a release behind a late acquisition not confirmed; it stays queued");
                     }
                 }) as Pin<Box<dyn Future<Output = ()> + Send>>
             })

@@ -138,6 +138,36 @@ impl Server {
         self.invoke_prepared(&invocation).await
     }
 
+    /// Runs `script` on the connection the server has now, even while it is silent, and never
+    /// connects anew: a release that must queue behind a command already sent on that
+    /// connection (an acquisition that timed out may still be granted when the server wakes;
+    /// the release, behind it on the same connection, takes it back). Waits at most the
+    /// timeout for the answer; the command stays queued.
+    pub async fn invoke_behind<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, ServerError> {
+        let Some(mut connection) = self.current() else {
+            return Err(ServerError::Unreachable(
+                self.address.to_string(),
+                "no connection to queue behind".to_owned(),
+            ));
+        };
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await {
+            Err(_) => Err(self.timed_out()),
+            Ok(result) => self.outcome(result),
+        }
+    }
+
     /// Runs a script invocation the caller built.
     pub async fn invoke_prepared<T: FromRedisValue>(
         &self,

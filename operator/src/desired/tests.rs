@@ -786,3 +786,48 @@ fn prometheus_finds_the_agents_metrics_on_the_probe_port() {
         );
     }
 }
+
+#[test]
+fn the_network_policy_lets_only_the_operator_reach_the_control_port() {
+    let composition = Composition::test(CompositionSpec::test());
+    let owner = Owner::of(&composition).unwrap();
+    let from = ControlFrom {
+        namespace: "ops".into(),
+        pod_labels: [(
+            "app.kubernetes.io/name".to_owned(),
+            "toa-operator".to_owned(),
+        )]
+        .into(),
+    };
+    let policy = serde_json::to_value(network_policy(&owner, &from)).unwrap();
+    assert_eq!(policy["metadata"]["name"], "shop");
+    assert_eq!(policy["metadata"]["namespace"], "shop");
+    assert_eq!(
+        policy["metadata"]["ownerReferences"][0]["kind"],
+        "Composition"
+    );
+    let spec = &policy["spec"];
+    assert_eq!(
+        spec["podSelector"]["matchLabels"],
+        serde_json::to_value(labels("shop")).unwrap()
+    );
+    assert_eq!(spec["policyTypes"], serde_json::json!(["Ingress"]));
+    let ingress = spec["ingress"].as_array().unwrap();
+    assert_eq!(ingress.len(), 2, "{spec}");
+    assert_eq!(
+        ingress[0]["ports"],
+        serde_json::json!([{"port": 7091, "protocol": "TCP"}])
+    );
+    assert_eq!(
+        ingress[0]["from"],
+        serde_json::json!([{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "toa-operator"}}
+        }])
+    );
+    assert_eq!(
+        ingress[1]["ports"],
+        serde_json::json!([{"port": 7092, "protocol": "TCP"}])
+    );
+    assert!(ingress[1].get("from").is_none(), "{spec}");
+}

@@ -48,6 +48,27 @@ pub async fn ready(suite: Arc<Suite>) {
             .any(|o| o.kind == "Composition" && o.name == name && o.controller == Some(true)),
         "the Deployment is owned by the Composition: {owner:?}"
     );
+    // The chart's operator applies a NetworkPolicy beside the Deployment (enforced by the
+    // cluster's network plugin; the test node's bridge enforces none, so only the object is
+    // checked): the control port only from the operator's pods.
+    let policies: kube::Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        kube::Api::namespaced(suite.admin.clone(), namespace);
+    let policy = policies
+        .get(name)
+        .await
+        .expect("the Composition's NetworkPolicy");
+    let policy = serde_json::to_value(&policy).unwrap();
+    assert_eq!(
+        policy["metadata"]["ownerReferences"][0]["name"], name,
+        "{policy}"
+    );
+    let ingress = &policy["spec"]["ingress"];
+    assert_eq!(ingress[0]["ports"][0]["port"], 7091, "{policy}");
+    assert!(
+        ingress[0]["from"][0]["podSelector"]["matchLabels"].is_object(),
+        "{policy}"
+    );
+    assert_eq!(ingress[1]["ports"][0]["port"], 7092, "{policy}");
     let composition = wait_condition(
         &suite,
         namespace,
