@@ -31,16 +31,21 @@ pub struct Seen {
     pub terminating: bool,
     /// In phase `Running` (not Pending, Failed, evicted or Succeeded).
     pub running: bool,
+    /// Controlled by a ReplicaSet of the Composition's Deployment (`<composition>-<its
+    /// pod-template-hash>`), not merely labelled like its pods.
+    pub owned: bool,
     /// What is wrong with it, one sentence each; empty when nothing is.
     pub troubles: Vec<String>,
 }
 
 impl Seen {
-    /// Where the operator may send a control request: a `Running` pod that is not being deleted
-    /// and has an IP. A Failed (evicted) pod's IP may already be another pod's, and neither it
+    /// Where the operator may send a control request: a `Running` pod of the Deployment's
+    /// ReplicaSets that is not being deleted and has an IP. A Failed (evicted) pod's IP may already be another pod's, and neither it
     /// nor a pod on its way out takes part in a halt.
     pub fn control(&self) -> Option<Target<'_>> {
-        let ip = self.ip.filter(|_| self.running && !self.terminating)?;
+        let ip = self
+            .ip
+            .filter(|_| self.running && !self.terminating && self.owned)?;
         Some(Target {
             name: &self.name,
             ip,
@@ -76,8 +81,26 @@ pub fn seen(pod: &Pod) -> Seen {
         ip: status.pod_ip.as_deref().and_then(|ip| ip.parse().ok()),
         terminating,
         running: status.phase.as_deref() == Some("Running"),
+        owned: owned_by_deployment(pod),
         troubles,
     }
+}
+
+/// Whether the pod's controller is the ReplicaSet its Deployment made for its template: named
+/// after the Composition (the Deployment's name) and the pod's `pod-template-hash`.
+fn owned_by_deployment(pod: &Pod) -> bool {
+    let labels = pod.labels();
+    let (Some(composition), Some(hash)) = (
+        labels.get(crate::desired::LABEL_COMPOSITION),
+        labels.get("pod-template-hash"),
+    ) else {
+        return false;
+    };
+    pod.owner_references().iter().any(|owner| {
+        owner.controller == Some(true)
+            && owner.kind == "ReplicaSet"
+            && owner.name == format!("{composition}-{hash}")
+    })
 }
 
 fn finished_init(container: &ContainerStatus) -> bool {

@@ -618,30 +618,14 @@ impl Locks {
         value: &str,
         publish: bool,
     ) -> FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send>>> {
-        let publish = if publish { "1" } else { "0" };
-        let keys: Arc<[String]> = keys.into();
-        let value: Arc<str> = value.into();
-        servers
-            .into_iter()
-            .map(|index| {
-                let (this, keys, value) = (self.clone(), keys.clone(), value.clone());
-                Box::pin(async move {
-                    let markers = this.markers(&keys);
-                    let all: Vec<&str> = keys.iter().chain(&markers).map(String::as_str).collect();
-                    let server = &this.servers.list[index];
-                    if let Err(error) = server
-                        .invoke::<i64>(&RELEASE, &all, &[&value, &this.channel, publish])
-                        .await
-                    {
-                        tracing::debug!(%error, "lock: release not confirmed; the key expires by itself");
-                    }
-                }) as Pin<Box<dyn Future<Output = ()> + Send>>
-            })
-            .collect()
+        let how = if publish {
+            ReleaseMode::Publish
+        } else {
+            ReleaseMode::Quiet
+        };
+        self.release_each(servers, keys, value, how)
     }
-}
 
-impl Locks {
     /// Releases queued behind an acquisition that timed out on each of `servers`
     /// ([`crate::redis::Server::invoke_behind`]); nothing is published (nobody was told it
     /// waits on these).
@@ -650,7 +634,17 @@ impl Locks {
         servers: Vec<usize>,
         keys: &[String],
         value: &str,
-    ) -> Vec<Pin<Box<dyn Future<Output = ()> + Send>>> {
+    ) -> FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send>>> {
+        self.release_each(servers, keys, value, ReleaseMode::Behind)
+    }
+
+    fn release_each(
+        self: &Arc<Self>,
+        servers: Vec<usize>,
+        keys: &[String],
+        value: &str,
+        how: ReleaseMode,
+    ) -> FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send>>> {
         let keys: Arc<[String]> = keys.into();
         let value: Arc<str> = value.into();
         servers
@@ -661,14 +655,29 @@ impl Locks {
                     let markers = this.markers(&keys);
                     let all: Vec<&str> = keys.iter().chain(&markers).map(String::as_str).collect();
                     let server = &this.servers.list[index];
-                    let args = [&*value, this.channel.as_str(), "0"];
-                    if let Err(error) = server.invoke_behind::<i64>(&RELEASE, &all, &args).await {
-                        tracing::debug!(%error, "lock: a release behind a late acquisition not confirmed; it stays queued");
+                    let publish = if how == ReleaseMode::Publish { "1" } else { "0" };
+                    let args = [&*value, this.channel.as_str(), publish];
+                    let sent = match how {
+                        ReleaseMode::Behind => server.invoke_behind::<i64>(&RELEASE, &all, &args).await,
+                        _ => server.invoke::<i64>(&RELEASE, &all, &args).await,
+                    };
+                    if let Err(error) = sent {
+                        tracing::debug!(%error, "lock: release not confirmed; the key expires by itself");
                     }
                 }) as Pin<Box<dyn Future<Output = ()> + Send>>
             })
             .collect()
     }
+}
+
+/// How a release goes out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReleaseMode {
+    /// Publishes the key to its waiters.
+    Publish,
+    Quiet,
+    /// Queued behind what the server's connection carries, even while it is silent.
+    Behind,
 }
 
 fn all_servers(n: usize) -> Vec<usize> {

@@ -228,13 +228,38 @@ fn base64(text: &str) -> String {
 }
 
 fn pod(name: &str, ip: &str) -> Value {
-    json!({"metadata": {"name": name, "namespace": "shop"}, "status": {"podIP": ip, "phase": "Running"}})
+    json!({"metadata": owned(name), "status": {"podIP": ip, "phase": "Running"}})
+}
+
+/// A pod's metadata as its Deployment's ReplicaSet writes it.
+fn owned(name: &str) -> Value {
+    json!({"name": name, "namespace": "shop",
+           "labels": {"toa.io/composition": "shop", "pod-template-hash": "5d8f"},
+           "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "shop-5d8f",
+                                "uid": "rs-1", "controller": true}]})
+}
+
+/// A pod with the Composition's labels that no ReplicaSet of its Deployment controls.
+fn stray(name: &str, ip: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "shop",
+                        "labels": {"toa.io/composition": "shop", "pod-template-hash": "5d8f"}},
+           "status": {"podIP": ip, "phase": "Running"}})
 }
 
 /// A pod the kubelet evicted: Failed, its IP still in its status.
 fn evicted(name: &str, ip: &str) -> Value {
-    json!({"metadata": {"name": name, "namespace": "shop"},
+    json!({"metadata": owned(name),
            "status": {"podIP": ip, "phase": "Failed", "reason": "Evicted"}})
+}
+
+/// A halted Composition with this halt record.
+fn halting(record: &str) -> Arc<Composition> {
+    let mut spec = CompositionSpec::test();
+    spec.halted = true;
+    let mut composition = Composition::test(spec);
+    composition.metadata.annotations =
+        Some([(halt::ANNOTATION.to_owned(), record.to_owned())].into());
+    Arc::new(composition)
 }
 
 fn rolled_out(replicas: i32) -> Value {
@@ -428,17 +453,7 @@ async fn a_recorded_halt_tells_running_pods_to_halt_with_the_token() {
         ..FakeAgents::default()
     });
     let (context, mut handle) = context(agents.clone(), true);
-    let mut spec = CompositionSpec::test();
-    spec.halted = true;
-    let mut stored_composition = Composition::test(spec);
-    stored_composition.metadata.annotations = Some(
-        [(
-            halt::ANNOTATION.to_owned(),
-            "h1@2027-01-15T07:59:50Z".to_owned(),
-        )]
-        .into(),
-    );
-    let composition = Arc::new(stored_composition);
+    let composition = halting("h1@2027-01-15T07:59:50Z");
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
     // Two pods; the second one's agent does not answer.
     up_to_pods(
@@ -581,8 +596,9 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
     }
 }
 
-/// An evicted pod (Failed, its IP still in its status, perhaps another pod's by now) is not
-/// asked anything and does not hold the halt back: with the one running pod paused, the halt
+/// An evicted pod (Failed, its IP still in its status, perhaps another pod's by now) and a pod
+/// that only wears the Composition's labels (no ReplicaSet of its Deployment controls it) are not
+/// asked anything and do not hold the halt back: with the one running pod paused, the halt
 /// goes on to its quiet window. (Asked, it answered nothing, and every halt was called off.)
 #[tokio::test]
 async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
@@ -601,22 +617,16 @@ async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
         ..FakeAgents::default()
     });
     let (context, mut handle) = context(agents.clone(), true);
-    let mut spec = CompositionSpec::test();
-    spec.halted = true;
-    let mut stored_composition = Composition::test(spec);
-    stored_composition.metadata.annotations = Some(
-        [(
-            halt::ANNOTATION.to_owned(),
-            "h1@2027-01-15T07:59:50Z".to_owned(),
-        )]
-        .into(),
-    );
-    let composition = Arc::new(stored_composition);
+    let composition = halting("h1@2027-01-15T07:59:50Z");
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
     up_to_pods(
         &mut handle,
         Some("t0k"),
-        json!([pod("shop-a", "10.0.0.7"), evicted("shop-b", "10.0.0.8")]),
+        json!([
+            pod("shop-a", "10.0.0.7"),
+            evicted("shop-b", "10.0.0.8"),
+            stray("shop-c", "10.0.0.9")
+        ]),
     )
     .await;
     expect(

@@ -189,6 +189,7 @@ fn seen(name: &str, ip: Option<&str>, troubles: &[&str]) -> Seen {
         ip: ip.map(|ip| ip.parse().unwrap()),
         terminating: false,
         running: true,
+        owned: true,
         troubles: troubles.iter().map(|t| (*t).to_owned()).collect(),
     }
 }
