@@ -682,16 +682,53 @@ async fn keep_connected(broker: Weak<Broker>) {
 }
 
 /// Stops consuming this process's own queue, answers what it still holds `Addressee`, and
-/// deletes it: from then on a call naming the process is unroutable, so `Addressee` at once.
+/// deletes it: from then on a call naming the process is unroutable, so `Addressee` at once. The
+/// queue is deleted only while empty (`if-empty`, checked by the broker): a call that arrives
+/// after the last sweep makes the delete fail, and the sweep runs again, so no call is deleted
+/// with the queue unanswered (it was: its caller waited for its whole timeout).
 async fn give_up_name(session: &Session, consumer: &session::Consuming) {
-    let channel = &consumer.channel;
     let queue = consumer.queue.as_str();
-    if let Err(error) = channel
+    if let Err(error) = consumer
+        .channel
         .basic_cancel(consumer.tag.clone(), Default::default())
         .await
     {
         tracing::warn!(%error, %queue, "cannot stop taking calls under this name");
     }
+    for _ in 0..GIVE_UP_SWEEPS {
+        // A refused delete closes its channel: each sweep has its own.
+        let channel = match session.connection.create_channel().await {
+            Ok(channel) => channel,
+            Err(error) => {
+                tracing::warn!(%error, %queue, "cannot give up this name");
+                return;
+            }
+        };
+        answer_leftovers(session, &channel, queue).await;
+        let options = lapin::options::QueueDeleteOptions {
+            if_empty: true,
+            ..Default::default()
+        };
+        match channel.queue_delete(queue.into(), options).await {
+            Ok(_) => return,
+            Err(error) if error.to_string().contains("PRECONDITION_FAILED") => {}
+            Err(error) => {
+                tracing::warn!(%error, %queue, "cannot give up this name");
+                return;
+            }
+        }
+    }
+    tracing::warn!(%queue, "calls keep arriving under this name; it is deleted with what it holds");
+    if let Ok(channel) = session.connection.create_channel().await {
+        let _ = channel.queue_delete(queue.into(), Default::default()).await;
+    }
+}
+
+/// How many times the name's queue is swept before it is deleted whatever it holds.
+const GIVE_UP_SWEEPS: usize = 20;
+
+/// Answers `Addressee` to every call the queue holds.
+async fn answer_leftovers(session: &Session, channel: &lapin::Channel, queue: &str) {
     loop {
         match channel
             .basic_get(queue.into(), lapin::options::BasicGetOptions::default())
@@ -700,15 +737,12 @@ async fn give_up_name(session: &Session, consumer: &session::Consuming) {
             Ok(Some(message)) => {
                 serve::finish(session, &message.delivery, serve::Handled::Addressee).await
             }
-            Ok(None) => break,
+            Ok(None) => return,
             Err(error) => {
                 tracing::warn!(%error, %queue, "cannot answer the calls left under this name");
-                break;
+                return;
             }
         }
-    }
-    if let Err(error) = channel.queue_delete(queue.into(), Default::default()).await {
-        tracing::warn!(%error, %queue, "cannot give up this name");
     }
 }
 
