@@ -137,7 +137,7 @@ fn the_listeners_are_bound_before_the_program_serves() {
     assert!(!pod.agent.log().contains("Composition complete"));
     drop(pod);
     // And the hook gives up on a port nothing listens on, saying which.
-    let silent = free_port();
+    let (_reserved, silent) = closed_port();
     let hook = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
         .args(["listening", "--within", "1", &format!("127.0.0.1:{silent}")])
         .output()
@@ -440,4 +440,27 @@ fn control_requests_are_signed_for_this_pod_and_now() {
     assert_eq!((status, answer["instance"].as_str()), (200, Some("pod-1")));
     let _ = program.kill();
     let _ = program.wait();
+}
+
+/// A loopback port that refuses connections and that no other test can take while the returned
+/// descriptor is open: bound (without SO_REUSEADDR), never listening. A port merely found free
+/// can be taken by a test running beside this one.
+fn closed_port() -> (std::os::fd::OwnedFd, u16) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut address: libc::sockaddr_in = std::mem::zeroed();
+        address.sin_family = libc::AF_INET as libc::sa_family_t;
+        address.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let size = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let bound = libc::bind(fd, std::ptr::addr_of!(address).cast(), size);
+        assert_eq!(bound, 0, "bind: {}", std::io::Error::last_os_error());
+        let mut length = size;
+        let named = libc::getsockname(fd, std::ptr::addr_of_mut!(address).cast(), &mut length);
+        assert_eq!(named, 0, "getsockname: {}", std::io::Error::last_os_error());
+        (owned, u16::from_be(address.sin_port))
+    }
 }

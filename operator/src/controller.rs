@@ -136,7 +136,8 @@ pub async fn run(
     Controller::for_stream(changes, store)
         .owns(Api::<Deployment>::all(client.clone()), owned())
         .owns(Api::<ConfigMap>::all(client.clone()), owned())
-        .owns(Api::<Secret>::all(client.clone()), owned())
+        // Secrets are not watched: a watch needs `list` on every Secret in the cluster, which
+        // is reading them all. A deleted control Secret is written again by the next reconcile.
         // A pod in trouble (crash loop, cannot start, evicted) reconciles its Composition at
         // once, so `Degraded` says so within seconds; other pod changes are seen by the next
         // reconcile (a rollout or a Degraded composition is looked at every 5 s anyway), which
