@@ -4,8 +4,9 @@
 
 use crate::atom::Mode;
 use crate::broker::Tuning;
-use crate::compose::{BrokerConfig, Options};
+use crate::compose::{BrokerConfig, Control, Options};
 use crate::instance::Instance;
+use crate::tokens::Tokens;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use toa_context::agent_args::ComposeArgs;
@@ -15,7 +16,11 @@ use toa_context::{Context, Credentials, Environment, ProcessVars};
 /// anything starts.
 pub fn options(args: ComposeArgs) -> Result<Options, String> {
     let control = match (args.control_listen, &args.control_token_file) {
-        (Some(address), Some(file)) => Some((address, read_token(file)?)),
+        (Some(address), Some(file)) => Some(Control {
+            address,
+            tokens: Tokens::read(file)?,
+            file: file.clone(),
+        }),
         _ => None,
     };
     let mut options = compose_options(
@@ -36,7 +41,7 @@ fn compose_options(
     path: &PathBuf,
     environment: &str,
     listen: SocketAddr,
-    control: Option<(SocketAddr, String)>,
+    control: Option<Control>,
 ) -> Result<Options, String> {
     let environment = Environment::parse(environment).map_err(|e| e.to_string())?;
     // In a pod the operator gives the context as `TOA_*` variables (docs/context.md): they are the
@@ -88,16 +93,4 @@ fn compose_options(
     })
 }
 
-/// The control token: the file's content without surrounding white space, never empty.
-pub fn read_token(path: &PathBuf) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--control-token-file {}: {e}", path.display()))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(format!(
-            "--control-token-file {}: expected a token, the file is empty",
-            path.display()
-        ));
-    }
-    Ok(token.to_owned())
-}
+pub use crate::tokens::read_token;

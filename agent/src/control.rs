@@ -15,6 +15,7 @@
 //! | `POST /control/resume` `{"halt": "id"}` | runs `resume`, starts pulses again; answers the status |
 //! | `GET /control/status` | `{"phase", "halt", "instance", "calls": {"since_pause", "last_at_ms", "in_flight"}, "failure"}` |
 
+use crate::tokens::Tokens;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -37,13 +38,13 @@ pub trait Supervisor: Send + Sync + 'static {
 }
 
 struct Control {
-    token: String,
+    tokens: Tokens,
     supervisor: Arc<dyn Supervisor>,
 }
 
-/// The control router; `token` is compared with every request's bearer token.
-pub fn router(token: String, supervisor: Arc<dyn Supervisor>) -> Router {
-    let control = Arc::new(Control { token, supervisor });
+/// The control router; every request must be signed with one of `tokens`.
+pub fn router(tokens: Tokens, supervisor: Arc<dyn Supervisor>) -> Router {
+    let control = Arc::new(Control { tokens, supervisor });
     Router::new()
         .route(HALT_PATH, post(halt))
         .route(RESUME_PATH, post(resume))
@@ -82,12 +83,19 @@ async fn authenticate(
         body: &body,
     };
     // Operators before signed requests sent the token itself; still taken, for one version.
-    let bearer = given
-        .strip_prefix("Bearer ")
-        .is_some_and(|token| toa_context::control::same_key(token, &control.token));
-    match signed.verify(given, &control.token) {
+    let bearer = given.strip_prefix("Bearer ").is_some_and(|presented| {
+        control
+            .tokens
+            .any(|token| toa_context::control::same_key(presented, token))
+    });
+    let verified = control.tokens.current();
+    match signed.verify(given, &verified) {
         Ok(()) => {}
-        Err(_) if bearer => {}
+        Err(_)
+            if bearer
+                || control
+                    .tokens
+                    .any(|token| signed.verify(given, token).is_ok()) => {}
         Err(why) => {
             tracing::warn!(%why, "control request refused");
             return error(
@@ -135,10 +143,20 @@ async fn to_the_end(action: Reply) -> Result<Status, String> {
         .unwrap_or_else(|error| Err(format!("the action failed: {error}")))
 }
 
-fn answer(result: Result<Status, String>) -> Response {
+/// The status, with the key id of the token this agent has now.
+fn answer(control: &Control, result: Result<Status, String>) -> Response {
     match result {
-        Ok(status) => Json(status).into_response(),
+        Ok(status) => Json(control.keyed(status)).into_response(),
         Err(message) => error(StatusCode::CONFLICT, "CONFLICT", &message),
+    }
+}
+
+impl Control {
+    fn keyed(&self, status: Status) -> Status {
+        Status {
+            key: Some(self.tokens.key_id()),
+            ..status
+        }
     }
 }
 
@@ -147,7 +165,10 @@ async fn halt(
     body: Result<Json<HaltRequest>, JsonRejection>,
 ) -> Response {
     match halt_id(body) {
-        Ok(id) => answer(to_the_end(control.supervisor.clone().halt(id)).await),
+        Ok(id) => answer(
+            &control,
+            to_the_end(control.supervisor.clone().halt(id)).await,
+        ),
         Err(message) => error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &message),
     }
 }
@@ -157,11 +178,14 @@ async fn resume(
     body: Result<Json<HaltRequest>, JsonRejection>,
 ) -> Response {
     match halt_id(body) {
-        Ok(id) => answer(to_the_end(control.supervisor.clone().resume(id)).await),
+        Ok(id) => answer(
+            &control,
+            to_the_end(control.supervisor.clone().resume(id)).await,
+        ),
         Err(message) => error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &message),
     }
 }
 
 async fn status(State(control): State<Arc<Control>>) -> Json<Status> {
-    Json(control.supervisor.status())
+    Json(control.keyed(control.supervisor.status()))
 }

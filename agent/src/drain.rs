@@ -11,12 +11,12 @@
 //! taken too). The agent and the pod spec's hook have the key, the program does not. A local run
 //! (no control token) drains on any local API request, as before.
 
+use crate::tokens::Tokens;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use std::sync::Arc;
 use toa_context::control::{drain_key, same_key, DRAIN_HEADER, DRAIN_PATH, STARTED_PATH};
 use tokio::sync::{mpsc, watch};
 
@@ -26,8 +26,8 @@ pub struct Trigger {
     asked: mpsc::Sender<()>,
     done: watch::Receiver<bool>,
     started: mpsc::UnboundedSender<usize>,
-    /// `None`: no key needed (a local run).
-    key: Option<Arc<str>>,
+    /// The control tokens the drain keys derive from; `None`: no key needed (a local run).
+    tokens: Option<Tokens>,
 }
 
 /// The composition's side: the drain was asked for; mark it done; which component container
@@ -38,8 +38,8 @@ pub struct Asked {
     pub started: mpsc::UnboundedReceiver<usize>,
 }
 
-/// A trigger and its other end; with a control token, requests must carry its drain key.
-pub fn channel(control_token: Option<&str>) -> (Trigger, Asked) {
+/// A trigger and its other end; with control tokens, requests must carry a drain key of one.
+pub fn channel(tokens: Option<Tokens>) -> (Trigger, Asked) {
     let (asked_tx, asked) = mpsc::channel(1);
     let (done_tx, done) = watch::channel(false);
     let (started_tx, started) = mpsc::unbounded_channel();
@@ -47,7 +47,7 @@ pub fn channel(control_token: Option<&str>) -> (Trigger, Asked) {
         asked: asked_tx,
         done,
         started: started_tx,
-        key: control_token.map(|token| Arc::from(drain_key(token))),
+        tokens,
     };
     (
         trigger,
@@ -74,12 +74,12 @@ pub fn hook_routes(trigger: Trigger) -> Router {
 /// `POST /v1/drain`: 401 without the right key in the header (in a pod); otherwise starts the
 /// drain and answers once it is done.
 async fn by_header(State(trigger): State<Trigger>, headers: HeaderMap) -> Response {
-    if let Some(key) = &trigger.key {
+    if trigger.tokens.is_some() {
         let presented = headers
             .get(DRAIN_HEADER)
             .and_then(|value| value.to_str().ok())
             .unwrap_or_default();
-        if !same_key(presented, key) {
+        if !trigger.keyed(presented) {
             return (
                 StatusCode::UNAUTHORIZED,
                 format!("a drain needs the pod's drain key in the {DRAIN_HEADER} header"),
@@ -100,12 +100,7 @@ async fn by_path(State(trigger): State<Trigger>, uri: Uri) -> Response {
         Some(rest) => rest.strip_prefix('/'),
         None => None,
     };
-    let keyed = |presented: &str| {
-        trigger
-            .key
-            .as_ref()
-            .is_some_and(|key| same_key(presented, key))
-    };
+    let keyed = |presented: &str| trigger.keyed(presented);
     let refused = || {
         (
             StatusCode::UNAUTHORIZED,
@@ -141,6 +136,14 @@ async fn by_path(State(trigger): State<Trigger>, uri: Uri) -> Response {
 }
 
 impl Trigger {
+    /// Whether `presented` is the drain key of a token this agent accepts (during a rotation, a
+    /// pod spec written before it still carries the previous token's key).
+    fn keyed(&self, presented: &str) -> bool {
+        self.tokens
+            .as_ref()
+            .is_some_and(|tokens| tokens.any(|token| same_key(presented, &drain_key(token))))
+    }
+
     async fn pull(&self) -> Response {
         let _ = self.asked.try_send(());
         let mut done = self.done.clone();

@@ -17,6 +17,7 @@
 //! - [`activity`]: calls made and received, and in flight, for the halt;
 //! - [`supervisor`]: the process's phase: halts, resumes, the drain, pulses;
 //! - [`control`]: the operator's authenticated control endpoint (halt, resume, status);
+//! - [`tokens`]: the control tokens accepted (current and previous), read again on rotation;
 //! - [`drain`]: who may start the drain (a drain key in a pod) and how they wait for it;
 //! - [`redis`]: connections to the 1..N servers, with restart tracking;
 //! - [`metrics`]: Prometheus metrics;
@@ -44,6 +45,7 @@ pub mod once;
 pub mod redis;
 pub mod supervisor;
 pub mod telemetry;
+pub mod tokens;
 
 pub use atom::{Assignment, Atom, AtomConfig, AtomError, Held, IntoKeys, Mode, Scope, Signal};
 pub use metrics::Metrics;

@@ -71,7 +71,7 @@ async fn main() -> ExitCode {
             agent,
             control_token_file,
         }) => {
-            let key = match control_token_file.as_ref().map(read_token).transpose() {
+            let key = match control_token_file.as_deref().map(read_token).transpose() {
                 Ok(token) => token.map(|token| toa_context::control::drain_key(&token)),
                 Err(message) => {
                     eprintln!("{message}");

@@ -242,6 +242,7 @@ impl Process {
             instance: self.instance.clone(),
             calls: self.activity.counts(),
             failure: view.failure,
+            key: None,
         }
     }
 }

@@ -41,11 +41,21 @@ struct Pod {
     token: &'static str,
 }
 
+/// Where pod `name`'s token is mounted: a directory of its own, as the kubelet mounts the Secret
+/// (`token`, and `previous` during a rotation).
+fn token_file(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir()
+        .join(format!("toa-pod-{}-{name}", std::process::id()))
+        .join("token")
+}
+
 /// An agent in pod mode (`TOA_APPLICATION` set) attached to `attach`.
 fn agent(local: u16, attach: u16, name: &str) -> Pod {
     let (control, probe) = (free_port(), free_port());
     let token = "pod-token";
-    let file = std::env::temp_dir().join(format!("toa-pod-token-{}-{name}", std::process::id()));
+    let file = token_file(name);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let _ = std::fs::remove_file(file.with_file_name("previous"));
     std::fs::write(&file, token).unwrap();
     let agent = Composition::start_at(
         local,
@@ -204,7 +214,7 @@ fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
 #[test]
 fn the_agents_own_drain_reads_the_key_from_the_token_file() {
     let (mut program, mut pod, record) = ready_pod("recorder.py", "own");
-    let token_file = std::env::temp_dir().join(format!("toa-pod-token-{}-own", std::process::id()));
+    let token_file = token_file("own");
     let drain = |with_token: bool| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_toa-agent"));
         command.args([
@@ -463,4 +473,52 @@ fn closed_port() -> (std::os::fd::OwnedFd, u16) {
         assert_eq!(named, 0, "getsockname: {}", std::io::Error::last_os_error());
         (owned, u16::from_be(address.sin_port))
     }
+}
+
+/// A token rotation needs no restart: the agent reads the mounted files again, takes requests
+/// signed with the new token and the previous one while both are there, reports the new key id,
+/// and refuses the old token once `previous` is gone.
+#[test]
+fn a_rotated_token_is_read_again_and_the_previous_one_taken_meanwhile() {
+    let (mut program, pod, _record) = ready_pod("recorder.py", "rotated");
+    let file = token_file("rotated");
+    let previous = file.with_file_name("previous");
+    let status =
+        |token: &str| support::control(pod.control, "GET", "/control/status", Some(token), "");
+    let (code, before) = status(pod.token);
+    assert_eq!(code, 200, "{before}");
+    assert_eq!(before["key"], toa_context::control::key_id(pod.token));
+    // The rotation, as the kubelet writes the Secret's new version: new `token`, old `previous`.
+    std::fs::write(&previous, pod.token).unwrap();
+    std::fs::write(&file, "rotated-token").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let after = loop {
+        let (code, answer) = status("rotated-token");
+        if code == 200 {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new token was not read within 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(after["key"], toa_context::control::key_id("rotated-token"));
+    assert_eq!(
+        status(pod.token).0,
+        200,
+        "the previous token was refused during the rotation"
+    );
+    // The rotation ends: `previous` goes, and so does the old token.
+    std::fs::remove_file(&previous).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while status(pod.token).0 != 401 {
+        assert!(
+            Instant::now() < deadline,
+            "the old token was still taken 15 s after it went"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = program.kill();
+    let _ = program.wait();
 }

@@ -28,6 +28,10 @@ pub const HALT_PATH: &str = "/control/halt";
 /// `POST` a [`HaltRequest`]: resume from the halt; answers the [`Status`].
 pub const RESUME_PATH: &str = "/control/resume";
 
+/// The Secret key, and so the mounted file beside the token's, of the previous control token
+/// during a rotation: agents take requests signed with either.
+pub const PREVIOUS_TOKEN: &str = "previous";
+
 /// The body of a halt or a resume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +51,9 @@ pub struct Status {
     /// The last halt or resume that failed, until the next one succeeds (agents before it: none).
     #[serde(default)]
     pub failure: Option<Failure>,
+    /// The [`key_id`] of the control token the agent has now (agents before rotation: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +111,16 @@ pub fn drain_key(token: &str) -> String {
         .chain_update(token.as_bytes())
         .finalize();
     hex(&digest)
+}
+
+/// A token's key id: the first 12 hex digits of a one-way hash, enough to tell tokens apart in
+/// a status or a log without revealing them.
+pub fn key_id(token: &str) -> String {
+    let digest = Sha256::new()
+        .chain_update(b"toa key id v1\0")
+        .chain_update(token.as_bytes())
+        .finalize();
+    hex(&digest[..6])
 }
 
 /// Compares a presented key or token with the expected one in time that does not depend on

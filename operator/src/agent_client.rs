@@ -59,9 +59,28 @@ pub type Reply<'a> = Pin<Box<dyn Future<Output = Result<AgentStatus, ControlErro
 
 /// The control endpoint of one pod's agent, addressed by the pod's IP.
 pub trait AgentControl: Send + Sync + 'static {
-    fn status<'a>(&'a self, pod: Target<'a>, token: &'a str) -> Reply<'a>;
-    fn halt<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a>;
-    fn resume<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a>;
+    fn status<'a>(&'a self, pod: Target<'a>, keys: &'a Keys) -> Reply<'a>;
+    fn halt<'a>(&'a self, pod: Target<'a>, keys: &'a Keys, halt: &'a str) -> Reply<'a>;
+    fn resume<'a>(&'a self, pod: Target<'a>, keys: &'a Keys, halt: &'a str) -> Reply<'a>;
+}
+
+/// A Composition's control tokens (its Secret's `token` and, during a rotation, `previous`).
+/// Requests are signed with the current one; an agent that has not read it yet answers 401, and
+/// the request is signed again with the previous one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    pub current: String,
+    pub previous: Option<String>,
+}
+
+impl Keys {
+    /// One token, no rotation under way.
+    pub fn one(token: &str) -> Self {
+        Self {
+            current: token.to_owned(),
+            previous: None,
+        }
+    }
 }
 
 /// [`AgentControl`] over HTTP.
@@ -88,23 +107,49 @@ impl HttpAgentControl {
         Ok(Self { client, port })
     }
 
-    /// Sends one signed request to `pod` and reads its status.
+    /// Sends one request to `pod`, signed with the current token and, when the agent refuses it
+    /// (401: a rotation it has not read yet), with the previous one; reads its status.
     async fn send(
         &self,
         pod: Target<'_>,
         method: reqwest::Method,
         path: &str,
         body: Option<&HaltRequest>,
-        token: &str,
+        keys: &Keys,
         what: &str,
     ) -> Result<AgentStatus, ControlError> {
         let body = body.map_or_else(Vec::new, |body| serde_json::to_vec(body).expect("JSON"));
+        let first = self
+            .send_signed(pod, &method, path, &body, &keys.current, what)
+            .await;
+        let answered = match (first, &keys.previous) {
+            (Err(Refused::Unauthorized(_)), Some(previous)) => {
+                self.send_signed(pod, &method, path, &body, previous, what)
+                    .await
+            }
+            (first, _) => first,
+        };
+        answered.map_err(|refused| match refused {
+            Refused::Unauthorized(error) | Refused::Other(error) => error,
+        })
+    }
+
+    /// One request, signed with `token`.
+    async fn send_signed(
+        &self,
+        pod: Target<'_>,
+        method: &reqwest::Method,
+        path: &str,
+        body: &[u8],
+        token: &str,
+        what: &str,
+    ) -> Result<AgentStatus, Refused> {
         let signed = Signed {
             method: method.as_str(),
             path,
             pod: pod.name,
             ts: now_s(),
-            body: &body,
+            body,
         };
         let url = format!("http://{}{path}", SocketAddr::new(pod.ip, self.port));
         let mut request = self
@@ -114,7 +159,7 @@ impl HttpAgentControl {
         if method == reqwest::Method::POST {
             request = request
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body);
+                .body(body.to_vec());
         }
         let response = request
             .send()
@@ -127,13 +172,17 @@ impl HttpAgentControl {
         if !code.is_success() {
             let words = quote(&String::from_utf8_lossy(&answer));
             let message = format!("{what}: answered {code}: {words}");
-            return Err(
-                if code.is_server_error() || code == reqwest::StatusCode::TOO_MANY_REQUESTS {
-                    ControlError::Transient(message)
-                } else {
-                    ControlError::Permanent(message)
-                },
-            );
+            return Err(match code {
+                reqwest::StatusCode::UNAUTHORIZED => {
+                    Refused::Unauthorized(ControlError::Permanent(message))
+                }
+                code if code.is_server_error()
+                    || code == reqwest::StatusCode::TOO_MANY_REQUESTS =>
+                {
+                    Refused::Other(ControlError::Transient(message))
+                }
+                _ => Refused::Other(ControlError::Permanent(message)),
+            });
         }
         let status: AgentStatus = serde_json::from_slice(&answer).map_err(|error| {
             ControlError::Permanent(format!(
@@ -141,26 +190,38 @@ impl HttpAgentControl {
             ))
         })?;
         if status.instance != pod.name {
-            return Err(ControlError::Permanent(format!(
+            return Err(Refused::Other(ControlError::Permanent(format!(
                 "{what}: answered as {:?}, not as the pod {}: another process holds its IP",
                 quote(&status.instance),
                 pod.name
-            )));
+            ))));
         }
         Ok(status)
     }
 }
 
+/// Why one signed request failed: its token was refused (another may be taken), or otherwise.
+enum Refused {
+    Unauthorized(ControlError),
+    Other(ControlError),
+}
+
+impl From<ControlError> for Refused {
+    fn from(error: ControlError) -> Self {
+        Self::Other(error)
+    }
+}
+
 impl AgentControl for HttpAgentControl {
-    fn status<'a>(&'a self, pod: Target<'a>, token: &'a str) -> Reply<'a> {
+    fn status<'a>(&'a self, pod: Target<'a>, keys: &'a Keys) -> Reply<'a> {
         Box::pin(async move {
             let what = format!("status of {}", pod.name);
-            self.send(pod, reqwest::Method::GET, STATUS_PATH, None, token, &what)
+            self.send(pod, reqwest::Method::GET, STATUS_PATH, None, keys, &what)
                 .await
         })
     }
 
-    fn halt<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a> {
+    fn halt<'a>(&'a self, pod: Target<'a>, keys: &'a Keys, halt: &'a str) -> Reply<'a> {
         Box::pin(async move {
             let body = HaltRequest {
                 halt: halt.to_owned(),
@@ -171,14 +232,14 @@ impl AgentControl for HttpAgentControl {
                 reqwest::Method::POST,
                 HALT_PATH,
                 Some(&body),
-                token,
+                keys,
                 &what,
             )
             .await
         })
     }
 
-    fn resume<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a> {
+    fn resume<'a>(&'a self, pod: Target<'a>, keys: &'a Keys, halt: &'a str) -> Reply<'a> {
         Box::pin(async move {
             let body = HaltRequest {
                 halt: halt.to_owned(),
@@ -189,7 +250,7 @@ impl AgentControl for HttpAgentControl {
                 reqwest::Method::POST,
                 RESUME_PATH,
                 Some(&body),
-                token,
+                keys,
                 &what,
             )
             .await

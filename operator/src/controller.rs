@@ -15,7 +15,7 @@
 //! 6. apply the Deployment (0 replicas once a halt stopped the composition);
 //! 7. write the status when it changed.
 
-use crate::agent_client::AgentControl;
+use crate::agent_client::{AgentControl, Keys};
 use crate::crd::Composition;
 use crate::declarations;
 use crate::desired::{self, Owner, Settings};
@@ -232,12 +232,12 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
         Err(invalid) => return refuse(composition, &compositions, &invalid, now).await,
     };
     let owner = Owner::of(composition)?;
-    let token = configure(context, composition, &owner).await?;
+    let keys = configure(context, composition, &owner).await?;
 
     // The halt.
     let record = halt_record(composition);
     let pods = kube_io::pods(&Api::<Pod>::namespaced(client.clone(), &namespace), &name).await?;
-    let reports = reports(context, &pods, &token).await;
+    let reports = reports(context, &pods, &keys).await;
     let decision = halt::decide(&Observation {
         halted: composition.spec.halted,
         timing: valid.halt,
@@ -250,7 +250,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
         composition,
         &compositions,
         &pods,
-        &token,
+        &keys,
         &decision,
         record,
     )
@@ -262,7 +262,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
         composition,
         &valid,
         &context.settings,
-        &token,
+        &keys.current,
         replicas,
     );
     let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
@@ -322,7 +322,7 @@ async fn configure(
     context: &Context,
     composition: &Composition,
     owner: &Owner,
-) -> Result<String, Error> {
+) -> Result<Keys, Error> {
     let config_maps = Api::<ConfigMap>::namespaced(context.client.clone(), &owner.namespace);
     kube_io::apply(&config_maps, &desired::components(owner, composition)).await?;
     declarations::reconcile(&config_maps, &context.declarations, composition, owner).await?;
@@ -380,12 +380,12 @@ fn status_pending(status: &CompositionStatus) -> bool {
 /// Each pod's report, asked of all agents at once; each request gives up after 2 s. Only pods
 /// that can be asked ([`Seen::control`]: running, not being deleted, with an IP) take part in
 /// the halt: a pod without an IP runs no agent yet, and an evicted one never answers again.
-async fn reports(context: &Context, pods: &[Seen], token: &str) -> Vec<halt::Pod> {
+async fn reports(context: &Context, pods: &[Seen], keys: &Keys) -> Vec<halt::Pod> {
     let asks = pods
         .iter()
         .filter_map(|pod| Some((pod, pod.control()?)))
         .map(|(pod, target)| async move {
-            let report = match context.agents.status(target, token).await {
+            let report = match context.agents.status(target, keys).await {
                 Ok(status) => Report::Status(status),
                 Err(error) => Report::Unreachable(error.to_string()),
             };
@@ -403,7 +403,7 @@ async fn step(
     composition: &Composition,
     compositions: &Api<Composition>,
     pods: &[Seen],
-    token: &str,
+    keys: &Keys,
     decision: &Decision,
     record: Option<Record>,
 ) -> Result<Option<Record>, Error> {
@@ -435,7 +435,7 @@ async fn step(
         Step::Halt { id, pods: targets } => {
             let sends = targets.iter().filter_map(|pod| {
                 let target = target(pod)?;
-                Some(async move { (pod, context.agents.halt(target, token, id).await) })
+                Some(async move { (pod, context.agents.halt(target, keys, id).await) })
             });
             for (pod, result) in futures::future::join_all(sends).await {
                 if let Err(error) = result {
@@ -447,7 +447,7 @@ async fn step(
         Step::Resume(targets) => {
             let sends = targets.iter().filter_map(|(pod, id)| {
                 let target = target(pod)?;
-                Some(async move { (pod, context.agents.resume(target, token, id).await) })
+                Some(async move { (pod, context.agents.resume(target, keys, id).await) })
             });
             for (pod, result) in futures::future::join_all(sends).await {
                 if let Err(error) = result {

@@ -53,6 +53,9 @@ pub use toa_context::control::{CONTROL_PORT, PROBE_PORT};
 pub const CONTROL_DIR: &str = "/var/run/toa/control";
 /// The key of the control token in the `<name>-control` Secret.
 pub const TOKEN_KEY: &str = "token";
+/// The key of the previous control token during a rotation: mounted beside `token`, where the
+/// agent reads it.
+pub use toa_context::control::PREVIOUS_TOKEN as PREVIOUS_KEY;
 /// Where component manifests are mounted in the agent container.
 pub const COMPONENTS_DIR: &str = "/components";
 /// The namespace's ConfigMap of every Composition's component manifests (`<component>.yaml`):

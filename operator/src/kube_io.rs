@@ -3,8 +3,9 @@
 //! (created once, never rewritten), the composition's pods, the halt annotation and the status
 //! subresource.
 
+use crate::agent_client::Keys;
 use crate::crd::{Composition, CompositionStatus};
-use crate::desired::{pod_selector, Sidecar, MANAGER, TOKEN_KEY};
+use crate::desired::{pod_selector, Sidecar, MANAGER, PREVIOUS_KEY, TOKEN_KEY};
 use crate::halt::{Record, ANNOTATION};
 use crate::pods::Seen;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -35,27 +36,33 @@ where
         .await
 }
 
-/// The composition's control token: read from the Secret `name`, or, when the Secret or its
-/// token is missing, a new random one applied with `build(token)`. An existing token is never
-/// replaced, since the running agents read it once at start.
+/// The composition's control tokens: read from the Secret `name` (`token`, and `previous` during
+/// a rotation), or, when the Secret or its token is missing, a new random one applied with
+/// `build(token)`. An existing token is never replaced by the operator: rotating is writing a new
+/// `token` and the old one as `previous` (docs/composition.md).
 pub async fn control_token(
     api: &Api<Secret>,
     name: &str,
     build: impl FnOnce(&str) -> Secret,
-) -> Result<String, kube::Error> {
-    let existing = api.get_opt(name).await?.and_then(|secret| {
-        let bytes = secret.data?.remove(TOKEN_KEY)?.0;
+) -> Result<Keys, kube::Error> {
+    let data = api.get_opt(name).await?.and_then(|secret| secret.data);
+    let text = |key: &str| {
+        let bytes = data.as_ref()?.get(key)?.0.clone();
         String::from_utf8(bytes)
             .ok()
+            .map(|token| token.trim().to_owned())
             .filter(|token| !token.is_empty())
-    });
-    if let Some(token) = existing {
-        return Ok(token);
+    };
+    if let Some(current) = text(TOKEN_KEY) {
+        return Ok(Keys {
+            current,
+            previous: text(PREVIOUS_KEY),
+        });
     }
     // 43 alphanumerics: about 256 bits.
     let token = Alphanumeric.sample_string(&mut rand::rng(), 43);
     apply(api, &build(&token)).await?;
-    Ok(token)
+    Ok(Keys::one(&token))
 }
 
 /// The composition's pods, as [`crate::pods::seen`] reads them.

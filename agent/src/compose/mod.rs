@@ -50,8 +50,8 @@ pub struct Options {
     pub instance: Instance,
     /// Told the local API's address once the composition is complete.
     pub on_ready: Option<oneshot::Sender<SocketAddr>>,
-    /// Where the control endpoint listens, and the token every control request must carry.
-    pub control: Option<(SocketAddr, String)>,
+    /// Where the control endpoint listens, and the tokens control requests are signed with.
+    pub control: Option<Control>,
     /// Where the probes (`/healthz`, `/readyz`) listen on the pod network, if anywhere.
     pub probe: Option<SocketAddr>,
     /// Attach to programs started by someone else (a pod's component containers) instead of
@@ -63,6 +63,14 @@ pub struct Options {
     pub mode: Mode,
     /// How to reach the broker the context names (`None` without one).
     pub broker: Option<BrokerConfig>,
+}
+
+/// The control endpoint: its address, and the tokens from the mounted Secret (read again when
+/// they change: [`crate::tokens`]).
+pub struct Control {
+    pub address: SocketAddr,
+    pub tokens: crate::tokens::Tokens,
+    pub file: PathBuf,
 }
 
 /// The broker's credentials (`TOA_AMQP_USERNAME`, `TOA_AMQP_PASSWORD`) and tuning.

@@ -35,7 +35,7 @@ impl Composition {
             .local_addr()
             .map_err(|e| ComposeError::Setup(e.to_string()))?;
         let control = match options.control {
-            Some((address, token)) => Some((bind(address, CONTROL).await?, token)),
+            Some(control) => Some((bind(control.address, CONTROL).await?, control)),
             None => None,
         };
         let probe = match options.probe {
@@ -44,14 +44,15 @@ impl Composition {
         };
         let activity = Activity::new();
         let process = Process::new(options.instance.to_string(), activity.clone());
-        let token = control.as_ref().map(|(_, token)| token.as_str());
-        let (trigger, asked) = drain::channel(token);
+        let tokens = control.as_ref().map(|(_, control)| control.tokens.clone());
+        let (trigger, asked) = drain::channel(tokens.clone());
         let (lifecycle_done, lifecycle_ready) = watch::channel(false);
         let (programs_up, up) = watch::channel(true);
         let ready = super::programs::all_true(vec![lifecycle_ready, up]);
         let mut servers = Servers::default();
-        if let Some((listener, token)) = control {
-            let app = crate::control::router(token, process.clone());
+        if let Some((listener, control)) = control {
+            control.tokens.keep_reading(control.file);
+            let app = crate::control::router(control.tokens, process.clone());
             servers.serve(CONTROL, listener, app);
         }
         if let Some(listener) = probe {

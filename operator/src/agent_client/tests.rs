@@ -23,6 +23,7 @@ fn paused(halt: &str) -> AgentStatus {
         instance: "shop-0".into(),
         calls: Calls::default(),
         failure: None,
+        key: None,
     }
 }
 
@@ -84,10 +85,10 @@ fn agent() -> Router {
 #[tokio::test]
 async fn status_and_halt_are_signed_and_read_the_status() {
     let control = serve(agent()).await;
-    let status = control.status(POD, "s3cret").await.unwrap();
+    let status = control.status(POD, &Keys::one("s3cret")).await.unwrap();
     assert_eq!(status.phase, AgentPhase::Running);
     assert_eq!(
-        control.halt(POD, "s3cret", "h1").await.unwrap(),
+        control.halt(POD, &Keys::one("s3cret"), "h1").await.unwrap(),
         paused("h1")
     );
 }
@@ -104,7 +105,7 @@ async fn the_token_never_travels_and_a_wrong_one_is_a_permanent_error() {
         }),
     );
     let control = serve(router).await;
-    let error = control.status(POD, "s3cret").await.unwrap_err();
+    let error = control.status(POD, &Keys::one("s3cret")).await.unwrap_err();
     assert!(!error.is_transient(), "{error}");
     assert!(error.to_string().contains("401"), "{error}");
     let seen = seen.lock().unwrap().join("\n");
@@ -112,7 +113,7 @@ async fn the_token_never_travels_and_a_wrong_one_is_a_permanent_error() {
     assert!(!seen.contains("s3cret"), "the token travelled: {seen}");
 
     let control = serve(agent()).await;
-    let error = control.status(POD, "wrong").await.unwrap_err();
+    let error = control.status(POD, &Keys::one("wrong")).await.unwrap_err();
     assert!(error.to_string().contains("401"), "{error}");
 }
 
@@ -124,7 +125,10 @@ async fn a_process_answering_as_another_pod_is_refused() {
         ..POD
     };
     // Signed for shop-1: the stand-in (shop-0) refuses it, as a real agent would.
-    let error = control.status(elsewhere, "s3cret").await.unwrap_err();
+    let error = control
+        .status(elsewhere, &Keys::one("s3cret"))
+        .await
+        .unwrap_err();
     assert!(error.to_string().contains("401"), "{error}");
     // A listener that answers whatever it is asked, as some other process.
     let router = Router::new().route(
@@ -137,7 +141,7 @@ async fn a_process_answering_as_another_pod_is_refused() {
         }),
     );
     let control = serve(router).await;
-    let error = control.status(POD, "s3cret").await.unwrap_err();
+    let error = control.status(POD, &Keys::one("s3cret")).await.unwrap_err();
     assert!(!error.is_transient(), "{error}");
     assert!(
         error
@@ -150,7 +154,10 @@ async fn a_process_answering_as_another_pod_is_refused() {
 #[tokio::test]
 async fn a_conflict_is_permanent_and_keeps_the_agents_words() {
     let control = serve(agent()).await;
-    let error = control.resume(POD, "s3cret", "h1").await.unwrap_err();
+    let error = control
+        .resume(POD, &Keys::one("s3cret"), "h1")
+        .await
+        .unwrap_err();
     assert_eq!(
         error,
         ControlError::Permanent(
@@ -180,19 +187,29 @@ async fn answers_are_capped_cut_and_never_redirected() {
             post(|| async { "y".repeat(MAX_ANSWER + 1) }),
         );
     let control = serve(router).await;
-    let error = control.status(POD, "s3cret").await.unwrap_err().to_string();
+    let error = control
+        .status(POD, &Keys::one("s3cret"))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(error.ends_with('…'), "{error}");
     assert!(
         error.chars().count() < MAX_WORDS + 80,
         "{} chars",
         error.len()
     );
-    let error = control.halt(POD, "s3cret", "h1").await.unwrap_err();
+    let error = control
+        .halt(POD, &Keys::one("s3cret"), "h1")
+        .await
+        .unwrap_err();
     assert!(
         error.to_string().contains("307"),
         "followed a redirect: {error}"
     );
-    let error = control.resume(POD, "s3cret", "h1").await.unwrap_err();
+    let error = control
+        .resume(POD, &Keys::one("s3cret"), "h1")
+        .await
+        .unwrap_err();
     assert!(
         error.to_string().contains("longer than 65536 bytes"),
         "{error}"
@@ -206,7 +223,7 @@ async fn a_server_error_is_transient() {
         get(|| async { StatusCode::SERVICE_UNAVAILABLE }),
     );
     let control = serve(router).await;
-    let error = control.status(POD, "s3cret").await.unwrap_err();
+    let error = control.status(POD, &Keys::one("s3cret")).await.unwrap_err();
     assert!(error.is_transient(), "{error}");
 }
 
@@ -218,7 +235,7 @@ async fn a_refused_connection_is_transient() {
         listener.local_addr().unwrap().port()
     };
     let control = HttpAgentControl::with_port(port).unwrap();
-    let error = control.status(POD, "s3cret").await.unwrap_err();
+    let error = control.status(POD, &Keys::one("s3cret")).await.unwrap_err();
     assert!(error.is_transient(), "{error}");
 }
 
@@ -233,7 +250,7 @@ async fn a_slow_agent_times_out_as_transient() {
     );
     let control = serve(router).await;
     let started = std::time::Instant::now();
-    let error = control.status(POD, "s3cret").await.unwrap_err();
+    let error = control.status(POD, &Keys::one("s3cret")).await.unwrap_err();
     assert!(error.is_transient(), "{error}");
     assert!(started.elapsed() < TIMEOUT * 2, "{:?}", started.elapsed());
     assert!(
@@ -246,10 +263,30 @@ async fn a_slow_agent_times_out_as_transient() {
 async fn an_answer_that_is_not_a_status_is_permanent() {
     let router = Router::new().route("/control/status", get(|| async { "hello" }));
     let control = serve(router).await;
-    let error = control.status(POD, "s3cret").await.unwrap_err();
+    let error = control.status(POD, &Keys::one("s3cret")).await.unwrap_err();
     assert!(!error.is_transient(), "{error}");
     assert!(
         error.to_string().contains("expected the status JSON"),
         "{error}"
     );
+}
+
+/// During a rotation an agent that has not read the new token yet refuses it: the request is
+/// signed again with the previous one, and only then is a refusal an error.
+#[tokio::test]
+async fn a_request_the_agent_refuses_is_signed_again_with_the_previous_token() {
+    let rotated = Keys {
+        current: "new".into(),
+        previous: Some("s3cret".into()),
+    };
+    // The stand-in agent knows only `s3cret`.
+    let control = serve(agent()).await;
+    let status = control.status(POD, &rotated).await.unwrap();
+    assert_eq!(status.instance, "shop-0");
+    assert_eq!(
+        control.halt(POD, &rotated, "h1").await.unwrap(),
+        paused("h1")
+    );
+    let error = control.status(POD, &Keys::one("new")).await.unwrap_err();
+    assert!(error.to_string().contains("401"), "{error}");
 }

@@ -3,7 +3,7 @@
 //! reconcile must make, answers it, and fails on anything else, including an extra request.
 
 use super::*;
-use crate::agent_client::{ControlError, Reply, Target};
+use crate::agent_client::{ControlError, Keys, Reply, Target};
 use crate::crd::{conditions, reasons, CompositionSpec};
 use crate::desired::Sidecar;
 use crate::halt::{AgentPhase, AgentStatus, Calls};
@@ -29,7 +29,7 @@ struct FakeAgents {
 }
 
 impl AgentControl for FakeAgents {
-    fn status<'a>(&'a self, pod: Target<'a>, _: &'a str) -> Reply<'a> {
+    fn status<'a>(&'a self, pod: Target<'a>, _: &'a Keys) -> Reply<'a> {
         let pod = pod.ip;
         let status = self.statuses.get(&pod).cloned();
         Box::pin(async move {
@@ -37,7 +37,8 @@ impl AgentControl for FakeAgents {
         })
     }
 
-    fn halt<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a> {
+    fn halt<'a>(&'a self, pod: Target<'a>, keys: &'a Keys, halt: &'a str) -> Reply<'a> {
+        let token = &keys.current;
         let pod = pod.ip;
         self.told
             .lock()
@@ -47,7 +48,8 @@ impl AgentControl for FakeAgents {
         Box::pin(async move { status.ok_or_else(|| ControlError::Transient("gone".into())) })
     }
 
-    fn resume<'a>(&'a self, pod: Target<'a>, token: &'a str, halt: &'a str) -> Reply<'a> {
+    fn resume<'a>(&'a self, pod: Target<'a>, keys: &'a Keys, halt: &'a str) -> Reply<'a> {
+        let token = &keys.current;
         let pod = pod.ip;
         self.told
             .lock()
@@ -394,6 +396,7 @@ async fn a_requested_halt_is_recorded_on_the_composition() {
                 instance: "shop-a".into(),
                 calls: Calls::default(),
                 failure: None,
+                key: None,
             },
         )]),
         ..FakeAgents::default()
@@ -448,6 +451,7 @@ async fn a_recorded_halt_tells_running_pods_to_halt_with_the_token() {
                 instance: "shop-a".into(),
                 calls: Calls::default(),
                 failure: None,
+                key: None,
             },
         )]),
         ..FakeAgents::default()
@@ -612,6 +616,7 @@ async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
                 instance: "shop-a".into(),
                 calls: Calls::default(),
                 failure: None,
+                key: None,
             },
         )]),
         ..FakeAgents::default()

@@ -26,6 +26,7 @@ fn status(phase: AgentPhase, halt: Option<&str>, calls: Calls) -> AgentStatus {
         instance: "i".into(),
         calls,
         failure: None,
+        key: None,
     }
 }
 
@@ -449,6 +450,7 @@ fn agent_status_reads_the_control_endpoints_json() {
                 in_flight: 0,
             },
             failure: None,
+            key: None,
         },
         "an agent without `in_flight` and `failure` reads as none"
     );
