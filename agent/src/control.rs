@@ -40,11 +40,40 @@ pub trait Supervisor: Send + Sync + 'static {
 struct Control {
     tokens: Tokens,
     supervisor: Arc<dyn Supervisor>,
+    seen: Seen,
 }
+
+/// The nonces of the signed requests taken in the last two signature windows: a request seen
+/// once is refused as a replay (a listener on a pod's old IP could otherwise replay a halt).
+#[derive(Default)]
+struct Seen(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+
+impl Seen {
+    /// Takes `nonce` at `now` (unix seconds), or refuses it as already used.
+    fn take(&self, nonce: String, now: u64) -> Result<(), String> {
+        let mut seen = self.0.lock().expect("seen nonces");
+        let keep = 2 * toa_context::control::SIGNATURE_WINDOW_S;
+        seen.retain(|_, at| now.saturating_sub(*at) <= keep);
+        if seen.len() >= MAX_SEEN {
+            return Err("too many control requests in the last minute".to_owned());
+        }
+        match seen.insert(nonce, now) {
+            None => Ok(()),
+            Some(_) => Err("this signed request was taken already (a replay)".to_owned()),
+        }
+    }
+}
+
+/// The most signed requests remembered at once (the operator sends a few per reconcile).
+const MAX_SEEN: usize = 100_000;
 
 /// The control router; every request must be signed with one of `tokens`.
 pub fn router(tokens: Tokens, supervisor: Arc<dyn Supervisor>) -> Router {
-    let control = Arc::new(Control { tokens, supervisor });
+    let control = Arc::new(Control {
+        tokens,
+        supervisor,
+        seen: Seen::default(),
+    });
     Router::new()
         .route(HALT_PATH, post(halt))
         .route(RESUME_PATH, post(resume))
@@ -80,30 +109,16 @@ async fn authenticate(
         path: parts.uri.path(),
         pod: &instance,
         ts: now_s(),
+        nonce: "",
         body: &body,
     };
-    // Operators before signed requests sent the token itself; still taken, for one version.
-    let bearer = given.strip_prefix("Bearer ").is_some_and(|presented| {
-        control
-            .tokens
-            .any(|token| toa_context::control::same_key(presented, token))
-    });
-    let verified = control.tokens.current();
-    match signed.verify(given, &verified) {
-        Ok(()) => {}
-        Err(_)
-            if bearer
-                || control
-                    .tokens
-                    .any(|token| signed.verify(given, token).is_ok()) => {}
-        Err(why) => {
-            tracing::warn!(%why, "control request refused");
-            return error(
-                StatusCode::UNAUTHORIZED,
-                "UNAUTHORIZED",
-                &format!("expected a request signed with the composition's token: {why}"),
-            );
-        }
+    if let Err(why) = control.authenticated(&signed, given) {
+        tracing::warn!(%why, "control request refused");
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHORIZED",
+            &format!("expected a request signed with the composition's token: {why}"),
+        );
     }
     next.run(Request::from_parts(parts, axum::body::Body::from(body)))
         .await
@@ -152,6 +167,34 @@ fn answer(control: &Control, result: Result<Status, String>) -> Response {
 }
 
 impl Control {
+    /// Signed with a token this agent accepts, and not seen before; or the token itself as a
+    /// bearer token, as operators before signing sent it (taken for one version).
+    fn authenticated(&self, signed: &Signed<'_>, given: &str) -> Result<(), String> {
+        let bearer = given.strip_prefix("Bearer ").is_some_and(|presented| {
+            self.tokens
+                .any(|token| toa_context::control::same_key(presented, token))
+        });
+        if bearer {
+            return Ok(());
+        }
+        let mut why = String::new();
+        let mut nonce = None;
+        self.tokens.any(|token| match signed.verify(given, token) {
+            Ok(taken) => {
+                nonce = Some(taken);
+                true
+            }
+            Err(refused) => {
+                if why.is_empty() {
+                    why = refused;
+                }
+                false
+            }
+        });
+        let nonce = nonce.ok_or(why)?;
+        self.seen.take(nonce, signed.ts)
+    }
+
     fn keyed(&self, status: Status) -> Status {
         Status {
             key: Some(self.tokens.key_id()),

@@ -14,8 +14,22 @@ use toa_context::control::{key_id, PREVIOUS_TOKEN};
 pub const RELOAD: Duration = Duration::from_secs(5);
 
 /// The tokens accepted now, the current one first.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Tokens(Arc<RwLock<Vec<String>>>);
+
+/// Key ids only: a token never reaches a log through `{:?}`.
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<String> = self
+            .0
+            .read()
+            .expect("tokens")
+            .iter()
+            .map(|t| key_id(t))
+            .collect();
+        f.debug_tuple("Tokens").field(&ids).finish()
+    }
+}
 
 impl Tokens {
     /// The tokens read from `file` and its `previous` sibling (which may be missing).
@@ -53,7 +67,7 @@ impl Tokens {
     }
 
     /// Whether any accepted token satisfies `check`.
-    pub fn any(&self, check: impl Fn(&str) -> bool) -> bool {
+    pub fn any(&self, mut check: impl FnMut(&str) -> bool) -> bool {
         self.0
             .read()
             .expect("tokens")

@@ -405,12 +405,16 @@ fn control_requests_are_signed_for_this_pod_and_now() {
         .unwrap()
         .as_secs();
     let body = r#"{"halt":"h1"}"#;
+    let nonces = std::cell::Cell::new(0u64);
     let signed = |pod_name: &str, ts: u64, path: &str| {
+        nonces.set(nonces.get() + 1);
+        let nonce = format!("{:016x}", nonces.get());
         toa_context::control::Signed {
             method: "POST",
             path,
             pod: pod_name,
             ts,
+            nonce: &nonce,
             body: body.as_bytes(),
         }
         .authorization(pod.token)
@@ -441,9 +445,12 @@ fn control_requests_are_signed_for_this_pod_and_now() {
         halt(&signed("pod-1", now, "/control/resume")),
         "does not match",
     );
-    let (status, answer) = halt(&signed("pod-1", now, "/control/halt"));
+    let right = signed("pod-1", now, "/control/halt");
+    let (status, answer) = halt(&right);
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["halt"], "h1");
+    // The same signed request again (a listener on the pod's old IP replaying it): refused.
+    refused(halt(&right), "taken already");
     // The token itself, as operators before signing sent it: still taken.
     let (status, answer) =
         support::control(pod.control, "GET", "/control/status", Some(pod.token), "");

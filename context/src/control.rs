@@ -135,13 +135,13 @@ pub fn same_key(presented: &str, expected: &str) -> bool {
 }
 
 /// The scheme of a signed control request's `Authorization` header:
-/// `Toa-HMAC-SHA256 pod=<pod name>, ts=<unix seconds>, sig=<hex>`.
+/// `Toa-HMAC-SHA256 pod=<pod name>, ts=<unix seconds>, nonce=<hex>, sig=<hex>`.
 ///
 /// The signature is HMAC-SHA256, keyed by the composition's token, over the method, the path,
-/// the pod it is meant for, the time and the SHA-256 of the body. The token itself never
-/// travels: a listener that took over a pod's IP learns a signature for that one request, to that
-/// pod, within [`SIGNATURE_WINDOW_S`], which the agent of any other pod refuses (a replay to the
-/// same pod within the window repeats an idempotent halt, resume or status read).
+/// the pod it is meant for, the time, a random nonce and the SHA-256 of the body. The token
+/// itself never travels: a listener that took over a pod's IP learns a signature for that one
+/// request, to that pod, within [`SIGNATURE_WINDOW_S`], which the agent of any other pod refuses,
+/// and which that pod's agent takes once (it remembers the nonces it took for twice the window).
 pub const SIGNATURE_SCHEME: &str = "Toa-HMAC-SHA256";
 
 /// How far a signed request's time may be from the agent's clock, in seconds, either way.
@@ -156,6 +156,8 @@ pub struct Signed<'a> {
     pub pod: &'a str,
     /// Unix seconds.
     pub ts: u64,
+    /// Random, new for every request (16 to 64 hex digits); the verifier reads it from the header.
+    pub nonce: &'a str,
     pub body: &'a [u8],
 }
 
@@ -171,6 +173,7 @@ impl Signed<'_> {
             self.path.as_bytes(),
             self.pod.as_bytes(),
             self.ts.to_string().as_bytes(),
+            self.nonce.as_bytes(),
             body.as_slice(),
         ] {
             mac.update(&(part.len() as u64).to_be_bytes());
@@ -182,16 +185,18 @@ impl Signed<'_> {
     /// The `Authorization` header's value.
     pub fn authorization(&self, token: &str) -> String {
         format!(
-            "{SIGNATURE_SCHEME} pod={}, ts={}, sig={}",
+            "{SIGNATURE_SCHEME} pod={}, ts={}, nonce={}, sig={}",
             self.pod,
             self.ts,
+            self.nonce,
             self.signature(token)
         )
     }
 
     /// Checks `header` against this request as the agent of `self.pod` received it at `self.ts`
-    /// (its own clock); `Err` says what was wrong, without echoing a secret.
-    pub fn verify(&self, header: &str, token: &str) -> Result<(), String> {
+    /// (its own clock; `self.nonce` is not used: the header's is); the request's nonce, for the
+    /// caller to refuse a replay, or what was wrong, without echoing a secret.
+    pub fn verify(&self, header: &str, token: &str) -> Result<String, String> {
         let fields = header
             .strip_prefix(SIGNATURE_SCHEME)
             .and_then(|rest| rest.strip_prefix(' '))
@@ -205,6 +210,10 @@ impl Signed<'_> {
                 .ok_or_else(|| format!("the signature has no `{name}`"))
         };
         let (pod, ts, sig) = (field("pod")?, field("ts")?, field("sig")?);
+        let nonce = field("nonce")?;
+        if !(16..=64).contains(&nonce.len()) || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err("`nonce`: expected 16 to 64 hex digits".to_owned());
+        }
         if pod != self.pod {
             return Err(format!(
                 "signed for pod {pod:?}, not this one ({})",
@@ -220,9 +229,9 @@ impl Signed<'_> {
                 self.ts
             ));
         }
-        let expected = Signed { ts, ..*self }.signature(token);
+        let expected = Signed { ts, nonce, ..*self }.signature(token);
         if same_key(sig, &expected) {
-            Ok(())
+            Ok(nonce.to_owned())
         } else {
             Err("the signature does not match this request and the composition's token".to_owned())
         }
@@ -265,11 +274,20 @@ mod tests {
             path: HALT_PATH,
             pod: "orders-7d9-abc",
             ts: 1_000_000,
+            nonce: "0123456789abcdef",
             body: br#"{"halt":"h1"}"#,
         };
         let header = request.authorization("token");
         assert!(!header.contains("token"), "{header}");
-        assert_eq!(request.verify(&header, "token"), Ok(()));
+        assert_eq!(
+            request.verify(&header, "token"),
+            Ok("0123456789abcdef".to_owned())
+        );
+        let other_nonce = header.replace("nonce=0123456789abcdef", "nonce=0123456789abcdee");
+        assert!(request
+            .verify(&other_nonce, "token")
+            .unwrap_err()
+            .contains("does not match"));
         let at = |ts: u64| Signed { ts, ..request };
         assert!(at(1_000_030).verify(&header, "token").is_ok());
         assert!(at(999_970).verify(&header, "token").is_ok());

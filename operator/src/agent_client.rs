@@ -67,10 +67,21 @@ pub trait AgentControl: Send + Sync + 'static {
 /// A Composition's control tokens (its Secret's `token` and, during a rotation, `previous`).
 /// Requests are signed with the current one; an agent that has not read it yet answers 401, and
 /// the request is signed again with the previous one.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Keys {
     pub current: String,
     pub previous: Option<String>,
+}
+
+/// Key ids only: a token never reaches a log through `{:?}`.
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use toa_context::control::key_id;
+        f.debug_struct("Keys")
+            .field("current", &key_id(&self.current))
+            .field("previous", &self.previous.as_deref().map(key_id))
+            .finish()
+    }
 }
 
 impl Keys {
@@ -144,11 +155,13 @@ impl HttpAgentControl {
         token: &str,
         what: &str,
     ) -> Result<AgentStatus, Refused> {
+        let nonce = format!("{:032x}", rand::random::<u128>());
         let signed = Signed {
             method: method.as_str(),
             path,
             pod: pod.name,
             ts: now_s(),
+            nonce: &nonce,
             body,
         };
         let url = format!("http://{}{path}", SocketAddr::new(pod.ip, self.port));

@@ -23,8 +23,10 @@ pub const KEEPALIVE: Duration = Duration::from_secs(1);
 /// The most slots `GET /v1/{component}/slots?total=` splits (the answer lists them).
 pub const MAX_TOTAL: u32 = 65_536;
 
-/// The largest body the coordination routes take: 64 keys of 512 bytes, and room to spare.
-pub const MAX_BODY: usize = 64 * 1024;
+/// The largest body the coordination routes take: 64 keys of 512 bytes even when every byte is
+/// JSON-escaped (`\u00e9`: 6 bytes each, as Python's `json.dumps` writes non-ASCII), and room to
+/// spare.
+pub const MAX_BODY: usize = 256 * 1024;
 
 pub fn routes() -> Router<Arc<Host>> {
     Router::new()

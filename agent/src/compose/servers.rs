@@ -94,8 +94,9 @@ impl Servers {
 }
 
 /// A listener that reports the failure of its socket instead of retrying forever (what axum's
-/// own does): connection errors and exhausted descriptors or memory are retried, anything else
-/// (the socket was shut down or closed under it) ends the server.
+/// own does): an error that says the listening socket itself is broken (shut down, closed, not a
+/// socket) ends the server; anything else — a peer's trouble, a network error passed on from the
+/// new connection, exhausted descriptors or memory — is retried, as accept(2) asks.
 struct Watched {
     listener: TcpListener,
     failed: Option<oneshot::Sender<io::Error>>,
@@ -109,16 +110,15 @@ impl axum::serve::Listener for Watched {
         loop {
             match self.listener.accept().await {
                 Ok(accepted) => return accepted,
-                Err(error) if connection_error(&error) => {}
-                Err(error) if exhausted(&error) => {
-                    tracing::warn!(%error, "accepting a connection failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(error) => {
+                Err(error) if broken(&error) => {
                     if let Some(failed) = self.failed.take() {
                         let _ = failed.send(error);
                     }
                     std::future::pending::<()>().await;
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "accepting a connection failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
         }
@@ -129,23 +129,11 @@ impl axum::serve::Listener for Watched {
     }
 }
 
-/// The peer's trouble, not the listener's.
-fn connection_error(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::Interrupted
-            | io::ErrorKind::WouldBlock
-    )
-}
-
-/// The process or the system ran out of something that may come back.
-fn exhausted(error: &io::Error) -> bool {
+/// The listening socket itself is unusable: it was shut down or closed under the server.
+fn broken(error: &io::Error) -> bool {
     matches!(
         error.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EPROTO)
+        Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK | libc::EOPNOTSUPP)
     )
 }
 

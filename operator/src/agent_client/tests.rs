@@ -38,6 +38,7 @@ fn authorized(method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8]) -> b
         path: uri.path(),
         pod: "shop-0",
         ts: now_s(),
+        nonce: "",
         body,
     };
     request.verify(header, "s3cret").is_ok()
