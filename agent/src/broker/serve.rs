@@ -180,9 +180,13 @@ async fn consume(
                         Some(Ok(delivery)) => {
                             let (session, served) = (session.clone(), served.clone());
                             tokio::spawn(async move {
-                                let handled = handle(&delivery, &served, own).await;
+                                // In flight until the caller is answered or the call given back,
+                                // so the drain waits for that too.
+                                let mut in_flight = None;
+                                let handled = handle(&delivery, &served, own, &mut in_flight).await;
                                 let handled = give_back(&session, &delivery, handled, &served, kind).await;
                                 finish(&session, &delivery, handled).await;
+                                drop(in_flight);
                             });
                         }
                         _ => break false,
@@ -399,14 +403,19 @@ pub(super) async fn finish(session: &Session, delivery: &Delivery, handled: Hand
 
 /// Runs one call, unless it must not run here (its deadline passed, the process drains, or it
 /// breaks the component's declarations).
-async fn handle(delivery: &Delivery, served: &Served, own: bool) -> Handled {
+async fn handle(
+    delivery: &Delivery,
+    served: &Served,
+    own: bool,
+    in_flight: &mut Option<crate::activity::InFlight>,
+) -> Handled {
     let call = match Call::read(delivery, served, own) {
         Ok(call) => call,
         Err(handled) => return handled,
     };
     // From here the call is received: a halt sees it, and the drain waits while it runs. The
     // count starts before the drain is checked, so the drain cannot miss a call that runs.
-    let _in_flight = served.activity.begin();
+    *in_flight = Some(served.activity.begin());
     if let Some(handled) = admit(served, own).await {
         return handled;
     }

@@ -432,6 +432,16 @@ impl Composition {
         self.tell_drained();
         self.shutdown_atoms().await;
         programs::stop(std::mem::take(&mut self.programs)).await;
+        // A call whose program was just stopped under it is given back to the broker (once the
+        // consumer stepped back): wait for that before the connection goes, or the broker would
+        // requeue the original beside the copy given back, and the call would run twice.
+        let left = self.activity.settled(GIVE_BACK).await;
+        if left > 0 {
+            tracing::warn!(
+                left,
+                "calls were still being given back when the process stopped"
+            );
+        }
         // Let a waiting drain request have its answer, then stop serving. The probe port stays
         // until here: the components' preStop hooks wait on it for the drain.
         if let Some(stop) = self.local_stop.take() {
@@ -474,6 +484,10 @@ impl Composition {
         }
     }
 }
+
+/// How long calls cut off by the end of the drain may take to be given back (the handler waits
+/// up to 1.5 s for its consumer to step back).
+const GIVE_BACK: Duration = Duration::from_secs(3);
 
 /// How long the local API may take to answer its last requests.
 const LOCAL_CLOSE: Duration = Duration::from_secs(2);
