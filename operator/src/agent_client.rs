@@ -235,39 +235,30 @@ impl AgentControl for HttpAgentControl {
     }
 
     fn halt<'a>(&'a self, pod: Target<'a>, keys: &'a Keys, halt: &'a str) -> Reply<'a> {
-        Box::pin(async move {
-            let body = HaltRequest {
-                halt: halt.to_owned(),
-            };
-            let what = format!("halt {halt} on {}", pod.name);
-            self.send(
-                pod,
-                reqwest::Method::POST,
-                HALT_PATH,
-                Some(&body),
-                keys,
-                &what,
-            )
-            .await
-        })
+        Box::pin(self.post_halt(pod, keys, HALT_PATH, "halt", halt))
     }
 
     fn resume<'a>(&'a self, pod: Target<'a>, keys: &'a Keys, halt: &'a str) -> Reply<'a> {
-        Box::pin(async move {
-            let body = HaltRequest {
-                halt: halt.to_owned(),
-            };
-            let what = format!("resume {halt} on {}", pod.name);
-            self.send(
-                pod,
-                reqwest::Method::POST,
-                RESUME_PATH,
-                Some(&body),
-                keys,
-                &what,
-            )
+        Box::pin(self.post_halt(pod, keys, RESUME_PATH, "resume", halt))
+    }
+}
+
+impl HttpAgentControl {
+    /// `POST {"halt": id}` to `path` (halt or resume).
+    async fn post_halt(
+        &self,
+        pod: Target<'_>,
+        keys: &Keys,
+        path: &str,
+        action: &str,
+        halt: &str,
+    ) -> Result<AgentStatus, ControlError> {
+        let body = HaltRequest {
+            halt: halt.to_owned(),
+        };
+        let what = format!("{action} {halt} on {}", pod.name);
+        self.send(pod, reqwest::Method::POST, path, Some(&body), keys, &what)
             .await
-        })
     }
 }
 

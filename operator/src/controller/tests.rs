@@ -21,6 +21,18 @@ fn now() -> Timestamp {
     "2027-01-15T08:00:00Z".parse().unwrap()
 }
 
+/// A pod's agent status with no calls and no failure.
+fn agent(instance: &str, phase: AgentPhase, halt: Option<&str>) -> AgentStatus {
+    AgentStatus {
+        phase,
+        halt: halt.map(str::to_owned),
+        instance: instance.into(),
+        calls: Calls::default(),
+        failure: None,
+        key: None,
+    }
+}
+
 /// Agents that answer from a fixed table and remember what they were told.
 #[derive(Default)]
 struct FakeAgents {
@@ -388,17 +400,7 @@ async fn an_existing_token_is_kept_and_a_rolled_out_deployment_is_ready() {
 async fn a_requested_halt_is_recorded_on_the_composition() {
     let ip: IpAddr = "10.0.0.7".parse().unwrap();
     let agents = FakeAgents {
-        statuses: HashMap::from([(
-            ip,
-            AgentStatus {
-                phase: AgentPhase::Running,
-                halt: None,
-                instance: "shop-a".into(),
-                calls: Calls::default(),
-                failure: None,
-                key: None,
-            },
-        )]),
+        statuses: HashMap::from([(ip, agent("shop-a", AgentPhase::Running, None))]),
         ..FakeAgents::default()
     };
     let agents = Arc::new(agents);
@@ -443,17 +445,7 @@ async fn a_requested_halt_is_recorded_on_the_composition() {
 async fn a_recorded_halt_tells_running_pods_to_halt_with_the_token() {
     let ip: IpAddr = "10.0.0.7".parse().unwrap();
     let agents = Arc::new(FakeAgents {
-        statuses: HashMap::from([(
-            ip,
-            AgentStatus {
-                phase: AgentPhase::Running,
-                halt: None,
-                instance: "shop-a".into(),
-                calls: Calls::default(),
-                failure: None,
-                key: None,
-            },
-        )]),
+        statuses: HashMap::from([(ip, agent("shop-a", AgentPhase::Running, None))]),
         ..FakeAgents::default()
     });
     let (context, mut handle) = context(agents.clone(), true);
@@ -608,17 +600,7 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
 async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
     let ip: IpAddr = "10.0.0.7".parse().unwrap();
     let agents = Arc::new(FakeAgents {
-        statuses: HashMap::from([(
-            ip,
-            AgentStatus {
-                phase: AgentPhase::Paused,
-                halt: Some("h1".into()),
-                instance: "shop-a".into(),
-                calls: Calls::default(),
-                failure: None,
-                key: None,
-            },
-        )]),
+        statuses: HashMap::from([(ip, agent("shop-a", AgentPhase::Paused, Some("h1")))]),
         ..FakeAgents::default()
     });
     let (context, mut handle) = context(agents.clone(), true);
