@@ -164,12 +164,26 @@ fn a_server_restarted_empty_does_not_give_a_second_holder() {
         e["kind"] == "released"
     });
     std::thread::sleep(Duration::from_millis(TTL_MS));
+    // Redis reports its uptime as a difference of whole wall-clock seconds: restarted late in one
+    // second and asked early in the next, it says it has been up for 1 s (the TTL here). A
+    // acquires mid-second, server 2 restarts late in it (before A's first extension, a third of
+    // the TTL later) and B asks early in the next.
+    wait_until(Duration::from_secs(2), "the middle of a second", || {
+        (600..700).contains(&wall_clock().subsec_millis())
+    });
+    let second = wall_clock().as_secs();
     servers[2].freeze();
     let a = Worker::spawn("A", &["hold", "restart", "k"], &env);
     let acquired_a = a.wait_for(Duration::from_secs(10), "A acquires", |e| {
         e["kind"] == "acquired"
     });
+    wait_until(Duration::from_secs(2), "late in the second", || {
+        wall_clock().subsec_millis() >= 850 || wall_clock().as_secs() > second
+    });
     servers[1].restart();
+    wait_until(Duration::from_secs(2), "the next second", || {
+        wall_clock().as_secs() > second
+    });
     servers[2].thaw();
     let b = Worker::spawn("B", &["hold", "restart", "k"], &env);
     let acquired_b = b.wait_for(Duration::from_secs(10), "B acquires", |e| {
@@ -190,6 +204,12 @@ fn a_server_restarted_empty_does_not_give_a_second_holder() {
     a.wait_for(Duration::from_secs(5), "A is told its lock was lost", |e| {
         e["kind"] == "lost"
     });
+}
+
+fn wall_clock() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is after 1970")
 }
 
 fn commands_of(server: &RedisServer, names: &[&str]) -> u64 {

@@ -315,7 +315,10 @@ impl Server {
     }
 }
 
-/// `run_id` and a lower bound of the uptime (INFO rounds seconds down).
+/// `run_id` and a lower bound of the uptime. Redis reports `uptime_in_seconds` as the difference
+/// of two whole wall-clock seconds (now and the start, both truncated), so a server started 100 ms
+/// ago may say 1: the true uptime is more than the reported one minus a second, and that is what
+/// is taken (counting a restarted server a second early could give a second holder a majority).
 fn parse_info(info: &str) -> Option<(String, Duration)> {
     let mut run_id = None;
     let mut uptime = None;
@@ -323,7 +326,11 @@ fn parse_info(info: &str) -> Option<(String, Duration)> {
         if let Some(value) = line.strip_prefix("run_id:") {
             run_id = Some(value.trim().to_owned());
         } else if let Some(value) = line.strip_prefix("uptime_in_seconds:") {
-            uptime = value.trim().parse::<u64>().ok().map(Duration::from_secs);
+            uptime = value
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .map(|seconds| Duration::from_secs(seconds.saturating_sub(1)));
         }
     }
     Some((run_id?, uptime?))
@@ -363,7 +370,13 @@ mod tests {
         let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n";
         assert_eq!(
             parse_info(info),
-            Some(("abc123".into(), Duration::from_secs(42)))
+            Some(("abc123".into(), Duration::from_secs(41)))
+        );
+        // Started at 12.9 s, asked at 13.1 s: Redis says 1; it may have been up for 0.2 s.
+        let just_restarted = "run_id:def\r\nuptime_in_seconds:1\r\n";
+        assert_eq!(
+            parse_info(just_restarted),
+            Some(("def".into(), Duration::ZERO))
         );
         assert_eq!(parse_info("redis_version:7\r\n"), None);
     }
