@@ -96,6 +96,24 @@ def validate(objects):
 
 DEFAULT = render()
 SINGLE = render({"leaderElection": False, "replicas": 1})
+WATCHED = ["shop", "billing"]
+NAMESPACED = render({"watchNamespaces": WATCHED})
+
+
+def named(objects, kind, suffix):
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(suffix)]
+    assert len(found) == 1, f"expected one {kind} named *{suffix}, got {len(found)}"
+    return found[0]
+
+
+def grants(role):
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 @check("the chart lints cleanly (strict) with default values")
@@ -139,6 +157,8 @@ def _():
             "ClusterRoleBinding",
             "Deployment",
             "Role",
+            "Role",
+            "RoleBinding",
             "RoleBinding",
             "Service",
             "ServiceAccount",
@@ -204,9 +224,12 @@ def _():
         "--lease-namespace",
         "--lease-identity",
         "--control-from",
+        "--key-secret",
+        "--key-namespace",
+        "--watch-namespaces",
     }
     source = (CHART.parent.parent / "operator" / "src" / "args.rs").read_text()
-    for objects in (DEFAULT, SINGLE):
+    for objects in (DEFAULT, SINGLE, NAMESPACED):
         _, c = container(objects)
         for arg in c["args"][1:]:
             flag = arg.split("=", 1)[0]
@@ -255,14 +278,7 @@ def _():
 
 @check("the ClusterRole grants what the controller uses and never delete")
 def _():
-    rules = one(DEFAULT, "ClusterRole")["rules"]
-    granted = {
-        (group, resource, verb)
-        for rule in rules
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
+    granted = grants(one(DEFAULT, "ClusterRole"))
     needed = {
         ("toa.io", "compositions", "list"),
         ("toa.io", "compositions", "watch"),
@@ -273,7 +289,7 @@ def _():
         ("apps", "deployments", "patch"),
         ("", "configmaps", "watch"),
         ("", "configmaps", "patch"),
-        ("", "secrets", "get"),
+        ("", "secrets", "create"),
         ("", "secrets", "patch"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
@@ -285,20 +301,67 @@ def _():
     assert not any(verb in ("delete", "deletecollection", "escalate", "bind", "impersonate")
                    for _, _, verb in granted), granted
     assert not any(resource == "leases" for _, resource, _ in granted), granted
-    # Listing or watching Secrets is reading every Secret in the cluster.
-    assert not granted & {("", "secrets", "list"), ("", "secrets", "watch")}, granted
+    # The control Secrets' tokens are derived from the operator's key: written, never read.
+    secrets = {verb for _, resource, verb in granted if resource == "secrets"}
+    assert secrets == {"create", "patch"}, secrets
+
+
+@check("the operator's key: `get` on that one Secret by name, in the release namespace only")
+def _():
+    role = named(DEFAULT, "Role", "-key")
+    assert role["metadata"]["namespace"] == NAMESPACE, role["metadata"]
+    for rule in role["rules"]:
+        assert rule["resources"] == ["secrets"], rule
+        if "get" in rule["verbs"]:
+            assert rule["verbs"] == ["get"], rule
+            assert rule["resourceNames"] == ["toa-toa-operator-key"], rule
+        else:
+            assert rule["verbs"] == ["create"], rule
+    _, c = container(DEFAULT)
+    assert "--key-secret=toa-toa-operator-key" in c["args"], c["args"]
+    assert f"--key-namespace={NAMESPACE}" in c["args"], c["args"]
+    binding = named(DEFAULT, "RoleBinding", "-key")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"], binding
+    custom = named(render({"keySecret": "op-key"}), "Role", "-key")
+    assert custom["rules"][0]["resourceNames"] == ["op-key"], custom
+
+
+@check("watchNamespaces: a Role and RoleBinding per namespace, nothing cluster-wide")
+def _():
+    kinds = [o["kind"] for o in NAMESPACED]
+    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds, kinds
+    cluster = grants(one(DEFAULT, "ClusterRole"))
+    roles = [o for o in NAMESPACED
+             if o["kind"] == "Role" and o["metadata"]["namespace"] in WATCHED]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(WATCHED), roles
+    for role in roles:
+        assert grants(role) == cluster, role
+    bindings = [o for o in NAMESPACED
+                if o["kind"] == "RoleBinding" and o["metadata"]["namespace"] in WATCHED]
+    assert len(bindings) == len(WATCHED), bindings
+    account = one(NAMESPACED, "ServiceAccount")["metadata"]
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}
+        ], binding
+    _, c = container(NAMESPACED)
+    assert "--watch-namespaces=shop,billing" in c["args"], c["args"]
+    _, c = container(DEFAULT)
+    assert not any(a.startswith("--watch-namespaces") for a in c["args"]), c["args"]
+    lint({"watchNamespaces": WATCHED})
+    validate(NAMESPACED)
 
 
 @check("the Lease is granted by a Role in the release namespace only")
 def _():
-    role = one(DEFAULT, "Role")
+    role = named(DEFAULT, "Role", "-lease")
     assert role["metadata"]["namespace"] == NAMESPACE, role["metadata"]
     for rule in role["rules"]:
         assert rule["apiGroups"] == ["coordination.k8s.io"], rule
         assert rule["resources"] == ["leases"], rule
     verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
     assert verbs == {"get", "create", "update"}, verbs
-    binding = one(DEFAULT, "RoleBinding")
+    binding = named(DEFAULT, "RoleBinding", "-lease")
     assert binding["metadata"]["namespace"] == NAMESPACE, binding["metadata"]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -324,8 +387,8 @@ def _():
 
 @check("leaderElection=false: no Lease RBAC, `--leader-election=off`, no lease flags")
 def _():
-    kinds = {o["kind"] for o in SINGLE}
-    assert "Role" not in kinds and "RoleBinding" not in kinds, kinds
+    names = {o["metadata"]["name"] for o in SINGLE if o["kind"] in ("Role", "RoleBinding")}
+    assert not any(name.endswith("-lease") for name in names), names
     deployment, c = container(SINGLE)
     assert deployment["spec"]["replicas"] == 1
     assert "--leader-election=off" in c["args"], c["args"]

@@ -33,7 +33,20 @@ pub fn options(args: ComposeArgs) -> Result<Options, String> {
     options.attach = args.attach;
     options.probe = args.probe_listen;
     options.declarations = args.declarations;
+    options.drain_digest = args.drain_key_sha256.map(drain_digest).transpose()?;
     Ok(options)
+}
+
+/// `--drain-key-sha256`: 64 hex digits.
+fn drain_digest(text: String) -> Result<String, String> {
+    if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(text.to_ascii_lowercase())
+    } else {
+        Err(format!(
+            "--drain-key-sha256: expected 64 hex digits (a SHA-256), got {} characters",
+            text.len()
+        ))
+    }
 }
 
 fn compose_options(
@@ -89,8 +102,7 @@ fn compose_options(
         attach: None,
         probe: None,
         declarations: None,
+        drain_digest: None,
         mode,
     })
 }
-
-pub use crate::tokens::read_token;

@@ -28,6 +28,7 @@ pub async fn run() -> ExitCode {
         attach: None,
         probe: None,
         declarations: None,
+        drain_digest: None,
         mode: Mode::Local,
         broker: None,
     };

@@ -1,23 +1,21 @@
-//! Who may start the drain, and how they wait for it: `POST /v1/drain` on the local API (local
-//! runs, `toa-agent drain`) and, in a pod, `GET /drain/<key>` on the probe port (the component
-//! containers' `preStop` hook). Either starts the drain and answers once `dispose` ran. Beside
-//! it on the probe port, the other kubelet hook: `GET /started/<index>/<key>`, each component
-//! container's `postStart`, which tells the agent a container (re)started.
+//! Who may start the drain, and how they wait for it. In a pod, the kubelet's hooks on the probe
+//! port: `GET /drain/<key>` (the component containers' `preStop`, and `toa-agent drain --probe`
+//! in the plain sidecar's) starts the drain and answers once `dispose` ran; beside it,
+//! `GET /started/<index>/<key>`, each component container's `postStart`, tells the agent a
+//! container (re)started. In a local run, `POST /v1/drain` on the local API (`toa-agent drain`).
 //!
-//! In a pod every program can reach both ports, so a drain there must carry the drain key
-//! ([`toa_context::control::drain_key`] of the control token): in the
-//! [`toa_context::control::DRAIN_HEADER`] header on the local API, in the path on the probe port
-//! (kubelets before 1.23 send hooks without headers, and with a doubled leading slash, which is
-//! taken too). The agent and the pod spec's hook have the key, the program does not. A local run
-//! (no control token) drains on any local API request, as before.
+//! In a pod every program can reach both ports, so the hooks carry the pod's drain key (random
+//! per Composition, made by the operator, in the pod spec's hooks only: a program does not have
+//! it) in the path (kubelets before 1.23 send hooks without headers, and with a doubled leading
+//! slash, which is taken too); the agent is given its digest ([`drain_digest`]) and compares
+//! digests. The local API does not drain a pod at all: a program cannot stop the pod it runs in.
 
-use crate::tokens::Tokens;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use toa_context::control::{drain_key, same_key, DRAIN_HEADER, DRAIN_PATH, STARTED_PATH};
+use toa_context::control::{drain_digest, same_key, DRAIN_PATH, STARTED_PATH};
 use tokio::sync::{mpsc, watch};
 
 /// The drain's trigger, shared by the routes that may pull it.
@@ -26,8 +24,8 @@ pub struct Trigger {
     asked: mpsc::Sender<()>,
     done: watch::Receiver<bool>,
     started: mpsc::UnboundedSender<usize>,
-    /// The control tokens the drain keys derive from; `None`: no key needed (a local run).
-    tokens: Option<Tokens>,
+    /// The digest of the pod's drain key; `None`: a local run, drained from the local API.
+    digest: Option<String>,
 }
 
 /// The composition's side: the drain was asked for; mark it done; which component container
@@ -38,8 +36,8 @@ pub struct Asked {
     pub started: mpsc::UnboundedReceiver<usize>,
 }
 
-/// A trigger and its other end; with control tokens, requests must carry a drain key of one.
-pub fn channel(tokens: Option<Tokens>) -> (Trigger, Asked) {
+/// A trigger and its other end; with a digest (a pod), only the hooks carrying its key drain.
+pub fn channel(digest: Option<String>) -> (Trigger, Asked) {
     let (asked_tx, asked) = mpsc::channel(1);
     let (done_tx, done) = watch::channel(false);
     let (started_tx, started) = mpsc::unbounded_channel();
@@ -47,7 +45,7 @@ pub fn channel(tokens: Option<Tokens>) -> (Trigger, Asked) {
         asked: asked_tx,
         done,
         started: started_tx,
-        tokens,
+        digest,
     };
     (
         trigger,
@@ -71,21 +69,15 @@ pub fn hook_routes(trigger: Trigger) -> Router {
     Router::new().fallback(by_path).with_state(trigger)
 }
 
-/// `POST /v1/drain`: 401 without the right key in the header (in a pod); otherwise starts the
-/// drain and answers once it is done.
-async fn by_header(State(trigger): State<Trigger>, headers: HeaderMap) -> Response {
-    if trigger.tokens.is_some() {
-        let presented = headers
-            .get(DRAIN_HEADER)
-            .and_then(|value| value.to_str().ok())
-            .unwrap_or_default();
-        if !trigger.keyed(presented) {
-            return (
-                StatusCode::UNAUTHORIZED,
-                format!("a drain needs the pod's drain key in the {DRAIN_HEADER} header"),
-            )
-                .into_response();
-        }
+/// `POST /v1/drain`: in a local run, starts the drain and answers once it is done; in a pod, 403.
+async fn by_header(State(trigger): State<Trigger>) -> Response {
+    if trigger.digest.is_some() {
+        return crate::api::ApiError::new(
+            StatusCode::FORBIDDEN,
+            "DRAIN_IN_POD",
+            "in a pod the drain is started by the kubelet's preStop hook, not the local API",
+        )
+        .into_response();
     }
     trigger.pull().await
 }
@@ -136,12 +128,11 @@ async fn by_path(State(trigger): State<Trigger>, uri: Uri) -> Response {
 }
 
 impl Trigger {
-    /// Whether `presented` is the drain key of a token this agent accepts (during a rotation, a
-    /// pod spec written before it still carries the previous token's key).
+    /// Whether `presented` is the pod's drain key.
     fn keyed(&self, presented: &str) -> bool {
-        self.tokens
-            .as_ref()
-            .is_some_and(|tokens| tokens.any(|token| same_key(presented, &drain_key(token))))
+        self.digest
+            .as_deref()
+            .is_some_and(|digest| same_key(&drain_digest(presented), digest))
     }
 
     async fn pull(&self) -> Response {

@@ -12,7 +12,6 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 use toa_agent::compose;
-use toa_agent::config::read_token;
 use toa_context::agent_args::{ComposeArgs, DrainArgs, ListeningArgs};
 use toa_context::control::LOCAL_PORT;
 
@@ -67,19 +66,7 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     match args.command {
         Command::Demo => demo::run().await,
-        Command::Drain(DrainArgs {
-            agent,
-            control_token_file,
-        }) => {
-            let key = match control_token_file.as_deref().map(read_token).transpose() {
-                Ok(token) => token.map(|token| toa_context::control::drain_key(&token)),
-                Err(message) => {
-                    eprintln!("{message}");
-                    return ExitCode::from(USAGE);
-                }
-            };
-            call::drain(&agent, key.as_deref()).await
-        }
+        Command::Drain(args) => call::drain(&args).await,
         Command::Listening(ListeningArgs { addresses, within }) => {
             call::listening(&addresses, std::time::Duration::from_secs(within)).await
         }

@@ -1,6 +1,7 @@
 //! The agent as it runs in a pod: attached to a program someone else started, with the context
 //! from `TOA_*` variables, a control token, and its probe port. What the kubelet relies on: the
-//! listeners are bound before anything else, a drain needs the drain key and is answered even
+//! listeners are bound before anything else, a drain needs the drain key (the local API does not
+//! drain a pod) and is answered even
 //! while the agent starts, and a program that the kubelet restarted gets the lifecycle again
 //! from the same agent, which never lets its ports go.
 
@@ -39,6 +40,8 @@ struct Pod {
     control: u16,
     probe: u16,
     token: &'static str,
+    /// The drain key the kubelet's hooks present (the agent has its digest).
+    key: &'static str,
 }
 
 /// Where pod `name`'s token is mounted: a directory of its own, as the kubelet mounts the Secret
@@ -53,6 +56,7 @@ fn token_file(name: &str) -> std::path::PathBuf {
 fn agent(local: u16, attach: u16, name: &str) -> Pod {
     let (control, probe) = (free_port(), free_port());
     let token = "pod-token";
+    let key = "pod-drain-key";
     let file = token_file(name);
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
     let _ = std::fs::remove_file(file.with_file_name("previous"));
@@ -69,6 +73,8 @@ fn agent(local: u16, attach: u16, name: &str) -> Pod {
             file.to_str().unwrap(),
             "--probe-listen",
             &format!("127.0.0.1:{probe}"),
+            "--drain-key-sha256",
+            &toa_context::control::drain_digest(key),
         ],
         &[("TOA_APPLICATION", "pod-test"), ("TOA_INSTANCE", "pod-1")],
     );
@@ -79,6 +85,7 @@ fn agent(local: u16, attach: u16, name: &str) -> Pod {
         control,
         probe,
         token,
+        key,
     }
 }
 
@@ -176,12 +183,22 @@ fn in_a_pod_a_taken_local_port_stops_the_start_instead_of_moving() {
 #[test]
 fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
     let (mut program, mut pod, record) = ready_pod("recorder.py", "drain");
-    let key = toa_context::control::drain_key(pod.token);
+    let key = pod.key;
 
-    // The program can reach both routes, but without the key nothing happens.
-    assert_eq!(request(pod.local, "POST", "/v1/drain", "").0, 401);
-    let wrong = format!("/drain/{}", toa_context::control::drain_key("guess"));
-    assert_eq!(request(pod.probe, "GET", &wrong, "").0, 401);
+    // The program can reach both ports, but the local API does not drain a pod at all, and the
+    // probe port's hooks need the key.
+    let (status, answer) = request(pod.local, "POST", "/v1/drain", "");
+    assert_eq!(status, 403, "{answer}");
+    assert!(answer.contains("DRAIN_IN_POD"), "{answer}");
+    let with_key = format!("x-toa-drain: {key}\r\n");
+    assert_eq!(request(pod.local, "POST", "/v1/drain", &with_key).0, 403);
+    assert_eq!(request(pod.probe, "GET", "/drain/guess", "").0, 401);
+    let digest = toa_context::control::drain_digest(key);
+    assert_eq!(
+        request(pod.probe, "GET", &format!("/drain/{digest}"), "").0,
+        401,
+        "the digest the agent has opens nothing"
+    );
     let header = format!("x-toa-drain: {key}\r\n");
     assert_eq!(
         request(pod.probe, "GET", "/drain", &header).0,
@@ -212,29 +229,25 @@ fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
 }
 
 #[test]
-fn the_agents_own_drain_reads_the_key_from_the_token_file() {
+fn the_agents_own_drain_asks_the_probe_port_with_the_key() {
     let (mut program, mut pod, record) = ready_pod("recorder.py", "own");
-    let token_file = token_file("own");
-    let drain = |with_token: bool| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_toa-agent"));
-        command.args([
-            "drain",
-            "--agent",
-            &format!("http://127.0.0.1:{}", pod.local),
-        ]);
-        if with_token {
-            command.args(["--control-token-file", token_file.to_str().unwrap()]);
-        }
-        command.output().unwrap()
+    let probe = format!("127.0.0.1:{}", pod.probe);
+    let drain = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+            .arg("drain")
+            .args(args)
+            .output()
+            .unwrap()
     };
-    let refused = drain(false);
+    // Through the local API, as in a local run: refused in a pod.
+    let local = format!("http://127.0.0.1:{}", pod.local);
+    let refused = drain(&["--agent", &local]);
     assert!(!refused.status.success());
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("401"),
-        "{}",
-        String::from_utf8_lossy(&refused.stderr)
-    );
-    let drained = drain(true);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("403"), "{said}");
+    let guessed = drain(&["--probe", &probe, "--key", "guess"]);
+    assert!(String::from_utf8_lossy(&guessed.stderr).contains("401"));
+    let drained = drain(&["--probe", &probe, "--key", pod.key]);
     assert!(
         drained.status.success(),
         "{}",
@@ -264,7 +277,7 @@ fn a_restarted_container_gets_the_lifecycle_again_from_the_same_agent() {
     // port and calls the hook again. The agent stays (its ports with it) and runs the lifecycle
     // for the new program.
     let (mut first, mut pod, record) = ready_pod("recorder.py", "again");
-    let key = toa_context::control::drain_key(pod.token);
+    let key = pod.key;
     let started = format!("//started/0/{key}");
     assert_eq!(request(pod.probe, "GET", &started, "").0, 200);
     // Nothing else does it: a program without the key is refused, and a bad index is named.
@@ -312,7 +325,7 @@ fn a_stop_while_starting_answers_the_drain_at_once() {
     // is deleted. The hooks get their answer at once, not after the grace period.
     let (local, attach) = (free_port(), free_port());
     let mut pod = agent(local, attach, "starting");
-    let key = toa_context::control::drain_key(pod.token);
+    let key = pod.key;
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", pod.probe)).is_err() {
         assert!(Instant::now() < deadline);

@@ -55,6 +55,11 @@ pub struct ComposeArgs {
     /// changes: calls to them are checked against their declarations.
     #[arg(long, value_name = "DIR", env = "TOA_DECLARATIONS")]
     pub declarations: Option<PathBuf>,
+    /// In a pod: the digest ([`crate::control::drain_digest`]) of the drain key the kubelet's
+    /// hooks present on the probe port. With it, only those hooks start the drain; the local
+    /// API does not.
+    #[arg(long, value_name = "HEX", env = "TOA_DRAIN_KEY_SHA256")]
+    pub drain_key_sha256: Option<String>,
 }
 
 impl ComposeArgs {
@@ -70,6 +75,7 @@ impl ComposeArgs {
             attach: None,
             probe_listen: None,
             declarations: None,
+            drain_key_sha256: None,
         }
     }
 
@@ -92,27 +98,34 @@ impl ComposeArgs {
         optional(&mut line, "--probe-listen", &self.probe_listen);
         let declarations = self.declarations.as_deref().map(text);
         optional(&mut line, "--declarations", &declarations);
+        optional(&mut line, "--drain-key-sha256", &self.drain_key_sha256);
         line
     }
 }
 
-/// `toa-agent drain`: drain the running composition (the agent container's preStop hook): stop
-/// taking calls, run dispose; returns when done.
+/// `toa-agent drain`: drain the running composition and return once `dispose` ran. In a pod (the
+/// plain sidecar's preStop hook) it asks the probe port with the drain key, as the component
+/// containers' hooks do; in a local run, the local API.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct DrainArgs {
-    /// The agent's local API.
+    /// The agent's local API (local runs).
     #[arg(long, default_value_t = default_agent(), env = "TOA_AGENT")]
     pub agent: String,
-    /// The control token, from which the drain key a pod's agent asks for is derived.
-    #[arg(long, env = "TOA_CONTROL_TOKEN_FILE")]
-    pub control_token_file: Option<PathBuf>,
+    /// The agent's probe port, asked instead of the local API (in a pod).
+    #[arg(long, requires = "key")]
+    pub probe: Option<SocketAddr>,
+    /// The pod's drain key.
+    #[arg(long, requires = "probe")]
+    pub key: Option<String>,
 }
 
 impl DrainArgs {
-    pub fn new(control_token_file: Option<PathBuf>) -> Self {
+    /// The pod's form: the probe port at `probe`, with `key`.
+    pub fn in_pod(probe: SocketAddr, key: &str) -> Self {
         Self {
             agent: default_agent(),
-            control_token_file,
+            probe: Some(probe),
+            key: Some(key.to_owned()),
         }
     }
 
@@ -122,8 +135,8 @@ impl DrainArgs {
         if self.agent != default_agent() {
             flag(&mut line, "--agent", self.agent.clone());
         }
-        let token_file = self.control_token_file.as_deref().map(text);
-        optional(&mut line, "--control-token-file", &token_file);
+        optional(&mut line, "--probe", &self.probe);
+        optional(&mut line, "--key", &self.key);
         line
     }
 }
@@ -221,9 +234,20 @@ mod tests {
             prop::option::of(any::<u16>()),
             prop::option::of(address()),
             prop::option::of(path()),
+            prop::option::of("[0-9a-f]{64}"),
         )
             .prop_map(
-                |(components, context, environment, listen, control, attach, probe, decl)| {
+                |(
+                    components,
+                    context,
+                    environment,
+                    listen,
+                    control,
+                    attach,
+                    probe,
+                    decl,
+                    digest,
+                )| {
                     let mut args = ComposeArgs::new(components);
                     args.context = context.unwrap_or(args.context);
                     args.environment = environment.unwrap_or(args.environment);
@@ -233,6 +257,7 @@ mod tests {
                     args.attach = attach;
                     args.probe_listen = probe;
                     args.declarations = decl;
+                    args.drain_key_sha256 = digest;
                     args
                 },
             )
@@ -245,8 +270,11 @@ mod tests {
         }
 
         #[test]
-        fn drain_reads_back(agent in prop::option::of("http://[a-z]{1,8}:[0-9]{2,5}"), file in prop::option::of(path())) {
-            let mut args = DrainArgs::new(file);
+        fn drain_reads_back(agent in prop::option::of("http://[a-z]{1,8}:[0-9]{2,5}"), pod in prop::option::of((address(), "[0-9a-zA-Z]{1,64}"))) {
+            let mut args = match pod {
+                Some((probe, key)) => DrainArgs::in_pod(probe, &key),
+                None => DrainArgs { agent: super::default_agent(), probe: None, key: None },
+            };
             args.agent = agent.unwrap_or(args.agent);
             prop_assert_eq!(parse(&args.command()), Command::Drain(args));
         }

@@ -104,13 +104,28 @@ pub const STARTED_PATH: &str = "/started";
 /// The header a drain request to the local API (`toa-agent drain`) carries the drain key in.
 pub const DRAIN_HEADER: &str = "x-toa-drain";
 
-/// The drain key for a control token: hex SHA-256 of a fixed label and the token.
-pub fn drain_key(token: &str) -> String {
+/// The digest of a drain key the agent is given (`--drain-key-sha256`): hex SHA-256 of a fixed
+/// label and the key. The key itself is in the component containers' hooks only; the agent
+/// compares digests, so its command line opens nothing.
+pub fn drain_digest(key: &str) -> String {
     let digest = Sha256::new()
-        .chain_update(b"toa drain key v1\0")
-        .chain_update(token.as_bytes())
+        .chain_update(b"toa drain key v2\0")
+        .chain_update(key.as_bytes())
         .finalize();
     hex(&digest)
+}
+
+/// A Composition's control token, derived from the operator's key and the Composition's UID:
+/// hex HMAC-SHA256. The operator computes it again whenever it needs it, so it never reads the
+/// Secret it writes the token into; a UID is never reused, so a Composition deleted and created
+/// again under the same name gets another token.
+pub fn derive_token(operator_key: &[u8], composition_uid: &str) -> String {
+    use hmac::Mac;
+    let mut mac =
+        hmac::Hmac::<Sha256>::new_from_slice(operator_key).expect("HMAC takes a key of any length");
+    mac.update(b"toa control token v1\0");
+    mac.update(composition_uid.as_bytes());
+    hex(&mac.finalize().into_bytes())
 }
 
 /// A token's key id: the first 12 hex digits of a one-way hash, enough to tell tokens apart in
@@ -247,18 +262,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_key_is_derived_one_way_and_differs_per_token() {
-        let key = drain_key("token-a");
-        assert_eq!(key.len(), 64);
-        assert!(key.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_eq!(key, drain_key("token-a"), "the same on both sides");
-        assert_ne!(key, drain_key("token-b"));
-        assert!(!key.contains("token-a"));
+    fn the_drain_digest_is_one_way_and_differs_per_key() {
+        let digest = drain_digest("key-a");
+        assert_eq!(digest.len(), 64);
+        assert!(digest.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(digest, drain_digest("key-a"), "the same on both sides");
+        assert_ne!(digest, drain_digest("key-b"));
+        assert!(!digest.contains("key-a"));
+    }
+
+    #[test]
+    fn a_token_depends_on_both_the_operator_key_and_the_uid() {
+        let token = derive_token(b"operator key one", "uid-1");
+        assert_eq!(token.len(), 64);
+        assert_eq!(token, derive_token(b"operator key one", "uid-1"));
+        assert_ne!(token, derive_token(b"operator key two", "uid-1"));
+        assert_ne!(token, derive_token(b"operator key one", "uid-2"));
+        // Known answer: HMAC-SHA256 keyed "k" over the label and "u" (Python's hmac module).
+        assert_eq!(
+            derive_token(b"k", "u"),
+            "cbbad4390c571169bc68b66a06d774e8b57e463b0270eca81743e37db90d8a07"
+        );
     }
 
     #[test]
     fn keys_compare_equal_only_when_identical() {
-        let key = drain_key("t");
+        let key = drain_digest("t");
         assert!(same_key(&key, &key));
         assert!(!same_key(&key[1..], &key));
         assert!(!same_key("", &key));

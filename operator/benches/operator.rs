@@ -202,9 +202,10 @@ async fn baseline(
             // no Composition exists for the baseline.
             object.meta_mut().uid = Some(format!("00000000-0000-0000-0000-{:012}", 0));
             let valid = toa_operator::validate::validate(&object.spec).unwrap();
-            let token = "t".repeat(43);
+            let keys = toa_operator::agent_client::Keys::one(&"t".repeat(64));
+            let drain = "d".repeat(64);
             let mut objects =
-                desired::desired(&object, &valid, settings, &token, replicas).unwrap();
+                desired::desired(&object, &valid, settings, &keys, &drain, replicas).unwrap();
             objects.components.metadata.owner_references = None;
             objects.declarations.metadata.owner_references = None;
             objects.control.metadata.owner_references = None;

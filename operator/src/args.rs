@@ -66,6 +66,22 @@ pub struct RunArgs {
     /// NetworkPolicy that lets only them reach its agents' control port. Without it, none.
     #[arg(long, env = "TOA_CONTROL_FROM", value_name = "NAMESPACE/LABELS")]
     pub control_from: Option<String>,
+    /// The Secret holding the operator's key (`current`, and `previous` while it rotates), from
+    /// which every Composition's control token is derived; created when missing.
+    #[arg(long, env = "TOA_KEY_SECRET", default_value = "toa-operator-key")]
+    pub key_secret: String,
+    /// The key Secret's namespace [default: the operator's own namespace].
+    #[arg(long, env = "TOA_KEY_NAMESPACE")]
+    pub key_namespace: Option<String>,
+    /// Watch only these namespaces' Compositions (a namespaced install, with Roles there);
+    /// every namespace when not given.
+    #[arg(
+        long,
+        env = "TOA_WATCH_NAMESPACES",
+        value_name = "NS,NS",
+        value_delimiter = ','
+    )]
+    pub watch_namespaces: Vec<String>,
 }
 
 /// The agent's requests and limits unless the chart says otherwise: it idles at about 11 MB and
@@ -105,6 +121,9 @@ impl RunArgs {
             lease_namespace,
             lease_identity,
             control_from,
+            key_secret,
+            key_namespace,
+            watch_namespaces,
         } = self;
         if agent_image.is_empty() || agent_image.chars().any(char::is_whitespace) {
             return Err(RunArgsError {
@@ -153,17 +172,46 @@ impl RunArgs {
                 })
             })
             .transpose()?;
+        if key_secret.is_empty() {
+            return Err(RunArgsError {
+                option: "--key-secret",
+                expected: "the name of the Secret holding the operator's key",
+                given: key_secret,
+            });
+        }
+        if let Some(bad) = watch_namespaces.iter().find(|ns| !is_dns_label(ns)) {
+            return Err(RunArgsError {
+                option: "--watch-namespaces",
+                expected: "namespace names separated by commas",
+                given: bad.clone(),
+            });
+        }
         Ok(run::Config {
             agent_image,
             agent_resources,
             metrics_listen,
             lease,
             control_from,
+            key: run::KeySettings {
+                secret: key_secret,
+                namespace: key_namespace,
+            },
+            watch_namespaces,
         })
     }
 }
 
 /// `NAMESPACE/KEY=VALUE,KEY=VALUE`, each part non-empty and without white space.
+/// A namespace's name: a DNS label (RFC 1123), 63 characters at most.
+fn is_dns_label(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
 fn parse_control_from(text: &str) -> Option<crate::desired::ControlFrom> {
     let (namespace, labels) = text.split_once('/')?;
     let plain = |part: &str| !part.is_empty() && !part.chars().any(char::is_whitespace);
@@ -316,8 +364,29 @@ mod tests {
                     identity: "op-0".into(),
                 }),
                 control_from: None,
+                key: run::KeySettings {
+                    secret: "toa-operator-key".into(),
+                    namespace: None,
+                },
+                watch_namespaces: vec![],
             }
         );
+    }
+
+    #[test]
+    fn watched_namespaces_are_a_comma_list_of_names() {
+        let config = |value: &str| {
+            parse(&["--agent-image", "a:1", "--watch-namespaces", value])
+                .unwrap()
+                .into_config(|_| Some("op".to_owned()))
+        };
+        assert_eq!(
+            config("shop,billing").unwrap().watch_namespaces,
+            ["shop", "billing"]
+        );
+        let error = config("shop,Billing!").unwrap_err();
+        assert_eq!(error.option, "--watch-namespaces");
+        assert_eq!(error.given, "Billing!");
     }
 
     #[test]

@@ -7,26 +7,28 @@
 //! 1. if this replica does not hold the lease, nothing (asked again later);
 //! 2. validate the spec; refused → `Ready=False`, `InvalidSpec`, and nothing else is touched;
 //! 3. apply the ConfigMap of manifests and this Composition's part of the namespace's shared
-//!    declarations (kept by [`crate::declarations`]); read the control token (creating its Secret
-//!    once);
+//!    declarations (kept by [`crate::declarations`]), the control Secret (tokens derived from the
+//!    operator's key, [`crate::key_ring`]; never read back) and the NetworkPolicy;
 //! 4. list the pods (their statuses make `Degraded`) and ask each agent for its status (2 s at
 //!    most each, all at once);
 //! 5. do the halt's one next step (record, halt pods, resume pods);
-//! 6. apply the Deployment (0 replicas once a halt stopped the composition);
+//! 6. apply the Deployment (0 replicas once a halt stopped the composition), with the drain key
+//!    the existing one holds (a new one at first);
 //! 7. write the status when it changed.
 
 use crate::agent_client::{AgentControl, Keys};
-use crate::crd::Composition;
+use crate::crd::{reasons, Composition};
 use crate::declarations;
 use crate::desired::{self, Owner, Settings};
 use crate::halt::{self, Decision, Observation, Record, Report, Step};
+use crate::key_ring::KeyRing;
 use crate::kube_io;
 use crate::metrics::Metrics;
 use crate::pods::Seen;
 use crate::status::{self, Observed, Rollout};
-use crate::validate::{validate, InvalidSpec};
+use crate::validate::validate;
 use crate::{CompositionStatus, Error};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -73,6 +75,10 @@ pub struct Context {
     pub metrics: Metrics,
     /// `true` while this replica holds the lease.
     pub leader: watch::Receiver<bool>,
+    /// The operator's key, once read.
+    pub keys: watch::Receiver<Option<KeyRing>>,
+    /// The namespaces watched (a namespaced install); empty: every namespace.
+    pub watch_namespaces: Vec<String>,
     /// Kubernetes events for halt transitions; `None` in tests.
     pub recorder: Option<Recorder>,
     /// The clock, injected so tests fix the time.
@@ -90,6 +96,7 @@ impl Context {
         agents: Arc<dyn AgentControl>,
         metrics: Metrics,
         leader: watch::Receiver<bool>,
+        keys: watch::Receiver<Option<KeyRing>>,
     ) -> Self {
         Self {
             client,
@@ -97,6 +104,8 @@ impl Context {
             agents,
             metrics,
             leader,
+            keys,
+            watch_namespaces: Vec::new(),
             recorder: None,
             now: Timestamp::now,
             failures: Mutex::default(),
@@ -110,8 +119,41 @@ pub async fn run(
     context: Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let shutdown = shutdown.shared();
+    if context.watch_namespaces.is_empty() {
+        run_in(context, None, shutdown).await;
+        return;
+    }
+    // One controller per namespace: a watch is of one namespace or of all of them, and a
+    // namespaced install may read only its own.
+    let controllers = context
+        .watch_namespaces
+        .clone()
+        .into_iter()
+        .map(|namespace| run_in(context.clone(), Some(namespace), shutdown.clone()));
+    futures::future::join_all(controllers).await;
+}
+
+/// The API of `K` in `namespace`, or in all of them.
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The controller of `namespace`'s Compositions (every namespace's with `None`).
+async fn run_in(
+    context: Arc<Context>,
+    namespace: Option<String>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let client = context.client.clone();
-    let compositions = Api::<Composition>::all(client.clone());
+    let namespace = namespace.as_deref();
+    let compositions = scoped::<Composition>(&client, namespace);
     // Reconcile everything when this replica becomes the leader: it skipped them until now.
     let mut leader = context.leader.clone();
     let became_leader = async_stream_leader(&mut leader);
@@ -134,15 +176,15 @@ pub async fn run(
             Default::default(),
         );
     Controller::for_stream(changes, store)
-        .owns(Api::<Deployment>::all(client.clone()), owned())
-        .owns(Api::<ConfigMap>::all(client.clone()), owned())
+        .owns(scoped::<Deployment>(&client, namespace), owned())
+        .owns(scoped::<ConfigMap>(&client, namespace), owned())
         // Secrets are not watched: a watch needs `list` on every Secret in the cluster, which
         // is reading them all. A deleted control Secret is written again by the next reconcile.
         // A pod in trouble (crash loop, cannot start, evicted) reconciles its Composition at
         // once, so `Degraded` says so within seconds; other pod changes are seen by the next
         // reconcile (a rollout or a Degraded composition is looked at every 5 s anyway), which
         // keeps a rollout of many pods from reconciling on each of their status changes.
-        .watches(Api::<Pod>::all(client), owned(), |pod: Pod| {
+        .watches(scoped::<Pod>(&client, namespace), owned(), |pod: Pod| {
             if crate::pods::seen(&pod).troubles.is_empty() {
                 return None;
             }
@@ -229,10 +271,26 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let now = (context.now)();
     let valid = match validate(&composition.spec) {
         Ok(valid) => valid,
-        Err(invalid) => return refuse(composition, &compositions, &invalid, now).await,
+        Err(invalid) => {
+            let refusal = (reasons::INVALID_SPEC, invalid.0.as_str());
+            return refuse(composition, &compositions, refusal, now).await;
+        }
     };
     let owner = Owner::of(composition)?;
-    let keys = configure(context, composition, &owner).await?;
+    let keys = match configure(context, composition, &owner).await {
+        // Said in the status, and tried again with the backoff: someone may rename or delete it.
+        Err(Error::Conflict(message)) => {
+            refuse(
+                composition,
+                &compositions,
+                (reasons::CONFLICT, &message),
+                now,
+            )
+            .await?;
+            return Err(Error::Conflict(message));
+        }
+        other => other?,
+    };
 
     // The halt.
     let record = halt_record(composition);
@@ -257,15 +315,16 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     .await?;
 
     let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
+    let drain = kube_io::drain_key(&deployments, &name).await?;
     let deployment = desired::deployment(
         &owner,
         composition,
         &valid,
         &context.settings,
-        &keys.current,
+        &drain,
         replicas,
     );
-    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
     let applied = kube_io::apply(&deployments, &deployment).await?;
 
     let observed = Observed {
@@ -286,12 +345,12 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
 async fn refuse(
     composition: &Composition,
     compositions: &Api<Composition>,
-    invalid: &InvalidSpec,
+    (reason, message): (&'static str, &str),
     now: Timestamp,
 ) -> Result<Action, Error> {
     let observed = Observed {
         generation: composition.metadata.generation,
-        invalid: Some(&invalid.0),
+        invalid: Some((reason, message)),
         rollout: None,
         replicas: composition.spec.replicas,
         halt: None,
@@ -317,26 +376,26 @@ async fn write_status(
 }
 
 /// Applies what the pods read (the ConfigMap of manifests, this Composition's part of the
-/// namespace's declarations) and returns the control token, creating its Secret once.
+/// namespace's declarations, the control Secret, the NetworkPolicy) and returns the control
+/// tokens, derived from the operator's key.
 async fn configure(
     context: &Context,
     composition: &Composition,
     owner: &Owner,
 ) -> Result<Keys, Error> {
+    // Without the key nothing is written: a half-configured composition helps no one.
+    let ring = context.keys.borrow().clone().ok_or(Error::NoKey)?;
+    let keys = ring.keys_for(owner.reference.uid.as_str());
     let config_maps = Api::<ConfigMap>::namespaced(context.client.clone(), &owner.namespace);
     kube_io::apply(&config_maps, &desired::components(owner, composition)).await?;
     declarations::reconcile(&config_maps, &context.declarations, composition, owner).await?;
     let secrets = Api::<Secret>::namespaced(context.client.clone(), &owner.namespace);
-    let control = desired::control_name(&owner.name);
-    let token = kube_io::control_token(&secrets, &control, |token| {
-        desired::control_secret(owner, token)
-    })
-    .await?;
+    kube_io::apply_unforced(&secrets, &desired::control_secret(owner, &keys)).await?;
     if let Some(from) = &context.settings.control_from {
         let policies = Api::<NetworkPolicy>::namespaced(context.client.clone(), &owner.namespace);
         kube_io::apply(&policies, &desired::network_policy(owner, from)).await?;
     }
-    Ok(token)
+    Ok(keys)
 }
 
 /// The halt record the Composition's annotation holds; an unreadable one is ignored (logged).

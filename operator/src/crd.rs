@@ -29,6 +29,9 @@ pub mod conditions {
 pub mod reasons {
     /// The spec was refused at reconcile time; what runs is left untouched.
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// An object the operator would write belongs to another field manager (a Secret of the
+    /// control Secret's name someone else made); nothing is taken over or rolled out.
+    pub const CONFLICT: &str = "Conflict";
     /// Every pod runs the current spec and is available.
     pub const ROLLED_OUT: &str = "RolledOut";
     /// The Deployment has not yet rolled out the current spec.

@@ -1,6 +1,6 @@
 //! Pure: a validated Composition → the objects the operator applies for it. No I/O and no
-//! randomness: the control token and the replica count are inputs, so every output is a function
-//! of what the caller passes and the tests compare whole objects.
+//! randomness: the control tokens, the drain key and the replica count are inputs, so every
+//! output is a function of what the caller passes and the tests compare whole objects.
 //!
 //! For a Composition `shop` the operator applies, each built by a function of its own from the
 //! Composition's [`Owner`] and typed inputs ([`desired`] builds them all at once):
@@ -10,10 +10,13 @@
 //!   keys of it (the same manifests), mounted into the agent at `/var/run/toa/declarations`
 //!   (`--declarations`), so callers in every pod know every component's declarations; how the
 //!   shared object is kept is [`crate::declarations`]'s;
-//! - Secret `shop-control` ([`control_secret`]): the control endpoint's token (`token`), mounted
-//!   into the agent at `/var/run/toa/control/token`; created once, never rewritten (see
-//!   [`crate::kube_io`]);
-//! - Deployment `shop` ([`deployment`]): one container per component, each running the
+//! - Secret `shop-control` ([`control_secret`]): the control endpoint's token (`token`, and
+//!   `previous` while the operator's key rotates), mounted into the agent at
+//!   `/var/run/toa/control/`; derived from the operator's key ([`crate::key_ring`]), applied
+//!   without taking over fields another manager wrote;
+//! - Deployment `shop` ([`deployment`]): its drain key in the annotation [`DRAIN_KEY`] (random,
+//!   made once and kept: the kubelet's hooks present it, the agent has its digest); one
+//!   container per component, each running the
 //!   component's `program` from `spec.image`, and the agent beside them in attach mode
 //!   (`toa-agent compose … --attach`), a native sidecar (an init container with
 //!   `restartPolicy: Always`) on Kubernetes ≥ 1.29 and a plain container below, since
@@ -25,6 +28,7 @@
 //! local run) starts the same way in a pod. The agent does not see the image: it gets only the
 //! manifests, mounted from the ConfigMap at the same paths in its own container.
 
+use crate::agent_client::Keys;
 use crate::crd::Composition;
 use crate::validate::{Security, Valid, NONROOT};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
@@ -56,6 +60,8 @@ pub const TOKEN_KEY: &str = "token";
 /// The key of the previous control token during a rotation: mounted beside `token`, where the
 /// agent reads it.
 pub use toa_context::control::PREVIOUS_TOKEN as PREVIOUS_KEY;
+/// The Deployment's annotation holding its pods' drain key.
+pub const DRAIN_KEY: &str = "toa.io/drain-key";
 /// Where component manifests are mounted in the agent container.
 pub const COMPONENTS_DIR: &str = "/components";
 /// The namespace's ConfigMap of every Composition's component manifests (`<component>.yaml`):
@@ -240,22 +246,23 @@ impl Owner {
 }
 
 /// The objects for `composition`, validated as `valid`, with `replicas` pods (the spec's count,
-/// or 0 once a halt has stopped the composition) and `token` in the control Secret: each
-/// builder's object, all at once (the controller applies them one by one, each when its inputs
-/// are known).
+/// or 0 once a halt has stopped the composition), `keys` in the control Secret and `drain` as the
+/// pods' drain key: each builder's object, all at once (the controller applies them one by one,
+/// each when its inputs are known).
 pub fn desired(
     composition: &Composition,
     valid: &Valid,
     settings: &Settings,
-    token: &str,
+    keys: &Keys,
+    drain: &str,
     replicas: i32,
 ) -> Result<Desired, NotStored> {
     let owner = Owner::of(composition)?;
     Ok(Desired {
         components: components(&owner, composition),
         declarations: declarations(&owner, composition),
-        control: control_secret(&owner, token),
-        deployment: deployment(&owner, composition, valid, settings, token, replicas),
+        control: control_secret(&owner, keys),
+        deployment: deployment(&owner, composition, valid, settings, drain, replicas),
     })
 }
 
@@ -292,17 +299,33 @@ pub fn declarations(owner: &Owner, composition: &Composition) -> ConfigMap {
     }
 }
 
-/// The Secret `<name>-control` holding `token` (under [`TOKEN_KEY`]).
-pub fn control_secret(owner: &Owner, token: &str) -> Secret {
+/// The Secret `<name>-control` holding the current token (under [`TOKEN_KEY`]) and, during a
+/// rotation of the operator's key, the previous one (under [`PREVIOUS_KEY`]; left out after it,
+/// which a server-side apply removes).
+pub fn control_secret(owner: &Owner, keys: &Keys) -> Secret {
+    let mut data = BTreeMap::from([(
+        TOKEN_KEY.to_owned(),
+        ByteString(keys.current.as_bytes().to_vec()),
+    )]);
+    if let Some(previous) = &keys.previous {
+        data.insert(
+            PREVIOUS_KEY.to_owned(),
+            ByteString(previous.as_bytes().to_vec()),
+        );
+    }
     Secret {
         metadata: owner.meta(control_name(&owner.name)),
-        data: Some(BTreeMap::from([(
-            TOKEN_KEY.to_owned(),
-            ByteString(token.as_bytes().to_vec()),
-        )])),
+        data: Some(data),
         type_: Some("Opaque".to_owned()),
         ..Secret::default()
     }
+}
+
+/// The pods' drain key the Deployment holds in [`DRAIN_KEY`], when it is one this operator
+/// makes (64 hex digits): kept, so the pod template, and the pods, do not change with it.
+pub fn drain_key_of(deployment: &Deployment) -> Option<String> {
+    let key = deployment.annotations().get(DRAIN_KEY)?;
+    (key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit())).then(|| key.clone())
 }
 
 /// The ConfigMap holding the manifests.
@@ -350,13 +373,13 @@ fn manifests(composition: &Composition) -> BTreeMap<String, String> {
 }
 
 /// The Deployment `<name>`: `replicas` pods of the components' containers and the agent beside
-/// them, the agent's drain hooks keyed by `token`.
+/// them, the kubelet's hooks keyed by `drain`.
 pub fn deployment(
     owner: &Owner,
     composition: &Composition,
     valid: &Valid,
     settings: &Settings,
-    token: &str,
+    drain: &str,
     replicas: i32,
 ) -> Deployment {
     let name = owner.name.as_str();
@@ -364,9 +387,11 @@ pub fn deployment(
         ("app.kubernetes.io/instance".to_owned(), name.to_owned()),
         (LABEL_COMPOSITION.to_owned(), name.to_owned()),
     ]);
-    let (containers, init_containers) = containers(composition, valid, settings, token);
+    let (containers, init_containers) = containers(composition, valid, settings, drain);
+    let mut metadata = owner.meta(name.to_owned());
+    metadata.annotations = Some(BTreeMap::from([(DRAIN_KEY.to_owned(), drain.to_owned())]));
     Deployment {
-        metadata: owner.meta(name.to_owned()),
+        metadata,
         spec: Some(DeploymentSpec {
             replicas: Some(replicas),
             selector: LabelSelector {
@@ -404,11 +429,10 @@ fn containers(
     composition: &Composition,
     valid: &Valid,
     settings: &Settings,
-    token: &str,
+    drain: &str,
 ) -> (Vec<Container>, Option<Vec<Container>>) {
-    let drain = toa_context::control::drain_key(token);
-    let mut containers = component_containers(composition, valid, &drain);
-    let mut agent = agent(composition, valid, settings);
+    let mut containers = component_containers(composition, valid, drain);
+    let mut agent = agent(composition, valid, settings, drain);
     let init_containers = match settings.sidecar {
         // The kubelet starts the component containers once the sidecar's startupProbe passes,
         // that is once its listeners are bound.
@@ -546,12 +570,13 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
         .collect()
 }
 
-fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Container {
+fn agent(composition: &Composition, valid: &Valid, settings: &Settings, drain: &str) -> Container {
     let token_file = PathBuf::from(format!("{CONTROL_DIR}/{TOKEN_KEY}"));
+    let probe = SocketAddr::from(([127, 0, 0, 1], PROBE_PORT));
     Container {
         name: AGENT_CONTAINER.to_owned(),
         image: Some(settings.agent_image.clone()),
-        command: Some(agent_command(composition, &token_file)),
+        command: Some(agent_command(composition, &token_file, drain)),
         env: Some(agent_env(valid)),
         ports: Some(agent_ports()),
         resources: Some(settings.agent_resources.clone()),
@@ -573,7 +598,7 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
         lifecycle: Some(Lifecycle {
             pre_stop: Some(LifecycleHandler {
                 exec: Some(ExecAction {
-                    command: Some(DrainArgs::new(Some(token_file)).command()),
+                    command: Some(DrainArgs::in_pod(probe, drain).command()),
                 }),
                 ..LifecycleHandler::default()
             }),
@@ -585,8 +610,9 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings) -> Conta
 }
 
 /// `toa-agent compose … --attach` of every component's manifest directory, in the spec's order.
-fn agent_command(composition: &Composition, token_file: &Path) -> Vec<String> {
+fn agent_command(composition: &Composition, token_file: &Path, drain: &str) -> Vec<String> {
     ComposeArgs {
+        drain_key_sha256: Some(toa_context::control::drain_digest(drain)),
         listen: SocketAddr::from(([127, 0, 0, 1], LOCAL_PORT)),
         control_listen: Some(SocketAddr::from(([0, 0, 0, 0], CONTROL_PORT))),
         control_token_file: Some(token_file.to_owned()),

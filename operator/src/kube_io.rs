@@ -1,17 +1,17 @@
 //! The operator's requests to the API server, each one small so the controller reads as a list
-//! of steps: server-side apply with the field manager [`MANAGER`], the control token Secret
-//! (created once, never rewritten), the composition's pods, the halt annotation and the status
+//! of steps: server-side apply with the field manager [`MANAGER`] (unforced for the control
+//! Secret), the Deployment's drain key, the composition's pods, the halt annotation and the status
 //! subresource.
 
-use crate::agent_client::Keys;
 use crate::crd::{Composition, CompositionStatus};
-use crate::desired::{pod_selector, Sidecar, MANAGER, PREVIOUS_KEY, TOKEN_KEY};
+use crate::desired::{pod_selector, Sidecar, MANAGER};
 use crate::halt::{Record, ANNOTATION};
 use crate::pods::Seen;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use crate::Error;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
-use rand::distr::{Alphanumeric, SampleString};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::fmt::Debug;
@@ -36,33 +36,40 @@ where
         .await
 }
 
-/// The composition's control tokens: read from the Secret `name` (`token`, and `previous` during
-/// a rotation), or, when the Secret or its token is missing, a new random one applied with
-/// `build(token)`. An existing token is never replaced by the operator: rotating is writing a new
-/// `token` and the old one as `previous` (docs/composition.md).
-pub async fn control_token(
-    api: &Api<Secret>,
-    name: &str,
-    build: impl FnOnce(&str) -> Secret,
-) -> Result<Keys, kube::Error> {
-    let data = api.get_opt(name).await?.and_then(|secret| secret.data);
-    let text = |key: &str| {
-        let bytes = data.as_ref()?.get(key)?.0.clone();
-        String::from_utf8(bytes)
-            .ok()
-            .map(|token| token.trim().to_owned())
-            .filter(|token| !token.is_empty())
-    };
-    if let Some(current) = text(TOKEN_KEY) {
-        return Ok(Keys {
-            current,
-            previous: text(PREVIOUS_KEY),
-        });
+/// Applies `object` server-side without forcing: a field another manager wrote (a Secret of
+/// that name someone else made) is a [`Error::Conflict`] naming the object, not taken over.
+pub async fn apply_unforced<K>(api: &Api<K>, object: &K) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
+{
+    let params = PatchParams::apply(MANAGER);
+    match api
+        .patch(&object.name_any(), &params, &Patch::Apply(object))
+        .await
+    {
+        Err(kube::Error::Api(status)) if status.code == 409 => Err(Error::Conflict(format!(
+            "the {} {} has fields another manager wrote ({}); the operator does not take it \
+             over: delete it, or give it another name",
+            K::kind(&()),
+            object.name_any(),
+            status.message,
+        ))),
+        other => Ok(other?),
     }
-    // 43 alphanumerics: about 256 bits.
-    let token = Alphanumeric.sample_string(&mut rand::rng(), 43);
-    apply(api, &build(&token)).await?;
-    Ok(Keys::one(&token))
+}
+
+/// The drain key of the Deployment `name` (see [`crate::desired::DRAIN_KEY`]), or a new random
+/// one when there is none yet.
+pub async fn drain_key(api: &Api<Deployment>, name: &str) -> Result<String, kube::Error> {
+    let existing = api.get_opt(name).await?;
+    Ok(existing
+        .as_ref()
+        .and_then(crate::desired::drain_key_of)
+        .unwrap_or_else(|| {
+            let mut bytes = [0u8; 32];
+            rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
+            bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+        }))
 }
 
 /// The composition's pods, as [`crate::pods::seen`] reads them.

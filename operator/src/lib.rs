@@ -35,6 +35,7 @@ pub mod desired;
 mod fixtures;
 pub mod halt;
 pub mod http;
+pub mod key_ring;
 pub mod kube_io;
 pub mod lease;
 pub mod manifest;
@@ -65,6 +66,13 @@ pub enum Error {
     /// A Composition without the metadata its owned objects need.
     #[error(transparent)]
     NotStored(#[from] desired::NotStored),
+    /// The operator's key has not been read yet (see [`key_ring`]).
+    #[error("the operator's key has not been read yet (its Secret, in the operator's namespace)")]
+    NoKey,
+    /// An object the operator would write holds fields another field manager wrote: it is not
+    /// taken over.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 impl Error {
@@ -75,6 +83,8 @@ impl Error {
             Self::Render(_) => "render",
             Self::Kube(_) => "kube",
             Self::NotStored(_) => "not_stored",
+            Self::NoKey => "no_key",
+            Self::Conflict(_) => "conflict",
         }
     }
 }

@@ -4,6 +4,7 @@ use crate::agent_client::HttpAgentControl;
 use crate::controller::{self, Context};
 use crate::desired::Settings;
 use crate::http;
+use crate::key_ring;
 use crate::kube_io;
 use crate::lease;
 use crate::metrics::Metrics;
@@ -26,6 +27,17 @@ pub struct Config {
     pub lease: Option<LeaseSettings>,
     /// `None`: no NetworkPolicy per Composition.
     pub control_from: Option<crate::desired::ControlFrom>,
+    /// Where the operator's key is.
+    pub key: KeySettings,
+    /// The namespaces watched; empty: all.
+    pub watch_namespaces: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySettings {
+    pub secret: String,
+    /// `None`: the client's default namespace (the pod's own, in a cluster).
+    pub namespace: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +89,8 @@ pub async fn run(
         metrics_listen,
         lease,
         control_from,
+        key,
+        watch_namespaces,
     } = config;
     let client = Client::try_default().await.map_err(RunError::Client)?;
     let sidecar = kube_io::sidecar(&client).await.map_err(RunError::Version)?;
@@ -93,6 +107,17 @@ pub async fn run(
     let agents = HttpAgentControl::new().map_err(RunError::AgentClient)?;
     let metrics = Metrics::default();
     let (leader_tx, leader_rx) = watch::channel(lease.is_none());
+    let (key_tx, key_rx) = watch::channel(None);
+    let key_reader = {
+        let namespace = key
+            .namespace
+            .unwrap_or_else(|| client.default_namespace().to_owned());
+        key_ring::keep_reading(
+            Api::namespaced(client.clone(), &namespace),
+            key.secret,
+            key_tx,
+        )
+    };
 
     // One shutdown, seen by every task.
     let shutdown = shutdown.shared();
@@ -108,7 +133,9 @@ pub async fn run(
         Arc::new(agents),
         metrics.clone(),
         leader_rx.clone(),
+        key_rx,
     );
+    context.watch_namespaces = watch_namespaces;
     context.recorder = Some(Recorder::new(
         client.clone(),
         Reporter {
@@ -178,6 +205,7 @@ pub async fn run(
         }
         () = &mut controller => return Err(RunError::Stopped("controller")),
         () = gauge => return Err(RunError::Stopped("leader gauge")),
+        () = key_reader => return Err(RunError::Stopped("key reader")),
     }
     tracing::info!("shutting down: finishing reconciles under way");
     controller.await;

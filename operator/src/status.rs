@@ -56,8 +56,8 @@ impl Rollout {
 pub struct Observed<'a> {
     /// The Composition's `metadata.generation`.
     pub generation: Option<i64>,
-    /// The refusal's message when the spec was refused.
-    pub invalid: Option<&'a str>,
+    /// The refusal's reason and message when the spec, or what it would write, was refused.
+    pub invalid: Option<(&'static str, &'a str)>,
     /// The Deployment as applied for this generation; `None` when there is none (yet).
     pub rollout: Option<Rollout>,
     /// The replicas the Deployment should have.
@@ -94,25 +94,17 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
     // specs); `invalid` carries why.
     match (invalid, halt) {
         (Some(_), _) | (None, None) => {
-            let message = invalid.unwrap_or("the spec was not checked").to_owned();
-            conditions.push(condition(
-                conditions::READY,
-                false,
-                reasons::INVALID_SPEC,
-                message.clone(),
-            ));
+            let (reason, message) =
+                invalid.unwrap_or((reasons::INVALID_SPEC, "the spec was not checked"));
+            let message = message.to_owned();
+            conditions.push(condition(conditions::READY, false, reason, message.clone()));
             conditions.push(condition(
                 conditions::PROGRESSING,
                 false,
-                reasons::INVALID_SPEC,
+                reason,
                 "the refused spec is not rolled out; what runs is left as it was".to_owned(),
             ));
-            conditions.push(condition(
-                conditions::DEGRADED,
-                true,
-                reasons::INVALID_SPEC,
-                message,
-            ));
+            conditions.push(condition(conditions::DEGRADED, true, reason, message));
             if let Some(halted) = previous.and_then(|p| find(&p.conditions, conditions::HALTED)) {
                 conditions.push(halted.clone());
             }

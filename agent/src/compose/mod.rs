@@ -60,6 +60,9 @@ pub struct Options {
     /// A directory of other components' manifests, `<component>.yaml` (see [`crate::catalog`]).
     pub declarations: Option<PathBuf>,
     /// A local run coordinates in-process without `atomicity`; a pod does not.
+    /// In a pod: the digest of the drain key the kubelet's hooks present; with it, only they
+    /// start the drain (the local API does not).
+    pub drain_digest: Option<String>,
     pub mode: Mode,
     /// How to reach the broker the context names (`None` without one).
     pub broker: Option<BrokerConfig>,

@@ -44,8 +44,7 @@ impl Composition {
         };
         let activity = Activity::new();
         let process = Process::new(options.instance.to_string(), activity.clone());
-        let tokens = control.as_ref().map(|(_, control)| control.tokens.clone());
-        let (trigger, asked) = drain::channel(tokens.clone());
+        let (trigger, asked) = drain::channel(options.drain_digest.clone());
         let (lifecycle_done, lifecycle_ready) = watch::channel(false);
         let (programs_up, up) = watch::channel(true);
         let ready = super::programs::all_true(vec![lifecycle_ready, up]);

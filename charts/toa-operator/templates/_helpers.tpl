@@ -35,3 +35,52 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "toa-operator.agentImage" -}}
 {{- printf "%s:%s" .Values.agentImage.repository (default .Chart.AppVersion .Values.agentImage.tag) }}
 {{- end }}
+
+{{/* What the controller does in the namespaces it watches (see docs/composition.md): it watches
+their Compositions and the objects it owns, applies those objects by server-side apply (a patch;
+they are deleted by the garbage collector through their owner references, never by the
+operator), lists and watches its compositions' pods (IPs for halts, statuses for Degraded), and
+records events. Reading the server version needs no grant. */}}
+{{- define "toa-operator.rules" -}}
+# Watched; their annotations are patched (halts).
+- apiGroups: ["toa.io"]
+  resources: ["compositions"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["toa.io"]
+  resources: ["compositions/status"]
+  verbs: ["get", "patch"]
+# Owner references with blockOwnerDeletion need this where
+# OwnerReferencesPermissionEnforcement is enabled.
+- apiGroups: ["toa.io"]
+  resources: ["compositions/finalizers"]
+  verbs: ["update"]
+# Owned, applied server-side; create is granted for an apply that creates the object.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# The control token's Secret: written (its tokens are derived from the operator's key), never
+# read, listed or watched (that would be reading every Secret there).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "patch"]
+# Each composition's NetworkPolicy (networkPolicy.enabled), applied like the rest.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
+# A composition's pods: their IPs, for halts, and their statuses, for Degraded (watched, by the
+# operator's label, so a failing pod is reported at once).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+# kube-runtime's event recorder writes events.k8s.io/v1 Events.
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{- define "toa-operator.keySecret" -}}
+{{- default (printf "%s-key" (include "toa-operator.fullname" .)) .Values.keySecret }}
+{{- end }}

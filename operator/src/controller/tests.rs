@@ -73,11 +73,20 @@ impl AgentControl for FakeAgents {
 }
 
 fn context(agents: Arc<FakeAgents>, leader: bool) -> (Arc<Context>, Handle) {
+    context_with(agents, leader, Some(ring()))
+}
+
+fn context_with(
+    agents: Arc<FakeAgents>,
+    leader: bool,
+    ring: Option<KeyRing>,
+) -> (Arc<Context>, Handle) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
     let settings = Settings::test(Sidecar::Native);
     let (_, leader) = watch::channel(leader);
-    let mut context = Context::new(client, settings, agents, Metrics::default(), leader);
+    let (_, keys) = watch::channel(ring);
+    let mut context = Context::new(client, settings, agents, Metrics::default(), leader, keys);
     context.now = now;
     (Arc::new(context), handle)
 }
@@ -133,6 +142,32 @@ async fn expect_nothing_more(mut handle: Handle, context: Arc<Context>) {
     }
 }
 
+/// The operator's key in these tests.
+fn ring() -> KeyRing {
+    KeyRing::new(&[7u8; 32], None)
+}
+
+/// The control token of the test Composition, as derived from [`ring`].
+fn token() -> String {
+    let uid = Composition::test(CompositionSpec::test())
+        .metadata
+        .uid
+        .unwrap();
+    ring().keys_for(&uid).current
+}
+
+const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/shop/deployments/shop";
+
+/// The Deployment read for its drain key (none yet), then applied and answered with `status`;
+/// the applied body.
+async fn apply_deployment(handle: &mut Handle, status: Value) -> (String, Value) {
+    expect(handle, "GET", DEPLOYMENT, |_| {
+        (StatusCode::NOT_FOUND, not_found())
+    })
+    .await;
+    expect(handle, "PATCH", DEPLOYMENT, deployment_with(status)).await
+}
+
 fn not_found() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
            "reason": "NotFound", "message": "not found"})
@@ -166,8 +201,36 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} in {status}"))
 }
 
-/// ConfigMap apply, control Secret (created when `existing` is `None`), pod list.
-async fn up_to_pods(handle: &mut Handle, existing: Option<&str>, pods: Value) -> String {
+/// ConfigMap apply, control Secret, pod list.
+async fn up_to_pods(handle: &mut Handle, pods: Value) {
+    config_maps(handle).await;
+    // The control Secret: the derived token, applied without taking over another's fields.
+    let secret = "/api/v1/namespaces/shop/secrets/shop-control";
+    let (query, body) = expect(handle, "PATCH", secret, echo).await;
+    assert!(query.contains("fieldManager=toa-operator"), "{query}");
+    assert!(!query.contains("force"), "{query}");
+    assert_eq!(body["data"]["token"], base64(&token()));
+    assert!(body["data"].get("previous").is_none(), "{body}");
+    pods_listed(handle, pods).await;
+}
+
+/// The pod list, answered with `pods`.
+async fn pods_listed(handle: &mut Handle, pods: Value) {
+    let (query, _) = expect(handle, "GET", "/api/v1/namespaces/shop/pods", |_| {
+        (
+            StatusCode::OK,
+            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}),
+        )
+    })
+    .await;
+    assert!(
+        query.contains("labelSelector=toa.io%2Fcomposition%3Dshop"),
+        "{query}"
+    );
+}
+
+/// The ConfigMap of manifests and the namespace's declarations, applied.
+async fn config_maps(handle: &mut Handle) {
     let (query, body) = expect(
         handle,
         "PATCH",
@@ -197,40 +260,6 @@ async fn up_to_pods(handle: &mut Handle, existing: Option<&str>, pods: Value) ->
         body["metadata"]["ownerReferences"][0]["controller"].is_null(),
         "{body}"
     );
-    let secret = "/api/v1/namespaces/shop/secrets/shop-control";
-    let token = match existing {
-        Some(token) => {
-            let answer = json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "shop-control", "namespace": "shop"},
-                "data": {"token": base64(token)}});
-            expect(handle, "GET", secret, |_| (StatusCode::OK, answer)).await;
-            token.to_owned()
-        }
-        None => {
-            expect(handle, "GET", secret, |_| {
-                (StatusCode::NOT_FOUND, not_found())
-            })
-            .await;
-            let (query, body) = expect(handle, "PATCH", secret, echo).await;
-            assert!(query.contains("fieldManager=toa-operator"), "{query}");
-            let token = body["data"]["token"].as_str().unwrap().to_owned();
-            // 43 random characters, base64-encoded in the object.
-            assert_eq!(token.len(), 60, "{token:?}");
-            token
-        }
-    };
-    let (query, _) = expect(handle, "GET", "/api/v1/namespaces/shop/pods", |_| {
-        (
-            StatusCode::OK,
-            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}),
-        )
-    })
-    .await;
-    assert!(
-        query.contains("labelSelector=toa.io%2Fcomposition%3Dshop"),
-        "{query}"
-    );
-    token
 }
 
 fn base64(text: &str) -> String {
@@ -315,7 +344,10 @@ async fn an_invalid_spec_whose_status_is_written_makes_no_request() {
     stored.status = Some(status::status(
         &Observed {
             generation: Some(1),
-            invalid: Some("Atomicity takes an odd number of addresses, 2 given."),
+            invalid: Some((
+                crate::crd::reasons::INVALID_SPEC,
+                "Atomicity takes an odd number of addresses, 2 given.",
+            )),
             rollout: None,
             replicas: 2,
             halt: None,
@@ -334,14 +366,8 @@ async fn a_valid_spec_applies_configmap_secret_deployment_then_status() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
-    up_to_pods(&mut handle, None, json!([])).await;
-    let (query, deployment) = expect(
-        &mut handle,
-        "PATCH",
-        "/apis/apps/v1/namespaces/shop/deployments/shop",
-        deployment_with(json!({})),
-    )
-    .await;
+    up_to_pods(&mut handle, json!([])).await;
+    let (query, deployment) = apply_deployment(&mut handle, json!({})).await;
     assert!(query.contains("fieldManager=toa-operator"), "{query}");
     assert_eq!(deployment["kind"], "Deployment");
     assert_eq!(deployment["spec"]["replicas"], 2);
@@ -368,18 +394,12 @@ async fn a_valid_spec_applies_configmap_secret_deployment_then_status() {
 }
 
 #[tokio::test]
-async fn an_existing_token_is_kept_and_a_rolled_out_deployment_is_ready() {
+async fn a_rolled_out_deployment_is_ready() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
-    up_to_pods(&mut handle, Some("kept-token"), json!([])).await;
-    expect(
-        &mut handle,
-        "PATCH",
-        "/apis/apps/v1/namespaces/shop/deployments/shop",
-        deployment_with(rolled_out(2)),
-    )
-    .await;
+    up_to_pods(&mut handle, json!([])).await;
+    apply_deployment(&mut handle, rolled_out(2)).await;
     let (_, status) = expect(
         &mut handle,
         "PATCH",
@@ -409,20 +429,14 @@ async fn a_requested_halt_is_recorded_on_the_composition() {
     spec.halted = true;
     let composition = composition(spec);
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
-    up_to_pods(&mut handle, Some("t"), json!([pod("shop-a", "10.0.0.7")])).await;
+    up_to_pods(&mut handle, json!([pod("shop-a", "10.0.0.7")])).await;
     let (_, patch) = expect(&mut handle, "PATCH", COMPOSITIONS, stored(&composition)).await;
     let expected = format!("h{}@2027-01-15T08:00:00Z", now().as_millisecond());
     assert_eq!(
         patch,
         json!({"metadata": {"annotations": {"toa.io/halt": expected}}})
     );
-    let (_, deployment) = expect(
-        &mut handle,
-        "PATCH",
-        "/apis/apps/v1/namespaces/shop/deployments/shop",
-        deployment_with(rolled_out(2)),
-    )
-    .await;
+    let (_, deployment) = apply_deployment(&mut handle, rolled_out(2)).await;
     // Recorded is not stopped: the pods keep running.
     assert_eq!(deployment["spec"]["replicas"], 2);
     let (_, status) = expect(
@@ -454,17 +468,10 @@ async fn a_recorded_halt_tells_running_pods_to_halt_with_the_token() {
     // Two pods; the second one's agent does not answer.
     up_to_pods(
         &mut handle,
-        Some("t0k"),
         json!([pod("shop-a", "10.0.0.7"), pod("shop-b", "10.0.0.8")]),
     )
     .await;
-    expect(
-        &mut handle,
-        "PATCH",
-        "/apis/apps/v1/namespaces/shop/deployments/shop",
-        deployment_with(rolled_out(2)),
-    )
-    .await;
+    apply_deployment(&mut handle, rolled_out(2)).await;
     let (_, status) = expect(
         &mut handle,
         "PATCH",
@@ -485,7 +492,10 @@ async fn a_recorded_halt_tells_running_pods_to_halt_with_the_token() {
     // Pods were told to halt: looked at again soon, for their answer.
     assert_eq!(task.await.unwrap().unwrap(), Action::requeue(HALT_STEP));
     expect_nothing_more(handle, context).await;
-    assert_eq!(*agents.told.lock().unwrap(), ["halt h1 10.0.0.7 t0k"]);
+    assert_eq!(
+        *agents.told.lock().unwrap(),
+        [format!("halt h1 10.0.0.7 {}", token())]
+    );
 }
 
 #[tokio::test]
@@ -531,7 +541,9 @@ fn the_shared_declarations_do_not_reconcile_every_composition() {
     composition.metadata.uid = Some("uid-1".into());
     let valid = crate::validate::validate(&composition.spec).unwrap();
     let settings = Settings::test(Sidecar::Plain);
-    let objects = desired::desired(&composition, &valid, &settings, "t", 2).unwrap();
+    let drain = "d".repeat(64);
+    let objects =
+        desired::desired(&composition, &valid, &settings, &Keys::one("t"), &drain, 2).unwrap();
     // Each object of the composition reconciles it when it changes...
     assert!(selects(OWNED, objects.components.metadata.labels.as_ref()));
     assert!(selects(OWNED, objects.control.metadata.labels.as_ref()));
@@ -578,14 +590,11 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
             assert!(query.contains("fieldManager=toa-operator.shop"), "{query}");
         }
         // Then the Secret, as always.
-        let answer = json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "shop-control", "namespace": "shop"},
-            "data": {"token": base64("kept")}});
         expect(
             &mut handle,
-            "GET",
+            "PATCH",
             "/api/v1/namespaces/shop/secrets/shop-control",
-            |_| (StatusCode::OK, answer),
+            echo,
         )
         .await;
         task.abort();
@@ -608,7 +617,6 @@ async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
     up_to_pods(
         &mut handle,
-        Some("t0k"),
         json!([
             pod("shop-a", "10.0.0.7"),
             evicted("shop-b", "10.0.0.8"),
@@ -616,13 +624,7 @@ async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
         ]),
     )
     .await;
-    expect(
-        &mut handle,
-        "PATCH",
-        "/apis/apps/v1/namespaces/shop/deployments/shop",
-        deployment_with(rolled_out(1)),
-    )
-    .await;
+    apply_deployment(&mut handle, rolled_out(1)).await;
     let (_, status) = expect(
         &mut handle,
         "PATCH",
@@ -644,4 +646,98 @@ async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
     task.await.unwrap().unwrap();
     expect_nothing_more(handle, context).await;
     assert!(agents.told.lock().unwrap().is_empty());
+}
+
+/// A Secret of the control Secret's name that another manager wrote (a user's, or another
+/// tool's) is not taken over: the apply is not forced, the conflict is the status, and nothing
+/// after it (pods, Deployment) is touched.
+#[tokio::test]
+async fn a_secret_another_manager_wrote_is_not_taken_over() {
+    let (context, mut handle) = context(Arc::default(), true);
+    let composition = composition(CompositionSpec::test());
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    config_maps(&mut handle).await;
+    let secret = "/api/v1/namespaces/shop/secrets/shop-control";
+    let (query, _) = expect(&mut handle, "PATCH", secret, |_| {
+        let conflict = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "code": 409, "reason": "Conflict",
+            "message": "Apply failed with 1 conflict: conflict with \"kubectl-create\": .data.token"});
+        (StatusCode::CONFLICT, conflict)
+    })
+    .await;
+    assert!(!query.contains("force"), "{query}");
+    let (_, status) = expect(
+        &mut handle,
+        "PATCH",
+        &format!("{COMPOSITIONS}/status"),
+        stored(&composition),
+    )
+    .await;
+    let ready = condition(&status, conditions::READY);
+    assert_eq!(ready["reason"], reasons::CONFLICT);
+    let message = ready["message"].as_str().unwrap();
+    assert!(message.contains("Secret shop-control"), "{message}");
+    assert!(message.contains("kubectl-create"), "{message}");
+    assert!(matches!(task.await.unwrap(), Err(Error::Conflict(_))));
+    expect_nothing_more(handle, context).await;
+}
+
+/// A rotation of the operator's key: the Secret holds the new token and the previous one.
+#[tokio::test]
+async fn during_a_rotation_the_secret_holds_the_new_and_the_previous_token() {
+    let rotating = KeyRing::new(&[8u8; 32], Some(&[7u8; 32]));
+    let (context, mut handle) = context_with(Arc::default(), true, Some(rotating.clone()));
+    let composition = composition(CompositionSpec::test());
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    config_maps(&mut handle).await;
+    let secret = "/api/v1/namespaces/shop/secrets/shop-control";
+    let (_, body) = expect(&mut handle, "PATCH", secret, echo).await;
+    let uid = composition.metadata.uid.clone().unwrap();
+    assert_eq!(
+        body["data"]["token"],
+        base64(&rotating.keys_for(&uid).current)
+    );
+    assert_eq!(
+        body["data"]["previous"],
+        base64(&token()),
+        "the old key's token"
+    );
+    task.abort();
+}
+
+/// Until the operator's key is read, nothing is written.
+#[tokio::test]
+async fn without_the_operators_key_nothing_is_written() {
+    let (context, handle) = context_with(Arc::default(), true, None);
+    let result = reconcile(composition(CompositionSpec::test()), context.clone()).await;
+    assert!(matches!(result, Err(Error::NoKey)), "{result:?}");
+    expect_nothing_more(handle, context).await;
+}
+
+/// The drain key an existing Deployment holds is kept (its pods do not change with it), and is
+/// what the hooks present and what the agent has the digest of.
+#[tokio::test]
+async fn a_deployments_drain_key_is_kept() {
+    let (context, mut handle) = context(Arc::default(), true);
+    let composition = composition(CompositionSpec::test());
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    up_to_pods(&mut handle, json!([])).await;
+    let key = "0123456789abcdef".repeat(4);
+    let existing = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "shop", "namespace": "shop",
+                     "annotations": {desired::DRAIN_KEY: key}}});
+    expect(&mut handle, "GET", DEPLOYMENT, |_| {
+        (StatusCode::OK, existing)
+    })
+    .await;
+    let (_, applied) = expect(&mut handle, "PATCH", DEPLOYMENT, deployment_with(json!({}))).await;
+    assert_eq!(applied["metadata"]["annotations"][desired::DRAIN_KEY], key);
+    let text = applied["spec"]["template"].to_string();
+    assert!(text.contains(&format!("/drain/{key}")), "{text}");
+    let digest = toa_context::control::drain_digest(&key);
+    assert!(
+        text.contains(&format!("--drain-key-sha256\",\"{digest}")),
+        "{text}"
+    );
+    task.abort();
 }

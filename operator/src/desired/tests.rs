@@ -7,10 +7,22 @@ fn settings(sidecar: Sidecar) -> Settings {
     Settings::test(sidecar)
 }
 
+/// The pods' drain key in these tests.
+const DRAIN: &str = "d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1";
+
 fn build(spec: CompositionSpec, sidecar: Sidecar, replicas: i32) -> Desired {
     let composition = Composition::test(spec);
     let valid = validate(&composition.spec).unwrap();
-    desired(&composition, &valid, &settings(sidecar), "s3cret", replicas).unwrap()
+    let keys = Keys::one("s3cret");
+    desired(
+        &composition,
+        &valid,
+        &settings(sidecar),
+        &keys,
+        DRAIN,
+        replicas,
+    )
+    .unwrap()
 }
 
 fn pod(desired: &Desired) -> &PodSpec {
@@ -184,6 +196,8 @@ fn the_agent_composes_every_component_with_its_control_endpoint() {
             "0.0.0.0:7092",
             "--declarations",
             "/var/run/toa/declarations",
+            "--drain-key-sha256",
+            &toa_context::control::drain_digest(DRAIN),
         ]
     );
     assert!(
@@ -278,10 +292,29 @@ fn the_namespace_declarations_hold_the_manifests_and_are_owned_not_controlled() 
 }
 
 #[test]
-fn the_control_secret_holds_the_given_token() {
+fn the_control_secret_holds_the_given_tokens_and_the_deployment_its_drain_key() {
     let desired = build(CompositionSpec::test(), Sidecar::Native, 1);
     let data = desired.control.data.unwrap();
     assert_eq!(data["token"].0, b"s3cret");
+    assert!(!data.contains_key("previous"));
+    let owner = Owner::of(&Composition::test(CompositionSpec::test())).unwrap();
+    let rotating = Keys {
+        current: "new".into(),
+        previous: Some("old".into()),
+    };
+    let data = control_secret(&owner, &rotating).data.unwrap();
+    assert_eq!(
+        (&data["token"].0[..], &data["previous"].0[..]),
+        (&b"new"[..], &b"old"[..])
+    );
+    assert_eq!(drain_key_of(&desired.deployment).as_deref(), Some(DRAIN));
+    let mut other = desired.deployment.clone();
+    other.metadata.annotations = Some([(DRAIN_KEY.to_owned(), "short".to_owned())].into());
+    assert_eq!(
+        drain_key_of(&other),
+        None,
+        "only a key this operator makes is kept"
+    );
 }
 
 #[test]
@@ -373,7 +406,16 @@ fn the_agents_variables_read_back_into_the_validated_context() {
 fn a_composition_not_read_from_the_server_is_refused() {
     let composition = Composition::new("shop", CompositionSpec::test());
     let valid = validate(&composition.spec).unwrap();
-    let error = desired(&composition, &valid, &settings(Sidecar::Plain), "t", 1).unwrap_err();
+    let keys = Keys::one("t");
+    let error = desired(
+        &composition,
+        &valid,
+        &settings(Sidecar::Plain),
+        &keys,
+        DRAIN,
+        1,
+    )
+    .unwrap_err();
     assert_eq!(error, NotStored("shop".into()));
 }
 
@@ -472,17 +514,14 @@ fn each_component_runs_its_program_in_its_own_container_in_the_agents_order() {
         assert_eq!(
             (post_start.path.unwrap(), post_start.port),
             (
-                format!(
-                    "/started/{index}/{}",
-                    toa_context::control::drain_key("s3cret")
-                ),
+                format!("/started/{index}/{}", DRAIN),
                 IntOrString::Int(7092)
             )
         );
         let pre_stop = hooks.pre_stop.unwrap();
         assert_eq!(pre_stop.exec, None);
         let drain = pre_stop.http_get.unwrap();
-        let path = format!("/drain/{}", toa_context::control::drain_key("s3cret"));
+        let path = format!("/drain/{DRAIN}");
         assert_eq!(
             (drain.path.as_deref(), &drain.port, drain.host.as_deref()),
             (Some(path.as_str()), &IntOrString::Int(7092), None)
@@ -695,7 +734,9 @@ fn no_credentials_or_agent_binary_reach_the_component_containers() {
                 assert_eq!(container.volume_mounts, None, "{}", container.name);
                 let text = serde_json::to_string(container).unwrap();
                 assert!(
-                    !text.contains("s3cret") && !text.contains("toa-agent"),
+                    !text.contains("s3cret")
+                        && !text.contains("toa-agent")
+                        && !text.contains(&toa_context::control::drain_digest(DRAIN)),
                     "{text}"
                 );
             }
@@ -723,8 +764,10 @@ fn the_pod_stops_within_a_grace_period_that_covers_the_drain() {
         [
             "toa-agent",
             "drain",
-            "--control-token-file",
-            "/var/run/toa/control/token"
+            "--probe",
+            "127.0.0.1:7092",
+            "--key",
+            DRAIN
         ]
     );
 }

@@ -51,7 +51,7 @@ fn a_refused_spec_is_ready_false_with_the_exact_message() {
     let status = status(
         &Observed {
             generation: Some(4),
-            invalid: Some(message),
+            invalid: Some((crate::crd::reasons::INVALID_SPEC, message)),
             rollout: Some(rolled_out(1, 3)),
             replicas: 3,
             halt: None,
@@ -315,7 +315,7 @@ fn a_refused_spec_keeps_the_previous_halted_condition() {
     let before = status(&observed(Some(rolled_out(5, 3)), &halt, at(0)), None);
     let after = status(
         &Observed {
-            invalid: Some("bad"),
+            invalid: Some((crate::crd::reasons::INVALID_SPEC, "bad")),
             halt: None,
             ..observed(Some(rolled_out(5, 3)), &halt, at(10))
         },
@@ -352,7 +352,7 @@ fn every_condition_has_a_message() {
     }
     let refused = status(
         &Observed {
-            invalid: Some("bad"),
+            invalid: Some((crate::crd::reasons::INVALID_SPEC, "bad")),
             halt: None,
             ..observed(None, &halts[0], at(0))
         },
