@@ -101,9 +101,6 @@ pub const DRAIN_PATH: &str = "/drain";
 /// lifecycle again.
 pub const STARTED_PATH: &str = "/started";
 
-/// The header a drain request to the local API (`toa-agent drain`) carries the drain key in.
-pub const DRAIN_HEADER: &str = "x-toa-drain";
-
 /// The digest of a drain key the agent is given (`--drain-key-sha256`): hex SHA-256 of a fixed
 /// label and the key. The key itself is in the component containers' hooks only; the agent
 /// compares digests, so its command line opens nothing.

@@ -428,7 +428,7 @@ async fn main() {
         .find_map(|arg| arg.strip_prefix("--agent-image="))
         .expect("the chart passes --agent-image")
         .to_owned();
-    let mut operator = operator::Operator::under_chart(&admin, &plane, &chart, &root).await;
+    let mut operator = operator::Operator::under_chart(&admin, plane.port, &chart, &root).await;
     operator.start().await;
     let settings = Settings {
         agent_image,

@@ -191,7 +191,10 @@ async fn run_in(
             let composition = pod.labels().get(desired::LABEL_COMPOSITION)?.clone();
             Some(ObjectRef::new(&composition).within(&pod.namespace()?))
         })
-        .reconcile_all_on(became_leader)
+        .reconcile_all_on(futures::stream::select(
+            became_leader,
+            key_changes(context.keys.clone()),
+        ))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
@@ -216,6 +219,24 @@ fn async_stream_leader(
             }
             was = now;
             leader.changed().await.ok()?;
+        }
+    })
+}
+
+/// A stream that yields each time the operator's key is read anew: at the first read (the
+/// reconciles that found no key run again at once) and at each rotation (every Composition's
+/// Secret gets the new tokens at once, not at its next resync).
+fn key_changes(
+    mut keys: watch::Receiver<Option<KeyRing>>,
+) -> impl futures::Stream<Item = ()> + Send + 'static {
+    keys.mark_unchanged();
+    futures::stream::unfold(keys, |mut keys| async move {
+        loop {
+            keys.changed().await.ok()?;
+            let had = keys.borrow_and_update().is_some();
+            if had {
+                return Some(((), keys));
+            }
         }
     })
 }

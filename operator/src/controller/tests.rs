@@ -741,3 +741,25 @@ async fn a_deployments_drain_key_is_kept() {
     );
     task.abort();
 }
+
+/// Every Composition is reconciled when the key is first read and when it rotates.
+#[tokio::test]
+async fn a_new_key_reconciles_every_composition() {
+    use futures::StreamExt;
+    let (keys_tx, keys) = watch::channel(None);
+    let mut changes = Box::pin(key_changes(keys));
+    let wait = Duration::from_millis(200);
+    let quiet = tokio::time::timeout(wait, changes.next()).await;
+    assert!(quiet.is_err(), "nothing before the key is read");
+    keys_tx.send(Some(ring())).unwrap();
+    let first = tokio::time::timeout(wait, changes.next()).await;
+    assert_eq!(first.unwrap(), Some(()));
+    keys_tx
+        .send(Some(KeyRing::new(&[8u8; 32], Some(&[7u8; 32]))))
+        .unwrap();
+    let rotated = tokio::time::timeout(wait, changes.next()).await;
+    assert_eq!(rotated.unwrap(), Some(()));
+    drop(keys_tx);
+    let ended = tokio::time::timeout(wait, changes.next()).await;
+    assert_eq!(ended.unwrap(), None);
+}

@@ -187,10 +187,21 @@ pub struct Chart {
 /// the suite runs the operator binary with that Deployment's arguments instead, under the
 /// ServiceAccount's identity; the image scenario applies it with host networking.
 pub async fn install_chart(admin: &Client, namespace: &str) -> Chart {
+    install_release(admin, namespace, "toa", &[]).await
+}
+
+/// [`install_chart`] as release `release`, with `sets` (`KEY=JSON`) beside the suite's own values.
+pub async fn install_release(
+    admin: &Client,
+    namespace: &str,
+    release: &str,
+    sets: &[&str],
+) -> Chart {
     let metrics_port = free_ports(30000..40000, 1);
     let output = Command::new("python3")
         .arg(repo().join("charts/render.py"))
-        .args(["--release", "toa", "--namespace", namespace])
+        .args(["--release", release, "--namespace", namespace])
+        .args(sets.iter().flat_map(|set| ["--set", set]))
         .args(["--set", &format!("metrics.port={metrics_port}")])
         // The images scripts/images built and imported into the node.
         .args(["--set", "image.repository=localhost/toa/operator"])
@@ -208,8 +219,11 @@ pub async fn install_chart(admin: &Client, namespace: &str) -> Chart {
     self::namespace(admin, namespace).await;
     let mut deployment = None;
     let mut service_account = None;
-    for document in serde_yaml::Deserializer::from_str(&text) {
-        let value: serde_json::Value = serde::Deserialize::deserialize(document).unwrap();
+    // Parsed whole first: the YAML parser is not Send, and the applies await.
+    let documents: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|document| serde::Deserialize::deserialize(document).unwrap())
+        .collect();
+    for value in documents {
         if value.is_null() {
             continue;
         }
@@ -334,7 +348,7 @@ fn strip(value: &mut serde_json::Value, key: &str) {
 /// controller creates for it (listed in the ServiceAccount's `secrets`).
 pub async fn service_account_kubeconfig(
     admin: &Client,
-    plane: &ControlPlane,
+    api_port: u16,
     chart: &Chart,
     path: &Path,
 ) -> PathBuf {
@@ -368,7 +382,7 @@ pub async fn service_account_kubeconfig(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster: {{server: \"https://127.0.0.1:{port}\", insecure-skip-tls-verify: true}}\n\
          users:\n- name: operator\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: local\n  context: {{cluster: local, user: operator, namespace: {namespace}}}\n\
          current-context: local\n",
-        port = plane.port,
+        port = api_port,
         namespace = chart.namespace,
     );
     std::fs::write(path, text).unwrap();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::cluster;
 use crate::support::{
-    agent_status, apply, composition, condition, control_token, deployment, describe, lifecycle,
+    agent_status, apply, composition, condition, control_tokens, deployment, describe, lifecycle,
     uids, wait_condition, wait_pods, Suite, COMPONENT, PATIENCE,
 };
 use crate::wait::eventually;
@@ -101,7 +101,7 @@ pub async fn ready(suite: Arc<Suite>) {
         );
     }
     let pods = wait_pods(&suite, namespace, name, 2).await;
-    let token = control_token(&suite, namespace, name).await;
+    let tokens = control_tokens(&suite, namespace, name).await;
     let http = reqwest::Client::new();
     for pod in &pods {
         // Every container started once and stayed up: the agent read its token (its control
@@ -112,7 +112,7 @@ pub async fn ready(suite: Arc<Suite>) {
             "{}",
             pod.name
         );
-        let status = agent_status(pod, &token).await;
+        let status = agent_status(pod, &tokens).await;
         assert_eq!(status["phase"], "running", "{}: {status}", pod.name);
         assert_eq!(status["instance"], pod.name.as_str(), "{status}");
         assert_eq!(

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::{
     agent_status, apply, assert_disposed_before_stopped, composition, compositions, condition,
-    control_token, count, deployment, describe, halting, lifecycle, manifest_of, ready_pods,
+    control_tokens, count, deployment, describe, halting, lifecycle, manifest_of, ready_pods,
     running_two, uids, wait_condition, wait_no_pods, wait_pods, Suite, PATIENCE,
 };
 use crate::wait::eventually;
@@ -147,7 +147,7 @@ pub async fn halt_busy_called_off(suite: Arc<Suite>) {
         "the calls went through during the halt: {answered}"
     );
 
-    let token = control_token(&suite, namespace, name).await;
+    let tokens = control_tokens(&suite, namespace, name).await;
     let after = ready_pods(&suite, namespace, name, 2).await;
     assert_eq!(uids(&after), uids(&pods), "the same pods");
     for (pod, before) in after.iter().zip(&pods) {
@@ -157,7 +157,7 @@ pub async fn halt_busy_called_off(suite: Arc<Suite>) {
             "{}: the same containers",
             pod.name
         );
-        let status = agent_status(pod, &token).await;
+        let status = agent_status(pod, &tokens).await;
         assert_eq!(status["phase"], "running", "{}: {status}", pod.name);
         assert_eq!(
             lifecycle(&suite, pod),
@@ -344,7 +344,7 @@ pub async fn operator_restart_during_halt(suite: Arc<Suite>) {
     cluster::namespace(&suite.admin, namespace).await;
     let spec = halting(namespace, name, 4, 60);
     let pods = running_two(&suite, namespace, name, &spec).await;
-    let token = control_token(&suite, namespace, name).await;
+    let tokens = control_tokens(&suite, namespace, name).await;
 
     apply(&suite, &spec(true)).await;
     // Every agent paused for the recorded halt: the halt is under way.
@@ -353,7 +353,7 @@ pub async fn operator_restart_during_halt(suite: Arc<Suite>) {
         PATIENCE,
         || {
             let suite = suite.clone();
-            let (pods, token) = (pods.clone(), token.clone());
+            let (pods, tokens) = (pods.clone(), tokens.clone());
             async move {
                 let composition = compositions(&suite, namespace)
                     .get(name)
@@ -365,7 +365,7 @@ pub async fn operator_restart_during_halt(suite: Arc<Suite>) {
                     .cloned()
                     .ok_or_else(|| describe(&composition))?;
                 for pod in &pods {
-                    let status = agent_status(pod, &token).await;
+                    let status = agent_status(pod, &tokens).await;
                     if status["phase"] != "paused" {
                         return Err(format!("{}: {status}", pod.name));
                     }

@@ -41,6 +41,7 @@ mod deploy;
 mod halt;
 mod harness;
 mod image;
+mod keys;
 mod leader;
 mod node;
 mod operator;
@@ -127,7 +128,7 @@ async fn start(root: &std::path::Path, started: Instant) -> (ControlPlane, Arc<S
         &harness.url,
     );
     let chart = cluster::install_chart(&admin, "toa-system").await;
-    let mut operator = Operator::under_chart(&admin, &plane, &chart, root).await;
+    let mut operator = Operator::under_chart(&admin, plane.port, &chart, root).await;
     operator.start().await;
     eprintln!(
         "e2e: control plane, node, images, chart and operator up in {:.1} s (state in {})",
@@ -140,13 +141,15 @@ async fn start(root: &std::path::Path, started: Instant) -> (ControlPlane, Arc<S
         harness,
         chart,
         operator_kubeconfig: root.join("operator.kubeconfig"),
+        root: root.to_path_buf(),
+        api_port: plane.port,
         operator: tokio::sync::Mutex::new(operator),
     });
     (plane, suite)
 }
 
 /// The scenarios, in batches run one after the other; the scenarios of a batch run concurrently.
-fn batches() -> [Vec<(&'static str, Scenario)>; 4] {
+fn batches() -> [Vec<(&'static str, Scenario)>; 6] {
     let concurrent: Vec<(&str, Scenario)> = vec![
         ("ready", |s| Box::pin(deploy::ready(s))),
         ("invalid_spec", |s| Box::pin(deploy::invalid_spec(s))),
@@ -187,6 +190,15 @@ fn batches() -> [Vec<(&'static str, Scenario)>; 4] {
     let image: Vec<(&str, Scenario)> = vec![("the_operator_image_runs", |s| {
         Box::pin(image::the_operator_image_runs(s))
     })];
+    // Alone: a rotation of the operator's key touches every Composition's Secret; a namespaced
+    // install stops the suite's operator (which watches every namespace) while it runs.
+    let keys: Vec<(&str, Scenario)> = vec![("rotation_during_a_halt", |s| {
+        Box::pin(keys::rotation_during_a_halt(s))
+    })];
+    let namespaced: Vec<(&str, Scenario)> =
+        vec![("a_namespaced_install_runs_only_its_namespaces", |s| {
+            Box::pin(keys::a_namespaced_install_runs_only_its_namespaces(s))
+        })];
     // Last: the operator restart, which must not stop another scenario's operator, and the
     // deletion, which relies on the garbage collector only: it learns of the CRD at its first
     // resync, 30 s after the controller manager started, so the later, the shorter the wait.
@@ -198,7 +210,7 @@ fn batches() -> [Vec<(&'static str, Scenario)>; 4] {
             Box::pin(deletion::deletion_cleans_up(s))
         }),
     ];
-    [concurrent, replicas, image, alone]
+    [concurrent, replicas, image, keys, namespaced, alone]
 }
 
 /// Runs `scenario` in a task of its own; what it failed with, if it failed.

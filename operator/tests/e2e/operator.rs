@@ -35,13 +35,13 @@ impl Operator {
     /// written into `root`), logging to `root/operator.log`; not started yet.
     pub async fn under_chart(
         admin: &kube::Client,
-        plane: &crate::cluster::ControlPlane,
+        api_port: u16,
         chart: &Chart,
         root: &Path,
     ) -> Self {
         let kubeconfig = crate::cluster::service_account_kubeconfig(
             admin,
-            plane,
+            api_port,
             chart,
             &root.join("operator.kubeconfig"),
         )

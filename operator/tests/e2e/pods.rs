@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::node::PodView;
 use crate::support::{
-    agent_status, apply, composition, condition, control_token, lifecycle, manifest, manifest_of,
+    agent_status, apply, composition, condition, control_tokens, lifecycle, manifest, manifest_of,
     ready_pods, wait_condition, wait_pods, Suite, COMPONENT,
 };
 use crate::wait::eventually;
@@ -209,7 +209,7 @@ pub async fn a_crashed_program_is_served_again(suite: Arc<Suite>) {
         ["preflight", "ready", "preflight", "ready"],
         "the lifecycle ran again"
     );
-    let token = control_token(&suite, namespace, name).await;
-    let status = agent_status(&again, &token).await;
+    let tokens = control_tokens(&suite, namespace, name).await;
+    let status = agent_status(&again, &tokens).await;
     assert_eq!(status["phase"], "running", "{status}");
 }

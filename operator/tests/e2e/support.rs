@@ -36,6 +36,10 @@ pub struct Suite {
     pub chart: cluster::Chart,
     /// The operator's kubeconfig (the chart's ServiceAccount).
     pub operator_kubeconfig: std::path::PathBuf,
+    /// Where the suite keeps its state.
+    pub root: std::path::PathBuf,
+    /// The API server's port on loopback.
+    pub api_port: u16,
     pub operator: tokio::sync::Mutex<Operator>,
 }
 
@@ -256,27 +260,45 @@ pub fn lifecycle(suite: &Suite, pod: &PodView) -> Vec<String> {
     suite.harness.lifecycle(&pod.name, COMPONENT)
 }
 
-pub async fn control_token(suite: &Suite, namespace: &str, name: &str) -> String {
+/// The composition's control tokens, as its Secret holds them: `token`, then `previous` during a
+/// rotation of the operator's key.
+pub async fn control_tokens(suite: &Suite, namespace: &str, name: &str) -> Vec<String> {
     let secret = Api::<Secret>::namespaced(suite.admin.clone(), namespace)
         .get(&format!("{name}-control"))
         .await
         .expect("the control Secret");
-    String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap()
+    let data = secret.data.unwrap();
+    ["token", "previous"]
+        .iter()
+        .filter_map(|key| data.get(*key))
+        .map(|bytes| String::from_utf8(bytes.0.clone()).unwrap())
+        .collect()
 }
 
-/// The agent's own report, from its control endpoint on the pod's IP.
-pub async fn agent_status(pod: &PodView, token: &str) -> serde_json::Value {
-    reqwest::Client::new()
-        .get(format!("http://{}:7091/control/status", pod.ip))
-        .bearer_auth(token)
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await
-        .and_then(|r| r.error_for_status())
-        .unwrap_or_else(|error| panic!("status of {}: {error}", pod.name))
-        .json()
-        .await
-        .unwrap()
+/// The agent's own report, from its control endpoint on the pod's IP, asked with each of
+/// `tokens` until one is taken (during a rotation an agent may not have read the new one yet).
+pub async fn agent_status(pod: &PodView, tokens: &[String]) -> serde_json::Value {
+    let mut refused = None;
+    for token in tokens {
+        let response = reqwest::Client::new()
+            .get(format!("http://{}:7091/control/status", pod.ip))
+            .bearer_auth(token)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("status of {}: {error}", pod.name));
+        if response.status() == reqwest::StatusCode::UNAUTHORIZED {
+            refused = Some(response.text().await.unwrap_or_default());
+            continue;
+        }
+        return response
+            .error_for_status()
+            .unwrap_or_else(|error| panic!("status of {}: {error}", pod.name))
+            .json()
+            .await
+            .unwrap();
+    }
+    panic!("status of {}: every token refused: {refused:?}", pod.name)
 }
 
 pub async fn deployment(suite: &Suite, namespace: &str, name: &str) -> Option<Deployment> {
