@@ -34,6 +34,7 @@ pub fn options(args: ComposeArgs) -> Result<Options, String> {
     options.probe = args.probe_listen;
     options.declarations = args.declarations;
     options.drain_digest = args.drain_key_sha256.map(drain_digest).transpose()?;
+    options.component_tokens = args.component_tokens;
     Ok(options)
 }
 
@@ -103,6 +104,7 @@ fn compose_options(
         probe: None,
         declarations: None,
         drain_digest: None,
+        component_tokens: None,
         mode,
     })
 }

@@ -29,6 +29,7 @@ pub async fn run() -> ExitCode {
         probe: None,
         declarations: None,
         drain_digest: None,
+        component_tokens: None,
         mode: Mode::Local,
         broker: None,
     };

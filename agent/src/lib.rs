@@ -33,6 +33,7 @@ pub mod broker;
 pub mod calls;
 pub mod catalog;
 pub mod component;
+pub mod component_tokens;
 pub mod compose;
 pub mod config;
 pub mod contract;

@@ -18,6 +18,11 @@ struct Served {
 }
 
 async fn serve() -> Served {
+    serve_with(Default::default()).await
+}
+
+/// [`serve`], the components' routes guarded by `tokens`.
+async fn serve_with(tokens: toa_agent::component_tokens::ComponentTokens) -> Served {
     let application = format!("api-{}", std::process::id());
     let metrics = Metrics::new();
     let atom = |component: &str, mode: Mode, atomicity: Option<Atomicity>| {
@@ -58,6 +63,7 @@ async fn serve() -> Served {
         listeners: Default::default(),
         streams: Default::default(),
         metrics,
+        tokens: Arc::new(tokens),
     };
     tokio::spawn(axum::serve(listener, router(Arc::new(host))).into_future());
     Served {
@@ -95,6 +101,78 @@ async fn error_of(response: reqwest::Response) -> (u16, Value) {
         status,
         response.json::<Value>().await.unwrap()["error"].clone(),
     )
+}
+
+/// In a pod one component's routes take its own token only: another component's program (or any
+/// other process in the pod) cannot hold its locks, charge its meters, watch or fail its
+/// listeners; calls stay open to all. (Before, any process could act as any component.)
+#[tokio::test]
+async fn in_a_pod_a_components_routes_take_its_own_token_only() {
+    let dir = std::env::temp_dir().join(format!("toa-api-tokens-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let names = ["local.embedded".to_owned(), "pod.bare".to_owned()];
+    let tokens = toa_agent::component_tokens::ComponentTokens::in_pod(&dir, &names).unwrap();
+    let own = std::fs::read_to_string(dir.join("0/token")).unwrap();
+    let other = std::fs::read_to_string(dir.join("1/token")).unwrap();
+    let served = serve_with(tokens).await;
+    let url = |path: &str| format!("{}{path}", served.base);
+    let routes = [
+        ("GET", "/v1/local.embedded/slots?total=4", None),
+        ("GET", "/v1/local.embedded/onassigned", None),
+        ("POST", "/v1/local.embedded/onassigned/1/failed", None),
+        (
+            "POST",
+            "/v1/local.embedded/lock",
+            Some(json!({"keys": ["k"]})),
+        ),
+        (
+            "POST",
+            "/v1/local.embedded/meter",
+            Some(json!({"keys": ["k"], "deltas": [1]})),
+        ),
+    ];
+    for (method, path, body) in &routes {
+        for token in [None, Some(other.as_str())] {
+            let mut request = served.client.request(method.parse().unwrap(), url(path));
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            let (status, error) = error_of(request.send().await.unwrap()).await;
+            assert_eq!(status, 401, "{method} {path} with {token:?}: {error}");
+            assert_eq!(error["code"], "UNAUTHORIZED", "{error}");
+        }
+    }
+    let slots = served
+        .client
+        .get(url("/v1/local.embedded/slots?total=4"))
+        .bearer_auth(&own)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(slots.status(), 200);
+    let meter = served
+        .client
+        .post(url("/v1/local.embedded/meter"))
+        .bearer_auth(&own)
+        .json(&json!({"keys": ["k"], "deltas": [1]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(meter.status(), 200, "{:?}", meter.text().await);
+    // An unknown component is still the route's own 404, and calls need no component token.
+    let unknown = served
+        .client
+        .get(url("/v1/nobody/slots?total=4"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+    let instance = served.client.get(url("/v1/instance")).send().await.unwrap();
+    assert_eq!(instance.status(), 200);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

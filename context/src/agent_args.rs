@@ -60,6 +60,10 @@ pub struct ComposeArgs {
     /// API does not.
     #[arg(long, value_name = "HEX", env = "TOA_DRAIN_KEY_SHA256")]
     pub drain_key_sha256: Option<String>,
+    /// In a pod: where each component's local API token goes (`DIR/<index>/token`, a volume
+    /// mounted into that component's container only); its routes then take only that token.
+    #[arg(long, value_name = "DIR", env = "TOA_COMPONENT_TOKENS")]
+    pub component_tokens: Option<PathBuf>,
 }
 
 impl ComposeArgs {
@@ -76,6 +80,7 @@ impl ComposeArgs {
             probe_listen: None,
             declarations: None,
             drain_key_sha256: None,
+            component_tokens: None,
         }
     }
 
@@ -99,6 +104,8 @@ impl ComposeArgs {
         let declarations = self.declarations.as_deref().map(text);
         optional(&mut line, "--declarations", &declarations);
         optional(&mut line, "--drain-key-sha256", &self.drain_key_sha256);
+        let component_tokens = self.component_tokens.as_deref().map(text);
+        optional(&mut line, "--component-tokens", &component_tokens);
         line
     }
 }
@@ -234,7 +241,7 @@ mod tests {
             prop::option::of(any::<u16>()),
             prop::option::of(address()),
             prop::option::of(path()),
-            prop::option::of("[0-9a-f]{64}"),
+            (prop::option::of("[0-9a-f]{64}"), prop::option::of(path())),
         )
             .prop_map(
                 |(
@@ -246,7 +253,7 @@ mod tests {
                     attach,
                     probe,
                     decl,
-                    digest,
+                    (digest, tokens),
                 )| {
                     let mut args = ComposeArgs::new(components);
                     args.context = context.unwrap_or(args.context);
@@ -258,6 +265,7 @@ mod tests {
                     args.probe_listen = probe;
                     args.declarations = decl;
                     args.drain_key_sha256 = digest;
+                    args.component_tokens = tokens;
                     args
                 },
             )

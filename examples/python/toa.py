@@ -14,7 +14,9 @@
     component.run()
 
 The agent starts the program with TOA_PORT (serve HTTP there, on 127.0.0.1), TOA_AGENT (its local
-API), TOA_COMPONENT and TOA_INSTANCE. See docs/component-protocol.md.
+API), TOA_COMPONENT, TOA_INSTANCE and the component's token for its routes on the local API
+(TOA_AGENT_TOKEN, or in a pod the file TOA_AGENT_TOKEN_FILE names). See
+docs/component-protocol.md.
 """
 
 import http.client
@@ -75,11 +77,23 @@ class Agent:
         self.component = os.environ["TOA_COMPONENT"]
         self.instance = os.environ.get("TOA_INSTANCE", "")
 
+    def _headers(self):
+        """The component's token (read each time: a restarted agent may write a new one)."""
+        headers = {"content-type": "application/json"}
+        token = os.environ.get("TOA_AGENT_TOKEN")
+        path = os.environ.get("TOA_AGENT_TOKEN_FILE")
+        if token is None and path:
+            with open(path) as file:
+                token = file.read().strip()
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        return headers
+
     def _request(self, method, path, body=None):
         connection = http.client.HTTPConnection(self.host, self.port, timeout=120)
         try:
             payload = None if body is None else json.dumps(body)
-            connection.request(method, path, payload, {"content-type": "application/json"})
+            connection.request(method, path, payload, self._headers())
             response = connection.getresponse()
             return response.status, json.loads(response.read() or b"null")
         finally:
@@ -102,7 +116,7 @@ class Agent:
         on a thread of its own; returns `off`, which removes the listener. A listener that raises
         tells the agent, and this replica owns no slots from then on."""
         connection = http.client.HTTPConnection(self.host, self.port)
-        connection.request("GET", f"/v1/{self.component}/onassigned")
+        connection.request("GET", f"/v1/{self.component}/onassigned", headers=self._headers())
         response = connection.getresponse()
         if response.status != 200:
             error = json.loads(response.read()).get("error", {})
@@ -131,7 +145,7 @@ class Agent:
         keys = [keys] if isinstance(keys, str) else list(keys)
         connection = http.client.HTTPConnection(self.host, self.port)
         connection.request("POST", f"/v1/{self.component}/lock", json.dumps({"keys": keys}),
-                           {"content-type": "application/json"})
+                           self._headers())
         response = connection.getresponse()
         if response.status != 200:
             error = json.loads(response.read()).get("error", {})

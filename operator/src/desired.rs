@@ -62,6 +62,11 @@ pub const TOKEN_KEY: &str = "token";
 pub use toa_context::control::PREVIOUS_TOKEN as PREVIOUS_KEY;
 /// The Deployment's annotation holding its pods' drain key.
 pub const DRAIN_KEY: &str = "toa.io/drain-key";
+/// Where each component's local API token volume is mounted in the agent container
+/// (`<dir>/<index>`, `--component-tokens`).
+pub const TOKENS_DIR: &str = "/var/run/toa/tokens";
+/// Where a component container has its own token volume (`TOA_AGENT_TOKEN_FILE` is `token` in it).
+pub const COMPONENT_TOKEN_DIR: &str = "/var/run/toa/agent";
 /// Where component manifests are mounted in the agent container.
 pub const COMPONENTS_DIR: &str = "/components";
 /// The namespace's ConfigMap of every Composition's component manifests (`<component>.yaml`):
@@ -479,7 +484,7 @@ fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {
             mode: None,
         })
         .collect();
-    vec![
+    [
         Volume {
             name: "components".to_owned(),
             config_map: Some(ConfigMapVolumeSource {
@@ -512,6 +517,24 @@ fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {
             ..Volume::default()
         },
     ]
+    .into_iter()
+    .chain((0..composition.spec.components.len()).map(token_volume))
+    .collect()
+}
+
+/// Component `index`'s local API token: a small in-memory volume, the agent's to write and that
+/// component's container's to read (docs/composition.md, "Security").
+fn token_volume(index: usize) -> Volume {
+    use k8s_openapi::api::core::v1::EmptyDirVolumeSource;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    Volume {
+        name: format!("token-{index}"),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".to_owned()),
+            size_limit: Some(Quantity("64Ki".to_owned())),
+        }),
+        ..Volume::default()
+    }
 }
 
 /// One container per component, in the spec's order (the order of the agent's arguments, which
@@ -541,7 +564,18 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
                     value("TOA_AGENT", format!("http://127.0.0.1:{LOCAL_PORT}")),
                     value("TOA_COMPONENT", full_name),
                     instance(),
+                    value(
+                        "TOA_AGENT_TOKEN_FILE",
+                        format!("{COMPONENT_TOKEN_DIR}/token"),
+                    ),
                 ]),
+                // Its own token only: the other components' volumes are not mounted here.
+                volume_mounts: Some(vec![VolumeMount {
+                    name: format!("token-{index}"),
+                    mount_path: COMPONENT_TOKEN_DIR.to_owned(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                }]),
                 resources: composition.spec.resources.clone(),
                 security_context: Some(container_security(
                     valid.security.run_as_user,
@@ -604,7 +638,7 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings, drain: &
             }),
             ..Lifecycle::default()
         }),
-        volume_mounts: Some(agent_mounts()),
+        volume_mounts: Some(agent_mounts(composition.spec.components.len())),
         ..Container::default()
     }
 }
@@ -613,6 +647,7 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings, drain: &
 fn agent_command(composition: &Composition, token_file: &Path, drain: &str) -> Vec<String> {
     ComposeArgs {
         drain_key_sha256: Some(toa_context::control::drain_digest(drain)),
+        component_tokens: Some(PathBuf::from(TOKENS_DIR)),
         listen: SocketAddr::from(([127, 0, 0, 1], LOCAL_PORT)),
         control_listen: Some(SocketAddr::from(([0, 0, 0, 0], CONTROL_PORT))),
         control_token_file: Some(token_file.to_owned()),
@@ -643,9 +678,10 @@ fn agent_ports() -> Vec<ContainerPort> {
         .to_vec()
 }
 
-/// The agent's read-only mounts of the pod's [`volumes`].
-fn agent_mounts() -> Vec<VolumeMount> {
-    [
+/// The agent's mounts of the pod's [`volumes`]: read-only but for the components' token
+/// volumes, which it writes.
+fn agent_mounts(components: usize) -> Vec<VolumeMount> {
+    let read_only = [
         ("components", COMPONENTS_DIR),
         ("declarations", DECLARATIONS_DIR),
         ("control", CONTROL_DIR),
@@ -655,8 +691,13 @@ fn agent_mounts() -> Vec<VolumeMount> {
         mount_path: path.to_owned(),
         read_only: Some(true),
         ..VolumeMount::default()
-    })
-    .to_vec()
+    });
+    let tokens = (0..components).map(|index| VolumeMount {
+        name: format!("token-{index}"),
+        mount_path: format!("{TOKENS_DIR}/{index}"),
+        ..VolumeMount::default()
+    });
+    read_only.into_iter().chain(tokens).collect()
 }
 
 /// The pod's `terminationGracePeriodSeconds`: the agent's longest stop, and a margin.

@@ -41,6 +41,26 @@ pub fn routes() -> Router<Arc<Host>> {
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
 }
 
+/// The coordination routes of `/v1/{component}/...` go on only with that component's token (in a
+/// pod; see [`crate::component_tokens`]).
+pub async fn authorize(
+    State(host): State<Arc<Host>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let component = request
+        .uri()
+        .path()
+        .strip_prefix("/v1/")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_default()
+        .to_owned();
+    match host.tokens.check(&component, request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(error) => axum::response::IntoResponse::into_response(error),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LockRequest {

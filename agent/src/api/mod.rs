@@ -46,6 +46,8 @@ pub struct Host {
     pub streams: Streams,
     /// What `GET /metrics` answers.
     pub metrics: Arc<Metrics>,
+    /// Each component's token for its routes.
+    pub tokens: Arc<crate::component_tokens::ComponentTokens>,
 }
 
 /// The `onassigned` streams open now, by component and id.
@@ -151,7 +153,9 @@ impl Host {
 /// The router of the local API.
 pub fn router(host: Arc<Host>) -> axum::Router {
     let metrics = host.metrics.clone();
+    let authorize = axum::middleware::from_fn_with_state(host.clone(), atom::authorize);
     atom::routes()
+        .route_layer(authorize)
         .merge(calls::routes())
         .with_state(host)
         .merge(metrics_route(metrics))

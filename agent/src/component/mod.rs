@@ -9,6 +9,7 @@
 //! | `TOA_AGENT` | the agent's local API, e.g. `http://127.0.0.1:7090` |
 //! | `TOA_COMPONENT` | the component's full name, e.g. `store.catalog` |
 //! | `TOA_INSTANCE` | the process's name |
+//! | `TOA_AGENT_TOKEN` | the component's token for its routes on the local API (in a pod, the file `TOA_AGENT_TOKEN_FILE` names holds it) |
 //!
 //! and serves `POST /lifecycle/{command}` for the run commands its manifest exports, and
 //! `POST /operations/{name}` with `{"input": ...}`, answering `{"reply": ...}` or
@@ -105,6 +106,7 @@ impl Component {
         &self,
         agent: &str,
         instance: &str,
+        token: Option<&str>,
     ) -> Result<(Program, ProgramClient), ComponentError> {
         let command = self
             .manifest
@@ -113,7 +115,8 @@ impl Component {
             .ok_or_else(|| ComponentError::NoProgram {
                 component: self.name.clone(),
             })?;
-        let program = Program::start(&self.name, &self.dir, command, agent, instance).await?;
+        let program =
+            Program::start(&self.name, &self.dir, command, agent, instance, token).await?;
         let client = ProgramClient::new(&self.name, program.port());
         Ok((program, client))
     }

@@ -25,6 +25,7 @@ impl Program {
         command: &[String],
         agent: &str,
         instance: &str,
+        token: Option<&str>,
     ) -> Result<Self, ComponentError> {
         let failed = |message: String| ComponentError::Start {
             component: name.to_owned(),
@@ -42,6 +43,9 @@ impl Program {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
                 Ok(())
             });
+        }
+        if let Some(token) = token {
+            command_line.env("TOA_AGENT_TOKEN", token);
         }
         let mut child = command_line
             .args(&command[1..])

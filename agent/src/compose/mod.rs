@@ -24,6 +24,7 @@ use crate::calls::{Callee, Calls};
 use crate::catalog::Catalog;
 use crate::component::program::Program;
 use crate::component::{Component, ComponentError};
+use crate::component_tokens::ComponentTokens;
 use crate::drain;
 use crate::instance::Instance;
 use crate::lifecycle::{self, Member};
@@ -63,6 +64,8 @@ pub struct Options {
     /// In a pod: the digest of the drain key the kubelet's hooks present; with it, only they
     /// start the drain (the local API does not).
     pub drain_digest: Option<String>,
+    /// In a pod: where each component's local API token is written (`DIR/<index>/token`).
+    pub component_tokens: Option<PathBuf>,
     pub mode: Mode,
     /// How to reach the broker the context names (`None` without one).
     pub broker: Option<BrokerConfig>,
@@ -203,6 +206,8 @@ pub struct Composition {
     members: Vec<Member>,
     alive: Vec<watch::Receiver<bool>>,
     calls: Option<Arc<Calls>>,
+    /// Each component's token for the local API.
+    tokens: Arc<ComponentTokens>,
 }
 
 /// The servers' names, as errors and logs say them.
@@ -214,7 +219,13 @@ impl Composition {
     /// Programs started, broker connected, local API served, lifecycle run: the process is ready.
     async fn start(&mut self, local: TcpListener, watch: &mut Watch<'_>) -> Result<(), Ended> {
         let agent_url = format!("http://{}", self.address);
-        let starts = programs::start(&self.loaded, self.attach, &agent_url, &self.instance);
+        let starts = programs::start(
+            &self.loaded,
+            self.attach,
+            &agent_url,
+            &self.instance,
+            &self.tokens,
+        );
         let started = watch
             .watched(async { Ok::<_, ComposeError>(starts.await) })
             .await?;
@@ -359,6 +370,7 @@ impl Composition {
             listeners: Default::default(),
             streams: Default::default(),
             metrics: self.metrics.clone(),
+            tokens: self.tokens.clone(),
         });
         let app = api::router(host).merge(drain::local_route(self.trigger.clone()));
         let (stop, stopped) = oneshot::channel::<()>();

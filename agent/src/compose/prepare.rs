@@ -11,6 +11,7 @@ use crate::api;
 use crate::atom::{Atom, AtomConfig, Mode, Scope};
 use crate::catalog::Source;
 use crate::component::Component;
+use crate::component_tokens::ComponentTokens;
 use crate::drain;
 use crate::metrics::Metrics;
 use crate::supervisor::Process;
@@ -28,6 +29,7 @@ impl Composition {
         options: Options,
     ) -> Result<(Self, Servers, TcpListener, drain::Asked), ComposeError> {
         let loaded = load(&options.components)?;
+        let tokens = Arc::new(component_tokens(&options, &loaded)?);
         let metrics = Metrics::new();
         let atoms = atoms(&options, &loaded, &metrics)?;
         let local = bind_local(options.listen, options.mode).await?;
@@ -38,10 +40,7 @@ impl Composition {
             Some(control) => Some((bind(control.address, CONTROL).await?, control)),
             None => None,
         };
-        let probe = match options.probe {
-            Some(address) => Some(bind(address, PROBES).await?),
-            None => None,
-        };
+        let probe = bind_if(options.probe, PROBES).await?;
         let activity = Activity::new();
         let process = Process::new(options.instance.to_string(), activity.clone());
         let (trigger, asked) = drain::channel(options.drain_digest.clone());
@@ -82,8 +81,29 @@ impl Composition {
             members: Vec::new(),
             alive: Vec::new(),
             calls: None,
+            tokens,
         };
         Ok((composition, servers, local, asked))
+    }
+}
+
+/// The components' local API tokens: in a pod with `--component-tokens`, in their volumes and
+/// asked for; otherwise only given to the programs the agent starts. Written before anything
+/// binds: a component container starts once the listeners are.
+fn component_tokens(
+    options: &Options,
+    loaded: &[Arc<Component>],
+) -> Result<ComponentTokens, ComposeError> {
+    let names: Vec<String> = loaded.iter().map(|c| c.name.clone()).collect();
+    match (&options.component_tokens, options.mode) {
+        (Some(dir), Mode::Pod) => ComponentTokens::in_pod(dir, &names).map_err(ComposeError::Setup),
+        (None, Mode::Pod) => {
+            tracing::warn!(
+                "no --component-tokens: any program in the pod may use every component's routes"
+            );
+            Ok(ComponentTokens::local(&names))
+        }
+        (_, Mode::Local) => Ok(ComponentTokens::local(&names)),
     }
 }
 
@@ -159,6 +179,17 @@ async fn bind(address: SocketAddr, what: &str) -> Result<TcpListener, ComposeErr
     TcpListener::bind(address)
         .await
         .map_err(|e| ComposeError::Setup(format!("{what} {address}: {e}")))
+}
+
+/// [`bind`] when there is an address.
+async fn bind_if(
+    address: Option<SocketAddr>,
+    what: &str,
+) -> Result<Option<TcpListener>, ComposeError> {
+    match address {
+        Some(address) => Ok(Some(bind(address, what).await?)),
+        None => Ok(None),
+    }
 }
 
 /// Where the other components' declarations are: the directories beside the given ones (a local

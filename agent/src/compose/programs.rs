@@ -4,6 +4,7 @@
 use crate::component::client::ProgramClient;
 use crate::component::program::Program;
 use crate::component::{Component, ComponentError};
+use crate::component_tokens::ComponentTokens;
 use crate::instance::Instance;
 use crate::lifecycle::{self, Member};
 use std::sync::Arc;
@@ -25,6 +26,7 @@ pub async fn start(
     attach: Option<u16>,
     agent_url: &str,
     instance: &Instance,
+    tokens: &ComponentTokens,
 ) -> Vec<Started> {
     let starts = loaded
         .iter()
@@ -32,7 +34,10 @@ pub async fn start(
         .map(|(index, component)| async move {
             match attach {
                 Some(first_port) => component.attach(first_port + index as u16).await,
-                None => component.start(agent_url, instance.as_str()).await,
+                None => {
+                    let token = tokens.token(&component.name);
+                    component.start(agent_url, instance.as_str(), token).await
+                }
             }
         });
     futures::future::join_all(starts).await

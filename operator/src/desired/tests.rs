@@ -198,6 +198,8 @@ fn the_agent_composes_every_component_with_its_control_endpoint() {
             "/var/run/toa/declarations",
             "--drain-key-sha256",
             &toa_context::control::drain_digest(DRAIN),
+            "--component-tokens",
+            "/var/run/toa/tokens",
         ]
     );
     assert!(
@@ -261,6 +263,8 @@ fn manifests_are_mounted_one_per_component_directory() {
                 "/var/run/toa/declarations".to_owned()
             ),
             ("control".to_owned(), "/var/run/toa/control".to_owned()),
+            ("token-0".to_owned(), "/var/run/toa/tokens/0".to_owned()),
+            ("token-1".to_owned(), "/var/run/toa/tokens/1".to_owned()),
         ]
     );
     // The namespace's declarations: optional (a pod never waits on them), read by the agent.
@@ -498,19 +502,40 @@ fn each_component_runs_its_program_in_its_own_container_in_the_agents_order() {
         let names: Vec<_> = env.iter().map(|var| var.name.as_str()).collect();
         assert_eq!(
             names,
-            ["TOA_PORT", "TOA_AGENT", "TOA_COMPONENT", "TOA_INSTANCE"]
+            [
+                "TOA_PORT",
+                "TOA_AGENT",
+                "TOA_COMPONENT",
+                "TOA_INSTANCE",
+                "TOA_AGENT_TOKEN_FILE"
+            ]
         );
+        assert_eq!(env[4].value.as_deref(), Some("/var/run/toa/agent/token"));
         assert_eq!(env[0].value.as_deref(), Some(port));
         assert_eq!(env[1].value.as_deref(), Some("http://127.0.0.1:7090"));
         assert_eq!(env[2].value.as_deref(), Some(full_name));
         let instance = env[3].value_from.clone().unwrap();
         assert_eq!(instance.field_ref.unwrap().field_path, "metadata.name");
         // The image's own /components/<name>/ is the program's directory: nothing is mounted
-        // over it; the control token and the agent's binary stay with the agent.
-        assert_eq!(container.volume_mounts, None);
+        // over it; the control token and the agent's binary stay with the agent. Mounted: its
+        // own local API token's volume, read-only, and no other component's.
+        let index = container.name.trim_start_matches("component-");
+        let mounts = container.volume_mounts.clone().unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(
+            (
+                mounts[0].name.as_str(),
+                mounts[0].mount_path.as_str(),
+                mounts[0].read_only
+            ),
+            (
+                format!("token-{index}").as_str(),
+                "/var/run/toa/agent",
+                Some(true)
+            )
+        );
         let hooks = container.lifecycle.clone().unwrap();
         let post_start = hooks.post_start.unwrap().http_get.unwrap();
-        let index = container.name.trim_start_matches("component-");
         assert_eq!(
             (post_start.path.unwrap(), post_start.port),
             (
@@ -728,10 +753,33 @@ fn no_credentials_or_agent_binary_reach_the_component_containers() {
             .flatten()
             .map(|v| v.name.clone())
             .collect();
-        assert_eq!(volumes, ["components", "declarations", "control"]);
+        assert_eq!(
+            volumes,
+            ["components", "declarations", "control", "token-0"]
+        );
+        let tokens = pod_spec.volumes.as_ref().unwrap()[3]
+            .empty_dir
+            .clone()
+            .unwrap();
+        assert_eq!(tokens.medium.as_deref(), Some("Memory"));
+        let agent = agent_of(&desired);
+        let written: Vec<_> = agent
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| m.read_only != Some(true))
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect();
+        assert_eq!(written, [("token-0", "/var/run/toa/tokens/0")]);
         for container in &pod_spec.containers {
             if container.name != AGENT_CONTAINER {
-                assert_eq!(container.volume_mounts, None, "{}", container.name);
+                let mounts: Vec<_> = container
+                    .volume_mounts
+                    .iter()
+                    .flatten()
+                    .map(|m| &m.name)
+                    .collect();
+                assert_eq!(mounts, ["token-0"], "{}", container.name);
                 let text = serde_json::to_string(container).unwrap();
                 assert!(
                     !text.contains("s3cret")

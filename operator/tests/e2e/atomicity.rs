@@ -91,6 +91,26 @@ pub async fn atomicity_splits_slots(suite: Arc<Suite>) {
         shares,
         start.elapsed().as_secs_f64()
     );
+    // The recorder's slots came with its token (the file its container alone mounts); the same
+    // route asked without it, as any other process in the pod would, is refused.
+    suite
+        .harness
+        .ask(&pods[0].name, json!({ "do": "tokenless" }));
+    let status = eventually(
+        "the tokenless request's answer",
+        Duration::from_secs(10),
+        || async {
+            suite
+                .harness
+                .events(&pods[0].name)
+                .into_iter()
+                .find(|e| e.event == "tokenless")
+                .map(|e| e.details["status"].clone())
+                .ok_or_else(|| "no answer".to_owned())
+        },
+    )
+    .await;
+    assert_eq!(status, json!(401), "a component's route without its token");
 
     // Through Redis: the slots' keys of this application, both pods among the members.
     let prefix = format!("toa:{application}:{COMPONENT}:slots:");
