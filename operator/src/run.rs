@@ -8,6 +8,7 @@ use crate::key_ring;
 use crate::kube_io;
 use crate::lease;
 use crate::metrics::Metrics;
+use futures::future::FusedFuture;
 use futures::FutureExt;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client};
@@ -191,25 +192,45 @@ pub async fn run(
     let controller = controller::run(Arc::new(context), shutdown.clone());
 
     let mut election = std::pin::pin!(election);
-    let mut server = std::pin::pin!(server);
-    let mut controller = std::pin::pin!(controller);
+    let mut server = std::pin::pin!(server.fuse());
+    let mut controller = std::pin::pin!(controller.fuse());
+    let (mut gauge, mut key_reader) = (std::pin::pin!(gauge), std::pin::pin!(key_reader));
     // Until shutdown, every task runs; one that ends earlier stops the process with an error,
-    // rather than leaving an operator without its lease, endpoint or controller unnoticed.
-    tokio::select! {
-        biased;
-        () = shutdown.clone() => {}
-        () = &mut election => return Err(RunError::Stopped("lease loop")),
-        result = &mut server => {
-            result.map_err(RunError::Http)?;
-            return Err(RunError::Stopped("HTTP endpoint"));
+    // rather than leaving an operator without its lease, endpoint or controller unnoticed. The
+    // endpoint and the controller end on the shutdown too, and on another thread the shutdown
+    // can complete between this task's polls of it and of them: ending then is no error.
+    let shut_down = || shutdown.clone().now_or_never().is_some();
+    let mut server_result = None;
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.clone() => break,
+            () = &mut election => return Err(RunError::Stopped("lease loop")),
+            result = &mut server => {
+                if !shut_down() {
+                    result.map_err(RunError::Http)?;
+                    return Err(RunError::Stopped("HTTP endpoint"));
+                }
+                server_result = Some(result);
+            }
+            () = &mut controller => {
+                if !shut_down() {
+                    return Err(RunError::Stopped("controller"));
+                }
+            }
+            () = &mut gauge => return Err(RunError::Stopped("leader gauge")),
+            () = &mut key_reader => return Err(RunError::Stopped("key reader")),
         }
-        () = &mut controller => return Err(RunError::Stopped("controller")),
-        () = gauge => return Err(RunError::Stopped("leader gauge")),
-        () = key_reader => return Err(RunError::Stopped("key reader")),
     }
     tracing::info!("shutting down: finishing reconciles under way");
-    controller.await;
+    if !controller.is_terminated() {
+        controller.await;
+    }
     let _ = controller_done.send(());
     election.await;
-    server.await.map_err(RunError::Http)
+    match server_result {
+        Some(result) => result,
+        None => server.await,
+    }
+    .map_err(RunError::Http)
 }

@@ -57,7 +57,11 @@ pub async fn authorize(
         .to_owned();
     match host.tokens.check(&component, request.headers()) {
         Ok(()) => next.run(request).await,
-        Err(error) => axum::response::IntoResponse::into_response(error),
+        Err(message) => axum::response::IntoResponse::into_response(ApiError::new(
+            axum::http::StatusCode::UNAUTHORIZED,
+            "UNAUTHORIZED",
+            message,
+        )),
     }
 }
 
