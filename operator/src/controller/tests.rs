@@ -182,6 +182,12 @@ fn stored(composition: &Composition) -> impl FnOnce(&Value) -> (StatusCode, Valu
     move |_| (StatusCode::OK, serde_json::to_value(composition).unwrap())
 }
 
+/// The Composition's status patch, answered with the Composition; the patch's body.
+async fn status_written(handle: &mut Handle, composition: &Composition) -> Value {
+    let path = format!("{COMPOSITIONS}/status");
+    expect(handle, "PATCH", &path, stored(composition)).await.1
+}
+
 /// A Deployment answered with this status (generation 1).
 fn deployment_with(status: Value) -> impl FnOnce(&Value) -> (StatusCode, Value) {
     move |body| {
@@ -316,13 +322,7 @@ async fn an_invalid_spec_writes_ready_false_and_touches_nothing_else() {
     let spec = CompositionSpec::test().with_redis(&["redis://a:6379", "redis://b:6379"]);
     let composition = composition(spec);
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
-    let (_, body) = expect(
-        &mut handle,
-        "PATCH",
-        &format!("{COMPOSITIONS}/status"),
-        stored(&composition),
-    )
-    .await;
+    let body = status_written(&mut handle, &composition).await;
     let ready = condition(&body, conditions::READY);
     assert_eq!(ready["status"], "False");
     assert_eq!(ready["reason"], reasons::INVALID_SPEC);
@@ -371,13 +371,7 @@ async fn a_valid_spec_applies_configmap_secret_deployment_then_status() {
     assert!(query.contains("fieldManager=toa-operator"), "{query}");
     assert_eq!(deployment["kind"], "Deployment");
     assert_eq!(deployment["spec"]["replicas"], 2);
-    let (_, status) = expect(
-        &mut handle,
-        "PATCH",
-        &format!("{COMPOSITIONS}/status"),
-        stored(&composition),
-    )
-    .await;
+    let status = status_written(&mut handle, &composition).await;
     let ready = condition(&status, conditions::READY);
     assert_eq!(
         (&ready["status"], &ready["reason"]),
@@ -400,13 +394,7 @@ async fn a_rolled_out_deployment_is_ready() {
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
     up_to_pods(&mut handle, json!([])).await;
     apply_deployment(&mut handle, rolled_out(2)).await;
-    let (_, status) = expect(
-        &mut handle,
-        "PATCH",
-        &format!("{COMPOSITIONS}/status"),
-        stored(&composition),
-    )
-    .await;
+    let status = status_written(&mut handle, &composition).await;
     let ready = condition(&status, conditions::READY);
     assert_eq!(
         (&ready["status"], &ready["reason"]),
@@ -439,13 +427,7 @@ async fn a_requested_halt_is_recorded_on_the_composition() {
     let (_, deployment) = apply_deployment(&mut handle, rolled_out(2)).await;
     // Recorded is not stopped: the pods keep running.
     assert_eq!(deployment["spec"]["replicas"], 2);
-    let (_, status) = expect(
-        &mut handle,
-        "PATCH",
-        &format!("{COMPOSITIONS}/status"),
-        stored(&composition),
-    )
-    .await;
+    let status = status_written(&mut handle, &composition).await;
     assert_eq!(
         condition(&status, conditions::HALTED)["reason"],
         "HaltRequested"
@@ -472,13 +454,7 @@ async fn a_recorded_halt_tells_running_pods_to_halt_with_the_token() {
     )
     .await;
     apply_deployment(&mut handle, rolled_out(2)).await;
-    let (_, status) = expect(
-        &mut handle,
-        "PATCH",
-        &format!("{COMPOSITIONS}/status"),
-        stored(&composition),
-    )
-    .await;
+    let status = status_written(&mut handle, &composition).await;
     assert_eq!(condition(&status, conditions::HALTED)["reason"], "Pausing");
     let degraded = condition(&status, conditions::DEGRADED);
     assert_eq!(degraded["status"], "True");
@@ -625,13 +601,7 @@ async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
     )
     .await;
     apply_deployment(&mut handle, rolled_out(1)).await;
-    let (_, status) = expect(
-        &mut handle,
-        "PATCH",
-        &format!("{COMPOSITIONS}/status"),
-        stored(&composition),
-    )
-    .await;
+    let status = status_written(&mut handle, &composition).await;
     assert_eq!(
         condition(&status, conditions::HALTED)["reason"],
         "QuietWatch"
@@ -666,13 +636,7 @@ async fn a_secret_another_manager_wrote_is_not_taken_over() {
     })
     .await;
     assert!(!query.contains("force"), "{query}");
-    let (_, status) = expect(
-        &mut handle,
-        "PATCH",
-        &format!("{COMPOSITIONS}/status"),
-        stored(&composition),
-    )
-    .await;
+    let status = status_written(&mut handle, &composition).await;
     let ready = condition(&status, conditions::READY);
     assert_eq!(ready["reason"], reasons::CONFLICT);
     let message = ready["message"].as_str().unwrap();
