@@ -8,8 +8,10 @@
 //! routes do not ask for it: the agent started every process there), or, in a pod, in the file
 //! `TOA_AGENT_TOKEN_FILE` names: the operator mounts a small in-memory volume per component into
 //! the agent (`--component-tokens DIR`, `DIR/<index>/token`) and into that component's container
-//! only. The agent writes a random token there before it binds anything, and keeps the one it
-//! finds (an agent container the kubelet restarted keeps its programs' tokens).
+//! only. The agent writes a new random token there at every start, before it binds anything: a
+//! program that took the local API's port while the agent container restarted, and collected
+//! other programs' tokens meanwhile, holds nothing the restarted agent takes. Programs read the
+//! file for each request (or again on a 401).
 
 use axum::http::HeaderMap;
 use rand::RngCore;
@@ -55,28 +57,19 @@ impl ComponentTokens {
         }
     }
 
-    /// A pod: component `i`'s token in `dir/<i>/token` (read when there, written otherwise,
-    /// readable by the pod's group only), asked for on its routes.
+    /// A pod: component `i`'s new token written into `dir/<i>/token` (readable by the pod's
+    /// group only), asked for on its routes.
     pub fn in_pod(dir: &Path, names: &[String]) -> Result<Self, String> {
         let mut tokens = HashMap::new();
         for (index, name) in names.iter().enumerate() {
             let file = dir.join(index.to_string()).join("token");
-            let kept = std::fs::read_to_string(&file)
-                .ok()
-                .filter(|token| token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()));
-            let token = match kept {
-                Some(token) => token,
-                None => {
-                    let token = random_token();
-                    write_token(&file, &token).map_err(|error| {
-                        format!(
-                            "--component-tokens: cannot write {}: {error}",
-                            file.display()
-                        )
-                    })?;
-                    token
-                }
-            };
+            let token = random_token();
+            write_token(&file, &token).map_err(|error| {
+                format!(
+                    "--component-tokens: cannot write {}: {error}",
+                    file.display()
+                )
+            })?;
             tokens.insert(name.clone(), token);
         }
         Ok(Self {
@@ -165,9 +158,12 @@ mod tests {
             "no token"
         );
         assert!(tokens.check("a.two", &bearer(&two)).is_ok());
-        // An agent started again in the same pod keeps the tokens its programs hold.
+        // An agent started again in the same pod writes new ones: what a program collected while
+        // the agent was away opens nothing.
         let again = ComponentTokens::in_pod(&dir, &names).unwrap();
-        assert_eq!(again.token("a.one"), Some(one.as_str()));
+        assert!(again.check("a.one", &bearer(&one)).is_err());
+        let renewed = std::fs::read_to_string(dir.join("0/token")).unwrap();
+        assert!(again.check("a.one", &bearer(&renewed)).is_ok());
         let mode = std::fs::metadata(dir.join("0/token")).unwrap();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(mode.permissions().mode() & 0o777, 0o640);

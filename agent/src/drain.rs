@@ -24,8 +24,10 @@ pub struct Trigger {
     asked: mpsc::Sender<()>,
     done: watch::Receiver<bool>,
     started: mpsc::UnboundedSender<usize>,
-    /// The digest of the pod's drain key; `None`: a local run, drained from the local API.
+    /// The digest of the pod's drain key (`None`: no hook drains).
     digest: Option<String>,
+    /// A pod: the local API does not drain it.
+    in_pod: bool,
 }
 
 /// The composition's side: the drain was asked for; mark it done; which component container
@@ -36,8 +38,9 @@ pub struct Asked {
     pub started: mpsc::UnboundedReceiver<usize>,
 }
 
-/// A trigger and its other end; with a digest (a pod), only the hooks carrying its key drain.
-pub fn channel(digest: Option<String>) -> (Trigger, Asked) {
+/// A trigger and its other end. In a pod only the hooks carrying the key of `digest` drain; in a
+/// local run, the local API.
+pub fn channel(digest: Option<String>, in_pod: bool) -> (Trigger, Asked) {
     let (asked_tx, asked) = mpsc::channel(1);
     let (done_tx, done) = watch::channel(false);
     let (started_tx, started) = mpsc::unbounded_channel();
@@ -46,6 +49,7 @@ pub fn channel(digest: Option<String>) -> (Trigger, Asked) {
         done,
         started: started_tx,
         digest,
+        in_pod,
     };
     (
         trigger,
@@ -71,7 +75,7 @@ pub fn hook_routes(trigger: Trigger) -> Router {
 
 /// `POST /v1/drain`: in a local run, starts the drain and answers once it is done; in a pod, 403.
 async fn by_header(State(trigger): State<Trigger>) -> Response {
-    if trigger.digest.is_some() {
+    if trigger.in_pod {
         return crate::api::ApiError::new(
             StatusCode::FORBIDDEN,
             "DRAIN_IN_POD",

@@ -96,7 +96,7 @@ fn read_all(file: &Path) -> Result<Vec<String>, String> {
 }
 
 /// A token file's content without surrounding white space, never empty.
-pub fn read_token(path: &Path) -> Result<String, String> {
+fn read_token(path: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("--control-token-file {}: {e}", path.display()))?;
     let token = text.trim();

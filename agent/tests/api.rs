@@ -131,13 +131,22 @@ async fn in_a_pod_a_components_routes_take_its_own_token_only() {
             Some(json!({"keys": ["k"], "deltas": [1]})),
         ),
     ];
-    for (method, path, body) in &routes {
+    // Percent-encoded, the name is the same component to the check and to the route.
+    let routes = routes.into_iter().chain([
+        ("GET", "/v1/local%2Eembedded/slots?total=4", None),
+        (
+            "POST",
+            "/v1/%6Cocal.embedded/lock",
+            Some(json!({"keys": ["k"]})),
+        ),
+    ]);
+    for (method, path, body) in routes {
         for token in [None, Some(other.as_str())] {
             let mut request = served.client.request(method.parse().unwrap(), url(path));
             if let Some(token) = token {
                 request = request.bearer_auth(token);
             }
-            if let Some(body) = body {
+            if let Some(body) = &body {
                 request = request.json(body);
             }
             let (status, error) = error_of(request.send().await.unwrap()).await;

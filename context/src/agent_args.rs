@@ -113,7 +113,7 @@ impl ComposeArgs {
 /// `toa-agent drain`: drain the running composition and return once `dispose` ran. In a pod (the
 /// plain sidecar's preStop hook) it asks the probe port with the drain key, as the component
 /// containers' hooks do; in a local run, the local API.
-#[derive(Args, Debug, Clone, PartialEq, Eq)]
+#[derive(Args, Clone, PartialEq, Eq)]
 pub struct DrainArgs {
     /// The agent's local API (local runs).
     #[arg(long, default_value_t = default_agent(), env = "TOA_AGENT")]
@@ -124,6 +124,17 @@ pub struct DrainArgs {
     /// The pod's drain key.
     #[arg(long, requires = "probe")]
     pub key: Option<String>,
+}
+
+/// Never the key.
+impl std::fmt::Debug for DrainArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DrainArgs")
+            .field("agent", &self.agent)
+            .field("probe", &self.probe)
+            .field("key", &self.key.as_ref().map(|_| "…"))
+            .finish()
+    }
 }
 
 impl DrainArgs {

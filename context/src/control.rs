@@ -1,14 +1,15 @@
 //! The contract between the operator and the agent, written once: the agent's ports, the control
-//! endpoint's paths and its status, and what both derive from a Composition's control token.
+//! endpoint's paths and its status, the control token's derivation and the signed requests.
 //!
 //! The drain key: the component containers' `preStop` hook is an `httpGet` to the agent's probe
 //! port, whose path is written in the pod spec. That request must start a drain, and a program in
 //! the pod must not be able to start one (it can reach every port of its pod). So the path
-//! carries a one-way derivation of the control token: the agent (which reads the token from its
-//! own mount) recomputes it, the program (which never sees the token or the pod spec) cannot, and
-//! whoever reads the pod spec learns nothing that opens the control endpoint. The key is in the
-//! path, not a header, because kubelets before 1.23 send a lifecycle hook's `httpGet` without
-//! its headers (and as `http://ip:port/` + path, so with a doubled slash).
+//! carries a random key the operator made for the Composition (kept in its Deployment): the agent
+//! is given only its digest ([`drain_digest`]) and compares digests; the program never sees the
+//! pod spec; and the key opens nothing else (it is not derived from the control token, so a
+//! rotation does not change the pods). The key is in the path, not a header, because kubelets
+//! before 1.23 send a lifecycle hook's `httpGet` without its headers (and as `http://ip:port/` +
+//! path, so with a doubled slash).
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

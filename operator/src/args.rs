@@ -179,10 +179,15 @@ impl RunArgs {
                 given: key_secret,
             });
         }
-        if let Some(bad) = watch_namespaces.iter().find(|ns| !is_dns_label(ns)) {
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(bad) = watch_namespaces
+            .iter()
+            .find(|ns| !is_dns_label(ns) || !seen.insert(ns.as_str()))
+        {
+            // A namespace named twice would get two controllers reconciling the same objects.
             return Err(RunArgsError {
                 option: "--watch-namespaces",
-                expected: "namespace names separated by commas",
+                expected: "namespace names, each once, separated by commas",
                 given: bad.clone(),
             });
         }
@@ -201,7 +206,6 @@ impl RunArgs {
     }
 }
 
-/// `NAMESPACE/KEY=VALUE,KEY=VALUE`, each part non-empty and without white space.
 /// A namespace's name: a DNS label (RFC 1123), 63 characters at most.
 fn is_dns_label(name: &str) -> bool {
     (1..=63).contains(&name.len())
@@ -212,6 +216,7 @@ fn is_dns_label(name: &str) -> bool {
         && !name.ends_with('-')
 }
 
+/// `NAMESPACE/KEY=VALUE,KEY=VALUE`, each part non-empty and without white space.
 fn parse_control_from(text: &str) -> Option<crate::desired::ControlFrom> {
     let (namespace, labels) = text.split_once('/')?;
     let plain = |part: &str| !part.is_empty() && !part.chars().any(char::is_whitespace);
@@ -387,6 +392,7 @@ mod tests {
         let error = config("shop,Billing!").unwrap_err();
         assert_eq!(error.option, "--watch-namespaces");
         assert_eq!(error.given, "Billing!");
+        assert_eq!(config("shop,billing,shop").unwrap_err().given, "shop");
     }
 
     #[test]

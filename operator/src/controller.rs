@@ -298,7 +298,13 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
         }
     };
     let owner = Owner::of(composition)?;
-    let keys = match configure(context, composition, &owner).await {
+    if context.keys.borrow().is_none() {
+        // Without the key nothing is written: a half-configured composition helps no one.
+        return Err(Error::NoKey);
+    }
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
+    let existing = deployments.get_opt(&name).await?;
+    let keys = match configure(context, composition, &owner, existing.as_ref()).await {
         // Said in the status, and tried again with the backoff: someone may rename or delete it.
         Err(Error::Conflict(message)) => {
             refuse(
@@ -336,8 +342,10 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     .await?;
 
     let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
-    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
-    let drain = kube_io::drain_key(&deployments, &name).await?;
+    let drain = existing
+        .as_ref()
+        .and_then(desired::drain_key_of)
+        .unwrap_or_else(desired::new_drain_key);
     let deployment = desired::deployment(
         &owner,
         composition,
@@ -403,15 +411,17 @@ async fn configure(
     context: &Context,
     composition: &Composition,
     owner: &Owner,
+    existing: Option<&Deployment>,
 ) -> Result<Keys, Error> {
-    // Without the key nothing is written: a half-configured composition helps no one.
     let ring = context.keys.borrow().clone().ok_or(Error::NoKey)?;
     let keys = ring.keys_for(owner.reference.uid.as_str());
     let config_maps = Api::<ConfigMap>::namespaced(context.client.clone(), &owner.namespace);
     kube_io::apply(&config_maps, &desired::components(owner, composition)).await?;
     declarations::reconcile(&config_maps, &context.declarations, composition, owner).await?;
-    let secrets = Api::<Secret>::namespaced(context.client.clone(), &owner.namespace);
-    kube_io::apply_unforced(&secrets, &desired::control_secret(owner, &keys)).await?;
+    if desired::tokens_due(existing) {
+        let secrets = Api::<Secret>::namespaced(context.client.clone(), &owner.namespace);
+        kube_io::apply_unforced(&secrets, &desired::control_secret(owner, &keys)).await?;
+    }
     if let Some(from) = &context.settings.control_from {
         let policies = Api::<NetworkPolicy>::namespaced(context.client.clone(), &owner.namespace);
         kube_io::apply(&policies, &desired::network_policy(owner, from)).await?;

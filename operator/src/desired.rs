@@ -326,6 +326,31 @@ pub fn control_secret(owner: &Owner, keys: &Keys) -> Secret {
     }
 }
 
+/// A new drain key: 32 random bytes, as 64 hex digits (the one input here that is random, made
+/// by the caller once per Deployment).
+pub fn new_drain_key() -> String {
+    let mut bytes = [0u8; 32];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Whether the control Secret may be written, given the Deployment as it is: always for a new
+/// one; for one made by an operator before derived tokens (no [`DRAIN_KEY`]), not until it has
+/// been rolled over to pods whose drain does not derive from the token, and none of the old
+/// pods is left. The old pods' agents derive their hooks' drain key from the token they read:
+/// a new token in their Secret would make their `preStop` drain refused, and `dispose` would not
+/// run. In the same way a rotation waits until no pod of an older template is left.
+pub fn tokens_due(existing: Option<&Deployment>) -> bool {
+    let Some(deployment) = existing else {
+        return true;
+    };
+    let rollout = crate::status::Rollout::of(deployment);
+    drain_key_of(deployment).is_some()
+        && rollout.generation.is_some()
+        && rollout.observed_generation >= rollout.generation
+        && rollout.replicas == rollout.updated_replicas
+}
+
 /// The pods' drain key the Deployment holds in [`DRAIN_KEY`], when it is one this operator
 /// makes (64 hex digits): kept, so the pod template, and the pods, do not change with it.
 pub fn drain_key_of(deployment: &Deployment) -> Option<String> {

@@ -148,13 +148,14 @@ fn new_secret(name: &str) -> Secret {
 }
 
 /// Loads the key ring into `ring` and reads it again every [`REREAD`], for as long as anyone
-/// holds a receiver; a failed read keeps the ring as it was (logged).
+/// holds a receiver; a failed read keeps the ring as it was (logged at each failure: until the
+/// first read, every reconcile waits on it).
 pub async fn keep_reading(api: Api<Secret>, name: String, ring: watch::Sender<Option<KeyRing>>) {
-    let mut failing = false;
+    // Named with its namespace in every message.
+    let label = format!("{}/{name}", api.namespace().unwrap_or_default());
     loop {
         match load_or_create(&api, &name).await {
             Ok(read) => {
-                failing = false;
                 ring.send_if_modified(|held| {
                     let changed = held.as_ref() != Some(&read);
                     if changed {
@@ -164,11 +165,10 @@ pub async fn keep_reading(api: Api<Secret>, name: String, ring: watch::Sender<Op
                     changed
                 });
             }
-            Err(error) if !failing => {
-                failing = true;
-                tracing::warn!(%error, "cannot read the operator's key; keeping the one read before");
+            Err(error) => {
+                let error = error.to_string().replacen(&name, &label, 1);
+                tracing::warn!(%error, "cannot read the operator's key; keeping the one read before, if any");
             }
-            Err(_) => {}
         }
         if ring.is_closed() {
             return;

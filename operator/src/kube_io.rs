@@ -1,6 +1,6 @@
 //! The operator's requests to the API server, each one small so the controller reads as a list
 //! of steps: server-side apply with the field manager [`MANAGER`] (unforced for the control
-//! Secret), the Deployment's drain key, the composition's pods, the halt annotation and the status
+//! Secret), the composition's pods, the halt annotation and the status
 //! subresource.
 
 use crate::crd::{Composition, CompositionStatus};
@@ -8,7 +8,6 @@ use crate::desired::{pod_selector, Sidecar, MANAGER};
 use crate::halt::{Record, ANNOTATION};
 use crate::pods::Seen;
 use crate::Error;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -49,27 +48,13 @@ where
     {
         Err(kube::Error::Api(status)) if status.code == 409 => Err(Error::Conflict(format!(
             "the {} {} has fields another manager wrote ({}); the operator does not take it \
-             over: delete it, or give it another name",
+             over: delete it, and the operator writes its own",
             K::kind(&()),
             object.name_any(),
             status.message,
         ))),
         other => Ok(other?),
     }
-}
-
-/// The drain key of the Deployment `name` (see [`crate::desired::DRAIN_KEY`]), or a new random
-/// one when there is none yet.
-pub async fn drain_key(api: &Api<Deployment>, name: &str) -> Result<String, kube::Error> {
-    let existing = api.get_opt(name).await?;
-    Ok(existing
-        .as_ref()
-        .and_then(crate::desired::drain_key_of)
-        .unwrap_or_else(|| {
-            let mut bytes = [0u8; 32];
-            rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
-            bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-        }))
 }
 
 /// The composition's pods, as [`crate::pods::seen`] reads them.

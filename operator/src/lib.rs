@@ -67,7 +67,10 @@ pub enum Error {
     #[error(transparent)]
     NotStored(#[from] desired::NotStored),
     /// The operator's key has not been read yet (see [`key_ring`]).
-    #[error("the operator's key has not been read yet (its Secret, in the operator's namespace)")]
+    #[error(
+        "the operator's key has not been read yet (its Secret, in the operator's namespace; the \
+         operator's log says why: `cannot read the operator's key`)"
+    )]
     NoKey,
     /// An object the operator would write holds fields another field manager wrote: it is not
     /// taken over.

@@ -102,7 +102,12 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
                 conditions::PROGRESSING,
                 false,
                 reason,
-                "the refused spec is not rolled out; what runs is left as it was".to_owned(),
+                if reason == reasons::INVALID_SPEC {
+                    "the refused spec is not rolled out; what runs is left as it was"
+                } else {
+                    "nothing is rolled out until that is resolved; what runs is left as it was"
+                }
+                .to_owned(),
             ));
             conditions.push(condition(conditions::DEGRADED, true, reason, message));
             if let Some(halted) = previous.and_then(|p| find(&p.conditions, conditions::HALTED)) {

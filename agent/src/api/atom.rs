@@ -12,6 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,19 +43,25 @@ pub fn routes() -> Router<Arc<Host>> {
 }
 
 /// The coordination routes of `/v1/{component}/...` go on only with that component's token (in a
-/// pod; see [`crate::component_tokens`]).
+/// pod; see [`crate::component_tokens`]). The component is read with the extractor the handlers
+/// use, so the name checked is the name acted on (`store%2Ecatalog` is `store.catalog` to both).
 pub async fn authorize(
     State(host): State<Arc<Host>>,
+    params: Result<
+        axum::extract::Path<HashMap<String, String>>,
+        axum::extract::rejection::PathRejection,
+    >,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let component = request
-        .uri()
-        .path()
-        .strip_prefix("/v1/")
-        .and_then(|rest| rest.split('/').next())
-        .unwrap_or_default()
-        .to_owned();
+    let component = match &params {
+        Ok(axum::extract::Path(params)) => params.get("component").cloned().unwrap_or_default(),
+        Err(rejection) => {
+            return axum::response::IntoResponse::into_response(ApiError::bad_request(
+                rejection.body_text(),
+            ))
+        }
+    };
     match host.tokens.check(&component, request.headers()) {
         Ok(()) => next.run(request).await,
         Err(message) => axum::response::IntoResponse::into_response(ApiError::new(

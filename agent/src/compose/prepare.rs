@@ -43,7 +43,8 @@ impl Composition {
         let probe = bind_if(options.probe, PROBES).await?;
         let activity = Activity::new();
         let process = Process::new(options.instance.to_string(), activity.clone());
-        let (trigger, asked) = drain::channel(options.drain_digest.clone());
+        let (trigger, asked) =
+            drain::channel(options.drain_digest.clone(), options.mode == Mode::Pod);
         let (lifecycle_done, lifecycle_ready) = watch::channel(false);
         let (programs_up, up) = watch::channel(true);
         let ready = super::programs::all_true(vec![lifecycle_ready, up]);

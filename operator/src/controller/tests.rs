@@ -158,14 +158,34 @@ fn token() -> String {
 
 const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/shop/deployments/shop";
 
-/// The Deployment read for its drain key (none yet), then applied and answered with `status`;
-/// the applied body.
+/// The Deployment applied and answered with `status`; the query and the applied body.
 async fn apply_deployment(handle: &mut Handle, status: Value) -> (String, Value) {
-    expect(handle, "GET", DEPLOYMENT, |_| {
-        (StatusCode::NOT_FOUND, not_found())
+    expect(handle, "PATCH", DEPLOYMENT, deployment_with(status)).await
+}
+
+/// The Deployment as it is read first (its drain key, and whether the tokens may be written):
+/// `existing`, or none yet.
+async fn deployment_read(handle: &mut Handle, existing: Option<Value>) {
+    expect(handle, "GET", DEPLOYMENT, |_| match existing {
+        Some(deployment) => (StatusCode::OK, deployment),
+        None => (StatusCode::NOT_FOUND, not_found()),
     })
     .await;
-    expect(handle, "PATCH", DEPLOYMENT, deployment_with(status)).await
+}
+
+/// A Deployment as an operator wrote it: with the drain key `key` when given, its rollout done
+/// when `rolled_over`.
+fn existing_deployment(key: Option<&str>, rolled_over: bool) -> Value {
+    let mut deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "shop", "namespace": "shop", "generation": 2},
+        "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2}});
+    if let Some(key) = key {
+        deployment["metadata"]["annotations"] = json!({desired::DRAIN_KEY: key});
+    }
+    if !rolled_over {
+        deployment["status"]["updatedReplicas"] = json!(1);
+    }
+    deployment
 }
 
 fn not_found() -> Value {
@@ -207,8 +227,9 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} in {status}"))
 }
 
-/// ConfigMap apply, control Secret, pod list.
+/// The Deployment read (none yet), ConfigMap apply, control Secret, pod list.
 async fn up_to_pods(handle: &mut Handle, pods: Value) {
+    deployment_read(handle, None).await;
     config_maps(handle).await;
     // The control Secret: the derived token, applied without taking over another's fields.
     let secret = "/api/v1/namespaces/shop/secrets/shop-control";
@@ -543,6 +564,7 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
         });
         let composition = Arc::new(stored);
         let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+        deployment_read(&mut handle, None).await;
         expect(
             &mut handle,
             "PATCH",
@@ -626,6 +648,7 @@ async fn a_secret_another_manager_wrote_is_not_taken_over() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    deployment_read(&mut handle, None).await;
     config_maps(&mut handle).await;
     let secret = "/api/v1/namespaces/shop/secrets/shop-control";
     let (query, _) = expect(&mut handle, "PATCH", secret, |_| {
@@ -653,6 +676,7 @@ async fn during_a_rotation_the_secret_holds_the_new_and_the_previous_token() {
     let (context, mut handle) = context_with(Arc::default(), true, Some(rotating.clone()));
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    deployment_read(&mut handle, None).await;
     config_maps(&mut handle).await;
     let secret = "/api/v1/namespaces/shop/secrets/shop-control";
     let (_, body) = expect(&mut handle, "PATCH", secret, echo).await;
@@ -685,16 +709,13 @@ async fn a_deployments_drain_key_is_kept() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
-    up_to_pods(&mut handle, json!([])).await;
     let key = "0123456789abcdef".repeat(4);
-    let existing = json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "shop", "namespace": "shop",
-                     "annotations": {desired::DRAIN_KEY: key}}});
-    expect(&mut handle, "GET", DEPLOYMENT, |_| {
-        (StatusCode::OK, existing)
-    })
-    .await;
-    let (_, applied) = expect(&mut handle, "PATCH", DEPLOYMENT, deployment_with(json!({}))).await;
+    deployment_read(&mut handle, Some(existing_deployment(Some(&key), true))).await;
+    config_maps(&mut handle).await;
+    let secret = "/api/v1/namespaces/shop/secrets/shop-control";
+    expect(&mut handle, "PATCH", secret, echo).await;
+    pods_listed(&mut handle, json!([])).await;
+    let (_, applied) = apply_deployment(&mut handle, json!({})).await;
     assert_eq!(applied["metadata"]["annotations"][desired::DRAIN_KEY], key);
     let text = applied["spec"]["template"].to_string();
     assert!(text.contains(&format!("/drain/{key}")), "{text}");
@@ -704,6 +725,39 @@ async fn a_deployments_drain_key_is_kept() {
         "{text}"
     );
     task.abort();
+}
+
+/// A Deployment an operator before derived tokens made (no drain key), or one whose pods are not
+/// all of its current template yet: the control Secret is left as it is, so that old pods'
+/// agents, whose hooks' drain key derives from the token they read, keep their drain; the
+/// Deployment is rolled over to the new drain key meanwhile.
+#[tokio::test]
+async fn the_tokens_wait_until_no_pod_of_an_older_template_is_left() {
+    for existing in [
+        existing_deployment(None, true),
+        existing_deployment(Some(&"ab".repeat(32)), false),
+    ] {
+        let (context, mut handle) = context(Arc::default(), true);
+        let composition = composition(CompositionSpec::test());
+        let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+        let upgraded = existing["metadata"]["annotations"].is_null();
+        deployment_read(&mut handle, Some(existing)).await;
+        config_maps(&mut handle).await;
+        // No Secret: the pod list comes next.
+        pods_listed(&mut handle, json!([])).await;
+        let (_, applied) = apply_deployment(&mut handle, json!({})).await;
+        let key = applied["metadata"]["annotations"][desired::DRAIN_KEY]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(key.len(), 64);
+        assert_eq!(
+            upgraded,
+            key != "ab".repeat(32),
+            "a new key only where there was none"
+        );
+        task.abort();
+    }
 }
 
 /// Every Composition is reconciled when the key is first read and when it rotates.
