@@ -42,19 +42,20 @@ they are deleted by the garbage collector through their owner references, never 
 operator), lists and watches its compositions' pods (IPs for halts, statuses for Degraded), and
 records events. Reading the server version needs no grant. */}}
 {{- define "toa-operator.rules" -}}
-# Watched; their annotations are patched (halts).
+# Watched (never read one by one); their annotations are patched (halts).
 - apiGroups: ["toa.io"]
   resources: ["compositions"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["toa.io"]
   resources: ["compositions/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 # Owner references with blockOwnerDeletion need this where
 # OwnerReferencesPermissionEnforcement is enabled.
 - apiGroups: ["toa.io"]
   resources: ["compositions/finalizers"]
   verbs: ["update"]
-# Owned, applied server-side; create is granted for an apply that creates the object.
+# Owned, applied server-side; create is granted for an apply that creates the object. A
+# Deployment is read for its drain key, the declarations ConfigMap for its parts.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -69,7 +70,7 @@ records events. Reading the server version needs no grant. */}}
 # Each composition's NetworkPolicy (networkPolicy.enabled), applied like the rest.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["create", "patch"]
 # A composition's pods: their IPs, for halts, and their statuses, for Degraded (watched, by the
 # operator's label, so a failing pod is reported at once).
 - apiGroups: [""]
