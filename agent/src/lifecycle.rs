@@ -11,6 +11,8 @@ use toa_context::RunCommand;
 pub struct Member {
     pub component: Arc<Component>,
     pub client: ProgramClient,
+    /// The run commands its program exports (its description, or the manifest's list).
+    pub commands: Vec<RunCommand>,
 }
 
 /// Runs `command` on every member that exports it, concurrently.
@@ -32,7 +34,7 @@ pub async fn each(
     let runs = members
         .iter()
         .enumerate()
-        .filter(|(_, m)| m.component.exports(command))
+        .filter(|(_, m)| m.commands.contains(&command))
         .map(|(index, member)| async move {
             tracing::debug!(component = %member.component.name, command = command.name(), "run command");
             let result = member

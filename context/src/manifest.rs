@@ -35,6 +35,16 @@ pub enum RunCommand {
 }
 
 impl RunCommand {
+    /// Every run command, in the order of a component's life.
+    pub const ALL: [RunCommand; 6] = [
+        Self::Preflight,
+        Self::Settle,
+        Self::Ready,
+        Self::Pause,
+        Self::Resume,
+        Self::Dispose,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Self::Preflight => "preflight",

@@ -57,6 +57,14 @@ pub fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// What a program says it serves: the run commands its modules export and its operations' names.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Description {
+    pub commands: Vec<String>,
+    pub operations: Vec<String>,
+}
+
 #[derive(Clone)]
 pub struct ProgramClient {
     component: String,
@@ -145,6 +153,34 @@ impl ProgramClient {
             status: status.as_u16(),
             body,
         })
+    }
+
+    /// What the program says it serves (`GET /program`: `{"commands": [...], "operations":
+    /// [...]}`), or `None` from a program that does not say (any answer but a 2xx: the
+    /// manifest's word is taken).
+    pub async fn describe(&self) -> Result<Option<Description>, ProgramError> {
+        let unreachable = |error: reqwest::Error| ProgramError::Unreachable {
+            component: self.component.clone(),
+            message: error.to_string(),
+        };
+        let response = self
+            .http
+            .get(format!("{}/program", self.base))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .map_err(unreachable)?;
+        // 404, 405, 501 (a handler without GET): the program does not say.
+        if !response.status().is_success() {
+            return Ok(None);
+        }
+        let body = response.text().await.map_err(unreachable)?;
+        serde_json::from_str(&body)
+            .map(Some)
+            .map_err(|_| ProgramError::Malformed {
+                component: self.component.clone(),
+                body,
+            })
     }
 
     /// Calls an operation with its input.

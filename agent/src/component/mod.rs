@@ -44,6 +44,8 @@ pub enum ComponentError {
     NoProgram { component: String },
     #[error("{component}: the program did not start: {message}")]
     Start { component: String, message: String },
+    #[error("{component}: the program does not match its manifest: {message}")]
+    Mismatch { component: String, message: String },
     #[error("{component}: {command} failed: {message}")]
     RunCommand {
         component: String,
@@ -123,5 +125,130 @@ impl Component {
 
     pub fn exports(&self, command: RunCommand) -> bool {
         self.manifest.exports(command)
+    }
+
+    /// The run commands to run for a program that says what it serves, checked against the
+    /// manifest: every declared operation served; the run commands the manifest lists, when it
+    /// lists any, exactly those exported; `pause` only with `resume`. Without a description, the
+    /// manifest's list.
+    pub fn commands(
+        &self,
+        description: Option<&client::Description>,
+    ) -> Result<Vec<RunCommand>, ComponentError> {
+        let Some(description) = description else {
+            return Ok(self.manifest.lifecycle.clone());
+        };
+        let mismatch = |message: String| ComponentError::Mismatch {
+            component: self.name.clone(),
+            message,
+        };
+        let mut exported = Vec::new();
+        for name in &description.commands {
+            let command = RunCommand::ALL
+                .into_iter()
+                .find(|command| command.name() == name)
+                .ok_or_else(|| {
+                    mismatch(format!(
+                        "it exports a run command {name:?}; run commands are preflight, settle, \
+                         ready, pause, resume and dispose"
+                    ))
+                })?;
+            exported.push(command);
+        }
+        let missing: Vec<&str> = self
+            .manifest
+            .operations
+            .keys()
+            .filter(|name| !description.operations.contains(name))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(mismatch(format!(
+                "the manifest declares {missing:?} and the program has no module for them"
+            )));
+        }
+        let listed = &self.manifest.lifecycle;
+        if !listed.is_empty() && listed.iter().any(|c| !exported.contains(c))
+            || !listed.is_empty() && exported.iter().any(|c| !listed.contains(c))
+        {
+            let names = |list: &[RunCommand]| list.iter().map(|c| c.name()).collect::<Vec<_>>();
+            return Err(mismatch(format!(
+                "the manifest lists the run commands {:?}, the program exports {:?}",
+                names(listed),
+                names(&exported)
+            )));
+        }
+        if exported.contains(&RunCommand::Pause) && !exported.contains(&RunCommand::Resume) {
+            return Err(mismatch(
+                "it exports `pause` and no `resume`: resume takes again what pause released"
+                    .to_owned(),
+            ));
+        }
+        Ok(exported)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client::Description;
+    use super::*;
+
+    fn component(manifest: &str) -> Component {
+        Component {
+            manifest: serde_yaml::from_str(manifest).unwrap(),
+            name: "shop.mail".into(),
+            dir: PathBuf::from("."),
+            schemas: HashMap::new(),
+        }
+    }
+
+    fn said(commands: &[&str], operations: &[&str]) -> Description {
+        Description {
+            commands: commands.iter().map(|c| (*c).to_owned()).collect(),
+            operations: operations.iter().map(|o| (*o).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_program_that_says_what_it_serves_gets_its_own_run_commands_checked() {
+        let seed = component("name: mail\nnamespace: shop\noperations:\n  send: {}\n");
+        // The seeds' manifests list no run commands: the program's modules say them.
+        let commands = seed.commands(Some(&said(&["preflight", "dispose"], &["send"])));
+        assert_eq!(
+            commands.unwrap(),
+            [RunCommand::Preflight, RunCommand::Dispose]
+        );
+        assert_eq!(seed.commands(None).unwrap(), []);
+        let errors = [
+            (
+                said(&[], &[]),
+                "declares [\"send\"] and the program has no module",
+            ),
+            (
+                said(&["pause"], &["send"]),
+                "exports `pause` and no `resume`",
+            ),
+            (said(&["stop"], &["send"]), "run command \"stop\""),
+        ];
+        for (description, expected) in errors {
+            let error = seed.commands(Some(&description)).unwrap_err().to_string();
+            assert!(error.contains(expected), "{error}");
+            assert!(error.starts_with("shop.mail: "), "{error}");
+        }
+        let listed = component(
+            "name: mail\nnamespace: shop\nlifecycle: [preflight, dispose]\noperations:\n  send: {}\n",
+        );
+        let error = listed
+            .commands(Some(&said(&["preflight"], &["send"])))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("lists the run commands [\"preflight\", \"dispose\"], the program exports [\"preflight\"]"),
+            "{error}"
+        );
+        assert_eq!(
+            listed.commands(None).unwrap(),
+            [RunCommand::Preflight, RunCommand::Dispose]
+        );
     }
 }

@@ -230,6 +230,7 @@ impl Composition {
             .watched(async { Ok::<_, ComposeError>(starts.await) })
             .await?;
         self.keep(started)?;
+        watch.watched(self.describe()).await?;
         self.watch_programs();
         let calls = self.calls();
         let calls = match self.context.amqp.clone() {
@@ -273,6 +274,7 @@ impl Composition {
                     self.members.push(Member {
                         component: component.clone(),
                         client: client.with_run_command_limit(self.context.limits.run_command),
+                        commands: component.manifest.lifecycle.clone(),
                     });
                 }
                 Err(error) => {
@@ -281,6 +283,24 @@ impl Composition {
             }
         }
         failure.map_or(Ok(()), Err)
+    }
+
+    /// Each program's run commands, from what it says it serves, checked against its manifest;
+    /// a mismatch fails the start, naming it.
+    async fn describe(&mut self) -> Result<(), ComponentError> {
+        for member in &mut self.members {
+            let description =
+                member
+                    .client
+                    .describe()
+                    .await
+                    .map_err(|error| ComponentError::Start {
+                        component: member.component.name.clone(),
+                        message: error.to_string(),
+                    })?;
+            member.commands = member.component.commands(description.as_ref())?;
+        }
+        Ok(())
     }
 
     /// A program that stops answering makes the process not ready, and its calls go elsewhere.

@@ -1,0 +1,3 @@
+# Exports pause and no resume: the component does not start.
+def pause(context):
+    pass

@@ -1,0 +1,3 @@
+from .runtime import main
+
+main()

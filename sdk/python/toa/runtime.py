@@ -1,0 +1,148 @@
+"""The component's program: loads `operations/*.py` and `rc/*.py` from the component's directory
+(the directory the program starts in), refuses to start when a module is not what it should be,
+and serves the agent's protocol on 127.0.0.1:$TOA_PORT:
+
+- `GET /program`: `{"commands": [...], "operations": [...]}`, what the modules export; the agent
+  checks it against the manifest (every declared operation has a module; the run commands it
+  lists, if it lists any, are the ones exported) and runs the exported run commands;
+- `POST /lifecycle/<command>`: every module's function of that name, in the modules' order;
+- `POST /operations/<name>`: the module's function, with `input` and the context.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from .context import Context, call_function
+from .errors import Error
+
+COMMANDS = ("preflight", "settle", "ready", "pause", "resume", "dispose")
+KINDS = ("effect", "computation", "transition", "observation", "assignment")
+
+
+class Refused(Exception):
+    """A component that must not start, and why."""
+
+
+def _module(path):
+    spec = importlib.util.spec_from_file_location(f"toa_component_{path.parent.name}_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load(directory):
+    """The operations (name → function) and run commands (name → functions) of the component in
+    `directory`."""
+    directory = Path(directory)
+    operations = {}
+    for path in sorted((directory / "operations").glob("*.py")):
+        module = _module(path)
+        kinds = [kind for kind in KINDS if callable(getattr(module, kind, None))]
+        if len(kinds) != 1:
+            raise Refused(
+                f"operations/{path.name}: expected one function named {' or '.join(KINDS)}, "
+                f"found {kinds or 'none'}"
+            )
+        operations[path.stem] = getattr(module, kinds[0])
+    commands = {}
+    for path in sorted((directory / "rc").glob("*.py")):
+        module = _module(path)
+        exported = [name for name in COMMANDS if callable(getattr(module, name, None))]
+        if not exported:
+            raise Refused(f"rc/{path.name}: a module exports at least one of {', '.join(COMMANDS)}")
+        for name in exported:
+            commands.setdefault(name, []).append(getattr(module, name))
+    if "pause" in commands and "resume" not in commands:
+        raise Refused("rc/ exports `pause` and no `resume`: resume takes again what pause released")
+    return operations, commands
+
+
+class Component:
+    def __init__(self, operations, commands, context):
+        self.operations = operations
+        self.commands = commands
+        self.context = context
+
+    def description(self):
+        return {
+            "commands": [name for name in COMMANDS if name in self.commands],
+            "operations": sorted(self.operations),
+        }
+
+    def lifecycle(self, name):
+        for function in self.commands.get(name, []):
+            call_function(function, self.context)
+
+    def operate(self, name, input):
+        """`{"reply": ...}` or the operation's own `{"error": ...}`; an exception is a failure."""
+        result = call_function(self.operations[name], input, self.context)
+        if isinstance(result, Error):
+            return {"error": {"code": result.code, "message": result.message}}
+        return {"reply": result}
+
+
+def handler(component):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        # Headers and body go in two writes: with Nagle's algorithm the second would wait for
+        # the agent's delayed ACK of the first, ~40 ms on every answer.
+        disable_nagle_algorithm = True
+
+        def log_message(self, *args):
+            pass
+
+        def _answer(self, status, value):
+            body = json.dumps(value).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path == "/program":
+                return self._answer(200, component.description())
+            return self._answer(404, {"error": {"code": "NOT_FOUND", "message": self.path}})
+
+        def do_POST(self):
+            length = int(self.headers.get("content-length") or 0)
+            request = json.loads(self.rfile.read(length) or b"{}")
+            kind, _, name = self.path.strip("/").partition("/")
+            try:
+                if kind == "lifecycle" and name in COMMANDS:
+                    component.lifecycle(name)
+                    return self._answer(200, {})
+                if kind == "operations" and name in component.operations:
+                    return self._answer(200, component.operate(name, request.get("input")))
+                return self._answer(404, {"error": {"code": "NOT_FOUND", "message": self.path}})
+            except Exception as exception:  # noqa: BLE001 - the agent reports it with the name
+                print(f"{os.environ.get('TOA_COMPONENT')}: {kind} {name} failed: {exception!r}",
+                      file=sys.stderr, flush=True)
+                return self._answer(500, {"message": repr(exception)})
+
+    return Handler
+
+
+def main():
+    try:
+        operations, commands = load(Path.cwd())
+    except Refused as refused:
+        print(f"{os.environ.get('TOA_COMPONENT', Path.cwd().name)}: {refused}", file=sys.stderr)
+        sys.exit(1)
+    component = Component(operations, commands, Context())
+    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ["TOA_PORT"])), handler(component))
+    server.daemon_threads = True
+    threading.current_thread().name = "toa-runtime"
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
