@@ -156,8 +156,8 @@ impl ProgramClient {
     }
 
     /// What the program says it serves (`GET /program`: `{"commands": [...], "operations":
-    /// [...]}`), or `None` from a program that does not say (any answer but a 2xx: the
-    /// manifest's word is taken).
+    /// [...]}`), or `None` from a program that does not say (any answer but a 2xx, or one that is
+    /// not a description: the manifest's word is taken).
     pub async fn describe(&self) -> Result<Option<Description>, ProgramError> {
         let unreachable = |error: reqwest::Error| ProgramError::Unreachable {
             component: self.component.clone(),
@@ -175,12 +175,15 @@ impl ProgramClient {
             return Ok(None);
         }
         let body = response.text().await.map_err(unreachable)?;
-        serde_json::from_str(&body)
-            .map(Some)
-            .map_err(|_| ProgramError::Malformed {
-                component: self.component.clone(),
-                body,
-            })
+        // A program written to the raw protocol may answer every GET: what is not a description
+        // is no description, and the manifest's word is taken.
+        match serde_json::from_str(&body) {
+            Ok(description) => Ok(Some(description)),
+            Err(error) => {
+                tracing::warn!(component = %self.component, %error, "GET /program is not a description of the program; the manifest's run commands are taken");
+                Ok(None)
+            }
+        }
     }
 
     /// Calls an operation with its input.
@@ -261,5 +264,56 @@ impl ProgramClient {
                     }
                 }
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A program answering `GET /program` with `body`, on a free port.
+    async fn program(body: &'static str) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let app =
+            axum::Router::new().route("/program", axum::routing::get(move || async move { body }));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        port
+    }
+
+    #[tokio::test]
+    async fn a_program_says_what_it_serves_or_is_taken_at_its_manifests_word() {
+        let said = program(r#"{"commands": ["preflight"], "operations": ["send"]}"#).await;
+        let description = ProgramClient::new("shop.mail", said)
+            .describe()
+            .await
+            .unwrap();
+        assert_eq!(
+            description,
+            Some(Description {
+                commands: vec!["preflight".into()],
+                operations: vec!["send".into()],
+            })
+        );
+        // Something else answered with 200 (a catch-all page): no description.
+        let page = program("<html>hello</html>").await;
+        assert_eq!(
+            ProgramClient::new("shop.mail", page)
+                .describe()
+                .await
+                .unwrap(),
+            None
+        );
+        // A program without the route.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, axum::Router::new()).await });
+        assert_eq!(
+            ProgramClient::new("shop.mail", port)
+                .describe()
+                .await
+                .unwrap(),
+            None
+        );
     }
 }
