@@ -271,49 +271,35 @@ impl ProgramClient {
 mod tests {
     use super::*;
 
-    /// A program answering `GET /program` with `body`, on a free port.
-    async fn program(body: &'static str) -> u16 {
+    /// What `describe` makes of a program serving `app`, on a free port.
+    async fn described(app: axum::Router) -> Option<Description> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let app =
-            axum::Router::new().route("/program", axum::routing::get(move || async move { body }));
         tokio::spawn(async move { axum::serve(listener, app).await });
-        port
+        ProgramClient::new("shop.mail", port)
+            .describe()
+            .await
+            .unwrap()
+    }
+
+    /// A program answering `GET /program` with `body`.
+    fn program(body: &'static str) -> axum::Router {
+        axum::Router::new().route("/program", axum::routing::get(move || async move { body }))
     }
 
     #[tokio::test]
     async fn a_program_says_what_it_serves_or_is_taken_at_its_manifests_word() {
-        let said = program(r#"{"commands": ["preflight"], "operations": ["send"]}"#).await;
-        let description = ProgramClient::new("shop.mail", said)
-            .describe()
-            .await
-            .unwrap();
+        let said = program(r#"{"commands": ["preflight"], "operations": ["send"]}"#);
         assert_eq!(
-            description,
+            described(said).await,
             Some(Description {
                 commands: vec!["preflight".into()],
                 operations: vec!["send".into()],
             })
         );
         // Something else answered with 200 (a catch-all page): no description.
-        let page = program("<html>hello</html>").await;
-        assert_eq!(
-            ProgramClient::new("shop.mail", page)
-                .describe()
-                .await
-                .unwrap(),
-            None
-        );
+        assert_eq!(described(program("<html>hello</html>")).await, None);
         // A program without the route.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move { axum::serve(listener, axum::Router::new()).await });
-        assert_eq!(
-            ProgramClient::new("shop.mail", port)
-                .describe()
-                .await
-                .unwrap(),
-            None
-        );
+        assert_eq!(described(axum::Router::new()).await, None);
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::support::{
     agent_status, apply, assert_disposed_before_stopped, composition, compositions, condition,
     control_tokens, count, deployment, describe, halting, lifecycle, manifest_of, ready_pods,
-    running_two, uids, wait_condition, wait_no_pods, wait_pods, Suite, PATIENCE,
+    running_two, uids, wait_condition, wait_halted, wait_no_pods, wait_pods, Suite, PATIENCE,
 };
 use crate::wait::eventually;
 use crate::{cluster, node, services, wait};
@@ -25,16 +25,7 @@ pub async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
 
     let start = Instant::now();
     apply(&suite, &spec(true)).await;
-    let halted = wait_condition(
-        &suite,
-        namespace,
-        name,
-        "Halted",
-        "True",
-        Some("Halted"),
-        PATIENCE,
-    )
-    .await;
+    let halted = wait_halted(&suite, namespace, name).await;
     eprintln!(
         "e2e: halt_quiet: Halted=True {:.1} s after halted: true",
         start.elapsed().as_secs_f64()
@@ -231,16 +222,7 @@ pub async fn halt_of_a_composition_called_by_another(suite: Arc<Suite>) {
     wait_condition(&suite, namespace, "callee", "Ready", "True", None, PATIENCE).await;
     let start = Instant::now();
     apply(&suite, &of("callee", "callee", true)).await;
-    wait_condition(
-        &suite,
-        namespace,
-        "callee",
-        "Halted",
-        "True",
-        Some("Halted"),
-        PATIENCE,
-    )
-    .await;
+    wait_halted(&suite, namespace, "callee").await;
     eprintln!(
         "e2e: halt_called: Halted=True {:.1} s after the caller stopped",
         start.elapsed().as_secs_f64()
@@ -306,16 +288,7 @@ pub async fn unanswering_pod_during_halt(suite: Arc<Suite>) {
     .await;
 
     drop(thaw);
-    wait_condition(
-        &suite,
-        namespace,
-        name,
-        "Halted",
-        "True",
-        Some("Halted"),
-        PATIENCE,
-    )
-    .await;
+    wait_halted(&suite, namespace, name).await;
     let composition = compositions(&suite, namespace).get(name).await.unwrap();
     assert_eq!(condition(&composition, "Degraded").unwrap().status, "False");
     wait_no_pods(&suite, namespace, name).await;
@@ -382,16 +355,7 @@ pub async fn operator_restart_during_halt(suite: Arc<Suite>) {
     operator.start().await;
     drop(operator);
 
-    wait_condition(
-        &suite,
-        namespace,
-        name,
-        "Halted",
-        "True",
-        Some("Halted"),
-        PATIENCE,
-    )
-    .await;
+    wait_halted(&suite, namespace, name).await;
     wait_no_pods(&suite, namespace, name).await;
     let composition = compositions(&suite, namespace).get(name).await.unwrap();
     let after = composition

@@ -13,7 +13,7 @@ use crate::cluster;
 use crate::operator::Operator;
 use crate::support::{
     agent_status, apply, composition, control_tokens, deployment, halting, running_two,
-    wait_condition, Suite, PATIENCE,
+    wait_condition, wait_halted, Suite, PATIENCE,
 };
 use crate::wait::{always, eventually};
 
@@ -97,16 +97,7 @@ pub async fn rotation_during_a_halt(suite: Arc<Suite>) {
         },
     )
     .await;
-    let halted = wait_condition(
-        &suite,
-        namespace,
-        name,
-        "Halted",
-        "True",
-        Some("Halted"),
-        PATIENCE,
-    )
-    .await;
+    let halted = wait_halted(&suite, namespace, name).await;
     assert_eq!(
         halted
             .status

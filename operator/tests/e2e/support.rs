@@ -190,6 +190,20 @@ pub async fn wait_condition(
     .await
 }
 
+/// Waits until a halt stopped the Composition (`Halted=True`, reason `Halted`); returns it.
+pub async fn wait_halted(suite: &Suite, namespace: &str, name: &str) -> Composition {
+    wait_condition(
+        suite,
+        namespace,
+        name,
+        "Halted",
+        "True",
+        Some("Halted"),
+        PATIENCE,
+    )
+    .await
+}
+
 /// Waits until the composition has exactly `count` pods, every one Ready and none being deleted;
 /// returns them by name.
 pub async fn wait_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> Vec<PodView> {
