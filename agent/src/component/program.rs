@@ -15,6 +15,22 @@ pub struct Program {
     port: u16,
 }
 
+/// The program to run for `name`: a bare name (no `/`) found in `node_modules/.bin` of the
+/// component's directory or one above it, as npm scripts find it (`program: [toa-node]` runs the
+/// TypeScript SDK a project installed); otherwise `name` itself, looked up on `PATH`.
+fn resolve(dir: &Path, name: &str) -> std::path::PathBuf {
+    if !name.contains('/') {
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
+        for ancestor in dir.ancestors() {
+            let candidate = ancestor.join("node_modules").join(".bin").join(name);
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+    }
+    name.into()
+}
+
 /// How long an attached program may take to serve its port (a container may start slowly).
 const ATTACH_LIMIT: Duration = Duration::from_secs(300);
 
@@ -35,7 +51,7 @@ impl Program {
             .and_then(|listener| listener.local_addr())
             .map_err(|e| failed(format!("no free port: {e}")))?
             .port();
-        let mut command_line = Command::new(&command[0]);
+        let mut command_line = Command::new(resolve(dir, &command[0]));
         // SAFETY: prctl is async-signal-safe; it only asks the kernel to send SIGTERM to the
         // program when the agent dies, so a killed agent leaves no program behind.
         unsafe {
@@ -131,5 +147,32 @@ impl Program {
         if tokio::time::timeout(grace, child.wait()).await.is_err() {
             let _ = child.kill().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve;
+
+    #[test]
+    fn a_bare_name_is_found_in_node_modules_bin_above_the_component() {
+        let root = std::env::temp_dir().join(format!("toa-resolve-{}", std::process::id()));
+        let component = root.join("components").join("store.orders");
+        std::fs::create_dir_all(&component).unwrap();
+        std::fs::create_dir_all(root.join("node_modules/.bin")).unwrap();
+        std::fs::write(root.join("node_modules/.bin/toa-node"), "").unwrap();
+        assert_eq!(
+            resolve(&component, "toa-node"),
+            root.join("node_modules/.bin/toa-node")
+        );
+        assert_eq!(
+            resolve(&component, "python3"),
+            std::path::PathBuf::from("python3")
+        );
+        assert_eq!(
+            resolve(&component, "./run"),
+            std::path::PathBuf::from("./run")
+        );
+        std::fs::remove_dir_all(root).unwrap();
     }
 }

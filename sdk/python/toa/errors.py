@@ -15,7 +15,7 @@ class CallError(Exception):
     """A call that failed as a call. `code` tells them apart as the seeds do: 403 (Addressee: the
     process named is gone; safe to recover), 404 (Abandoned: the wait ended; the outcome is
     unknown), 202 (RequestContract: refused before anything was sent); `name` is the agent's
-    code (`ADDRESSEE`, `ABANDONED`, `REQUEST_CONTRACT`, ...)."""
+    code (`Addressee`, `Abandoned`, `RequestContract`, `UNKNOWN_COMPONENT`, `FAILED`, ...)."""
 
     def __init__(self, error):
         super().__init__(error.get("message") or error.get("code"))

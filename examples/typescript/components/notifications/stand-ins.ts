@@ -1,0 +1,19 @@
+// What the seeds leave to the reader: the mail provider's client and the queue's partitions.
+// With $MAILER_RECORD set, the client appends what it does to that file (`sent`, `closed`).
+import { appendFileSync } from 'node:fs'
+import type { Context } from './types/index.d.ts'
+
+const record = (line: string) => {
+  if (process.env.MAILER_RECORD) appendFileSync(process.env.MAILER_RECORD, line + '\n')
+}
+
+export async function connect (configuration: unknown) {
+  return {
+    async send (to: string, text: string) { record(`sent ${to}`) },
+    async close () { record('closed') }
+  }
+}
+
+export async function drain (partition: number, context: Context) {
+  context.state.drained = (context.state.drained ?? 0) + 1
+}

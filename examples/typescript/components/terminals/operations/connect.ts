@@ -1,0 +1,11 @@
+// components/terminals/operations/connect.ts
+import type { ConnectInput, Context } from '../types/index.d.ts'
+import { open } from '../stand-ins.ts'
+
+export async function effect (input: ConnectInput, context: Context) {
+  context.state.connections.set(input.terminal, await open(input.address))
+
+  await context.local.assign({
+    input: { id: input.terminal, holder: context.instance }
+  })
+}

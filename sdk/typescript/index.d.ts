@@ -1,0 +1,52 @@
+// The types a component written with toa-component sees. A component's own `types/index.d.ts`
+// (`toa-node types`) narrows `Context` with its operations, its neighbours and its configuration.
+/// <reference types="node" />
+
+/** This replica is number `i` of `n`: it owns the slots `i, i + n, i + 2n, …` below a total. */
+export interface Assignment {
+  i: number
+  n: number
+  epoch: number
+}
+
+/** The signal a lock's function gets: aborted when the lock is lost (stop touching what it
+ * guards). `token` is the fencing token, larger for every later holder; `error` is why it was
+ * aborted (`reason`). */
+export interface LockSignal extends AbortSignal {
+  readonly token: number
+  readonly error: unknown
+}
+
+export interface Atom {
+  /** Runs `fn` while no other replica holds `keys`, waiting as long as it takes. */
+  lock<T> (keys: string | string[], fn: (signal: LockSignal) => T | Promise<T>): Promise<T>
+  /** This replica's share of `total` slots, or null while it owns none for sure. */
+  slots (total: number): number[] | null
+  /** Calls `listener` at once and on every change; returns `off`. */
+  onassigned (listener: (assignment: Assignment | null) => void | Promise<void>): () => void
+  /** Charges `deltas` (ms) to `keys` across replicas; each key's debt after the charge. */
+  meter (keys: string[], deltas: number[]): Promise<number[]>
+}
+
+/** How long a call to one process waits: `timeout` (ms) or until `signal` aborts. */
+export interface CallOptions {
+  timeout?: number
+  signal?: AbortSignal
+}
+
+export interface Context<Local = any, Remote = any, Configuration = any> {
+  /** This process's name. */
+  readonly instance: string
+  /** One plain object per process, shared by run commands and operations. */
+  state: Record<string, any>
+  configuration: Configuration
+  atom: Atom
+  local: Local
+  remote: Remote
+}
+
+/** A call that failed as a call: `code` 403 (Addressee), 404 (Abandoned), 202 (RequestContract),
+ * otherwise the agent's code; `name` is the agent's code. */
+export declare class CallError extends Error {
+  code: number | string
+}

@@ -1,0 +1,94 @@
+// The agent's local API (docs/component-protocol.md), for one component: the requests the context
+// makes. The component's token (TOA_AGENT_TOKEN, or the file TOA_AGENT_TOKEN_FILE names, read for
+// each request: an agent container restarted by the kubelet writes a new one) goes with every one.
+
+import { readFileSync } from 'node:fs'
+import http from 'node:http'
+import { CallError } from './errors.js'
+
+export class Agent {
+  constructor (env = process.env) {
+    const url = new URL(env.TOA_AGENT)
+    this.host = url.hostname
+    this.port = Number(url.port)
+    this.component = env.TOA_COMPONENT
+    this.instance = env.TOA_INSTANCE ?? ''
+    this.token = env.TOA_AGENT_TOKEN
+    this.tokenFile = env.TOA_AGENT_TOKEN_FILE
+    // Calls reuse connections; streams (lock, onassigned) get their own.
+    this.pool = new http.Agent({ keepAlive: true })
+  }
+
+  headers () {
+    const headers = { 'content-type': 'application/json' }
+    let token = this.token
+    if (token === undefined && this.tokenFile) token = readFileSync(this.tokenFile, 'utf8').trim()
+    if (token) headers.authorization = `Bearer ${token}`
+    return headers
+  }
+
+  own (route) {
+    return `/v1/${this.component}/${route}`
+  }
+
+  /** The answer's status and JSON value. `signal` ends the wait (the request is dropped). */
+  request (method, path, body, { signal, stream = false } = {}) {
+    return new Promise((resolve, reject) => {
+      const request = http.request({
+        host: this.host,
+        port: this.port,
+        method,
+        path,
+        headers: this.headers(),
+        agent: stream ? false : this.pool,
+        signal
+      }, (response) => {
+        if (stream && response.statusCode === 200) return resolve({ status: 200, response, request })
+        const chunks = []
+        response.on('data', (chunk) => chunks.push(chunk))
+        response.on('end', () => {
+          const text = Buffer.concat(chunks).toString()
+          let value = null
+          try { value = text ? JSON.parse(text) : null } catch { value = { error: { code: String(response.statusCode), message: text } } }
+          resolve({ status: response.statusCode, value })
+        })
+        response.on('error', reject)
+      })
+      request.setNoDelay(true)
+      request.on('error', reject)
+      request.end(body === undefined ? undefined : JSON.stringify(body))
+    })
+  }
+
+  /** The answer's value; a 4xx or 5xx is a `CallError`. */
+  async checked (method, path, body) {
+    const { status, value } = await this.request(method, path, body)
+    if (status >= 400) throw new CallError(value?.error ?? { code: String(status) })
+    return value
+  }
+
+  /** An open stream of JSON lines: `onLine(event)` for each non-blank line, `onAlive()` for every
+   * line (blank ones are the agent's keep-alives), `onEnd()` once it ends. Resolves once open,
+   * to a function that closes it. */
+  async stream (method, path, body, { onLine, onAlive = () => {}, onEnd = () => {} }) {
+    const answer = await this.request(method, path, body, { stream: true })
+    if (answer.status !== 200) throw new CallError(answer.value?.error ?? { code: String(answer.status) })
+    const { response, request } = answer
+    let rest = ''
+    let ended = false
+    const end = () => { if (!ended) { ended = true; onEnd() } }
+    response.setEncoding('utf8')
+    response.on('data', (chunk) => {
+      const lines = (rest + chunk).split('\n')
+      rest = lines.pop()
+      for (const line of lines) {
+        onAlive()
+        if (line.trim()) onLine(JSON.parse(line))
+      }
+    })
+    response.on('end', end)
+    response.on('error', end)
+    request.on('close', end)
+    return () => request.destroy()
+  }
+}

@@ -1,0 +1,191 @@
+// The `context` every operation and run command gets, with the seeds' members: `instance`,
+// `state` (one plain object per process), `configuration`, `atom` (lock, slots, onassigned,
+// meter), `local.<operation>(request, options)` and `remote.<component>.<operation>(...)`.
+
+import { Agent } from './agent.js'
+import { CallError, abandoned, contract } from './errors.js'
+
+/** `slots` answers null when nothing was heard from the agent for this long: it writes a line at
+ * least every second (the assignment on a change, a keep-alive otherwise), so two seconds of
+ * silence mean the agent, or the way to it, is stuck and the assignment may be stale. */
+export const SILENCE_MS = 2000
+
+/** A held lock's signal: a real `AbortSignal`, aborted when the lock is lost. `token` is the
+ * fencing token (larger for every later holder); `error` is why it aborted (`signal.reason`). */
+function lockSignal (controller, token) {
+  const signal = controller.signal
+  Object.defineProperty(signal, 'token', { value: token, enumerable: true })
+  Object.defineProperty(signal, 'error', { get: () => signal.reason, enumerable: true })
+  return signal
+}
+
+class Assignments {
+  constructor (agent) {
+    this.agent = agent
+    this.value = null
+    this.heard = 0
+    this.closed = false
+    this.close = () => {}
+  }
+
+  /** Keeps one stream open for `slots`, opened again whenever it ends. */
+  async follow () {
+    while (!this.closed) {
+      try {
+        await new Promise((resolve, reject) => {
+          this.agent.stream('GET', this.agent.own('onassigned'), undefined, {
+            onLine: (event) => { this.value = event.assignment ?? null },
+            onAlive: () => { this.heard = Date.now() },
+            onEnd: resolve
+          }).then((close) => { this.close = close }, reject)
+        })
+      } catch { /* the agent is not there yet, or refused: try again */ }
+      this.value = null
+      if (!this.closed) await new Promise((resolve) => setTimeout(resolve, 500).unref())
+    }
+  }
+
+  slots (total) {
+    if (this.value === null || Date.now() - this.heard > SILENCE_MS) return null
+    const { i, n } = this.value
+    const slots = []
+    for (let slot = i; slot < total; slot += Math.max(n, 1)) slots.push(slot)
+    return slots
+  }
+
+  stop () {
+    this.closed = true
+    this.close()
+  }
+}
+
+class Atom {
+  constructor (agent) {
+    this.agent = agent
+    this.assignments = new Assignments(agent)
+  }
+
+  /** Runs `fn(signal)` while no other replica holds `keys` (a key or an array), waiting as long
+   * as it takes; returns what `fn` returns. The lock goes when `fn` settles. */
+  async lock (keys, fn) {
+    keys = typeof keys === 'string' ? [keys] : [...keys]
+    const controller = new AbortController()
+    let acquired
+    const held = new Promise((resolve, reject) => { acquired = { resolve, reject } })
+    const close = await this.agent.stream('POST', this.agent.own('lock'), { keys }, {
+      onLine: (event) => {
+        if (event.event === 'acquired') acquired.resolve(event.token)
+        else if (event.event === 'lost') controller.abort(new Error(`the lock on ${keys.join(', ')} was lost`))
+        else acquired.reject(new CallError({ code: 'LOCK', message: event.message ?? JSON.stringify(event) }))
+      },
+      onEnd: () => {
+        acquired.reject(new CallError({ code: 'LOCK', message: 'the agent closed the lock stream' }))
+        controller.abort(new Error(`the lock on ${keys.join(', ')} was lost: the agent closed its stream`))
+      }
+    })
+    try {
+      const token = await held
+      return await fn(lockSignal(controller, token))
+    } finally {
+      close() // closing the request releases the lock
+    }
+  }
+
+  /** This replica's share of `total` slots, or null while it owns none for sure. */
+  slots (total) {
+    return this.assignments.slots(total)
+  }
+
+  /** Charges `deltas` to `keys` across replicas; each key's debt after the charge. */
+  async meter (keys, deltas) {
+    return (await this.agent.checked('POST', this.agent.own('meter'), { keys: [...keys], deltas: [...deltas] })).debts
+  }
+
+  /** Calls `listener(assignment)` at once and on every change; returns `off`. A listener that
+   * throws gives this replica's slots to the others. */
+  onassigned (listener) {
+    let close = null
+    let off = false
+    const agent = this.agent
+    agent.stream('GET', agent.own('onassigned'), undefined, {
+      onLine: async (event) => {
+        if (off) return
+        try {
+          await listener(event.assignment ?? null)
+        } catch (error) {
+          console.error(`${agent.component}: an onassigned listener threw, this replica owns nothing from now on:`, error)
+          off = true
+          close?.()
+          await agent.request('POST', agent.own(`onassigned/${event.listener}/failed`)).catch(() => {})
+        }
+      }
+    }).then((closing) => {
+      close = closing
+      if (off) close()
+    }, (error) => console.error(`${agent.component}: onassigned:`, error))
+    return () => {
+      off = true
+      close?.()
+    }
+  }
+}
+
+/** `remote.<a>.<b>...(request, options)`: the last name is the operation, the ones before it the
+ * component's full name. A function behind a proxy, so that every name is a further step. */
+function calls (agent, path) {
+  return new Proxy(function call () {}, {
+    get (_, name) {
+      // Not a thenable, and not a step for the runtime's own probing.
+      if (typeof name !== 'string' || name === 'then') return undefined
+      return calls(agent, [...path, name])
+    },
+    apply (_, __, [request = {}, options = {}]) {
+      if (path.length < 2) throw new TypeError(`${path.join('.')}: name a component, then an operation`)
+      return call(agent, path.slice(0, -1).join('.'), path.at(-1), request, options)
+    }
+  })
+}
+
+async function call (agent, component, operation, request, { timeout, signal } = {}) {
+  const target = `${component}.${operation}`
+  if (signal !== undefined && request.instance === undefined) {
+    throw contract(`${target}: only a call to one process (with instance) states a signal`)
+  }
+  // Aborted before it is made: it is made nowhere.
+  if (signal?.aborted) throw abandoned(`${target}: the signal was aborted before the call was made`)
+  const body = { input: request.input ?? null }
+  if (request.instance !== undefined) body.instance = request.instance
+  if (timeout !== undefined) body.timeout = timeout
+  let answer
+  try {
+    answer = await agent.request('POST', `/v1/call/${component}/${operation}`, body, { signal })
+  } catch (error) {
+    if (signal?.aborted) throw abandoned(`${target}: the signal ended the wait`)
+    throw error
+  }
+  const { status, value } = answer
+  if (status >= 400) throw new CallError(value?.error ?? { code: String(status) })
+  if (value.error !== undefined) return operationError(value.error)
+  return value.reply
+}
+
+/** The operation's own error, as it returned it: an `Error` whose message is the code. */
+function operationError ({ code, message }) {
+  const error = new Error(code)
+  error.code = code
+  if (message != null) error.detail = message
+  return error
+}
+
+export class Context {
+  constructor (env = process.env) {
+    const agent = new Agent(env)
+    Object.defineProperty(this, 'agent', { value: agent })
+    this.instance = agent.instance
+    this.state = {}
+    this.configuration = JSON.parse(env.TOA_CONFIGURATION || '{}')
+    this.atom = new Atom(agent)
+    this.local = calls(agent, [agent.component])
+    this.remote = calls(agent, [])
+  }
+}

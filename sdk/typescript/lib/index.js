@@ -1,0 +1,2 @@
+export { CallError } from './errors.js'
+export { Context } from './context.js'

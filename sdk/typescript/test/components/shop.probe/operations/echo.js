@@ -1,0 +1,2 @@
+// JavaScript modules load as TypeScript ones do.
+export const computation = (input) => input

@@ -1,0 +1,1 @@
+export function preflight (context: any) { context.state.started = true }

@@ -1,0 +1,167 @@
+// The seeds' examples (examples/typescript), ported to this SDK, under the real agent: each gives
+// the seeds' answers. Needs `npm ci` in examples/typescript (its node_modules/.bin/toa-node is the
+// components' program).
+
+import assert from 'node:assert/strict'
+import { spawnSync } from 'node:child_process'
+import { cpSync, existsSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { after, describe, test } from 'node:test'
+import { compose } from '../lib/stage.js'
+import { AGENT, COMPONENTS, EXAMPLES, contextFile, redis, scratch, tsc, until } from './helpers.js'
+
+const lines = (path) => existsSync(path)
+  ? readFileSync(path, 'utf8').split('\n').filter(Boolean).map((line) => JSON.parse(line))
+  : []
+
+const stages = []
+const start = async (components, options = {}) => {
+  const stage = await compose(components.map((c) => join(COMPONENTS, c)), { agent: AGENT, ...options })
+  stages.push(stage)
+  return stage
+}
+after(async () => { await Promise.all(stages.map((stage) => stage.stop())) })
+
+describe('store.catalog', () => {
+  test('the eleventh appraisal within a minute is refused', async () => {
+    const stage = await start(['store.catalog'])
+    const answers = []
+    for (let i = 0; i < 11; i++) answers.push(await stage.call('store.catalog.appraise', { input: { customer: 'c1', product: 'a1' } }))
+    assert.deepEqual(answers.slice(0, 10), Array(10).fill({ product: 'a1', price: 42 }))
+    assert.ok(answers[10] instanceof Error)
+    assert.equal(answers[10].code, 'TOO_MANY_REQUESTS')
+  })
+
+  test('a halt pauses the poller and a restore resumes it with the same state', async () => {
+    const stage = await start(['store.catalog'])
+    const polls = async () => (await stage.call('store.catalog.polls')).polls
+    await until(async () => (await polls()) >= 2, 5000, 'two polls')
+    await stage.halt()
+    const paused = await polls()
+    // Seed: pause stops the timer; 2.5 polling intervals pass without a poll.
+    await new Promise((resolve) => setTimeout(resolve, 2500))
+    assert.equal(await polls(), paused, 'no poll while halted')
+    await stage.restore()
+    const resumed = await until(async () => { const n = await polls(); return n > paused && n }, 5000, 'a poll after restore')
+    assert.equal(resumed, paused + 1, 'counting on from the same context.state, not from 0')
+  })
+
+  test('price fills context.state on first use', async () => {
+    const stage = await start(['store.catalog'])
+    assert.deepEqual(await stage.call('store.catalog.price', { input: { product: 'p1' } }), { product: 'p1', price: 42 })
+  })
+})
+
+describe('store.orders settle', () => {
+  test('three concurrent settlements run one at a time, with increasing tokens', async () => {
+    const settlements = join(scratch(), 'settlements')
+    const stage = await start(['store.orders'], { env: { SETTLEMENTS: settlements } })
+    const replies = await Promise.all([1, 2, 3].map(() => stage.call('store.orders.settle')))
+    const submitted = lines(settlements).filter((line) => line.end).sort((a, b) => a.start - b.start)
+    assert.equal(submitted.length, 3)
+    for (let i = 1; i < submitted.length; i++) assert.ok(submitted[i - 1].end <= submitted[i].start, JSON.stringify(submitted))
+    const tokens = replies.map((reply) => reply.token).sort((a, b) => a - b)
+    assert.equal(new Set(tokens).size, 3, `three holders: ${tokens}`)
+    assert.ok(replies.every((reply) => reply.submitted === 2))
+  })
+
+  test('the signal aborts when Redis is stopped under the holder, and nothing is submitted', async () => {
+    const server = await redis()
+    try {
+      const settlements = join(scratch(), 'settlements')
+      const context = contextFile(`name: sdk\natomicity:\n  redis: ${server.url}\n  interval: 1000\n  ttl: 2000\n`)
+      const stage = await start(['store.orders'], { context, env: { SETTLEMENTS: settlements, SETTLE_COLLECT_MS: '8000' } })
+      const settling = stage.call('store.orders.settle').then((reply) => ({ reply }), (error) => ({ error }))
+      await until(() => lines(settlements).some((line) => line.collecting), 10_000, 'the lock held, collecting')
+      server.stop()
+      const outcome = await settling
+      assert.ok(outcome.error, `the settlement failed: ${JSON.stringify(outcome)}`)
+      assert.match(stage.output(), /lock on settlement was lost/, 'with the lost signal\'s error')
+      assert.deepEqual(lines(settlements).filter((line) => line.end), [], 'nothing submitted without the lock')
+    } finally {
+      server.kill()
+    }
+  })
+})
+
+describe('notifications', () => {
+  test('slots(16): all alone, half with a second replica on the same Redis', async () => {
+    const server = await redis()
+    try {
+      const context = contextFile(`name: sdk\natomicity:\n  redis: ${server.url}\n  interval: 500\n`)
+      const one = await start(['notifications'], { context })
+      const share = (stage) => stage.call('notifications.share')
+      await until(async () => (await share(one))?.length === 16, 15_000, 'all 16 slots alone')
+      const two = await start(['notifications'], { context })
+      const [a, b] = await until(async () => {
+        const shares = [await share(one), await share(two)]
+        return shares.every((s) => s?.length === 8) && shares
+      }, 15_000, 'eight slots each')
+      assert.deepEqual([...a, ...b].sort((x, y) => x - y), [...Array(16).keys()], 'disjoint, and together all 16')
+      // Revoked: once the second replica stops, the first owns all again.
+      await two.stop()
+      await until(async () => (await share(one))?.length === 16, 15_000, 'all 16 again')
+    } finally {
+      server.kill()
+    }
+  })
+
+  test("the mailer's dispose runs on stop (rc/ without a lifecycle list)", async () => {
+    const record = join(scratch(), 'mailer')
+    const stage = await start(['notifications'], { env: { MAILER_RECORD: record } })
+    assert.equal(await stage.call('notifications.send', { input: { to: 'ann@example.com', text: 'Hello' } }), null)
+    await stage.stop()
+    assert.deepEqual(readFileSync(record, 'utf8').split('\n').filter(Boolean), ['sent ann@example.com', 'closed'])
+  })
+})
+
+describe('store.orders pay', () => {
+  test('a killed terminal process is TERMINAL_OFFLINE, a timed-out charge TERMINAL_UNCERTAIN', async () => {
+    const store = join(scratch(), 'terminals.json')
+    const context = contextFile('name: sdk-pay\namqp: amqp://localhost\naddressed:\n  timeout: 1500\n')
+    const env = { TERMINALS_STORE: store }
+    // Two terminals processes: one holds the terminal, the other answers `observe` once it died.
+    const tills = new Map()
+    for (const name of ['till-1', 'till-2']) {
+      tills.set(`${name}-${process.pid}`, await start(['terminals'], { context, env: { ...env, TOA_INSTANCE: `${name}-${process.pid}` } }))
+    }
+    const orders = await start(['store.orders'], { context, env })
+    const [till] = tills.values()
+    await till.call('terminals.connect', { input: { terminal: 't1', address: 'fast' } })
+    await till.call('terminals.connect', { input: { terminal: 't2', address: 'slow:5000' } })
+    assert.deepEqual(await orders.call('store.orders.pay', { input: { terminal: 't1', amount: 5 } }), { charged: 5 })
+    const uncertain = await orders.call('store.orders.pay', { input: { terminal: 't2', amount: 5 } })
+    assert.equal(uncertain.code, 'TERMINAL_UNCERTAIN')
+    const holder = tills.get(JSON.parse(readFileSync(store, 'utf8')).t1.holder)
+    holder.child.kill('SIGKILL')
+    await holder.exited
+    const offline = await orders.call('store.orders.pay', { input: { terminal: 't1', amount: 5 } })
+    assert.equal(offline.code, 'TERMINAL_OFFLINE')
+  })
+})
+
+describe('types', () => {
+  test('the generated types are current, and the examples type-check with --strict', () => {
+    const copy = join(scratch(), 'examples')
+    cpSync(EXAMPLES, copy, { recursive: true, filter: (path) => !path.includes('node_modules') })
+    const generated = spawnSync(join(EXAMPLES, 'node_modules', '.bin', 'toa-node'), ['types', ...['notifications', 'store.catalog', 'store.orders', 'terminals'].map((c) => join(copy, 'components', c))], { encoding: 'utf8' })
+    assert.equal(generated.status, 0, generated.stderr)
+    for (const component of ['notifications', 'store.catalog', 'store.orders', 'terminals']) {
+      const path = join('components', component, 'types', 'index.d.ts')
+      assert.equal(readFileSync(join(copy, path), 'utf8'), readFileSync(join(EXAMPLES, path), 'utf8'), `${path} is current (npm run types)`)
+    }
+    const checked = tsc(EXAMPLES)
+    assert.equal(checked.status, 0, checked.stdout + checked.stderr)
+  })
+
+  test('a wrong input field fails the check, naming it', () => {
+    const copy = join(scratch(), 'examples')
+    cpSync(EXAMPLES, copy, { recursive: true, filter: (path) => !path.includes('node_modules') })
+    symlinkSync(join(EXAMPLES, 'node_modules'), join(copy, 'node_modules'))
+    const appraise = join(copy, 'components', 'store.catalog', 'operations', 'appraise.ts')
+    writeFileSync(appraise, readFileSync(appraise, 'utf8').replace('input.customer', 'input.customr'))
+    const checked = tsc(copy)
+    assert.notEqual(checked.status, 0)
+    assert.match(checked.stdout, /appraise\.ts.*customr/)
+  })
+})

@@ -1,0 +1,61 @@
+// The runtime under the real agent: what it refuses, and the context's calls.
+
+import assert from 'node:assert/strict'
+import { after, before, describe, test } from 'node:test'
+import { compose } from '../lib/stage.js'
+import { AGENT, FIXTURES } from './helpers.js'
+
+/** What the agent said when `component` did not start. */
+const refusal = async (component) => {
+  const started = await compose([`${FIXTURES}/${component}`], { agent: AGENT }).then(
+    async (stage) => { await stage.stop(); return null },
+    (error) => error)
+  assert.ok(started, `${component} started`)
+  return started.message
+}
+
+describe('a component that must not start', () => {
+  test('declares an operation no module serves', async () => {
+    assert.match(await refusal('shop.ghost'), /ghost/)
+  })
+
+  test('exports pause and no resume', async () => {
+    assert.match(await refusal('shop.paused'), /`pause` and no `resume`/)
+  })
+
+  test('lists a run command no rc/ module exports', async () => {
+    assert.match(await refusal('shop.listed'), /dispose/)
+  })
+})
+
+describe('the context', () => {
+  let stage
+  before(async () => { stage = await compose([`${FIXTURES}/shop.probe`], { agent: AGENT }) })
+  after(async () => { await stage?.stop() })
+
+  test('calls end as the seeds say, told apart by code', async () => {
+    const outcomes = await stage.call('shop.probe.calls')
+    assert.deepEqual(outcomes.local, { reply: { hello: 1 } }, 'context.local reaches the stateful echo by instance')
+    assert.deepEqual(outcomes.nobody, { code: 'UNKNOWN_COMPONENT', name: 'UNKNOWN_COMPONENT' })
+    assert.deepEqual(outcomes.refused, { error: 'NOPE' }, "the operation's own error comes back as an Error")
+    assert.deepEqual(outcomes.abortedBefore, { code: 404, name: 'Abandoned' }, 'an aborted signal: the call is made nowhere')
+    assert.deepEqual(outcomes.abortedDuring, { code: 404, name: 'Abandoned' }, 'the signal ends the wait')
+    assert.deepEqual(outcomes.timedOut, { code: 404, name: 'Abandoned' }, 'the timeout ends the wait')
+    assert.deepEqual(outcomes.signalOnOrdinary, { code: 202, name: 'RequestContract' })
+    assert.deepEqual(outcomes.noInstance, { code: 202, name: 'RequestContract' }, 'a stateful call without instance')
+    assert.equal(outcomes.failed.name, 'FAILED', 'a thrown exception is a failure')
+    assert.match(stage.output(), /broken on purpose/, 'and the failure is logged with its stack')
+  })
+
+  test("the operation's own error reaches a caller outside", async () => {
+    const error = await stage.call('shop.probe.refuse')
+    assert.ok(error instanceof Error)
+    assert.equal(error.code, 'NOPE')
+  })
+
+  test('onassigned tells the assignment at once, and slots follow it', async () => {
+    const { first, slots } = await stage.call('shop.probe.assigned')
+    assert.deepEqual({ i: first.i, n: first.n }, { i: 0, n: 1 }, 'alone, replica 0 of 1')
+    assert.deepEqual(slots, [0, 1, 2, 3])
+  })
+})
