@@ -60,23 +60,27 @@ fn compose_options(
     let environment = Environment::parse(environment).map_err(|e| e.to_string())?;
     // In a pod the operator gives the context as `TOA_*` variables (docs/context.md): they are the
     // whole context, and the process is a pod (no in-process coordination without atomicity).
-    let (context, mode) = if std::env::var_os("TOA_APPLICATION").is_some() {
+    // In a pod the operator gives each component container its configuration itself.
+    let (context, mode, configuration) = if std::env::var_os("TOA_APPLICATION").is_some() {
         let context = Context::from_vars(&ProcessVars).map_err(|e| e.to_string())?;
-        (context, Mode::Pod)
+        (context, Mode::Pod, Default::default())
     } else {
-        let context = match std::fs::read_to_string(path) {
-            Ok(text) => Context::parse(&text, &environment)
-                .map_err(|e| format!("{}: {e}", path.display()))?,
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
             // Without a context file, a local application named `local` with nothing configured.
             Err(error)
                 if error.kind() == std::io::ErrorKind::NotFound
                     && path.as_os_str() == "context.toa.yaml" =>
             {
-                Context::parse("name: local\n", &environment).map_err(|e| e.to_string())?
+                "name: local\n".to_owned()
             }
             Err(error) => return Err(format!("{}: {error}", path.display())),
         };
-        (context, Mode::Local)
+        let context =
+            Context::parse(&text, &environment).map_err(|e| format!("{}: {e}", path.display()))?;
+        let configuration = toa_context::configuration::read(&text, &environment)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        (context, Mode::Local, configuration)
     };
     let credentials =
         Credentials::from_vars(&ProcessVars, "TOA_REDIS").map_err(|e| e.to_string())?;
@@ -106,5 +110,6 @@ fn compose_options(
         drain_digest: None,
         component_tokens: None,
         mode,
+        configuration,
     })
 }

@@ -30,6 +30,7 @@ pub async fn run() -> ExitCode {
         declarations: None,
         drain_digest: None,
         component_tokens: None,
+        configuration: Default::default(),
         mode: Mode::Local,
         broker: None,
     };

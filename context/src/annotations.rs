@@ -132,7 +132,15 @@ impl Context {
         only_keys(
             root,
             "",
-            &["name", "atomicity", "addressed", "amqp", "limits"],
+            // `configuration` is the components' own: crate::configuration reads it.
+            &[
+                "name",
+                "atomicity",
+                "addressed",
+                "amqp",
+                "limits",
+                "configuration",
+            ],
         )?;
         let name = match root.get("name") {
             Some(Value::String(name)) => name.clone(),
@@ -500,7 +508,7 @@ mod tests {
     #[test]
     fn refused_annotations_name_the_key_and_what_was_expected() {
         let cases = [
-            ("name: a\nfoo: 1\n", "`foo`: unknown key; expected one of: name, atomicity, addressed, amqp, limits"),
+            ("name: a\nfoo: 1\n", "`foo`: unknown key; expected one of: name, atomicity, addressed, amqp, limits, configuration"),
             ("name: a\nlimits:\n  queue: 0\n", "`limits.queue`: expected a whole number from 1 to 4294967295, got 0"),
             ("name: a\nlimits:\n  deliveries: many\n", "`limits.deliveries`: expected a positive whole number, got many"),
             ("name: a\nlimits:\n  drain: -1\n", "`limits.drain`: expected a positive whole number of milliseconds, got -1"),

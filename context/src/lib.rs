@@ -7,6 +7,7 @@
 //! - [`annotations`]: the typed model ([`Context`]) read from YAML or from environment variables;
 //! - [`credentials`]: secrets read from the environment or from mounted files, never printed;
 //! - [`manifest`]: a component's manifest;
+//! - [`configuration`]: a component's configuration, its manifest's schema and the context's values;
 //! - [`control`]: the operator↔agent contract: ports, paths, the control status, and the
 //!   credentials both derive from a pod's control token;
 //! - [`agent_args`]: the agent's command line, written by the operator and parsed by the agent.
@@ -14,6 +15,7 @@
 pub mod address;
 pub mod agent_args;
 pub mod annotations;
+pub mod configuration;
 pub mod control;
 pub mod credentials;
 pub mod environment;
@@ -21,6 +23,7 @@ pub mod manifest;
 
 pub use address::{AmqpAddress, RedisAddress};
 pub use annotations::{Addressed, Atomicity, Context, Limits, ProcessVars, Vars};
+pub use configuration::configure;
 pub use credentials::{Credentials, Secret};
 pub use environment::Environment;
 pub use manifest::{Manifest, ManifestError, Operation, RunCommand};

@@ -17,6 +17,9 @@
 //!     stateful: true               # called on one named process
 //! pulses:
 //!   drain: 1000                    # call `drain` on every replica every 1000 ms
+//! configuration:                   # a JSON Schema; the context gives the values
+//!   type: object
+//!   properties: { batch: { type: integer, default: 50 } }
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -80,6 +83,9 @@ pub struct Manifest {
     /// Operation name → interval in milliseconds.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pulses: BTreeMap<String, u64>,
+    /// A JSON Schema of the component's configuration, with defaults ([`crate::configuration`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -159,6 +165,11 @@ impl Manifest {
                     "`namespace`: expected a lowercase letter then lowercase letters, digits or '-' (at most 63), got {namespace:?}"
                 ));
             }
+        }
+        if let Some(schema) = &self.configuration {
+            jsonschema::validator_for(schema).map_err(|error| {
+                format!("`configuration`: expected a JSON Schema with defaults: {error}")
+            })?;
         }
         if self.exports(RunCommand::Pause) && !self.exports(RunCommand::Resume) {
             return Err(format!(

@@ -157,6 +157,13 @@ pub struct ComponentSpec {
     /// The component's manifest, as written in its `manifest.toa.yaml`.
     #[schemars(schema_with = "free_form_object")]
     pub manifest: Map<String, Value>,
+    /// The component's configuration for this environment (context.toa.yaml's
+    /// `configuration.<component>`), checked against the manifest's `configuration` schema; its
+    /// defaults fill in what is absent. The program reads it from `TOA_CONFIGURATION`. Not for
+    /// secrets: it is part of the Composition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub configuration: Option<Map<String, Value>>,
 }
 
 /// The schema's check of a component's full name; the manifest's own rules (toa-context) are the

@@ -593,6 +593,10 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
                         "TOA_AGENT_TOKEN_FILE",
                         format!("{COMPONENT_TOKEN_DIR}/token"),
                     ),
+                    value(
+                        toa_context::configuration::VARIABLE,
+                        valid.configurations[index].clone(),
+                    ),
                 ]),
                 // Its own token only: the other components' volumes are not mounted here.
                 volume_mounts: Some(vec![VolumeMount {

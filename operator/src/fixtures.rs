@@ -48,6 +48,7 @@ impl ComponentSpec {
         Self {
             name: format!("{namespace}.{name}"),
             manifest: manifest.as_object().cloned().unwrap_or_default(),
+            configuration: None,
         }
     }
 }

@@ -69,13 +69,18 @@ pub fn render(options: &Options) -> Result<Composition, RenderError> {
     if options.components.is_empty() {
         return Err(RenderError::NoComponents);
     }
+    let configuration = read_configuration(&options.context, &environment)?;
     let components = options
         .components
         .iter()
         .map(|path| {
             let read = manifest::read(path)?;
+            let name = read.manifest.full_name();
             Ok(ComponentSpec {
-                name: read.manifest.full_name(),
+                configuration: configuration
+                    .get(&name)
+                    .and_then(|values| values.as_object().cloned()),
+                name,
                 manifest: read.object,
             })
         })
@@ -125,6 +130,21 @@ fn read_context(path: &Path, environment: &Environment) -> Result<Context, Rende
         source,
     })?;
     Context::parse(&yaml, environment).map_err(|source| RenderError::Context {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The context's `configuration` section (read again: [`read_context`] has just read the file).
+fn read_configuration(
+    path: &Path,
+    environment: &Environment,
+) -> Result<std::collections::BTreeMap<String, serde_json::Value>, RenderError> {
+    let yaml = std::fs::read_to_string(path).map_err(|source| RenderError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    toa_context::configuration::read(&yaml, environment).map_err(|source| RenderError::Context {
         path: path.to_owned(),
         source,
     })

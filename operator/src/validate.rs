@@ -24,6 +24,8 @@ pub struct Valid {
     pub context: Context,
     /// The components' manifests, in the spec's order.
     pub components: Vec<Manifest>,
+    /// Each component's configuration (JSON, its defaults filled in), in the spec's order.
+    pub configurations: Vec<String>,
     pub replicas: i32,
     /// How a halt proceeds (`spec.halt` or its defaults).
     pub halt: Halt,
@@ -66,6 +68,7 @@ pub fn validate(spec: &CompositionSpec) -> Result<Valid, InvalidSpec> {
         ));
     }
     let components = components(spec)?;
+    let configurations = configurations(spec, &components)?;
     let context = context(&spec.application, &spec.context)?;
     let credentials = spec
         .credentials
@@ -81,6 +84,7 @@ pub fn validate(spec: &CompositionSpec) -> Result<Valid, InvalidSpec> {
     Ok(Valid {
         context,
         components,
+        configurations,
         replicas: spec.replicas,
         halt,
         credentials,
@@ -194,6 +198,29 @@ fn components(spec: &CompositionSpec) -> Result<Vec<Manifest>, InvalidSpec> {
         manifests.push(manifest);
     }
     Ok(manifests)
+}
+
+/// Each component's configuration checked against its manifest's schema, defaults filled in.
+fn configurations(
+    spec: &CompositionSpec,
+    manifests: &[Manifest],
+) -> Result<Vec<String>, InvalidSpec> {
+    spec.components
+        .iter()
+        .zip(manifests)
+        .enumerate()
+        .map(|(index, (component, manifest))| {
+            let given = component
+                .configuration
+                .clone()
+                .map(serde_json::Value::Object);
+            toa_context::configure(manifest, given.as_ref())
+                .map(|value| value.to_string())
+                .map_err(|message| {
+                    invalid(&format!("spec.components[{index}].configuration"), message)
+                })
+        })
+        .collect()
 }
 
 fn context(application: &str, spec: &ContextSpec) -> Result<Context, InvalidSpec> {

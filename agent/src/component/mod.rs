@@ -10,6 +10,7 @@
 //! | `TOA_COMPONENT` | the component's full name, e.g. `store.catalog` |
 //! | `TOA_INSTANCE` | the process's name |
 //! | `TOA_AGENT_TOKEN` | the component's token for its routes on the local API (in a pod, the file `TOA_AGENT_TOKEN_FILE` names holds it) |
+//! | `TOA_CONFIGURATION` | the component's configuration, JSON ([`toa_context::configuration`]) |
 //!
 //! and serves `POST /lifecycle/{command}` for the run commands its manifest exports, and
 //! `POST /operations/{name}` with `{"input": ...}`, answering `{"reply": ...}` or
@@ -46,6 +47,9 @@ pub enum ComponentError {
     Start { component: String, message: String },
     #[error("{component}: the program does not match its manifest: {message}")]
     Mismatch { component: String, message: String },
+    /// The context's values for the component, or its manifest's defaults, refused.
+    #[error("{0}")]
+    Configuration(String),
     #[error("{component}: {command} failed: {message}")]
     RunCommand {
         component: String,
@@ -60,6 +64,8 @@ pub struct Component {
     pub name: String,
     pub dir: PathBuf,
     pub schemas: HashMap<String, schema::InputSchema>,
+    /// What the program gets as `TOA_CONFIGURATION` (JSON): `{}` until [`Self::configure`].
+    pub configuration: String,
 }
 
 impl Component {
@@ -94,7 +100,17 @@ impl Component {
             name,
             dir,
             schemas,
+            configuration: "{}".to_owned(),
         })
+    }
+
+    /// Takes the context's values for this component (`None`: the defaults), checked against
+    /// the manifest's `configuration` schema.
+    pub fn configure(&mut self, given: Option<&serde_json::Value>) -> Result<(), ComponentError> {
+        let value =
+            toa_context::configure(&self.manifest, given).map_err(ComponentError::Configuration)?;
+        self.configuration = value.to_string();
+        Ok(())
     }
 
     /// Starts the program and waits until it serves.
@@ -117,8 +133,18 @@ impl Component {
             .ok_or_else(|| ComponentError::NoProgram {
                 component: self.name.clone(),
             })?;
-        let program =
-            Program::start(&self.name, &self.dir, command, agent, instance, token).await?;
+        let program = Program::start(
+            &self.name,
+            &self.dir,
+            command,
+            program::Environment {
+                agent,
+                instance,
+                token,
+                configuration: &self.configuration,
+            },
+        )
+        .await?;
         let client = ProgramClient::new(&self.name, program.port());
         Ok((program, client))
     }
@@ -199,6 +225,7 @@ mod tests {
             name: "shop.mail".into(),
             dir: PathBuf::from("."),
             schemas: HashMap::new(),
+            configuration: "{}".into(),
         }
     }
 

@@ -31,6 +31,17 @@ fn resolve(dir: &Path, name: &str) -> std::path::PathBuf {
     name.into()
 }
 
+/// What a started program is told, beside its port and name.
+pub struct Environment<'a> {
+    /// The local API's address.
+    pub agent: &'a str,
+    pub instance: &'a str,
+    /// The component's local API token.
+    pub token: Option<&'a str>,
+    /// `TOA_CONFIGURATION`, JSON.
+    pub configuration: &'a str,
+}
+
 /// How long an attached program may take to serve its port (a container may start slowly).
 const ATTACH_LIMIT: Duration = Duration::from_secs(300);
 
@@ -39,10 +50,14 @@ impl Program {
         name: &str,
         dir: &Path,
         command: &[String],
-        agent: &str,
-        instance: &str,
-        token: Option<&str>,
+        environment: Environment<'_>,
     ) -> Result<Self, ComponentError> {
+        let Environment {
+            agent,
+            instance,
+            token,
+            configuration,
+        } = environment;
         let failed = |message: String| ComponentError::Start {
             component: name.to_owned(),
             message,
@@ -70,6 +85,7 @@ impl Program {
             .env("TOA_AGENT", agent)
             .env("TOA_COMPONENT", name)
             .env("TOA_INSTANCE", instance)
+            .env(toa_context::configuration::VARIABLE, configuration)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| failed(format!("{:?} in {}: {e}", command.join(" "), dir.display())))?;

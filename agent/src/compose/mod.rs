@@ -69,6 +69,9 @@ pub struct Options {
     pub mode: Mode,
     /// How to reach the broker the context names (`None` without one).
     pub broker: Option<BrokerConfig>,
+    /// The context's `configuration` section: component → its values (local runs; in a pod the
+    /// operator passes each component container its own).
+    pub configuration: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// The control endpoint: its address, and the tokens from the mounted Secret (read again when

@@ -15,7 +15,7 @@ use crate::component_tokens::ComponentTokens;
 use crate::drain;
 use crate::metrics::Metrics;
 use crate::supervisor::Process;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ impl Composition {
     pub(super) async fn prepare(
         options: Options,
     ) -> Result<(Self, Servers, TcpListener, drain::Asked), ComposeError> {
-        let loaded = load(&options.components)?;
+        let loaded = load(&options.components, &options.configuration)?;
         let tokens = Arc::new(component_tokens(&options, &loaded)?);
         let metrics = Metrics::new();
         let atoms = atoms(&options, &loaded, &metrics)?;
@@ -119,11 +119,25 @@ fn probes(
         .fallback_service(drain::hook_routes(trigger.clone()))
 }
 
-/// Every component's manifest, each name once.
-fn load(dirs: &[PathBuf]) -> Result<Vec<Arc<Component>>, ComposeError> {
+/// Every component's manifest, each name once, with its configuration (the context's values and
+/// the manifest's defaults, checked: a bad value stops the start, naming it).
+fn load(
+    dirs: &[PathBuf],
+    configuration: &BTreeMap<String, serde_json::Value>,
+) -> Result<Vec<Arc<Component>>, ComposeError> {
     let mut loaded = Vec::new();
     for dir in dirs {
-        loaded.push(Arc::new(Component::load(dir)?));
+        let mut component = Component::load(dir)?;
+        component.configure(configuration.get(&component.name))?;
+        loaded.push(Arc::new(component));
+    }
+    for name in configuration.keys() {
+        if !loaded.iter().any(|c| &c.name == name) {
+            tracing::info!(
+                component = %name,
+                "the context configures a component this composition does not run (another composition may)"
+            );
+        }
     }
     let mut names: Vec<&str> = loaded.iter().map(|c| c.name.as_str()).collect();
     names.sort_unstable();

@@ -1,5 +1,5 @@
 use super::*;
-use crate::crd::{CompositionSpec, CredentialsSpec};
+use crate::crd::{ComponentSpec, CompositionSpec, CredentialsSpec};
 use crate::validate::validate;
 use k8s_openapi::api::core::v1::PodSpec;
 
@@ -507,10 +507,16 @@ fn each_component_runs_its_program_in_its_own_container_in_the_agents_order() {
                 "TOA_AGENT",
                 "TOA_COMPONENT",
                 "TOA_INSTANCE",
-                "TOA_AGENT_TOKEN_FILE"
+                "TOA_AGENT_TOKEN_FILE",
+                "TOA_CONFIGURATION"
             ]
         );
         assert_eq!(env[4].value.as_deref(), Some("/var/run/toa/agent/token"));
+        assert_eq!(
+            env[5].value.as_deref(),
+            Some("{}"),
+            "no schema: nothing configured"
+        );
         assert_eq!(env[0].value.as_deref(), Some(port));
         assert_eq!(env[1].value.as_deref(), Some("http://127.0.0.1:7090"));
         assert_eq!(env[2].value.as_deref(), Some(full_name));
@@ -921,4 +927,48 @@ fn the_network_policy_lets_only_the_operator_reach_the_control_port() {
         serde_json::json!([{"port": 7092, "protocol": "TCP"}])
     );
     assert!(ingress[1].get("from").is_none(), "{spec}");
+}
+
+#[test]
+fn a_component_container_gets_its_configuration_with_the_defaults_filled_in() {
+    let mut component = ComponentSpec::test("store", "orders");
+    component.manifest.insert(
+        "configuration".into(),
+        serde_json::json!({
+            "type": "object",
+            "properties": {
+                "provider": {"type": "string"},
+                "batch": {"type": "integer", "minimum": 1, "default": 50}
+            }
+        }),
+    );
+    component.configuration = serde_json::json!({"provider": "smtp://mail"})
+        .as_object()
+        .cloned();
+    let desired = build(
+        CompositionSpec::test().with_components(vec![component.clone()]),
+        Sidecar::Native,
+        1,
+    );
+    let env = pod(&desired).containers[0].env.clone().unwrap();
+    let configuration = env
+        .iter()
+        .find(|var| var.name == "TOA_CONFIGURATION")
+        .and_then(|var| var.value.as_deref())
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(configuration).unwrap(),
+        serde_json::json!({"provider": "smtp://mail", "batch": 50})
+    );
+
+    // A value the schema refuses: the spec is refused, naming the component's configuration.
+    component.configuration = serde_json::json!({"batch": 0}).as_object().cloned();
+    let error = validate(&CompositionSpec::test().with_components(vec![component]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("spec.components[0].configuration")
+            && error.contains("store.orders: configuration/batch"),
+        "{error}"
+    );
 }

@@ -251,3 +251,38 @@ fn renders_the_repositorys_example_context() {
     assert_eq!(spec.application, "shop");
     assert_eq!(spec.context.atomicity.unwrap().redis.len(), 3);
 }
+
+#[test]
+fn renders_each_components_configuration_for_the_environment() {
+    let (dir, options) = application(
+        "name: shop\nconfiguration:\n  mail:\n    provider: smtp://local\n  mail@production:\n    provider: smtp://production\n",
+    );
+    dir.write(
+        "mail/manifest.toa.yaml",
+        "name: mail\nprogram: [python3, mail.py]\nconfiguration:\n  type: object\n  properties:\n    provider: { type: string }\n",
+    );
+    let spec = render(&options).unwrap().spec;
+    assert_eq!(
+        spec.components[0].configuration, None,
+        "store.orders has none"
+    );
+    assert_eq!(
+        spec.components[1]
+            .configuration
+            .clone()
+            .map(serde_json::Value::Object),
+        Some(serde_json::json!({"provider": "smtp://production"}))
+    );
+    // A value the manifest's schema refuses is refused at render, as at reconcile.
+    let (dir, options) = application("name: shop\nconfiguration:\n  mail:\n    provider: 5\n");
+    dir.write(
+        "mail/manifest.toa.yaml",
+        "name: mail\nprogram: [python3, mail.py]\nconfiguration:\n  type: object\n  properties:\n    provider: { type: string }\n",
+    );
+    let error = refused(&options);
+    assert!(
+        error.contains("spec.components[1].configuration")
+            && error.contains("mail: configuration/provider"),
+        "{error}"
+    );
+}

@@ -107,6 +107,7 @@ class SeedComponents(unittest.TestCase):
         self.assertEqual(reply["slots"], list(range(16)), "alone, every slot")
         self.assertTrue(reply["instance"])
         self.assertEqual(len(reply["assigned"]), 1, "onassigned told the assignment at once")
+        self.assertEqual(reply["configuration"], {"currency": "EUR"}, "the manifest's default")
         self.assertIsNotNone(reply["assigned"][0], reply)
         # A local run's drain: dispose, from the same module, runs before the program stops.
         status, _ = self.composition.request("POST", "/v1/drain")

@@ -15,35 +15,37 @@ export function pascal (name) {
 
 const key = (name) => IDENTIFIER.test(name) ? name : JSON.stringify(name)
 
-/** A TypeScript type for a JSON Schema; what it cannot express is `unknown`. */
-export function typeOf (schema, indent = '') {
+/** A TypeScript type for a JSON Schema; what it cannot express is `unknown`. `filled`: the value
+ * has its `default`s filled in (a configuration), so a property with one is always there. */
+export function typeOf (schema, indent = '', filled = false) {
   if (schema === undefined || schema === null || schema === true) return 'unknown'
   if (schema === false) return 'never'
   if (Array.isArray(schema.enum)) return schema.enum.map((value) => JSON.stringify(value)).join(' | ')
   if ('const' in schema) return JSON.stringify(schema.const)
   for (const union of ['oneOf', 'anyOf']) {
-    if (Array.isArray(schema[union])) return schema[union].map((s) => typeOf(s, indent)).join(' | ')
+    if (Array.isArray(schema[union])) return schema[union].map((s) => typeOf(s, indent, filled)).join(' | ')
   }
-  if (Array.isArray(schema.type)) return schema.type.map((type) => typeOf({ ...schema, type }, indent)).join(' | ')
+  if (Array.isArray(schema.type)) return schema.type.map((type) => typeOf({ ...schema, type }, indent, filled)).join(' | ')
   switch (schema.type) {
     case 'string': return 'string'
     case 'integer':
     case 'number': return 'number'
     case 'boolean': return 'boolean'
     case 'null': return 'null'
-    case 'array': return `Array<${typeOf(schema.items, indent)}>`
-    case 'object': return objectType(schema, indent)
+    case 'array': return `Array<${typeOf(schema.items, indent, filled)}>`
+    case 'object': return objectType(schema, indent, filled)
     default: return 'unknown'
   }
 }
 
-function objectType (schema, indent) {
+function objectType (schema, indent, filled) {
   const properties = Object.entries(schema.properties ?? {})
   if (properties.length === 0) return 'Record<string, unknown>'
   const required = new Set(schema.required ?? [])
+  const present = (name, property) => required.has(name) || (filled && property?.default !== undefined)
   const inner = indent + '  '
   const lines = properties.map(([name, property]) =>
-    `${inner}${key(name)}${required.has(name) ? '' : '?'}: ${typeOf(property, inner)}`)
+    `${inner}${key(name)}${present(name, property) ? '' : '?'}: ${typeOf(property, inner, filled)}`)
   return `{\n${lines.join('\n')}\n${indent}}`
 }
 
@@ -122,7 +124,7 @@ export function generate (component, components) {
   }
   const configuration = component.manifest.configuration
   lines.push(
-    `export type Configuration = ${configuration === undefined ? 'Record<string, never>' : typeOf(configuration)}`,
+    `export type Configuration = ${configuration === undefined ? 'Record<string, never>' : typeOf(configuration, '', true)}`,
     '',
     'export interface Local {',
     ...operationsOf(component.manifest).map(([name, operation]) => method(self, name, operation, '  ')),

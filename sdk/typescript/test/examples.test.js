@@ -106,12 +106,22 @@ describe('notifications', () => {
     }
   })
 
-  test("the mailer's dispose runs on stop (rc/ without a lifecycle list)", async () => {
+  test("the mailer connects with the configuration and its dispose runs on stop", async () => {
     const record = join(scratch(), 'mailer')
-    const stage = await start(['notifications'], { env: { MAILER_RECORD: record } })
+    const context = contextFile('name: sdk\nconfiguration:\n  notifications:\n    provider: smtp://mail.test\n')
+    const stage = await start(['notifications'], { context, env: { MAILER_RECORD: record } })
     assert.equal(await stage.call('notifications.send', { input: { to: 'ann@example.com', text: 'Hello' } }), null)
     await stage.stop()
-    assert.deepEqual(readFileSync(record, 'utf8').split('\n').filter(Boolean), ['sent ann@example.com', 'closed'])
+    assert.deepEqual(readFileSync(record, 'utf8').split('\n').filter(Boolean),
+      ['connected smtp://mail.test 50', 'sent ann@example.com', 'closed'],
+      "the context's provider, the manifest's default batch; dispose ran")
+  })
+
+  test('a configuration value the schema refuses stops the start, naming it', async () => {
+    const context = contextFile('name: sdk\nconfiguration:\n  notifications:\n    batch: 0\n')
+    const error = await start(['notifications'], { context }).then(() => null, (error) => error)
+    assert.ok(error, 'it started')
+    assert.match(error.message, /notifications: configuration\/batch: 0 is less than the minimum of 1/)
   })
 })
 

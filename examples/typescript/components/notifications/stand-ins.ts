@@ -1,13 +1,14 @@
 // What the seeds leave to the reader: the mail provider's client and the queue's partitions.
 // With $MAILER_RECORD set, the client appends what it does to that file (`sent`, `closed`).
 import { appendFileSync } from 'node:fs'
-import type { Context } from './types/index.d.ts'
+import type { Configuration, Context } from './types/index.d.ts'
 
 const record = (line: string) => {
   if (process.env.MAILER_RECORD) appendFileSync(process.env.MAILER_RECORD, line + '\n')
 }
 
-export async function connect (configuration: unknown) {
+export async function connect (configuration: Configuration) {
+  record(`connected ${configuration.provider} ${configuration.batch}`)
   return {
     async send (to: string, text: string) { record(`sent ${to}`) },
     async close () { record('closed') }

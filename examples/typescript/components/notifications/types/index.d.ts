@@ -49,7 +49,10 @@ declare namespace Components {
 export type SendInput = Components.Notifications.SendInput
 export type DrainInput = Components.Notifications.DrainInput
 export type ShareInput = Components.Notifications.ShareInput
-export type Configuration = Record<string, never>
+export type Configuration = {
+  provider: string
+  batch: number
+}
 
 export interface Local {
   send (request: { input: Components.Notifications.SendInput }): Promise<any>

@@ -13,4 +13,5 @@ def computation(input, context):
     first.wait(5)
     off()
     return {"started": context.state.get("started"), "slots": context.atom.slots(16),
-            "instance": context.instance, "assigned": seen[:1]}
+            "instance": context.instance, "assigned": seen[:1],
+            "configuration": context.configuration}

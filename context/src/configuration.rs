@@ -1,0 +1,204 @@
+//! A component's configuration (`context.configuration` in the seeds): the manifest declares it as
+//! a JSON Schema with defaults, `context.toa.yaml` gives the values per environment, and what the
+//! program gets is the values with the defaults filled in, checked against the schema.
+//!
+//! ```yaml
+//! # manifest.toa.yaml
+//! configuration:
+//!   type: object
+//!   properties:
+//!     provider: { type: string, default: "https://mail.example.com" }
+//!     batch: { type: integer, minimum: 1, default: 50 }
+//!
+//! # context.toa.yaml
+//! configuration:
+//!   notifications:
+//!     batch: 10
+//!   notifications@production:
+//!     provider: https://mail.shop.example
+//! ```
+//!
+//! The agent passes the result to a program it starts as `TOA_CONFIGURATION` (JSON); the operator
+//! renders it into the Composition and passes it to the component's container the same way.
+
+use crate::{ContextError, Environment, Manifest};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// The variable the program reads its configuration from (JSON).
+pub const VARIABLE: &str = "TOA_CONFIGURATION";
+
+/// The `configuration` section of a `context.toa.yaml` for the environment chain `env`:
+/// component's full name → its values (an object). Empty without the section.
+pub fn read(yaml: &str, env: &Environment) -> Result<BTreeMap<String, Value>, ContextError> {
+    let raw: serde_yaml::Value =
+        serde_yaml::from_str(yaml).map_err(|error| ContextError::Yaml(error.to_string()))?;
+    let resolved = env.resolve(&raw, "")?;
+    let Some(section) = resolved.get("configuration") else {
+        return Ok(BTreeMap::new());
+    };
+    let serde_yaml::Value::Mapping(section) = section else {
+        return Err(ContextError::invalid(
+            "configuration",
+            "expected a mapping of component names to their values",
+        ));
+    };
+    let mut values = BTreeMap::new();
+    for (component, value) in section {
+        let serde_yaml::Value::String(component) = component else {
+            return Err(ContextError::invalid(
+                "configuration",
+                format!("expected component names as keys, got {component:?}"),
+            ));
+        };
+        let key = format!("configuration.{component}");
+        let value: Value = serde_json::to_value(value)
+            .map_err(|error| ContextError::invalid(&key, error.to_string()))?;
+        if !value.is_object() {
+            return Err(ContextError::invalid(
+                key,
+                format!("expected the component's values as a mapping, got {value}"),
+            ));
+        }
+        values.insert(component.clone(), value);
+    }
+    Ok(values)
+}
+
+/// The configuration `component` runs with: `given` (from the context) with the schema's
+/// defaults filled in, checked. `Err` names the component and every value refused.
+pub fn configure(manifest: &Manifest, given: Option<&Value>) -> Result<Value, String> {
+    let name = manifest.full_name();
+    let Some(schema) = &manifest.configuration else {
+        return match given {
+            None => Ok(Value::Object(Map::new())),
+            Some(_) => Err(format!(
+                "{name}: the context configures it, but its manifest declares no `configuration` schema"
+            )),
+        };
+    };
+    let validator = jsonschema::validator_for(schema).map_err(|error| {
+        format!("{name}: `configuration` in the manifest is not a valid JSON Schema: {error}")
+    })?;
+    let mut value = given.cloned().unwrap_or_else(|| Value::Object(Map::new()));
+    fill_defaults(schema, &mut value);
+    let problems: Vec<String> = validator
+        .iter_errors(&value)
+        .map(|error| {
+            let at = error.instance_path().to_string();
+            format!("configuration{at}: {error}")
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(value)
+    } else {
+        Err(format!("{name}: {}", problems.join("; ")))
+    }
+}
+
+/// Fills in `default`s of the schema's `properties`, recursively, where the value has none.
+fn fill_defaults(schema: &Value, value: &mut Value) {
+    let (Some(properties), Value::Object(object)) = (schema.get("properties"), value) else {
+        return;
+    };
+    let Some(properties) = properties.as_object() else {
+        return;
+    };
+    for (key, property) in properties {
+        if !object.contains_key(key) {
+            if let Some(default) = property.get("default") {
+                object.insert(key.clone(), default.clone());
+            } else if property.get("properties").is_some() {
+                // A nested object without a value still gets its own defaults.
+                object.insert(key.clone(), Value::Object(Map::new()));
+                fill_defaults(property, object.get_mut(key).expect("just inserted"));
+                if object[key].as_object().is_some_and(Map::is_empty) {
+                    object.remove(key);
+                }
+                continue;
+            } else {
+                continue;
+            }
+        }
+        fill_defaults(property, object.get_mut(key).expect("present"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn manifest(configuration: Option<Value>) -> Manifest {
+        let mut manifest = Manifest::parse("name: notifications\n", "test").unwrap();
+        manifest.configuration = configuration;
+        manifest
+    }
+
+    fn schema() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "provider": {"type": "string", "default": "https://mail.example.com"},
+                "batch": {"type": "integer", "minimum": 1, "default": 50},
+                "retry": {"type": "object", "properties": {"times": {"type": "integer", "default": 3}}}
+            },
+            "additionalProperties": false
+        })
+    }
+
+    #[test]
+    fn the_context_gives_values_per_environment() {
+        let yaml = "name: shop\nconfiguration:\n  notifications:\n    batch: 10\n  notifications@production:\n    batch: 99\n";
+        let local = read(yaml, &Environment::local()).unwrap();
+        assert_eq!(local["notifications"], json!({"batch": 10}));
+        let production = read(yaml, &Environment::parse("production").unwrap()).unwrap();
+        assert_eq!(production["notifications"], json!({"batch": 99}));
+        assert!(read("name: shop\n", &Environment::local())
+            .unwrap()
+            .is_empty());
+        let error = read(
+            "name: shop\nconfiguration:\n  notifications: 5\n",
+            &Environment::local(),
+        )
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("`configuration.notifications`"),
+            "{error}"
+        );
+        // The context itself takes the section.
+        crate::Context::parse(yaml, &Environment::local()).unwrap();
+    }
+
+    #[test]
+    fn defaults_fill_what_the_context_leaves_out() {
+        let configured = configure(&manifest(Some(schema())), Some(&json!({"batch": 10}))).unwrap();
+        assert_eq!(
+            configured,
+            json!({"provider": "https://mail.example.com", "batch": 10, "retry": {"times": 3}})
+        );
+        let defaults = configure(&manifest(Some(schema())), None).unwrap();
+        assert_eq!(defaults["batch"], json!(50));
+    }
+
+    #[test]
+    fn a_bad_value_is_refused_naming_it() {
+        let error = configure(
+            &manifest(Some(schema())),
+            Some(&json!({"batch": 0, "provdier": "x"})),
+        )
+        .unwrap_err();
+        assert!(error.starts_with("notifications: "), "{error}");
+        assert!(error.contains("configuration/batch"), "{error}");
+        assert!(error.contains("provdier"), "{error}");
+    }
+
+    #[test]
+    fn values_without_a_schema_are_refused_and_none_is_empty() {
+        assert_eq!(configure(&manifest(None), None).unwrap(), json!({}));
+        let error = configure(&manifest(None), Some(&json!({"a": 1}))).unwrap_err();
+        assert!(error.contains("declares no `configuration`"), "{error}");
+        let error = configure(&manifest(Some(json!({"type": "nonsense"}))), None).unwrap_err();
+        assert!(error.contains("not a valid JSON Schema"), "{error}");
+    }
+}
