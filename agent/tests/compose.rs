@@ -370,8 +370,8 @@ fn attached_programs_started_by_someone_else_are_served_and_left_running() {
     // the operator gives it; the agent attaches to it instead of starting it.
     let (program_port, agent_port) = (free_port(), free_port());
     let mut program = std::process::Command::new("python3")
-        .arg("examples/store.catalog/catalog.py")
-        .current_dir(support::root())
+        .arg("../python/run.py")
+        .current_dir(support::root().join("examples/store.catalog"))
         .env("TOA_PORT", program_port.to_string())
         .env("TOA_AGENT", format!("http://127.0.0.1:{agent_port}"))
         .env("TOA_COMPONENT", "store.catalog")

@@ -7,9 +7,8 @@ The agent binary: $TOA_AGENT_BIN, else the workspace's debug build ($CARGO_TARGE
 """
 
 import concurrent.futures
-import http.client
-import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent.parent
 COMPONENTS = HERE / "components"
+EXAMPLES = ROOT / "examples"
+sys.path.insert(0, str(HERE.parent))
+
+from toa import CallError, Error  # noqa: E402
+from toa.stage import compose  # noqa: E402
 
 
 def agent_binary():
@@ -30,79 +34,26 @@ def agent_binary():
     return str(target / "debug" / "toa-agent")
 
 
+def stage(*components, env=None, pythonpath=HERE.parent, context=None):
+    """`toa-agent compose` on `components`, through the SDK's own stage."""
+    environ = {"PYTHONPATH": str(pythonpath), **(env or {})}
+    return compose([str(c) for c in components], context=context, env=environ, agent=agent_binary())
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-class Composition:
-    """`toa-agent compose` on `components`, its output in a file."""
-
-    def __init__(self, *components, env=None, pythonpath=HERE.parent):
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="toa-sdk-", suffix=".log", delete=False)
-        environ = dict(os.environ, PYTHONPATH=str(pythonpath), **(env or {}))
-        self.process = subprocess.Popen(
-            [agent_binary(), "compose", *map(str, components), "--listen", f"127.0.0.1:{self.port}"],
-            cwd=ROOT, env=environ, stdout=self.log, stderr=subprocess.STDOUT,
-        )
-
-    def output(self):
-        return Path(self.log.name).read_text(errors="replace")
-
-    def request(self, method, path, body=None, timeout=30):
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            connection.request(method, path, None if body is None else json.dumps(body),
-                               {"content-type": "application/json"})
-            response = connection.getresponse()
-            body = response.read()
-            try:
-                return response.status, json.loads(body or b"null")
-            except ValueError:  # /readyz and /v1/drain answer text
-                return response.status, body.decode(errors="replace")
-        finally:
-            connection.close()
-
-    def wait_ready(self, within=30):
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"the agent exited with {self.process.returncode}:\n{self.output()}")
-            try:
-                if self.request("GET", "/readyz", timeout=1)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"not ready within {within} s:\n{self.output()}")
-
-    def call(self, target, input):
-        component, operation = target.rsplit(".", 1)
-        return self.request("POST", f"/v1/call/{component}/{operation}", {"input": input})
-
-    def exit_code(self, within=30):
-        return self.process.wait(timeout=within)
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
 class SeedComponents(unittest.TestCase):
     def setUp(self):
         self.record = Path(tempfile.mkdtemp(prefix="toa-sdk-record-")) / "record"
-        self.composition = Composition(COMPONENTS / "shop.catalog",
-                                       env={"TOA_TEST_RECORD": str(self.record)})
-        self.addCleanup(self.composition.stop)
-        self.composition.wait_ready()
+        self.stage = stage(COMPONENTS / "shop.catalog", env={"TOA_TEST_RECORD": str(self.record)})
+        self.addCleanup(self.stage.stop)
 
     def test_rc_modules_run_without_a_lifecycle_list_and_share_the_state(self):
-        status, answer = self.composition.call("shop.catalog.started", {})
-        self.assertEqual(status, 200, answer)
-        reply = answer["reply"]
+        reply = self.stage.call("shop.catalog.started", {"input": {}})
         self.assertIs(reply["started"], True, "preflight from rc/boot.py ran and kept its state")
         self.assertEqual(reply["slots"], list(range(16)), "alone, every slot")
         self.assertTrue(reply["instance"])
@@ -110,31 +61,104 @@ class SeedComponents(unittest.TestCase):
         self.assertEqual(reply["configuration"], {"currency": "EUR"}, "the manifest's default")
         self.assertIsNotNone(reply["assigned"][0], reply)
         # A local run's drain: dispose, from the same module, runs before the program stops.
-        status, _ = self.composition.request("POST", "/v1/drain")
-        self.assertEqual(status, 200)
+        self.assertEqual(self.stage.stop(), 0, self.stage.output())
         self.assertEqual(self.record.read_text(), "dispose\n")
 
     def test_calls_go_through_context_local_and_remote(self):
-        status, answer = self.composition.call("shop.catalog.quote", {"customer": "q"})
-        self.assertEqual(status, 200, answer)
-        self.assertEqual(answer["reply"]["price"], {"price": 42}, "its own appraise, called")
-        self.assertEqual(answer["reply"]["refused"], "UNKNOWN_COMPONENT", "a call to no component raises")
+        reply = self.stage.call("shop.catalog.quote", {"input": {"customer": "q"}})
+        self.assertEqual(reply["price"], {"price": 42}, "its own appraise, called")
+        self.assertEqual(reply["refused"], "UNKNOWN_COMPONENT", "a call to no component raises")
 
     def test_the_eleventh_appraisal_within_a_minute_is_refused(self):
-        answers = [self.composition.call("shop.catalog.appraise", {"customer": "c42"})
+        answers = [self.stage.call("shop.catalog.appraise", {"input": {"customer": "c42"}})
                    for _ in range(11)]
-        self.assertEqual([a[1].get("reply") for a in answers[:10]], [{"price": 42}] * 10)
-        self.assertEqual(answers[10][1], {"error": {"code": "TOO_MANY_REQUESTS", "message": None}},
-                         answers[10])
+        self.assertEqual(answers[:10], [{"price": 42}] * 10)
+        self.assertIsInstance(answers[10], Error)
+        self.assertEqual(answers[10].code, "TOO_MANY_REQUESTS")
 
     def test_settlements_run_one_at_a_time_with_increasing_tokens(self):
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            answers = list(pool.map(lambda _: self.composition.call("shop.catalog.settle", {}),
-                                    range(3)))
-        held = sorted((a[1]["reply"] for a in answers), key=lambda r: r["start"])
+            held = list(pool.map(lambda _: self.stage.call("shop.catalog.settle", {"input": {}}),
+                                 range(3)))
+        held.sort(key=lambda r: r["start"])
         for earlier, later in zip(held, held[1:]):
             self.assertLessEqual(earlier["end"], later["start"], held)
             self.assertLess(earlier["token"], later["token"], held)
+
+
+class RedisServer:
+    """A redis-server of the test's own on a free port, nothing kept on disk."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self):
+        self.process.send_signal(signal.SIGSTOP)
+
+    def kill(self):
+        self.process.send_signal(signal.SIGCONT)
+        self.process.kill()
+        self.process.wait()
+
+
+def wait_for(condition, within, what):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not within {within} s: {what}")
+
+
+class Faults(unittest.TestCase):
+    def test_a_lock_whose_redis_stops_under_the_holder_aborts_its_signal(self):
+        redis = RedisServer()
+        self.addCleanup(redis.kill)
+        scratch = Path(tempfile.mkdtemp(prefix="toa-sdk-lock-"))
+        context = scratch / "context.toa.yaml"
+        context.write_text(f"name: sdk\natomicity:\n  redis: redis://127.0.0.1:{redis.port}\n"
+                           "  interval: 1000\n  ttl: 2000\n")
+        record = scratch / "record"
+        composition = stage(COMPONENTS / "shop.catalog", context=context,
+                            env={"TOA_TEST_RECORD": str(record)})
+        self.addCleanup(composition.stop, 10)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            settling = pool.submit(composition.call, "shop.catalog.settle", {"input": {"hold_ms": 8000}})
+            wait_for(lambda: record.exists() and "held" in record.read_text(), 10, "the lock held")
+            redis.stop()
+            with self.assertRaises(CallError) as failed:
+                settling.result(timeout=30)
+        self.assertEqual(failed.exception.name, "FAILED")
+        self.assertIn("the lock was lost", composition.output(), "the operation saw signal.aborted")
+
+
+class Examples(unittest.TestCase):
+    def test_the_poller_halts_and_restores_with_its_state_through_the_stage(self):
+        poller = stage(EXAMPLES / "poller", env={"POLLER_INTERVAL_MS": "100"})
+        self.addCleanup(poller.stop)
+        polls = lambda: poller.call("poller.polls")["polls"]  # noqa: E731
+        wait_for(lambda: polls() >= 2, 5, "two polls")
+        poller.halt()
+        paused = poller.call("poller.polls")
+        self.assertFalse(paused["polling"])
+        time.sleep(0.5)  # five polling intervals, in which nothing may poll
+        self.assertEqual(polls(), paused["polls"], "no poll while halted")
+        poller.restore()
+        wait_for(lambda: polls() > paused["polls"], 5, "a poll after restore")
+        self.assertTrue(poller.call("poller.polls")["polling"])
+        self.assertLessEqual(polls() - paused["polls"], 20, "counting on from the same state, not again")
 
 
 class Packaging(unittest.TestCase):
@@ -147,29 +171,23 @@ class Packaging(unittest.TestCase):
         )
         self.assertEqual(installed.returncode, 0, installed.stderr)
         self.assertTrue((target / "bin" / "toa-component").exists())
-        composition = Composition(COMPONENTS / "shop.catalog", pythonpath=target)
+        composition = stage(COMPONENTS / "shop.catalog", pythonpath=target)
         self.addCleanup(composition.stop)
-        composition.wait_ready()
-        status, answer = composition.call("shop.catalog.started", {})
-        self.assertEqual((status, answer["reply"]["started"]), (200, True), answer)
+        self.assertIs(composition.call("shop.catalog.started", {"input": {}})["started"], True)
 
 
 class Refusals(unittest.TestCase):
     def refused(self, component):
-        composition = Composition(COMPONENTS / component)
-        self.addCleanup(composition.stop)
-        code = composition.exit_code()
-        self.assertNotEqual(code, 0, composition.output())
-        return composition.output()
+        with self.assertRaises(RuntimeError) as refused:
+            stage(COMPONENTS / component).stop()
+        return str(refused.exception)
 
     def test_pause_without_resume_does_not_start(self):
-        output = self.refused("shop.paused")
-        self.assertIn("exports `pause` and no `resume`", output)
+        self.assertIn("exports `pause` and no `resume`", self.refused("shop.paused"))
 
     def test_an_operation_declared_without_a_module_does_not_start(self):
-        output = self.refused("shop.ghost")
         self.assertIn('the manifest declares ["ghost"] and the program has no module for them',
-                      output)
+                      self.refused("shop.ghost"))
 
 
 if __name__ == "__main__":

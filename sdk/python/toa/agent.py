@@ -2,13 +2,15 @@
 makes. Standard library only; the component's token (TOA_AGENT_TOKEN, or the file
 TOA_AGENT_TOKEN_FILE names, read for each request) goes with every request."""
 
+import contextlib
 import http.client
 import json
 import os
 import socket
+import threading
 import urllib.parse
 
-from .errors import CallError
+from .errors import CallError, Error
 
 
 class Agent:
@@ -68,3 +70,66 @@ class Agent:
 
     def own(self, route):
         return f"/v1/{self.component}/{route}"
+
+    @contextlib.contextmanager
+    def hold(self, keys):
+        """Holds the lock on `keys` (a key or a list) for the `with` block, waiting as long as it
+        takes; yields its `Signal`. Leaving the block releases it."""
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        connection, response = self.stream("POST", self.own("lock"), {"keys": keys})
+        try:
+            signal = None
+            for line in response:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("event") == "acquired":
+                    signal = Signal(event["token"])
+                    break
+                raise CallError({"code": "LOCK", "message": event.get("message", str(event))})
+            if signal is None:
+                raise CallError({"code": "LOCK", "message": "the agent closed the lock stream"})
+            threading.Thread(target=signal.watch, args=(response,), daemon=True).start()
+            yield signal
+        finally:
+            # Closing the request releases the lock.
+            connection.close()
+
+    def call(self, kind, component, operation, body):
+        """A call (`kind` "call") or a task ("task"): the reply, or the operation's own `Error`;
+        a call that failed as a call raises `CallError`."""
+        status, value = self.request("POST", f"/v1/{kind}/{component}/{operation}", body)
+        if status >= 400:
+            raise CallError((value or {}).get("error", {"code": str(status)}))
+        if "error" in value:
+            return Error(value["error"]["code"], value["error"].get("message"))
+        return value["reply"]
+
+
+class Signal:
+    """A held lock's signal: `aborted` (also `lost`) turns true when the lock is lost (its holder
+    must stop touching what it guards); `token` is the fencing token, larger for every later
+    holder."""
+
+    def __init__(self, token):
+        self.token = token
+        self._lost = threading.Event()
+
+    @property
+    def aborted(self):
+        return self._lost.is_set()
+
+    lost = aborted
+
+    def wait(self, timeout=None):
+        """Waits until the lock is lost, at most `timeout` seconds; whether it was."""
+        return self._lost.wait(timeout)
+
+    def watch(self, response):
+        """Reads the lock's stream until it ends, setting `aborted` on `lost`."""
+        try:
+            for line in response:
+                if line.strip() and json.loads(line).get("event") == "lost":
+                    self._lost.set()
+        except Exception:  # noqa: BLE001 - the stream ends when the lock is released
+            pass

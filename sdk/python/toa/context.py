@@ -16,8 +16,7 @@ import json
 import os
 import threading
 
-from .agent import Agent
-from .errors import CallError, Error
+from .agent import Agent, Signal  # noqa: F401 - Signal is the SDK's too
 
 
 def call_function(function, *args):
@@ -46,23 +45,6 @@ class State(dict):
             raise AttributeError(name) from None
 
 
-class Signal:
-    """A held lock's signal: `aborted` turns true when the lock is lost (its holder must stop
-    touching what it guards); `token` is the fencing token, larger for every later holder."""
-
-    def __init__(self, token):
-        self.token = token
-        self._lost = threading.Event()
-
-    @property
-    def aborted(self):
-        return self._lost.is_set()
-
-    def wait(self, timeout=None):
-        """Waits until the lock is lost, at most `timeout` seconds; whether it was."""
-        return self._lost.wait(timeout)
-
-
 class Atom:
     def __init__(self, agent):
         self._agent = agent
@@ -70,34 +52,8 @@ class Atom:
     def lock(self, keys, function):
         """Holds `keys` (a key or a list) while `function(signal)` runs, waiting as long as it
         takes; returns what it returns. The lock goes when it returns or raises."""
-        keys = [keys] if isinstance(keys, str) else list(keys)
-        connection, response = self._agent.stream("POST", self._agent.own("lock"), {"keys": keys})
-        try:
-            signal = None
-            for line in response:
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                if event.get("event") == "acquired":
-                    signal = Signal(event["token"])
-                    break
-                raise CallError({"code": "LOCK", "message": event.get("message", str(event))})
-            if signal is None:
-                raise CallError({"code": "LOCK", "message": "the agent closed the lock stream"})
-
-            def watch():
-                try:
-                    for line in response:
-                        if line.strip() and json.loads(line).get("event") == "lost":
-                            signal._lost.set()
-                except Exception:  # noqa: BLE001 - the stream ends when the lock is released
-                    pass
-
-            threading.Thread(target=watch, daemon=True).start()
+        with self._agent.hold(keys) as signal:
             return call_function(function, signal)
-        finally:
-            # Closing the request releases the lock.
-            connection.close()
 
     def slots(self, total):
         """This replica's share of `total` slots, or None while it owns none for sure."""
@@ -155,13 +111,7 @@ class Calls:
             body["instance"] = request["instance"]
         if timeout is not None:
             body["timeout"] = timeout
-        path = f"/v1/call/{'.'.join(component)}/{operation}"
-        status, value = self._agent.request("POST", path, body)
-        if status >= 400:
-            raise CallError((value or {}).get("error", {"code": str(status)}))
-        if "error" in value:
-            return Error(value["error"]["code"], value["error"].get("message"))
-        return value["reply"]
+        return self._agent.call("call", ".".join(component), operation, body)
 
 
 class Context:
@@ -174,3 +124,10 @@ class Context:
         self.atom = Atom(self._agent)
         self.remote = Calls(self._agent)
         self.local = Calls(self._agent, (self._agent.component,))
+        self._calls = threading.local()
+
+    @property
+    def call(self):
+        """The call being answered on this thread: `{"id", "redelivered", "deadline_ms"}`
+        (docs/component-protocol.md), or None in a run command."""
+        return getattr(self._calls, "call", None)

@@ -74,12 +74,14 @@ class Component:
             "operations": sorted(self.operations),
         }
 
-    def lifecycle(self, name):
+    def run_command(self, name):
         for function in self.commands.get(name, []):
             call_function(function, self.context)
 
-    def operate(self, name, input):
-        """`{"reply": ...}` or the operation's own `{"error": ...}`; an exception is a failure."""
+    def operate(self, name, input, call=None):
+        """`{"reply": ...}` or the operation's own `{"error": ...}`; an exception is a failure.
+        `call` is what the agent says of the call (`context.call` on this thread)."""
+        self.context._calls.call = call
         result = call_function(self.operations[name], input, self.context)
         if isinstance(result, Error):
             return {"error": {"code": result.code, "message": result.message}}
@@ -97,16 +99,17 @@ def handler(component):
             pass
 
         def _answer(self, status, value):
+            # Status line, headers and body in one write: no Date or Server header to format,
+            # and nothing for Nagle's algorithm to hold back.
             body = json.dumps(value).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            head = (f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}\r\n"
+                    f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
+            self.wfile.write(head.encode() + body)
 
         def do_GET(self):
-            if self.path == "/program":
-                return self._answer(200, component.description())
+            description = component.description()
+            if self.path == "/program" and description is not None:
+                return self._answer(200, description)
             return self._answer(404, {"error": {"code": "NOT_FOUND", "message": self.path}})
 
         def do_POST(self):
@@ -115,10 +118,11 @@ def handler(component):
             kind, _, name = self.path.strip("/").partition("/")
             try:
                 if kind == "lifecycle" and name in COMMANDS:
-                    component.lifecycle(name)
+                    component.run_command(name)
                     return self._answer(200, {})
                 if kind == "operations" and name in component.operations:
-                    return self._answer(200, component.operate(name, request.get("input")))
+                    answer = component.operate(name, request.get("input"), request.get("call"))
+                    return self._answer(200, answer)
                 return self._answer(404, {"error": {"code": "NOT_FOUND", "message": self.path}})
             except Exception as exception:  # noqa: BLE001 - the agent reports it with the name
                 print(f"{os.environ.get('TOA_COMPONENT')}: {kind} {name} failed: {exception!r}",
@@ -128,13 +132,8 @@ def handler(component):
     return Handler
 
 
-def main():
-    try:
-        operations, commands = load(Path.cwd())
-    except Refused as refused:
-        print(f"{os.environ.get('TOA_COMPONENT', Path.cwd().name)}: {refused}", file=sys.stderr)
-        sys.exit(1)
-    component = Component(operations, commands, Context())
+def serve(component):
+    """Serves the agent's protocol for `component` on 127.0.0.1:$TOA_PORT until interrupted."""
     server = ThreadingHTTPServer(("127.0.0.1", int(os.environ["TOA_PORT"])), handler(component))
     server.daemon_threads = True
     threading.current_thread().name = "toa-runtime"
@@ -142,6 +141,18 @@ def main():
         server.serve_forever()
     except KeyboardInterrupt:
         pass
+
+
+def main():
+    """The component in the current directory: its modules loaded, then served. Its own modules
+    beside operations/ and rc/ can be imported (the directory is on the path)."""
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        operations, commands = load(Path.cwd())
+    except Refused as refused:
+        print(f"{os.environ.get('TOA_COMPONENT', Path.cwd().name)}: {refused}", file=sys.stderr)
+        sys.exit(1)
+    serve(Component(operations, commands, Context()))
 
 
 if __name__ == "__main__":

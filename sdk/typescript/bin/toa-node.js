@@ -2,6 +2,7 @@
 // `toa-node`: the program of a component written in TypeScript or JavaScript (the manifest's
 // `program: [toa-node]`): loads operations/ and rc/ from the current directory and serves the
 // agent's protocol. `toa-node types DIR...`: writes each component's types/index.d.ts.
+import { register as registerCjs } from 'tsx/cjs/api'
 import { register } from 'tsx/esm/api'
 
 const [command, ...args] = process.argv.slice(2)
@@ -14,7 +15,9 @@ if (command === 'types') {
     process.exit(1)
   }
 } else if (command === undefined) {
-  // TypeScript without a build step: tsx compiles each module as it is imported.
+  // TypeScript without a build step: tsx compiles each module as it is imported, as an ES module
+  // under a package.json with "type": "module", otherwise as CommonJS (both hooks are needed).
+  registerCjs()
   register()
   const { main } = await import('../lib/runtime.js')
   await main()

@@ -1,9 +1,11 @@
 // The runtime under the real agent: what it refuses, and the context's calls.
 
 import assert from 'node:assert/strict'
+import { mkdirSync, writeFileSync } from 'node:fs'
+import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
 import { compose } from '../lib/stage.js'
-import { AGENT, FIXTURES } from './helpers.js'
+import { AGENT, FIXTURES, HERE, scratch } from './helpers.js'
 
 /** What the agent said when `component` did not start. */
 const refusal = async (component) => {
@@ -58,4 +60,17 @@ describe('the context', () => {
     assert.deepEqual({ i: first.i, n: first.n }, { i: 0, n: 1 }, 'alone, replica 0 of 1')
     assert.deepEqual(slots, [0, 1, 2, 3])
   })
+})
+
+test('a component outside any "type": "module" package loads its TypeScript too', async () => {
+  const dir = join(scratch(), 'plain.echo')
+  mkdirSync(join(dir, 'operations'), { recursive: true })
+  writeFileSync(join(dir, 'manifest.toa.yaml'), `name: echo\nnamespace: plain\nprogram: [node, ${join(HERE, '..', 'bin', 'toa-node.js')}]\noperations:\n  echo: { type: computation }\n`)
+  writeFileSync(join(dir, 'operations', 'echo.ts'), 'export function computation (input: unknown): unknown { return input }\n')
+  const stage = await compose([dir], { agent: AGENT })
+  try {
+    assert.deepEqual(await stage.call('plain.echo.echo', { input: { a: 1 } }), { a: 1 })
+  } finally {
+    await stage.stop()
+  }
 })

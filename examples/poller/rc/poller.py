@@ -10,13 +10,9 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
-from toa import Component  # noqa: E402
-
 INTERVAL = int(os.environ.get("POLLER_INTERVAL_MS", "1000")) / 1000
 WATCH = os.environ.get("POLLER_WATCH")
 
-component = Component()
 writing = threading.Lock()
 
 
@@ -71,35 +67,23 @@ def stop(context):
         context.state.pop("poller").clear()
 
 
-@component.lifecycle
 def preflight(context):
     context.state["polls"] = 0
     record("preflight")
     start(context)
 
 
-@component.lifecycle
 def pause(context):
     stop(context)
     record("pause", polls=context.state["polls"])
 
 
-@component.lifecycle
 def resume(context):
     # The same process and the same context.state: take again what pause released.
     record("resume", polls=context.state["polls"])
     start(context)
 
 
-@component.lifecycle
 def dispose(context):
     stop(context)
     record("dispose", polls=context.state["polls"])
-
-
-@component.operation
-def polls(input, context):
-    return {"polls": context.state["polls"], "polling": "poller" in context.state}
-
-
-component.run()

@@ -1,0 +1,2 @@
+def computation(input, context):
+    return {"polls": context.state["polls"], "polling": "poller" in context.state}

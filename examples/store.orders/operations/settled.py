@@ -1,0 +1,2 @@
+def computation(input, context):
+    return context.state.settlements
