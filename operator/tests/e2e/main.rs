@@ -49,6 +49,7 @@ mod pods;
 mod rollout;
 mod services;
 mod support;
+mod typescript;
 mod wait;
 
 use std::future::Future;
@@ -179,6 +180,9 @@ fn batches() -> [Vec<(&'static str, Scenario)>; 6] {
         }),
         ("a_crashed_program_is_served_again", |s| {
             Box::pin(pods::a_crashed_program_is_served_again(s))
+        }),
+        ("a_typescript_composition_answers_as_the_seed_says", |s| {
+            Box::pin(typescript::a_typescript_composition_answers_as_the_seed_says(s))
         }),
     ];
     // Second, alone: a second replica, and the leader killed, which leaves no reconciling

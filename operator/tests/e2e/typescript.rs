@@ -1,0 +1,71 @@
+//! A TypeScript Composition on a real pod: the seeds' store.catalog as ported in
+//! examples/typescript (`program: [toa-node]`, the SDK from the project's node_modules) and the
+//! suite's TypeScript caller, in `localhost/toa/node:e2e`.
+
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::support::{apply, composition, ready_pods, wait_no_pods, Suite, PATIENCE};
+use crate::wait::eventually;
+use crate::{cluster, node, services};
+
+const IMAGE: &str = "localhost/toa/node:e2e";
+
+/// A manifest of the repository as the Composition carries it.
+fn manifest(path: &str) -> Value {
+    let text = std::fs::read_to_string(cluster::repo().join(path)).unwrap();
+    serde_yaml::from_str(&text).unwrap()
+}
+
+/// The pod becomes Ready (its agent asked the TypeScript program what it serves, checked it
+/// against the manifest and ran the rc/ modules' commands), and the caller's eleven appraisals
+/// through `context.remote` get ten prices and `TOO_MANY_REQUESTS`, the meter counted in Redis.
+pub async fn a_typescript_composition_answers_as_the_seed_says(suite: Arc<Suite>) {
+    let (namespace, name) = ("e2e-typescript", "seeds");
+    let redis = services::Redis::start(node::BRIDGE_IP);
+    cluster::namespace(&suite.admin, namespace).await;
+    let spec = |replicas: u32| {
+        json!({
+            "application": "e2e-ts",
+            "image": IMAGE,
+            "replicas": replicas,
+            // The meter needs atomicity in a pod.
+            "context": { "atomicity": { "redis": [redis.url()], "interval": 300 } },
+            "components": [
+                {
+                    "name": "store.catalog",
+                    "manifest": manifest("examples/typescript/components/store.catalog/manifest.toa.yaml"),
+                },
+                {
+                    "name": "e2e.seeds",
+                    "manifest": manifest("operator/tests/fixtures/node-image/components/e2e.seeds/manifest.toa.yaml"),
+                },
+            ],
+        })
+    };
+    let start = Instant::now();
+    apply(&suite, &composition(namespace, name, spec(1))).await;
+    let pods = ready_pods(&suite, namespace, name, 1).await;
+    let answers = eventually("the caller's appraisals", PATIENCE, || async {
+        suite
+            .harness
+            .events(&pods[0].name)
+            .into_iter()
+            .find(|e| e.event == "appraised")
+            .map(|e| e.details["answers"].clone())
+            .ok_or_else(|| format!("{:?}", suite.harness.names(&pods[0].name)))
+    })
+    .await;
+    eprintln!(
+        "e2e: typescript: appraised {:.1} s after apply",
+        start.elapsed().as_secs_f64()
+    );
+    let price = json!({ "reply": { "product": "a1", "price": 42 } });
+    let mut expected = vec![price; 10];
+    expected.push(json!({ "error": "TOO_MANY_REQUESTS" }));
+    assert_eq!(answers, Value::Array(expected));
+    // Stop the pod before its Redis goes.
+    apply(&suite, &composition(namespace, name, spec(0))).await;
+    wait_no_pods(&suite, namespace, name).await;
+}
