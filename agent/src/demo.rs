@@ -1,4 +1,4 @@
-//! `toa-agent demo`: composes the seed's examples (in Python, speaking the agent's HTTP protocol)
+//! `toa-agent demo`: composes the seed's examples (in Python, on the Python SDK)
 //! with the embedded default, runs their flows through the local API, and drains.
 
 use serde_json::{json, Value};

@@ -17,8 +17,8 @@ export interface Stage {
   halt (): Promise<void>
   /** Runs `resume`: the same processes, with their state. */
   restore (): Promise<void>
-  /** Drains (dispose runs) and waits for the agent to exit. */
-  stop (): Promise<void>
+  /** Drains (dispose runs) and waits for the agent to exit; how it exited. */
+  stop (): Promise<{ code: number | null, signal: string | null }>
   /** What the agent and the programs printed. */
   output (): string
 }

@@ -12,6 +12,7 @@ and serves the agent's protocol on 127.0.0.1:$TOA_PORT:
 import importlib.util
 import json
 import os
+import signal
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -110,7 +111,7 @@ def handler(component):
             description = component.description()
             if self.path == "/program" and description is not None:
                 return self._answer(200, description)
-            return self._answer(404, {"error": {"code": "NOT_FOUND", "message": self.path}})
+            return self._answer(404, {"message": f"no route {self.path}"})
 
         def do_POST(self):
             length = int(self.headers.get("content-length") or 0)
@@ -123,7 +124,8 @@ def handler(component):
                 if kind == "operations" and name in component.operations:
                     answer = component.operate(name, request.get("input"), request.get("call"))
                     return self._answer(200, answer)
-                return self._answer(404, {"error": {"code": "NOT_FOUND", "message": self.path}})
+                # Not an `error` body: the agent would take it for an operation's own error.
+                return self._answer(404, {"message": f"no route {self.path}"})
             except Exception as exception:  # noqa: BLE001 - the agent reports it with the name
                 print(f"{os.environ.get('TOA_COMPONENT')}: {kind} {name} failed: {exception!r}",
                       file=sys.stderr, flush=True)
@@ -133,7 +135,11 @@ def handler(component):
 
 
 def serve(component):
-    """Serves the agent's protocol for `component` on 127.0.0.1:$TOA_PORT until interrupted."""
+    """Serves the agent's protocol for `component` on 127.0.0.1:$TOA_PORT until stopped."""
+    # The agent stops the program with SIGTERM, after `dispose`. Ctrl-C on `toa-agent compose`
+    # reaches the program too (one process group): it is the agent's to act on, so that the
+    # program is still there for `dispose`.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     server = ThreadingHTTPServer(("127.0.0.1", int(os.environ["TOA_PORT"])), handler(component))
     server.daemon_threads = True
     threading.current_thread().name = "toa-runtime"

@@ -8,6 +8,9 @@ import { CallError } from './errors.js'
 
 export class Agent {
   constructor (env = process.env) {
+    if (!env.TOA_AGENT || !env.TOA_COMPONENT) {
+      throw new Error('expected TOA_AGENT (the agent\'s local API, e.g. http://127.0.0.1:7090) and TOA_COMPONENT: a component\'s program is started by toa-agent, which sets them')
+    }
     const url = new URL(env.TOA_AGENT)
     this.host = url.hostname
     this.port = Number(url.port)
@@ -83,7 +86,20 @@ export class Agent {
       rest = lines.pop()
       for (const line of lines) {
         onAlive()
-        if (line.trim()) onLine(JSON.parse(line))
+        if (!line.trim()) continue
+        let event
+        try {
+          event = JSON.parse(line)
+        } catch {
+          event = null
+        }
+        if (event === null || typeof event !== 'object') {
+          // Not the agent's protocol: end the stream rather than act on it.
+          console.error(`${this.component}: ${path}: not a JSON object, the stream is closed: ${line.slice(0, 200)}`)
+          request.destroy()
+          return
+        }
+        onLine(event)
       }
     })
     response.on('end', end)

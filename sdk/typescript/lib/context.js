@@ -71,6 +71,7 @@ class Atom {
     keys = typeof keys === 'string' ? [keys] : [...keys]
     const controller = new AbortController()
     let acquired
+    let released = false
     const held = new Promise((resolve, reject) => { acquired = { resolve, reject } })
     const close = await this.agent.stream('POST', this.agent.own('lock'), { keys }, {
       onLine: (event) => {
@@ -79,6 +80,7 @@ class Atom {
         else acquired.reject(new CallError({ code: 'LOCK', message: event.message ?? JSON.stringify(event) }))
       },
       onEnd: () => {
+        if (released) return
         acquired.reject(new CallError({ code: 'LOCK', message: 'the agent closed the lock stream' }))
         controller.abort(new Error(`the lock on ${keys.join(', ')} was lost: the agent closed its stream`))
       }
@@ -87,6 +89,7 @@ class Atom {
       const token = await held
       return await fn(lockSignal(controller, token))
     } finally {
+      released = true
       close() // closing the request releases the lock
     }
   }
@@ -98,34 +101,73 @@ class Atom {
 
   /** Charges `deltas` to `keys` across replicas; each key's debt after the charge. */
   async meter (keys, deltas) {
-    return (await this.agent.checked('POST', this.agent.own('meter'), { keys: [...keys], deltas: [...deltas] })).debts
+    keys = typeof keys === 'string' ? [keys] : [...keys]
+    deltas = typeof deltas === 'number' ? [deltas] : [...deltas]
+    return (await this.agent.checked('POST', this.agent.own('meter'), { keys, deltas })).debts
   }
 
   /** Calls `listener(assignment)` at once and on every change; returns `off`. A listener that
    * throws gives this replica's slots to the others. */
   onassigned (listener) {
-    let close = null
-    let off = false
-    const agent = this.agent
-    agent.stream('GET', agent.own('onassigned'), undefined, {
-      onLine: async (event) => {
-        if (off) return
-        try {
-          await listener(event.assignment ?? null)
-        } catch (error) {
-          console.error(`${agent.component}: an onassigned listener threw, this replica owns nothing from now on:`, error)
-          off = true
-          close?.()
-          await agent.request('POST', agent.own(`onassigned/${event.listener}/failed`)).catch(() => {})
-        }
+    return new Listening(this.agent, listener).off
+  }
+}
+
+/** One `onassigned` listener: its own stream, opened again when it ends or falls silent (the
+ * listener hears `null` meanwhile: the share is lost as far as this process can tell), calls
+ * one at a time, each only on a change. */
+class Listening {
+  constructor (agent, listener) {
+    this.agent = agent
+    this.listener = listener
+    this.told = undefined
+    this.done = false
+    this.close = () => {}
+    this.calls = Promise.resolve()
+    this.off = () => { this.done = true; this.close() }
+    this.follow()
+  }
+
+  /** Queues a call of the listener with `assignment` if it differs from the last one told. */
+  tell (assignment, id) {
+    const key = JSON.stringify(assignment)
+    if (this.done || key === this.told) return
+    this.told = key
+    this.calls = this.calls.then(async () => {
+      if (this.done) return
+      try {
+        await this.listener(assignment)
+      } catch (error) {
+        console.error(`${this.agent.component}: an onassigned listener threw, this replica owns nothing from now on:`, error)
+        this.done = true
+        // Told while the stream is open: the agent knows the listener only until it closes.
+        const { status } = await this.agent.request('POST', this.agent.own(`onassigned/${id}/failed`)).catch((e) => ({ status: e.message }))
+        if (status !== 200) console.error(`${this.agent.component}: the agent was not told of the failed listener: ${status}`)
+        this.close()
       }
-    }).then((closing) => {
-      close = closing
-      if (off) close()
-    }, (error) => console.error(`${agent.component}: onassigned:`, error))
-    return () => {
-      off = true
-      close?.()
+    })
+  }
+
+  async follow () {
+    while (!this.done) {
+      let silence
+      try {
+        await new Promise((resolve, reject) => {
+          let heard = Date.now()
+          silence = setInterval(() => { if (Date.now() - heard > SILENCE_MS) this.close() }, SILENCE_MS / 4)
+          this.agent.stream('GET', this.agent.own('onassigned'), undefined, {
+            onLine: (event) => this.tell(event.assignment ?? null, event.listener),
+            onAlive: () => { heard = Date.now() },
+            onEnd: resolve
+          }).then((close) => { this.close = close; if (this.done) close() }, reject)
+        })
+      } catch (error) {
+        console.error(`${this.agent.component}: onassigned:`, error.message)
+      } finally {
+        clearInterval(silence)
+      }
+      this.tell(null)
+      if (!this.done) await new Promise((resolve) => setTimeout(resolve, 500).unref())
     }
   }
 }
@@ -161,7 +203,7 @@ async function call (agent, component, operation, request, { timeout, signal } =
     answer = await agent.request('POST', `/v1/call/${component}/${operation}`, body, { signal })
   } catch (error) {
     if (signal?.aborted) throw abandoned(`${target}: the signal ended the wait`)
-    throw error
+    throw new CallError({ code: 'UNAVAILABLE', message: `${target}: the agent did not answer: ${error.message}` })
   }
   const { status, value } = answer
   if (status >= 400) throw new CallError(value?.error ?? { code: String(status) })
@@ -183,7 +225,11 @@ export class Context {
     Object.defineProperty(this, 'agent', { value: agent })
     this.instance = agent.instance
     this.state = {}
-    this.configuration = JSON.parse(env.TOA_CONFIGURATION || '{}')
+    try {
+      this.configuration = JSON.parse(env.TOA_CONFIGURATION || '{}')
+    } catch (error) {
+      throw new Error(`TOA_CONFIGURATION: expected the component's configuration as JSON: ${error.message}`)
+    }
     this.atom = new Atom(agent)
     this.local = calls(agent, [agent.component])
     this.remote = calls(agent, [])

@@ -99,15 +99,32 @@ async function body (request) {
   return text ? JSON.parse(text) : {}
 }
 
+/** What a failure is called in its answer (the stack goes to the log only: the agent passes the
+ * message on to the caller). */
+function describe (error) {
+  try {
+    return error instanceof Error ? `${error.name}: ${error.message}` : String(error)
+  } catch {
+    return 'a value that cannot be printed was thrown'
+  }
+}
+
 export function handler (component, name = process.env.TOA_COMPONENT) {
+  // Not an `error` body: the agent would take that for an operation's own error.
+  const unknown = (response, url) => answer(response, 404, { message: `no route ${url}` })
   return async (request, response) => {
     const [kind, operation] = request.url.split('/').filter(Boolean)
     if (request.method === 'GET') {
       if (request.url === '/program') return answer(response, 200, component.description())
-      return answer(response, 404, { error: { code: 'NOT_FOUND', message: request.url } })
+      return unknown(response, request.url)
+    }
+    let input
+    try {
+      input = (await body(request)).input
+    } catch (error) {
+      return answer(response, 400, { message: `expected a JSON body: ${describe(error)}` })
     }
     try {
-      const { input } = await body(request)
       if (kind === 'lifecycle' && COMMANDS.includes(operation)) {
         await component.lifecycle(operation)
         return answer(response, 200, {})
@@ -115,10 +132,10 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
       if (kind === 'operations' && component.operations.has(operation)) {
         return answer(response, 200, await component.operate(operation, input ?? null))
       }
-      return answer(response, 404, { error: { code: 'NOT_FOUND', message: request.url } })
+      return unknown(response, request.url)
     } catch (error) {
       console.error(`${name}: ${kind} ${operation} failed:`, error)
-      return answer(response, 500, { message: String(error?.stack ?? error) })
+      return answer(response, 500, { message: describe(error) })
     }
   }
 }
@@ -126,24 +143,36 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
 /** Loads the component in the current directory and serves it; exits 1 naming what is wrong. */
 export async function main (env = process.env) {
   const name = env.TOA_COMPONENT ?? process.cwd()
-  let modules
-  try {
-    modules = await load(process.cwd())
-  } catch (error) {
-    console.error(`${name}: ${error instanceof Refused ? error.message : error?.stack ?? error}`)
+  const refuse = (message) => {
+    console.error(`${name}: ${message}`)
     process.exit(1)
   }
-  const context = new Context(env)
+  const port = Number(env.TOA_PORT)
+  if (!Number.isInteger(port) || port < 1 || port > 65535) {
+    refuse(`TOA_PORT: expected the port to serve on, got ${JSON.stringify(env.TOA_PORT)}: a component's program is started by toa-agent, which sets it`)
+  }
+  let modules, context
+  try {
+    modules = await load(process.cwd())
+    context = new Context(env)
+  } catch (error) {
+    refuse(error instanceof Refused ? error.message : error?.stack ?? error)
+  }
+  // A promise a component left unhandled (a timer's poll that failed) is logged, not fatal.
+  process.on('unhandledRejection', (reason) => console.error(`${name}: unhandled rejection:`, reason))
   const component = new Component(modules, context)
   const server = http.createServer({ noDelay: true, keepAliveTimeout: 60_000 }, handler(component, name))
+  server.on('error', (error) => refuse(`cannot serve 127.0.0.1:${port}: ${error.message}`))
   context.atom.assignments.follow()
-  server.listen(Number(env.TOA_PORT), '127.0.0.1')
-  const stop = () => {
+  server.listen(port, '127.0.0.1')
+  // The agent stops the program with SIGTERM, after `dispose`. Ctrl-C on `toa-agent compose`
+  // reaches the program too (one process group): it is the agent's to act on, so that the
+  // program is still there for `dispose`.
+  process.on('SIGINT', () => {})
+  process.once('SIGTERM', () => {
     context.atom.assignments.stop()
     server.close()
     server.closeAllConnections()
-  }
-  process.once('SIGTERM', stop)
-  process.once('SIGINT', stop)
+  })
   return server
 }

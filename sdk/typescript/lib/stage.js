@@ -13,7 +13,8 @@ import { CallError } from './errors.js'
 
 const READY_WITHIN_MS = 60_000
 
-function freePort () {
+/** A port on loopback nobody listens on now. */
+export function freePort () {
   return new Promise((resolve, reject) => {
     const server = createServer()
     server.on('error', reject)
@@ -26,7 +27,7 @@ function freePort () {
 
 function request (port, method, path, body, headers = {}) {
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port, method, path, headers: { 'content-type': 'application/json', ...headers } }, (res) => {
+    const req = http.request({ host: '127.0.0.1', port, method, path, headers: { 'content-type': 'application/json', ...headers }, timeout: 120_000 }, (res) => {
       const chunks = []
       res.on('data', (chunk) => chunks.push(chunk))
       res.on('end', () => {
@@ -37,6 +38,7 @@ function request (port, method, path, body, headers = {}) {
       })
     })
     req.on('error', reject)
+    req.on('timeout', () => req.destroy(new Error(`${method} ${path}: no answer within 120 s`)))
     req.end(body === undefined ? undefined : JSON.stringify(body))
   })
 }
@@ -100,7 +102,9 @@ class Stage {
 
   async stop () {
     if (this.child.exitCode === null && this.child.signalCode === null) {
-      await request(this.port, 'POST', '/v1/drain').catch(() => this.child.kill('SIGTERM'))
+      const drained = await request(this.port, 'POST', '/v1/drain').catch(() => null)
+      // A drain the agent refused (or could not be asked): SIGTERM drains too.
+      if (drained?.status !== 200) this.child.kill('SIGTERM')
     }
     return this.exited
   }

@@ -2,10 +2,13 @@
 
 import { spawn, spawnSync } from 'node:child_process'
 import { mkdtempSync, writeFileSync } from 'node:fs'
-import { createConnection, createServer } from 'node:net'
+import { createConnection } from 'node:net'
 import { tmpdir } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { freePort } from '../lib/stage.js'
+
+export { freePort }
 
 export const HERE = dirname(fileURLToPath(import.meta.url))
 export const ROOT = resolve(HERE, '..', '..', '..')
@@ -33,17 +36,6 @@ export async function until (condition, within, what) {
     await sleep(50)
   }
   throw new Error(`not within ${within} ms: ${what} (last: ${JSON.stringify(last)})`)
-}
-
-export function freePort () {
-  return new Promise((resolve, reject) => {
-    const server = createServer()
-    server.on('error', reject)
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address()
-      server.close(() => resolve(port))
-    })
-  })
 }
 
 const answers = (port) => new Promise((resolve) => {

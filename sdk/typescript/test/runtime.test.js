@@ -1,11 +1,12 @@
 // The runtime under the real agent: what it refuses, and the context's calls.
 
 import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
 import { mkdirSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
 import { compose } from '../lib/stage.js'
-import { AGENT, FIXTURES, HERE, scratch } from './helpers.js'
+import { AGENT, FIXTURES, HERE, freePort, scratch, until } from './helpers.js'
 
 /** What the agent said when `component` did not start. */
 const refusal = async (component) => {
@@ -55,6 +56,10 @@ describe('the context', () => {
     assert.equal(error.code, 'NOPE')
   })
 
+  test('a lock released as usual does not abort its signal', async () => {
+    assert.deepEqual(await stage.call('shop.probe.released'), { aborted: false })
+  })
+
   test('onassigned tells the assignment at once, and slots follow it', async () => {
     const { first, slots } = await stage.call('shop.probe.assigned')
     assert.deepEqual({ i: first.i, n: first.n }, { i: 0, n: 1 }, 'alone, replica 0 of 1')
@@ -73,4 +78,22 @@ test('a component outside any "type": "module" package loads its TypeScript too'
   } finally {
     await stage.stop()
   }
+})
+
+test('the program outlives Ctrl-C (the agent stops it with SIGTERM, after dispose)', async () => {
+  const port = await freePort()
+  const program = spawn('node', [join(HERE, '..', 'bin', 'toa-node.js')], {
+    cwd: join(FIXTURES, 'shop.probe'),
+    env: { ...process.env, TOA_PORT: String(port), TOA_AGENT: 'http://127.0.0.1:1', TOA_COMPONENT: 'shop.probe' },
+    stdio: 'ignore'
+  })
+  const exited = new Promise((resolve) => program.once('exit', (code, signal) => resolve(signal ?? code)))
+  const described = () => fetch(`http://127.0.0.1:${port}/program`).then((r) => r.ok, () => false)
+  await until(described, 10_000, 'the program serves')
+  program.kill('SIGINT')
+  await new Promise((resolve) => setTimeout(resolve, 300))
+  assert.equal(await described(), true, 'still serving after SIGINT')
+  program.kill('SIGTERM')
+  const how = await Promise.race([exited, new Promise((resolve) => setTimeout(() => resolve('still running'), 5000))])
+  assert.notEqual(how, 'still running', 'SIGTERM stops it')
 })

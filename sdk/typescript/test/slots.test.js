@@ -8,8 +8,15 @@ import { Context, SILENCE_MS } from '../lib/context.js'
 import { until } from './helpers.js'
 
 const streams = []
+const failed = []
 const server = http.createServer((request, response) => {
+  if (request.method === 'POST') {
+    // A listener's failure: told while its stream is still open?
+    failed.push({ url: request.url, open: streams.map((s) => !s.gone) })
+    return response.end('{}')
+  }
   response.writeHead(200, { 'content-type': 'application/x-ndjson' })
+  response.on('close', () => { response.gone = true })
   streams.push(response)
 })
 await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
@@ -37,4 +44,39 @@ test('slots follow the assignment at once, and answer null once the agent is sil
   streams.at(-1).write('\n') // a keep-alive counts as heard
   await until(() => context.atom.slots(4) === null, SILENCE_MS + 1000, 'null after silence')
   assert.ok(Date.now() - silent >= SILENCE_MS - 50, 'not before the silence bound')
+})
+
+test('a listener hears the share lost when its stream ends, and again once it is back', async () => {
+  const heard = []
+  const before = streams.length
+  const off = context.atom.onassigned((assignment) => { heard.push(assignment) })
+  await until(() => streams.length === before + 1, 5000, 'the listener\'s stream')
+  streams.at(-1).write(JSON.stringify({ listener: 2, assignment: { i: 0, n: 1, epoch: 1 } }) + '\n')
+  streams.at(-1).write(JSON.stringify({ listener: 2, assignment: { i: 0, n: 1, epoch: 1 } }) + '\n')
+  await until(() => heard.length === 1, 1000, 'the assignment')
+  streams.at(-1).end() // the agent restarted, say
+  await until(() => heard.length === 2, 1000, 'null once the stream ended')
+  assert.equal(heard[1], null)
+  await until(() => streams.length === before + 2, 5000, 'the stream opened again')
+  streams.at(-1).write(JSON.stringify({ listener: 3, assignment: { i: 0, n: 1, epoch: 1 } }) + '\n')
+  await until(() => heard.length === 3, 1000, 'the assignment again')
+  assert.deepEqual(heard[2], { i: 0, n: 1, epoch: 1 }, 'a repeat within one stream was not told twice')
+  off()
+})
+
+test('a listener that throws is reported while its stream is open; a line that is not JSON ends a stream', async () => {
+  const before = streams.length
+  context.atom.onassigned(() => { throw new Error('on purpose') })
+  await until(() => streams.length === before + 1, 5000, 'the listener\'s stream')
+  const mine = streams.length - 1
+  streams[mine].write(JSON.stringify({ listener: 9, assignment: { i: 0, n: 1, epoch: 1 } }) + '\n')
+  await until(() => failed.length === 1, 2000, 'the failure told')
+  assert.equal(failed[0].url, '/v1/shop.slots/onassigned/9/failed')
+  assert.equal(failed[0].open[mine], true, 'told while the listener\'s stream was open')
+  await until(() => streams[mine].gone, 2000, 'then closed')
+  // The slots' own stream: garbage ends it (the process goes on), and it is opened again.
+  const slotsStream = streams[0]
+  const count = streams.length
+  slotsStream.write('not json\n')
+  await until(() => streams.length > count, 5000, 'a new stream after the garbage')
 })
