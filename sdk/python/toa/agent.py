@@ -56,9 +56,10 @@ class Agent:
             raise CallError((value or {}).get("error", {"code": str(status)}))
         return value
 
-    def stream(self, method, path, body=None):
-        """An open stream (newline-delimited JSON): the connection and the response."""
-        connection = self.connect()
+    def stream(self, method, path, body=None, timeout=None):
+        """An open stream (newline-delimited JSON): the connection and the response. `timeout`:
+        how long a read may wait (the agent writes a line at least every second)."""
+        connection = self.connect(timeout)
         payload = None if body is None else json.dumps(body)
         connection.request(method, path, payload, self.headers())
         response = connection.getresponse()

@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import json
 import os
+import sys
 import threading
 
 from .agent import Agent, Signal  # noqa: F401 - Signal is the SDK's too
@@ -66,26 +67,69 @@ class Atom:
 
     def onassigned(self, listener):
         """Calls `listener(assignment)` at once and on every change, on a thread of its own;
-        returns `off`. A listener that raises gives this replica's slots to the others."""
-        connection, response = self._agent.stream("GET", self._agent.own("onassigned"))
-        agent = self._agent
+        returns `off`. A listener that raises gives this replica's slots to the others. When
+        the stream ends or falls silent (an agent container restarted, say), the listener hears
+        `None` and the stream is opened again."""
+        return Listening(self._agent, listener).off
 
-        def watch():
+
+# The agent writes a line at least every second: this long without one, the stream is stuck.
+SILENCE = 2.0
+
+
+class Listening:
+    """One `onassigned` listener on its own stream, followed on a thread of its own."""
+
+    def __init__(self, agent, listener):
+        self._agent = agent
+        self._listener = listener
+        self._told = object()
+        self._done = threading.Event()
+        self._connection = None
+        threading.Thread(target=self._follow, daemon=True).start()
+
+    def off(self):
+        self._done.set()
+        if self._connection is not None:
+            self._connection.close()
+
+    def _tell(self, assignment, listener_id=None):
+        """Calls the listener if `assignment` differs from the last one told; False once it
+        raised (the agent was told, while the stream is still open)."""
+        if self._done.is_set() or assignment == self._told:
+            return True
+        self._told = assignment
+        try:
+            self._listener(assignment)
+            return True
+        except Exception as error:  # noqa: BLE001 - the agent takes the slots back
+            print(f"{self._agent.component}: an onassigned listener raised, this replica owns "
+                  f"nothing from now on: {error!r}", file=sys.stderr, flush=True)
+            if listener_id is not None:
+                self._agent.request("POST", self._agent.own(f"onassigned/{listener_id}/failed"))
+            self._done.set()
+            return False
+
+    def _follow(self):
+        while not self._done.is_set():
             try:
+                self._connection, response = self._agent.stream(
+                    "GET", self._agent.own("onassigned"), timeout=SILENCE)
+                if self._done.is_set():
+                    break
                 for line in response:
                     if not line.strip():
                         continue
                     event = json.loads(line)
-                    try:
-                        listener(event.get("assignment"))
-                    except Exception:  # noqa: BLE001 - the agent takes the slots back
-                        agent.request("POST", agent.own(f"onassigned/{event['listener']}/failed"))
-                        return
-            except Exception:  # noqa: BLE001 - the stream ends when `off` closes it
+                    if not self._tell(event.get("assignment"), event.get("listener")):
+                        break
+            except Exception:  # noqa: BLE001 - ended, silent, refused or closed by `off`
                 pass
-
-        threading.Thread(target=watch, daemon=True).start()
-        return connection.close
+            finally:
+                if self._connection is not None:
+                    self._connection.close()
+            self._tell(None)
+            self._done.wait(0.5)
 
 
 class Calls:
