@@ -16,6 +16,10 @@ from .errors import CallError, Error
 class Agent:
     def __init__(self, environ=None):
         environ = os.environ if environ is None else environ
+        if not environ.get("TOA_AGENT") or not environ.get("TOA_COMPONENT"):
+            raise RuntimeError(
+                "expected TOA_AGENT (the agent's local API, e.g. http://127.0.0.1:7090) and "
+                "TOA_COMPONENT: a component's program is started by toa-agent, which sets them")
         url = urllib.parse.urlparse(environ["TOA_AGENT"])
         self.host, self.port = url.hostname, url.port
         self.component = environ["TOA_COMPONENT"]
@@ -40,13 +44,19 @@ class Agent:
         return connection
 
     def request(self, method, path, body=None, timeout=120):
-        """The answer's status and JSON value."""
-        connection = self.connect(timeout)
+        """The answer's status and JSON value; `CallError` `UNAVAILABLE` when the agent does not
+        answer."""
+        try:
+            connection = self.connect(timeout)
+        except OSError as error:
+            raise CallError({"code": "UNAVAILABLE", "message": f"the agent did not answer: {error}"}) from error
         try:
             payload = None if body is None else json.dumps(body)
             connection.request(method, path, payload, self.headers())
             response = connection.getresponse()
             return response.status, json.loads(response.read() or b"null")
+        except OSError as error:
+            raise CallError({"code": "UNAVAILABLE", "message": f"the agent did not answer: {error}"}) from error
         finally:
             connection.close()
 

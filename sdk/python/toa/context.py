@@ -62,7 +62,9 @@ class Atom:
 
     def meter(self, keys, deltas):
         """Charges `deltas` to `keys` across replicas; each key's debt after the charge."""
-        body = {"keys": list(keys), "deltas": list(deltas)}
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        deltas = [deltas] if isinstance(deltas, (int, float)) else list(deltas)
+        body = {"keys": keys, "deltas": deltas}
         return self._agent.checked("POST", self._agent.own("meter"), body)["debts"]
 
     def onassigned(self, listener):
@@ -164,7 +166,10 @@ class Context:
         self._agent = Agent(environ)
         self.instance = self._agent.instance
         self.state = State()
-        self.configuration = json.loads(environ.get("TOA_CONFIGURATION") or "{}")
+        try:
+            self.configuration = json.loads(environ.get("TOA_CONFIGURATION") or "{}")
+        except ValueError as error:
+            raise RuntimeError(f"TOA_CONFIGURATION: expected the component's configuration as JSON: {error}") from error
         self.atom = Atom(self._agent)
         self.remote = Calls(self._agent)
         self.local = Calls(self._agent, (self._agent.component,))

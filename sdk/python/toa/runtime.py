@@ -153,12 +153,17 @@ def main():
     """The component in the current directory: its modules loaded, then served. Its own modules
     beside operations/ and rc/ can be imported (the directory is on the path)."""
     sys.path.insert(0, str(Path.cwd()))
+    name = os.environ.get("TOA_COMPONENT", Path.cwd().name)
     try:
+        if not os.environ.get("TOA_PORT", "").isdigit():
+            raise Refused(f"TOA_PORT: expected the port to serve on, got {os.environ.get('TOA_PORT')!r}: "
+                          "a component's program is started by toa-agent, which sets it")
         operations, commands = load(Path.cwd())
-    except Refused as refused:
-        print(f"{os.environ.get('TOA_COMPONENT', Path.cwd().name)}: {refused}", file=sys.stderr)
+        context = Context()
+    except (Refused, RuntimeError, ValueError) as refused:
+        print(f"{name}: {refused}", file=sys.stderr)
         sys.exit(1)
-    serve(Component(operations, commands, Context()))
+    serve(Component(operations, commands, context))
 
 
 if __name__ == "__main__":
