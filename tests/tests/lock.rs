@@ -212,6 +212,25 @@ fn wall_clock() -> Duration {
         .expect("the clock is after 1970")
 }
 
+/// Subscribers to the lock's release channels (one per process using locks).
+fn subscribers_of_releases(server: &RedisServer) -> u64 {
+    let mut connection = server.connection();
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("*released")
+        .query(&mut connection)
+        .unwrap();
+    if channels.is_empty() {
+        return 0;
+    }
+    let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(&channels)
+        .query(&mut connection)
+        .unwrap();
+    counts.iter().map(|(_, n)| n).sum()
+}
+
 fn commands_of(server: &RedisServer, names: &[&str]) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -249,7 +268,13 @@ fn waiters_queue_without_spinning_and_are_woken_by_a_release() {
             e["kind"] == "ready"
         });
     }
-    std::thread::sleep(Duration::from_millis(300)); // every waiter has tried once and waits
+    // A waiter tries again once its subscription to releases is up (a release may have been
+    // missed before): count from when all nine are subscribed on every server, and the retries
+    // that follow have been made.
+    wait_until(Duration::from_secs(10), "every process subscribed", || {
+        servers.iter().all(|s| subscribers_of_releases(s) >= 9)
+    });
+    std::thread::sleep(Duration::from_millis(300));
     for server in &servers {
         redis::cmd("CONFIG")
             .arg("RESETSTAT")
@@ -258,7 +283,8 @@ fn waiters_queue_without_spinning_and_are_woken_by_a_release() {
     }
     let hold = Duration::from_millis(3 * TTL_MS);
     std::thread::sleep(hold);
-    let scripts: u64 = servers
+    // Heartbeats (scripts too) go to the first server only: count on the other two.
+    let scripts: u64 = servers[1..]
         .iter()
         .map(|s| commands_of(s, &["evalsha", "eval"]))
         .sum();
@@ -272,12 +298,14 @@ fn waiters_queue_without_spinning_and_are_woken_by_a_release() {
         !holder.events().iter().any(|e| e["kind"] == "lost"),
         "the holder kept its lock by extending it"
     );
-    // Per TTL: the holder extends 3 times on 3 servers; a waiter tries about once on 3 servers.
-    let per_waiter_per_ttl = scripts.saturating_sub(3 * 3 * 3) as f64 / 8.0 / 3.0 / 3.0;
+    // Per TTL and server: the holder extends 3 times; a waiter tries about once, plus a release
+    // behind the slowest server (measured: 1.3-1.5). A waiter that spins (tries again without
+    // waiting for the holder's expiry or a release) makes hundreds; with a 10 ms wait, ~100.
+    let per_waiter_per_ttl = scripts.saturating_sub(2 * 3 * 3) as f64 / 8.0 / 3.0 / 2.0;
     eprintln!("{scripts} scripts in 3 TTLs: {per_waiter_per_ttl:.2} attempts per waiter per TTL");
     assert!(
-        per_waiter_per_ttl <= 3.0,
-        "waiters spin: {scripts} scripts in 3 TTLs"
+        per_waiter_per_ttl <= 4.0,
+        "waiters spin: {scripts} scripts in 3 TTLs on two servers"
     );
 
     let mut holder = holder;

@@ -19,34 +19,70 @@ function lockSignal (controller, token) {
   return signal
 }
 
-class Assignments {
-  constructor (agent) {
+/** Keeps this component's onassigned stream open until `stop()`: `onLine(event)` for each event,
+ * and `onDown()` whenever the stream ends, cannot be opened, or falls silent for `SILENCE_MS` (it
+ * is closed then: a half-open connection hears nothing more). Opened again 500 ms later. */
+class Following {
+  constructor (agent, { onLine, onDown }) {
     this.agent = agent
-    this.value = null
+    this.handlers = { onLine, onDown }
     this.heard = 0
-    this.closed = false
+    this.failing = false
+    this.stopped = false
     this.close = () => {}
   }
 
-  /** Keeps one stream open for `slots`, opened again whenever it ends. */
-  async follow () {
-    while (!this.closed) {
+  async run () {
+    while (!this.stopped) {
+      let silence
       try {
         await new Promise((resolve, reject) => {
+          this.heard = Date.now()
+          silence = setInterval(() => { if (Date.now() - this.heard > SILENCE_MS) this.close() }, SILENCE_MS / 4)
           this.agent.stream('GET', this.agent.own('onassigned'), undefined, {
-            onLine: (event) => { this.value = event.assignment ?? null },
+            onLine: this.handlers.onLine,
             onAlive: () => { this.heard = Date.now() },
             onEnd: resolve
-          }).then((close) => { this.close = close }, reject)
+          }).then((close) => {
+            this.close = close
+            this.failing = false
+            if (this.stopped) close()
+          }, reject)
         })
-      } catch { /* the agent is not there yet, or refused: try again */ }
-      this.value = null
-      if (!this.closed) await new Promise((resolve) => setTimeout(resolve, 500).unref())
+      } catch (error) {
+        // Once per outage, not every 500 ms.
+        if (!this.failing) console.error(`${this.agent.component}: onassigned:`, error.message)
+        this.failing = true
+      } finally {
+        clearInterval(silence)
+      }
+      this.handlers.onDown()
+      if (!this.stopped) await new Promise((resolve) => setTimeout(resolve, 500).unref())
     }
   }
 
+  stop () {
+    this.stopped = true
+    this.close()
+  }
+}
+
+/** The stream behind `slots`: the last assignment heard, and when a line was last heard. */
+class Assignments {
+  constructor (agent) {
+    this.value = null
+    this.following = new Following(agent, {
+      onLine: (event) => { this.value = event.assignment ?? null },
+      onDown: () => { this.value = null }
+    })
+  }
+
+  follow () {
+    return this.following.run()
+  }
+
   slots (total) {
-    if (this.value === null || Date.now() - this.heard > SILENCE_MS) return null
+    if (this.value === null || Date.now() - this.following.heard > SILENCE_MS) return null
     const { i, n } = this.value
     const slots = []
     for (let slot = i; slot < total; slot += Math.max(n, 1)) slots.push(slot)
@@ -54,8 +90,7 @@ class Assignments {
   }
 
   stop () {
-    this.closed = true
-    this.close()
+    this.following.stop()
   }
 }
 
@@ -113,19 +148,21 @@ class Atom {
   }
 }
 
-/** One `onassigned` listener: its own stream, opened again when it ends or falls silent (the
- * listener hears `null` meanwhile: the share is lost as far as this process can tell), calls
- * one at a time, each only on a change. */
+/** One `onassigned` listener: its own stream (the listener hears `null` while it is down: the
+ * share is lost as far as this process can tell), calls one at a time, each only on a change. */
 class Listening {
   constructor (agent, listener) {
     this.agent = agent
     this.listener = listener
     this.told = undefined
     this.done = false
-    this.close = () => {}
     this.calls = Promise.resolve()
-    this.off = () => { this.done = true; this.close() }
-    this.follow()
+    this.following = new Following(agent, {
+      onLine: (event) => this.tell(event.assignment ?? null, event.listener),
+      onDown: () => this.tell(null)
+    })
+    this.off = () => { this.done = true; this.following.stop() }
+    this.following.run()
   }
 
   /** Queues a call of the listener with `assignment` if it differs from the last one told. */
@@ -143,32 +180,9 @@ class Listening {
         // Told while the stream is open: the agent knows the listener only until it closes.
         const { status } = await this.agent.request('POST', this.agent.own(`onassigned/${id}/failed`)).catch((e) => ({ status: e.message }))
         if (status !== 200) console.error(`${this.agent.component}: the agent was not told of the failed listener: ${status}`)
-        this.close()
+        this.following.stop()
       }
     })
-  }
-
-  async follow () {
-    while (!this.done) {
-      let silence
-      try {
-        await new Promise((resolve, reject) => {
-          let heard = Date.now()
-          silence = setInterval(() => { if (Date.now() - heard > SILENCE_MS) this.close() }, SILENCE_MS / 4)
-          this.agent.stream('GET', this.agent.own('onassigned'), undefined, {
-            onLine: (event) => this.tell(event.assignment ?? null, event.listener),
-            onAlive: () => { heard = Date.now() },
-            onEnd: resolve
-          }).then((close) => { this.close = close; if (this.done) close() }, reject)
-        })
-      } catch (error) {
-        console.error(`${this.agent.component}: onassigned:`, error.message)
-      } finally {
-        clearInterval(silence)
-      }
-      this.tell(null)
-      if (!this.done) await new Promise((resolve) => setTimeout(resolve, 500).unref())
-    }
   }
 }
 
