@@ -20,7 +20,9 @@
 //!
 //! The agent passes the result to a program it starts as `TOA_CONFIGURATION` (JSON); the operator
 //! renders it into the Composition and passes it to the component's container the same way.
+//! Secrets (`api-key: $STRIPE_API_KEY`) stay placeholders there; see [`crate::placeholders`].
 
+use crate::placeholders::{placeholders, reveal};
 use crate::{ContextError, Environment, Manifest};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -65,9 +67,24 @@ pub fn read(yaml: &str, env: &Environment) -> Result<BTreeMap<String, Value>, Co
     Ok(values)
 }
 
+/// Where the values of a configuration's secrets (`$NAME`, [`crate::placeholders`]) are known.
+pub enum Secrets<'a> {
+    /// Here (a local run: the agent's environment): they are checked like any value, and the
+    /// refusals do not repeat them.
+    Known(&'a dyn Fn(&str) -> Option<String>),
+    /// Not here (the operator, which reads no Secret): a placeholder is checked only for being
+    /// a string, as every secret is.
+    Unknown,
+}
+
 /// The configuration `component` runs with: `given` (from the context) with the schema's
-/// defaults filled in, checked. `Err` names the component and every value refused.
-pub fn configure(manifest: &Manifest, given: Option<&Value>) -> Result<Value, String> {
+/// defaults filled in, checked; secrets stay placeholders. `Err` names the component and every
+/// value refused.
+pub fn configure(
+    manifest: &Manifest,
+    given: Option<&Value>,
+    secrets: Secrets<'_>,
+) -> Result<Value, String> {
     let name = manifest.full_name();
     let Some(schema) = &manifest.configuration else {
         return match given {
@@ -82,11 +99,36 @@ pub fn configure(manifest: &Manifest, given: Option<&Value>) -> Result<Value, St
     })?;
     let mut value = given.cloned().unwrap_or_else(|| Value::Object(Map::new()));
     fill_defaults(schema, &mut value);
+    let secret_at = placeholders(&value);
+    let checked = match secrets {
+        Secrets::Known(lookup) => reveal(&value, lookup).map_err(|missing| {
+            format!(
+                "{name}: configuration{}: the secret ${} has no value: set the environment variable {}",
+                missing.pointer, missing.name, missing.name
+            )
+        })?,
+        Secrets::Unknown => value.clone(),
+    };
     let problems: Vec<String> = validator
-        .iter_errors(&value)
-        .map(|error| {
+        .iter_errors(&checked)
+        .filter_map(|error| {
             let at = error.instance_path().to_string();
-            format!("configuration{at}: {error}")
+            let Some(secret) = secret_at.iter().find(|p| p.pointer == at) else {
+                return Some(format!("configuration{at}: {error}"));
+            };
+            let keyword = error.kind().keyword();
+            match secrets {
+                // Never the value itself: only what it failed.
+                Secrets::Known(_) => Some(format!(
+                    "configuration{at}: the value of the secret ${} fails the schema's `{keyword}`",
+                    secret.name
+                )),
+                Secrets::Unknown if keyword == "type" => Some(format!(
+                    "configuration{at}: ${} is a secret, always a string, and the schema takes another type",
+                    secret.name
+                )),
+                Secrets::Unknown => None,
+            }
         })
         .collect();
     if problems.is_empty() {
@@ -128,6 +170,7 @@ fn fill_defaults(schema: &Value, value: &mut Value) {
 mod tests {
     use super::*;
     use serde_json::json;
+    use Secrets::Unknown;
 
     fn manifest(configuration: Option<Value>) -> Manifest {
         let mut manifest = Manifest::parse("name: notifications\n", "test").unwrap();
@@ -172,12 +215,17 @@ mod tests {
 
     #[test]
     fn defaults_fill_what_the_context_leaves_out() {
-        let configured = configure(&manifest(Some(schema())), Some(&json!({"batch": 10}))).unwrap();
+        let configured = configure(
+            &manifest(Some(schema())),
+            Some(&json!({"batch": 10})),
+            Unknown,
+        )
+        .unwrap();
         assert_eq!(
             configured,
             json!({"provider": "https://mail.example.com", "batch": 10, "retry": {"times": 3}})
         );
-        let defaults = configure(&manifest(Some(schema())), None).unwrap();
+        let defaults = configure(&manifest(Some(schema())), None, Unknown).unwrap();
         assert_eq!(defaults["batch"], json!(50));
     }
 
@@ -186,6 +234,7 @@ mod tests {
         let error = configure(
             &manifest(Some(schema())),
             Some(&json!({"batch": 0, "provdier": "x"})),
+            Unknown,
         )
         .unwrap_err();
         assert!(error.starts_with("notifications: "), "{error}");
@@ -195,10 +244,75 @@ mod tests {
 
     #[test]
     fn values_without_a_schema_are_refused_and_none_is_empty() {
-        assert_eq!(configure(&manifest(None), None).unwrap(), json!({}));
-        let error = configure(&manifest(None), Some(&json!({"a": 1}))).unwrap_err();
+        assert_eq!(
+            configure(&manifest(None), None, Unknown).unwrap(),
+            json!({})
+        );
+        let error = configure(&manifest(None), Some(&json!({"a": 1})), Unknown).unwrap_err();
         assert!(error.contains("declares no `configuration`"), "{error}");
-        let error = configure(&manifest(Some(json!({"type": "nonsense"}))), None).unwrap_err();
+        let error =
+            configure(&manifest(Some(json!({"type": "nonsense"}))), None, Unknown).unwrap_err();
         assert!(error.contains("not a valid JSON Schema"), "{error}");
+    }
+
+    fn secret_schema() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "key": {"type": "string", "minLength": 12},
+                "port": {"type": "integer"},
+                "batch": {"type": "integer", "minimum": 1, "default": 50}
+            }
+        })
+    }
+
+    #[test]
+    fn a_secret_stays_a_placeholder_and_is_checked_where_its_value_is_known() {
+        let manifest = manifest(Some(secret_schema()));
+        let given = json!({"key": "$MAIL_KEY"});
+        let lookup = |name: &str| (name == "MAIL_KEY").then(|| "long-enough-value".to_owned());
+        // Known: checked with its value, handed on as the placeholder.
+        let configured = configure(&manifest, Some(&given), Secrets::Known(&lookup)).unwrap();
+        assert_eq!(configured, json!({"key": "$MAIL_KEY", "batch": 50}));
+        // Unknown (the operator): "$MAIL_KEY" itself would fail minLength; not checked.
+        assert_eq!(
+            configure(&manifest, Some(&given), Unknown).unwrap(),
+            configured
+        );
+    }
+
+    #[test]
+    fn a_refused_or_missing_secret_is_named_and_its_value_never_repeated() {
+        let manifest = manifest(Some(secret_schema()));
+        let given = json!({"key": "$MAIL_KEY"});
+        let short = |_: &str| Some("hunter2".to_owned());
+        let error = configure(&manifest, Some(&given), Secrets::Known(&short)).unwrap_err();
+        assert!(error.contains("configuration/key"), "{error}");
+        assert!(
+            error.contains("$MAIL_KEY") && error.contains("minLength"),
+            "{error}"
+        );
+        assert!(!error.contains("hunter2"), "the value leaked: {error}");
+
+        let none = |_: &str| None;
+        let error = configure(&manifest, Some(&given), Secrets::Known(&none)).unwrap_err();
+        assert!(
+            error.starts_with("notifications: configuration/key"),
+            "{error}"
+        );
+        assert!(
+            error.contains("set the environment variable MAIL_KEY"),
+            "{error}"
+        );
+
+        // A secret is a string: where the schema takes a number, the operator refuses it too.
+        let error = configure(&manifest, Some(&json!({"port": "$PORT"})), Unknown).unwrap_err();
+        assert!(
+            error.contains("configuration/port") && error.contains("$PORT"),
+            "{error}"
+        );
+        // And a plain value next to a secret is still checked.
+        let error = configure(&manifest, Some(&json!({"key": "$K", "batch": 0})), Unknown);
+        assert!(error.unwrap_err().contains("configuration/batch"));
     }
 }

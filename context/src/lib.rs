@@ -8,6 +8,7 @@
 //! - [`credentials`]: secrets read from the environment or from mounted files, never printed;
 //! - [`manifest`]: a component's manifest;
 //! - [`configuration`]: a component's configuration, its manifest's schema and the context's values;
+//! - [`placeholders`]: secrets in a configuration (`$NAME`), whose values it never holds;
 //! - [`control`]: the operator↔agent contract: ports, paths, the control status, and the
 //!   credentials both derive from a pod's control token;
 //! - [`agent_args`]: the agent's command line, written by the operator and parsed by the agent.
@@ -20,10 +21,11 @@ pub mod control;
 pub mod credentials;
 pub mod environment;
 pub mod manifest;
+pub mod placeholders;
 
 pub use address::{AmqpAddress, RedisAddress};
 pub use annotations::{Addressed, Atomicity, Context, Limits, ProcessVars, Vars};
-pub use configuration::configure;
+pub use configuration::{configure, Secrets};
 pub use credentials::{Credentials, Secret};
 pub use environment::Environment;
 pub use manifest::{Manifest, ManifestError, Operation, RunCommand};

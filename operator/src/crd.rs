@@ -159,8 +159,8 @@ pub struct ComponentSpec {
     pub manifest: Map<String, Value>,
     /// The component's configuration for this environment (context.toa.yaml's
     /// `configuration.<component>`), checked against the manifest's `configuration` schema; its
-    /// defaults fill in what is absent. The program reads it from `TOA_CONFIGURATION`. Not for
-    /// secrets: it is part of the Composition.
+    /// defaults fill in what is absent. The program reads it from `TOA_CONFIGURATION`. A secret
+    /// is only named here (`"$NAME"`): its value is the key `NAME` of the credentials Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form_object")]
     pub configuration: Option<Map<String, Value>>,

@@ -584,20 +584,25 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
                 // Validation refuses a manifest without one.
                 command: manifest.program.clone(),
                 working_dir: Some(format!("{COMPONENTS_DIR}/{full_name}")),
-                env: Some(vec![
-                    value("TOA_PORT", port.to_string()),
-                    value("TOA_AGENT", format!("http://127.0.0.1:{LOCAL_PORT}")),
-                    value("TOA_COMPONENT", full_name),
-                    instance(),
-                    value(
-                        "TOA_AGENT_TOKEN_FILE",
-                        format!("{COMPONENT_TOKEN_DIR}/token"),
-                    ),
-                    value(
-                        toa_context::configuration::VARIABLE,
-                        valid.configurations[index].clone(),
-                    ),
-                ]),
+                env: Some(
+                    vec![
+                        value("TOA_PORT", port.to_string()),
+                        value("TOA_AGENT", format!("http://127.0.0.1:{LOCAL_PORT}")),
+                        value("TOA_COMPONENT", full_name),
+                        instance(),
+                        value(
+                            "TOA_AGENT_TOKEN_FILE",
+                            format!("{COMPONENT_TOKEN_DIR}/token"),
+                        ),
+                        value(
+                            toa_context::configuration::VARIABLE,
+                            valid.configurations[index].clone(),
+                        ),
+                    ]
+                    .into_iter()
+                    .chain(configuration_secrets(valid, index))
+                    .collect(),
+                ),
                 // Its own token only: the other components' volumes are not mounted here.
                 volume_mounts: Some(vec![VolumeMount {
                     name: format!("token-{index}"),
@@ -772,6 +777,30 @@ fn agent_env(valid: &Valid) -> Vec<EnvVar> {
         }
     }
     env
+}
+
+/// `TOA_SECRET_{NAME}` for each secret of component `index`'s configuration, from the
+/// credentials Secret's key `NAME` (validation refuses secrets without that Secret). Not
+/// optional: a missing key keeps the container from starting rather than have it run without.
+fn configuration_secrets(valid: &Valid, index: usize) -> Vec<EnvVar> {
+    let Some(secret) = &valid.credentials else {
+        return Vec::new();
+    };
+    valid.secrets[index]
+        .iter()
+        .map(|name| EnvVar {
+            name: toa_context::placeholders::variable(name),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.clone(),
+                    key: name.clone(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+        })
+        .collect()
 }
 
 /// `TOA_INSTANCE`, the pod's name: the agent and the components of a pod share it.

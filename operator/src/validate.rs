@@ -26,6 +26,9 @@ pub struct Valid {
     pub components: Vec<Manifest>,
     /// Each component's configuration (JSON, its defaults filled in), in the spec's order.
     pub configurations: Vec<String>,
+    /// The secrets each component's configuration holds as `"$NAME"`, in the spec's order: keys
+    /// of the credentials Secret, given to the component's container as `TOA_SECRET_{NAME}`.
+    pub secrets: Vec<Vec<String>>,
     pub replicas: i32,
     /// How a halt proceeds (`spec.halt` or its defaults).
     pub halt: Halt,
@@ -68,13 +71,13 @@ pub fn validate(spec: &CompositionSpec) -> Result<Valid, InvalidSpec> {
         ));
     }
     let components = components(spec)?;
-    let configurations = configurations(spec, &components)?;
-    let context = context(&spec.application, &spec.context)?;
     let credentials = spec
         .credentials
         .as_ref()
         .map(|credentials| secret_name(&credentials.secret_name))
         .transpose()?;
+    let (configurations, secrets) = configurations(spec, &components, credentials.is_some())?;
+    let context = context(&spec.application, &spec.context)?;
     let halt = halt(spec.halt.as_ref().unwrap_or(&HaltSpec::default()))?;
     let security = security(
         spec.security_context
@@ -85,6 +88,7 @@ pub fn validate(spec: &CompositionSpec) -> Result<Valid, InvalidSpec> {
         context,
         components,
         configurations,
+        secrets,
         replicas: spec.replicas,
         halt,
         credentials,
@@ -200,27 +204,43 @@ fn components(spec: &CompositionSpec) -> Result<Vec<Manifest>, InvalidSpec> {
     Ok(manifests)
 }
 
-/// Each component's configuration checked against its manifest's schema, defaults filled in.
+/// Each component's configuration checked against its manifest's schema, defaults filled in,
+/// and the secrets it holds. The operator reads no Secret: a secret's value is not checked here,
+/// and it needs the credentials Secret to come from.
 fn configurations(
     spec: &CompositionSpec,
     manifests: &[Manifest],
-) -> Result<Vec<String>, InvalidSpec> {
-    spec.components
-        .iter()
-        .zip(manifests)
-        .enumerate()
-        .map(|(index, (component, manifest))| {
-            let given = component
-                .configuration
-                .clone()
-                .map(serde_json::Value::Object);
-            toa_context::configure(manifest, given.as_ref())
-                .map(|value| value.to_string())
-                .map_err(|message| {
-                    invalid(&format!("spec.components[{index}].configuration"), message)
-                })
-        })
-        .collect()
+    has_credentials: bool,
+) -> Result<(Vec<String>, Vec<Vec<String>>), InvalidSpec> {
+    let mut configurations = Vec::new();
+    let mut secrets = Vec::new();
+    for (index, (component, manifest)) in spec.components.iter().zip(manifests).enumerate() {
+        let key = format!("spec.components[{index}].configuration");
+        let given = component
+            .configuration
+            .clone()
+            .map(serde_json::Value::Object);
+        let value = toa_context::configure(manifest, given.as_ref(), toa_context::Secrets::Unknown)
+            .map_err(|message| invalid(&key, message))?;
+        let mut names: Vec<String> = toa_context::placeholders::placeholders(&value)
+            .into_iter()
+            .map(|placeholder| placeholder.name)
+            .collect();
+        names.sort();
+        names.dedup();
+        if let (false, Some(name)) = (has_credentials, names.first()) {
+            return Err(invalid(
+                &key,
+                format!(
+                    "the secret ${name} is read from the credentials Secret (key {name}), and \
+                     `spec.credentials.secretName` names none"
+                ),
+            ));
+        }
+        configurations.push(value.to_string());
+        secrets.push(names);
+    }
+    Ok((configurations, secrets))
 }
 
 fn context(application: &str, spec: &ContextSpec) -> Result<Context, InvalidSpec> {

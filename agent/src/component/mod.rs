@@ -11,6 +11,7 @@
 //! | `TOA_INSTANCE` | the process's name |
 //! | `TOA_AGENT_TOKEN` | the component's token for its routes on the local API (in a pod, the file `TOA_AGENT_TOKEN_FILE` names holds it) |
 //! | `TOA_CONFIGURATION` | the component's configuration, JSON ([`toa_context::configuration`]) |
+//! | `TOA_SECRET_{NAME}` | the value of each secret its configuration holds as `"$NAME"` ([`toa_context::placeholders`]) |
 //!
 //! and serves `POST /lifecycle/{command}` for the run commands its manifest exports, and
 //! `POST /operations/{name}` with `{"input": ...}`, answering `{"reply": ...}` or
@@ -24,7 +25,7 @@ use client::ProgramClient;
 use program::Program;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use toa_context::{Manifest, RunCommand};
+use toa_context::{Manifest, RunCommand, Secret};
 
 /// Why a component could not be loaded, started or run.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +67,8 @@ pub struct Component {
     pub schemas: HashMap<String, schema::InputSchema>,
     /// What the program gets as `TOA_CONFIGURATION` (JSON): `{}` until [`Self::configure`].
     pub configuration: String,
+    /// The variables holding the values of the configuration's secrets, and the values.
+    pub secrets: Vec<(String, Secret)>,
 }
 
 impl Component {
@@ -101,14 +104,25 @@ impl Component {
             dir,
             schemas,
             configuration: "{}".to_owned(),
+            secrets: Vec::new(),
         })
     }
 
     /// Takes the context's values for this component (`None`: the defaults), checked against
-    /// the manifest's `configuration` schema.
+    /// the manifest's `configuration` schema; the values of its secrets come from the agent's
+    /// environment (`$MAIL_KEY`: the variable `MAIL_KEY`).
     pub fn configure(&mut self, given: Option<&serde_json::Value>) -> Result<(), ComponentError> {
+        let lookup = |name: &str| std::env::var(name).ok();
         let value =
-            toa_context::configure(&self.manifest, given).map_err(ComponentError::Configuration)?;
+            toa_context::configure(&self.manifest, given, toa_context::Secrets::Known(&lookup))
+                .map_err(ComponentError::Configuration)?;
+        self.secrets = toa_context::placeholders::placeholders(&value)
+            .into_iter()
+            .filter_map(|p| {
+                let secret = Secret::new(lookup(&p.name)?);
+                Some((toa_context::placeholders::variable(&p.name), secret))
+            })
+            .collect();
         self.configuration = value.to_string();
         Ok(())
     }
@@ -142,6 +156,7 @@ impl Component {
                 instance,
                 token,
                 configuration: &self.configuration,
+                secrets: &self.secrets,
             },
         )
         .await?;
@@ -226,6 +241,7 @@ mod tests {
             dir: PathBuf::from("."),
             schemas: HashMap::new(),
             configuration: "{}".into(),
+            secrets: Vec::new(),
         }
     }
 

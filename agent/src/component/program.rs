@@ -40,6 +40,26 @@ pub struct Environment<'a> {
     pub token: Option<&'a str>,
     /// `TOA_CONFIGURATION`, JSON.
     pub configuration: &'a str,
+    /// `TOA_SECRET_{NAME}` variables and their values.
+    pub secrets: &'a [(String, toa_context::Secret)],
+}
+
+impl Environment<'_> {
+    /// Sets the program's variables (the table in [`super`]).
+    fn apply(&self, command: &mut Command, name: &str, port: u16) {
+        if let Some(token) = self.token {
+            command.env("TOA_AGENT_TOKEN", token);
+        }
+        for (variable, secret) in self.secrets {
+            command.env(variable, secret.expose());
+        }
+        command
+            .env("TOA_PORT", port.to_string())
+            .env("TOA_AGENT", self.agent)
+            .env("TOA_COMPONENT", name)
+            .env("TOA_INSTANCE", self.instance)
+            .env(toa_context::configuration::VARIABLE, self.configuration);
+    }
 }
 
 /// How long an attached program may take to serve its port (a container may start slowly).
@@ -52,12 +72,6 @@ impl Program {
         command: &[String],
         environment: Environment<'_>,
     ) -> Result<Self, ComponentError> {
-        let Environment {
-            agent,
-            instance,
-            token,
-            configuration,
-        } = environment;
         let failed = |message: String| ComponentError::Start {
             component: name.to_owned(),
             message,
@@ -75,17 +89,10 @@ impl Program {
                 Ok(())
             });
         }
-        if let Some(token) = token {
-            command_line.env("TOA_AGENT_TOKEN", token);
-        }
+        environment.apply(&mut command_line, name, port);
         let mut child = command_line
             .args(&command[1..])
             .current_dir(dir)
-            .env("TOA_PORT", port.to_string())
-            .env("TOA_AGENT", agent)
-            .env("TOA_COMPONENT", name)
-            .env("TOA_INSTANCE", instance)
-            .env(toa_context::configuration::VARIABLE, configuration)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| failed(format!("{:?} in {}: {e}", command.join(" "), dir.display())))?;

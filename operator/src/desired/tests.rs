@@ -972,3 +972,76 @@ fn a_component_container_gets_its_configuration_with_the_defaults_filled_in() {
         "{error}"
     );
 }
+
+#[test]
+fn a_configurations_secret_comes_from_the_credentials_secret_and_only_to_its_component() {
+    let mut mailer = ComponentSpec::test("store", "mailer");
+    mailer.manifest.insert(
+        "configuration".into(),
+        serde_json::json!({
+            "type": "object",
+            "properties": {"password": {"type": "string", "minLength": 20}}
+        }),
+    );
+    // "$MAILER_PASSWORD" is shorter than 20: the value is not the operator's to check.
+    mailer.configuration = serde_json::json!({"password": "$MAILER_PASSWORD"})
+        .as_object()
+        .cloned();
+    let components = vec![ComponentSpec::test("store", "orders"), mailer];
+    let mut spec = CompositionSpec::test().with_components(components.clone());
+    spec.credentials = Some(CredentialsSpec {
+        secret_name: "shop-backends".into(),
+    });
+    let desired = build(spec, Sidecar::Native, 1);
+    let containers = &pod(&desired).containers;
+    let secret_vars = |index: usize| -> Vec<_> {
+        containers[index]
+            .env
+            .clone()
+            .unwrap()
+            .into_iter()
+            .filter(|var| var.name.starts_with("TOA_SECRET_"))
+            .collect()
+    };
+    assert!(secret_vars(0).is_empty(), "the other component gets none");
+    let vars = secret_vars(1);
+    assert_eq!(vars.len(), 1, "{vars:?}");
+    assert_eq!(vars[0].name, "TOA_SECRET_MAILER_PASSWORD");
+    assert!(vars[0].value.is_none());
+    let reference = vars[0]
+        .value_from
+        .as_ref()
+        .and_then(|from| from.secret_key_ref.as_ref())
+        .unwrap();
+    assert_eq!(
+        (
+            reference.name.as_str(),
+            reference.key.as_str(),
+            reference.optional
+        ),
+        ("shop-backends", "MAILER_PASSWORD", Some(false))
+    );
+    let configuration = containers[1]
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|var| var.name == "TOA_CONFIGURATION")
+        .and_then(|var| var.value.clone())
+        .unwrap();
+    assert_eq!(
+        configuration, r#"{"password":"$MAILER_PASSWORD"}"#,
+        "the place, not the value"
+    );
+
+    // Without a credentials Secret there is nowhere to read it from: refused, naming it.
+    let error = validate(&CompositionSpec::test().with_components(components))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("spec.components[1].configuration")
+            && error.contains("$MAILER_PASSWORD")
+            && error.contains("spec.credentials.secretName"),
+        "{error}"
+    );
+}

@@ -1,7 +1,9 @@
 //! A TypeScript Composition on a real pod: the seeds' store.catalog as ported in
 //! examples/typescript (`program: [toa-node]`, the SDK from the project's node_modules) and the
-//! suite's TypeScript caller, in `localhost/toa/node:e2e`.
+//! suite's TypeScript caller, in `localhost/toa/node:e2e`, whose configuration names a secret.
 
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,10 +23,27 @@ fn manifest(path: &str) -> Value {
 /// The pod becomes Ready (its agent asked the TypeScript program what it serves, checked it
 /// against the manifest and ran the rc/ modules' commands), and the caller's eleven appraisals
 /// through `context.remote` get ten prices and `TOO_MANY_REQUESTS`, the meter counted in Redis.
+/// The caller's configuration holds `"$E2E_TOKEN"`: the kubelet gives it the credentials Secret's
+/// key and the SDK puts the value in place.
 pub async fn a_typescript_composition_answers_as_the_seed_says(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-typescript", "seeds");
     let redis = services::Redis::start(node::BRIDGE_IP);
     cluster::namespace(&suite.admin, namespace).await;
+    let token = format!("e2e-{:x}", rand::random::<u64>());
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "seeds-backends" },
+        "stringData": { "E2E_TOKEN": token },
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(suite.admin.clone(), namespace)
+        .patch(
+            "seeds-backends",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .unwrap();
     let spec = |replicas: u32| {
         json!({
             "application": "e2e-ts",
@@ -40,23 +59,27 @@ pub async fn a_typescript_composition_answers_as_the_seed_says(suite: Arc<Suite>
                 {
                     "name": "e2e.seeds",
                     "manifest": manifest("operator/tests/fixtures/node-image/components/e2e.seeds/manifest.toa.yaml"),
+                    "configuration": { "token": "$E2E_TOKEN" },
                 },
             ],
+            "credentials": { "secretName": "seeds-backends" },
         })
     };
     let start = Instant::now();
     apply(&suite, &composition(namespace, name, spec(1))).await;
     let pods = ready_pods(&suite, namespace, name, 1).await;
-    let answers = eventually("the caller's appraisals", PATIENCE, || async {
+    let appraised = eventually("the caller's appraisals", PATIENCE, || async {
         suite
             .harness
             .events(&pods[0].name)
             .into_iter()
             .find(|e| e.event == "appraised")
-            .map(|e| e.details["answers"].clone())
+            .map(|e| e.details.clone())
             .ok_or_else(|| format!("{:?}", suite.harness.names(&pods[0].name)))
     })
     .await;
+    assert_eq!(appraised["token"], json!(token), "the secret in its place");
+    let answers = appraised["answers"].clone();
     eprintln!(
         "e2e: typescript: appraised {:.1} s after apply",
         start.elapsed().as_secs_f64()

@@ -3,7 +3,8 @@
 - `context.instance`: this process's name;
 - `context.state`: one plain object per process, shared by run commands and operations
   (`context.state.mailer = ...`, or as a dict);
-- `context.configuration`: the component's configuration (`TOA_CONFIGURATION`, JSON; `{}` without);
+- `context.configuration`: the component's configuration (`TOA_CONFIGURATION`, JSON; `{}` without),
+  its secrets (`"$NAME"`) in place from `TOA_SECRET_NAME`;
 - `context.atom.lock(keys, fn)`, `slots(total)`, `onassigned(listener)`, `meter(keys, deltas)`;
 - `context.local.<operation>(request, timeout=...)` and
   `context.remote.<namespace>.<component>.<operation>(request, timeout=...)`, where `request` is
@@ -14,6 +15,7 @@ import asyncio
 import inspect
 import json
 import os
+import re
 import sys
 import threading
 
@@ -160,6 +162,29 @@ class Calls:
         return self._agent.call("call", ".".join(component), operation, body)
 
 
+# A string "$NAME" in the configuration is the place of a secret, whose value comes as
+# TOA_SECRET_NAME (docs/context.md, "Secrets").
+SECRET = re.compile(r"\$([A-Z][A-Z0-9_]*)")
+
+
+def reveal(value, environ, at=""):
+    """`value` with every secret in place; raises naming one without a value, never a value."""
+    if isinstance(value, str):
+        match = SECRET.fullmatch(value)
+        if match is None:
+            return value
+        name = match.group(1)
+        secret = environ.get(f"TOA_SECRET_{name}")
+        if secret is None:
+            raise RuntimeError(f"TOA_CONFIGURATION{at}: the secret ${name} has no value: TOA_SECRET_{name} is not set")
+        return secret
+    if isinstance(value, list):
+        return [reveal(item, environ, f"{at}/{index}") for index, item in enumerate(value)]
+    if isinstance(value, dict):
+        return {key: reveal(item, environ, f"{at}/{key}") for key, item in value.items()}
+    return value
+
+
 class Context:
     def __init__(self, environ=None):
         environ = os.environ if environ is None else environ
@@ -167,9 +192,10 @@ class Context:
         self.instance = self._agent.instance
         self.state = State()
         try:
-            self.configuration = json.loads(environ.get("TOA_CONFIGURATION") or "{}")
+            configuration = json.loads(environ.get("TOA_CONFIGURATION") or "{}")
         except ValueError as error:
             raise RuntimeError(f"TOA_CONFIGURATION: expected the component's configuration as JSON: {error}") from error
+        self.configuration = reveal(configuration, environ)
         self.atom = Atom(self._agent)
         self.remote = Calls(self._agent)
         self.local = Calls(self._agent, (self._agent.component,))

@@ -233,17 +233,39 @@ function operationError ({ code, message }) {
   return error
 }
 
+/** A string `"$NAME"` in the configuration is the place of a secret, whose value comes as
+ * `TOA_SECRET_NAME` (docs/context.md, "Secrets"). */
+const SECRET = /^\$([A-Z][A-Z0-9_]*)$/
+
+/** `value` with every secret in place; throws naming one without a value, never a value. */
+function reveal (value, env, at = '') {
+  if (typeof value === 'string') {
+    const name = SECRET.exec(value)?.[1]
+    if (name === undefined) return value
+    const secret = env[`TOA_SECRET_${name}`]
+    if (secret === undefined) throw new Error(`TOA_CONFIGURATION${at}: the secret $${name} has no value: TOA_SECRET_${name} is not set`)
+    return secret
+  }
+  if (Array.isArray(value)) return value.map((item, index) => reveal(item, env, `${at}/${index}`))
+  if (value !== null && typeof value === 'object') {
+    return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, reveal(item, env, `${at}/${key}`)]))
+  }
+  return value
+}
+
 export class Context {
   constructor (env = process.env) {
     const agent = new Agent(env)
     Object.defineProperty(this, 'agent', { value: agent })
     this.instance = agent.instance
     this.state = {}
+    let configuration
     try {
-      this.configuration = JSON.parse(env.TOA_CONFIGURATION || '{}')
+      configuration = JSON.parse(env.TOA_CONFIGURATION || '{}')
     } catch (error) {
       throw new Error(`TOA_CONFIGURATION: expected the component's configuration as JSON: ${error.message}`)
     }
+    this.configuration = reveal(configuration, env)
     this.atom = new Atom(agent)
     this.local = calls(agent, [agent.component])
     this.remote = calls(agent, [])

@@ -117,6 +117,24 @@ describe('notifications', () => {
       "the context's provider, the manifest's default batch; dispose ran")
   })
 
+  test("a secret's value comes from the environment, is checked, and is never repeated", async () => {
+    const record = join(scratch(), 'mailer')
+    const context = contextFile('name: sdk\nconfiguration:\n  notifications:\n    password: $MAILER_PASSWORD\n')
+    const password = 'correct horse battery' // 21 characters; its placeholder has 16
+    const stage = await start(['notifications'], { context, env: { MAILER_RECORD: record, MAILER_PASSWORD: password } })
+    await stage.stop()
+    assert.equal(readFileSync(record, 'utf8').split('\n')[0], 'connected smtp://localhost:2525 50 with a password of 21')
+
+    const short = await start(['notifications'], { context, env: { MAILER_PASSWORD: 'tiny7' } }).then(() => null, (error) => error)
+    assert.ok(short, 'it started with a password the schema refuses')
+    assert.match(short.message, /notifications: configuration\/password: the value of the secret \$MAILER_PASSWORD fails the schema's `minLength`/)
+    assert.ok(!short.message.includes('tiny7'), 'the value was repeated')
+    // An undefined value leaves the variable out, even if the test's own environment has it.
+    const missing = await start(['notifications'], { context, env: { MAILER_PASSWORD: undefined } }).then(() => null, (error) => error)
+    assert.ok(missing, 'it started without the password')
+    assert.match(missing.message, /the secret \$MAILER_PASSWORD has no value: set the environment variable MAILER_PASSWORD/)
+  })
+
   test('a configuration value the schema refuses stops the start, naming it', async () => {
     const context = contextFile('name: sdk\nconfiguration:\n  notifications:\n    batch: 0\n')
     const error = await start(['notifications'], { context }).then(() => null, (error) => error)

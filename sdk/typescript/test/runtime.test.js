@@ -97,3 +97,30 @@ test('the program outlives Ctrl-C (the agent stops it with SIGTERM, after dispos
   const how = await Promise.race([exited, new Promise((resolve) => setTimeout(() => resolve('still running'), 5000))])
   assert.notEqual(how, 'still running', 'SIGTERM stops it')
 })
+
+test("a secret's place in the configuration gets its value; one without a value stops the program, naming it", async () => {
+  const { Context } = await import('../lib/context.js')
+  const env = {
+    TOA_AGENT: 'http://127.0.0.1:1',
+    TOA_COMPONENT: 'shop.c',
+    TOA_CONFIGURATION: '{"key": "$MAIL_KEY", "list": [1, "$OTHER", "$lower"], "plain": "x"}',
+    TOA_SECRET_MAIL_KEY: 'k-value',
+    TOA_SECRET_OTHER: 'o-value'
+  }
+  assert.deepEqual(new Context(env).configuration, { key: 'k-value', list: [1, 'o-value', '$lower'], plain: 'x' })
+  delete env.TOA_SECRET_OTHER
+  assert.throws(() => new Context(env), (error) =>
+    /TOA_CONFIGURATION\/list\/1: the secret \$OTHER has no value: TOA_SECRET_OTHER is not set/.test(error.message) &&
+    !error.message.includes('k-value'))
+
+  const program = spawn('node', [join(HERE, '..', 'bin', 'toa-node.js')], {
+    cwd: join(FIXTURES, 'shop.probe'),
+    env: { ...process.env, TOA_PORT: String(await freePort()), TOA_AGENT: 'http://127.0.0.1:1', TOA_COMPONENT: 'shop.probe', TOA_CONFIGURATION: '{"key": "$MAIL_KEY"}' },
+    stdio: ['ignore', 'ignore', 'pipe']
+  })
+  let stderr = ''
+  program.stderr.on('data', (chunk) => { stderr += chunk })
+  const code = await new Promise((resolve) => program.once('exit', resolve))
+  assert.equal(code, 1)
+  assert.match(stderr, /TOA_SECRET_MAIL_KEY is not set/)
+})

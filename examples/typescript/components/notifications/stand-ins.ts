@@ -8,7 +8,9 @@ const record = (line: string) => {
 }
 
 export async function connect (configuration: Configuration) {
-  record(`connected ${configuration.provider} ${configuration.batch}`)
+  // Not the password itself: that it came, and its length.
+  const password = configuration.password === undefined ? '' : ` with a password of ${configuration.password.length}`
+  record(`connected ${configuration.provider} ${configuration.batch}${password}`)
   return {
     async send (to: string, text: string) { record(`sent ${to}`) },
     async close () { record('closed') }

@@ -52,6 +52,7 @@ export type ShareInput = Components.Notifications.ShareInput
 export type Configuration = {
   provider: string
   batch: number
+  password?: string
 }
 
 export interface Local {
