@@ -54,6 +54,10 @@ fn token_file(name: &str) -> std::path::PathBuf {
 
 /// An agent in pod mode (`TOA_APPLICATION` set) attached to `attach`.
 fn agent(local: u16, attach: u16, name: &str) -> Pod {
+    agent_of(COMPONENT, local, attach, name)
+}
+
+fn agent_of(component: &str, local: u16, attach: u16, name: &str) -> Pod {
     let (control, probe) = (free_port(), free_port());
     let token = "pod-token";
     let key = "pod-drain-key";
@@ -64,7 +68,7 @@ fn agent(local: u16, attach: u16, name: &str) -> Pod {
     let agent = Composition::start_at(
         local,
         &[
-            COMPONENT,
+            component,
             "--attach",
             &attach.to_string(),
             "--control-listen",
@@ -541,4 +545,26 @@ fn a_rotated_token_is_read_again_and_the_previous_one_taken_meanwhile() {
     }
     let _ = program.kill();
     let _ = program.wait();
+}
+
+/// The configuration is the Composition's: the operator checked it and gives it to the
+/// component's container. A schema whose required value has no default (a secret, say) does not
+/// stop the pod's agent, which starts no program and has no values to check.
+#[test]
+fn in_a_pod_the_configuration_is_not_the_agents_to_refuse() {
+    let dir = std::env::temp_dir().join(format!("toa-pod-configured-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let manifest = std::fs::read_to_string(support::root().join(COMPONENT).join("manifest.toa.yaml"))
+        .unwrap()
+        + "configuration:\n  type: object\n  properties:\n    password: { type: string }\n  required: [password]\n";
+    std::fs::write(dir.join("manifest.toa.yaml"), manifest).unwrap();
+    let record = dir.join("record");
+    let (local, attach) = (free_port(), free_port());
+    let mut program = program(attach, local, &record);
+    let mut pod = agent_of(dir.to_str().unwrap(), local, attach, "configured");
+    // A refusal would end the agent before this, naming `configuration`.
+    pod.agent.wait_ready();
+    assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
+    program.kill().unwrap();
+    program.wait().unwrap();
 }

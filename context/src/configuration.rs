@@ -22,7 +22,7 @@
 //! renders it into the Composition and passes it to the component's container the same way.
 //! Secrets (`api-key: $STRIPE_API_KEY`) stay placeholders there; see [`crate::placeholders`].
 
-use crate::placeholders::{placeholders, reveal};
+use crate::placeholders::{placeholders, reveal, Placeholder};
 use crate::{ContextError, Environment, Manifest};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -111,30 +111,60 @@ pub fn configure(
     };
     let problems: Vec<String> = validator
         .iter_errors(&checked)
-        .filter_map(|error| {
-            let at = error.instance_path().to_string();
-            let Some(secret) = secret_at.iter().find(|p| p.pointer == at) else {
-                return Some(format!("configuration{at}: {error}"));
-            };
-            let keyword = error.kind().keyword();
-            match secrets {
-                // Never the value itself: only what it failed.
-                Secrets::Known(_) => Some(format!(
-                    "configuration{at}: the value of the secret ${} fails the schema's `{keyword}`",
-                    secret.name
-                )),
-                Secrets::Unknown if keyword == "type" => Some(format!(
-                    "configuration{at}: ${} is a secret, always a string, and the schema takes another type",
-                    secret.name
-                )),
-                Secrets::Unknown => None,
-            }
-        })
+        .filter_map(|error| problem(&error, &secret_at, &secrets))
         .collect();
     if problems.is_empty() {
         Ok(value)
     } else {
         Err(format!("{name}: {}", problems.join("; ")))
+    }
+}
+
+/// Rules over an object or array that do not look at its values: they hold whatever the
+/// secrets inside turn out to be.
+const STRUCTURAL: [&str; 8] = [
+    "required",
+    "additionalProperties",
+    "propertyNames",
+    "minProperties",
+    "maxProperties",
+    "minItems",
+    "maxItems",
+    "dependentRequired",
+];
+
+/// What a refusal says, if anything. Where the value is or holds a known secret, the rule it
+/// fails without the value (an `anyOf` over the whole configuration would print all of it).
+/// Where secrets are unknown, a rule that looks at the secret's value cannot be checked, except
+/// that a secret is a string.
+fn problem(
+    error: &jsonschema::ValidationError<'_>,
+    secret_at: &[Placeholder],
+    secrets: &Secrets<'_>,
+) -> Option<String> {
+    let at = error.instance_path().to_string();
+    let keyword = error.kind().keyword();
+    let this = secret_at.iter().find(|p| p.pointer == at);
+    let holds = secret_at
+        .iter()
+        .any(|p| p.pointer.starts_with(&format!("{at}/")));
+    match (secrets, this) {
+        (Secrets::Known(_), Some(secret)) => {
+            let value = format!("the value of ${}", secret.name);
+            Some(format!("configuration{at}: {}", error.masked_with(value)))
+        }
+        (Secrets::Known(_), None) if holds => Some(format!(
+            "configuration{at}: {}",
+            error.masked_with("the value (holding secrets)")
+        )),
+        (Secrets::Unknown, Some(secret)) => (keyword == "type").then(|| {
+            format!(
+                "configuration{at}: ${} is a secret, always a string, and the schema takes another type",
+                secret.name
+            )
+        }),
+        (Secrets::Unknown, None) if holds && !STRUCTURAL.contains(&keyword) => None,
+        _ => Some(format!("configuration{at}: {error}")),
     }
 }
 
@@ -289,7 +319,7 @@ mod tests {
         let error = configure(&manifest, Some(&given), Secrets::Known(&short)).unwrap_err();
         assert!(error.contains("configuration/key"), "{error}");
         assert!(
-            error.contains("$MAIL_KEY") && error.contains("minLength"),
+            error.contains("the value of $MAIL_KEY is shorter than 12 characters"),
             "{error}"
         );
         assert!(!error.contains("hunter2"), "the value leaked: {error}");
@@ -305,12 +335,53 @@ mod tests {
             "{error}"
         );
 
+        // Nor where a rule over the whole configuration fails, which would print all of it.
+        let mut strict = secret_schema();
+        strict["anyOf"] = json!([{"required": ["port"]}]);
+        let error = configure(
+            &self::manifest(Some(strict)),
+            Some(&json!({"key": "$MAIL_KEY"})),
+            Secrets::Known(&|_: &str| Some("long-enough-hunter2".to_owned())),
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("configuration: the value (holding secrets) is not valid under any"),
+            "{error}"
+        );
+        assert!(!error.contains("hunter2"), "the value leaked: {error}");
+
         // A secret is a string: where the schema takes a number, the operator refuses it too.
         let error = configure(&manifest, Some(&json!({"port": "$PORT"})), Unknown).unwrap_err();
         assert!(
-            error.contains("configuration/port") && error.contains("$PORT"),
+            error.contains("configuration/port: $PORT is a secret, always a string"),
             "{error}"
         );
+        // Where a rule over the whole looks at the secret's value, the operator cannot check it;
+        // a rule about the structure it still checks.
+        let mut chosen = secret_schema();
+        chosen["oneOf"] = json!([{"properties": {"key": {"pattern": "^sk_live_"}}}]);
+        chosen["additionalProperties"] = json!(false);
+        let operator =
+            |given: Value| configure(&self::manifest(Some(chosen.clone())), Some(&given), Unknown);
+        operator(json!({"key": "$MAIL_KEY"})).unwrap();
+        let error = operator(json!({"key": "$MAIL_KEY", "kye": 1})).unwrap_err();
+        assert!(error.contains("'kye' was unexpected"), "{error}");
+
+        // A key with `/` or `~` holding a secret: the refusal is still found at the secret.
+        let odd =
+            json!({"type": "object", "properties": {"a/b~c": {"type": "string", "minLength": 30}}});
+        let error = configure(
+            &self::manifest(Some(odd)),
+            Some(&json!({"a/b~c": "$ODD"})),
+            Secrets::Known(&|_: &str| Some("hunter2".to_owned())),
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("configuration/a~1b~0c: the value of $ODD is shorter"),
+            "{error}"
+        );
+        assert!(!error.contains("hunter2"), "the value leaked: {error}");
+
         // And a plain value next to a secret is still checked.
         let error = configure(&manifest, Some(&json!({"key": "$K", "batch": 0})), Unknown);
         assert!(error.unwrap_err().contains("configuration/batch"));

@@ -52,6 +52,11 @@ impl Environment<'_> {
         }
         for (variable, secret) in self.secrets {
             command.env(variable, secret.expose());
+            // Not also under the name the agent read it from: as in a pod, where only the
+            // component's `TOA_SECRET_…` exists.
+            if let Some(name) = variable.strip_prefix("TOA_SECRET_") {
+                command.env_remove(name);
+            }
         }
         command
             .env("TOA_PORT", port.to_string())
@@ -175,7 +180,33 @@ impl Program {
 
 #[cfg(test)]
 mod tests {
-    use super::resolve;
+    use super::{resolve, Command, Environment};
+    use std::ffi::OsStr;
+
+    #[test]
+    fn a_secret_reaches_the_program_under_its_toa_secret_name_only() {
+        let secrets = [(
+            "TOA_SECRET_MAIL_KEY".to_owned(),
+            toa_context::Secret::new("k-value"),
+        )];
+        let environment = Environment {
+            agent: "http://127.0.0.1:7090",
+            instance: "p1",
+            token: None,
+            configuration: r#"{"key":"$MAIL_KEY"}"#,
+            secrets: &secrets,
+        };
+        let mut command = Command::new("true");
+        environment.apply(&mut command, "shop.mail", 4000);
+        let envs: Vec<(&OsStr, Option<&OsStr>)> = command.as_std().get_envs().collect();
+        let of = |name: &str| envs.iter().find(|(key, _)| *key == name).map(|(_, v)| *v);
+        assert_eq!(of("TOA_SECRET_MAIL_KEY"), Some(Some(OsStr::new("k-value"))));
+        assert_eq!(of("MAIL_KEY"), Some(None), "removed, not inherited");
+        assert_eq!(
+            of("TOA_CONFIGURATION"),
+            Some(Some(OsStr::new(r#"{"key":"$MAIL_KEY"}"#)))
+        );
+    }
 
     #[test]
     fn a_bare_name_is_found_in_node_modules_bin_above_the_component() {

@@ -28,7 +28,7 @@ impl Composition {
     pub(super) async fn prepare(
         options: Options,
     ) -> Result<(Self, Servers, TcpListener, drain::Asked), ComposeError> {
-        let loaded = load(&options.components, &options.configuration)?;
+        let loaded = load(&options.components, &options.configuration, options.mode)?;
         let tokens = Arc::new(component_tokens(&options, &loaded)?);
         let metrics = Metrics::new();
         let atoms = atoms(&options, &loaded, &metrics)?;
@@ -120,15 +120,21 @@ fn probes(
 }
 
 /// Every component's manifest, each name once, with its configuration (the context's values and
-/// the manifest's defaults, checked: a bad value stops the start, naming it).
+/// the manifest's defaults, checked: a bad value stops the start, naming it). Not in a pod: its
+/// agent starts no program, and the configuration is the Composition's, which the operator
+/// checked and gives to the component's container (a required value without a default, or a
+/// secret, is not the pod agent's to refuse).
 fn load(
     dirs: &[PathBuf],
     configuration: &BTreeMap<String, serde_json::Value>,
+    mode: Mode,
 ) -> Result<Vec<Arc<Component>>, ComposeError> {
     let mut loaded = Vec::new();
     for dir in dirs {
         let mut component = Component::load(dir)?;
-        component.configure(configuration.get(&component.name))?;
+        if mode == Mode::Local {
+            component.configure(configuration.get(&component.name))?;
+        }
         loaded.push(Arc::new(component));
     }
     for name in configuration.keys() {
