@@ -122,7 +122,8 @@ pub fn configure(
 
 /// Rules over an object or array that do not look at its values: they hold whatever the
 /// secrets inside turn out to be.
-const STRUCTURAL: [&str; 8] = [
+const STRUCTURAL: [&str; 9] = [
+    "type",
     "required",
     "additionalProperties",
     "propertyNames",
@@ -366,6 +367,11 @@ mod tests {
         operator(json!({"key": "$MAIL_KEY"})).unwrap();
         let error = operator(json!({"key": "$MAIL_KEY", "kye": 1})).unwrap_err();
         assert!(error.contains("'kye' was unexpected"), "{error}");
+        let error = operator(json!({"batch": {"of": "$MAIL_KEY"}})).unwrap_err();
+        assert!(
+            error.contains("configuration/batch") && error.contains("integer"),
+            "{error}"
+        );
 
         // A key with `/` or `~` holding a secret: the refusal is still found at the secret.
         let odd =
