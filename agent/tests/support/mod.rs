@@ -62,6 +62,11 @@ impl Composition {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.log().contains("Composition complete") {
             assert!(
+                !self.is_zombie(),
+                "the agent exited before it was ready:\n{}",
+                self.log()
+            );
+            assert!(
                 Instant::now() < deadline,
                 "no `Composition complete` in 30 s:\n{}",
                 self.log()
@@ -86,6 +91,18 @@ impl Composition {
     }
 
     /// Whether the process exited (and whether successfully), without waiting.
+    /// Exited and not yet reaped (its `/proc` state is `Z`): seen without `&mut`.
+    fn is_zombie(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .map(|stat| {
+                // The state follows the command name, which is in parentheses.
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true)
+    }
+
     pub fn exited(&mut self) -> Option<bool> {
         self.child
             .try_wait()
