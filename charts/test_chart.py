@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
 """Offline test of the toa-operator Helm chart.
 
-Lints and renders charts/toa-operator with helm-python-sdk (Helm v4 as a library: no helm binary,
-no cluster, no network), validates every rendered object with kubernetes-validate against the
-Kubernetes schemas it ships, and checks what the chart promises: the Deployment runs
-`toa-operator run` with the agent image, two replicas, as non-root on a read-only root; RBAC
-grants no wildcards; the Lease is granted by a namespaced Role only.
+Lints and renders charts/toa-operator with helm-python-sdk (Helm v4 as a library: no cluster, no
+network), validates every rendered object with kubernetes-validate against the Kubernetes schemas
+it ships for the floor and the newest supported release, and checks what the chart promises: the
+Deployment runs `toa-operator run` with the agent image, two replicas, as non-root on a read-only
+root; RBAC grants no wildcards; the Lease is granted by a namespaced Role only; Helm itself
+(scripts/helm, the real command: the library does not check it) installs the chart on 1.33 and
+later only, providers' suffixed versions included.
 
-Needs: python3 -m pip install helm-python-sdk kubernetes-validate
+Needs: python3 -m pip install helm-python-sdk kubernetes-validate; scripts/helm build
 Prints `N passed, 0 failed` at the end and exits 1 when anything failed.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -25,7 +28,9 @@ import yaml  # a dependency of kubernetes-validate
 CHART = Path(__file__).resolve().parent / "toa-operator"
 RELEASE = "toa"
 NAMESPACE = "toa-system"
-KUBE_VERSIONS = ["1.29.0", "1.33.0"]
+# The supported range's ends (docs/testing.md): the floor and the newest release tested.
+KUBE_VERSIONS = ["1.33.0", "1.37.0"]
+HELM = CHART.parent.parent / "scripts" / "helm"
 
 results = {"passed": 0, "failed": 0}
 
@@ -430,6 +435,28 @@ def _():
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "custom"
     assert one(objects, "ServiceAccount")["metadata"]["name"] == "custom"
     validate(objects)
+
+
+def helm_template(kube_version):
+    """`helm template` as a user runs it against a server of `kube_version`."""
+    return subprocess.run(
+        [str(HELM), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+         "--kube-version", kube_version],
+        capture_output=True, text=True, check=False,
+    )
+
+
+@check("kubeVersion: Helm installs on 1.33 and later, suffixed versions too, and refuses 1.32")
+def _():
+    with helm.Chart.load(CHART) as chart:
+        assert chart.metadata["kubeVersion"] == ">=1.33.0-0", chart.metadata
+    for version in ["1.33.0", "v1.34.3-eks-4d6e9a0", "1.37.2"]:
+        run = helm_template(version)
+        assert run.returncode == 0, (version, run.stderr)
+        assert "kind: Deployment" in run.stdout, version
+    run = helm_template("1.32.9")
+    assert run.returncode != 0, "rendered for 1.32.9"
+    assert "incompatible with Kubernetes v1.32.9" in run.stderr, run.stderr
 
 
 @check("NOTES.txt renders")

@@ -82,21 +82,3 @@ pub async fn drain(args: &DrainArgs) -> ExitCode {
         }
     }
 }
-
-/// `toa-agent listening`: exits 0 once every address accepts a connection, 1 after `within`.
-pub async fn listening(
-    addresses: &[std::net::SocketAddr],
-    within: std::time::Duration,
-) -> ExitCode {
-    let deadline = tokio::time::Instant::now() + within;
-    for address in addresses {
-        while tokio::net::TcpStream::connect(address).await.is_err() {
-            if tokio::time::Instant::now() > deadline {
-                eprintln!("nothing accepts connections on {address} after {within:?}");
-                return ExitCode::FAILURE;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    }
-    ExitCode::SUCCESS
-}

@@ -1,6 +1,6 @@
 //! Who may start the drain, and how they wait for it. In a pod, the kubelet's hooks on the probe
 //! port: `GET /drain/<key>` (the component containers' `preStop`, and `toa-agent drain --probe`
-//! in the plain sidecar's) starts the drain and answers once `dispose` ran; beside it,
+//! in the agent's own) starts the drain and answers once `dispose` ran; beside it,
 //! `GET /started/<index>/<key>`, each component container's `postStart`, tells the agent a
 //! container (re)started. In a local run, `POST /v1/drain` on the local API (`toa-agent drain`).
 //!

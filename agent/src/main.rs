@@ -4,7 +4,6 @@
 //!   toa-agent call COMPONENT.OPERATION '{ input: {...} }'
 //!   toa-agent demo                      the examples' flows, end to end
 //!   toa-agent drain                     drain the running composition (the agent's preStop)
-//!   toa-agent listening ADDRESS...      wait until the agent's listeners accept (its postStart)
 
 // Functions stay short (clippy.toml: at most 60 lines): each says one step.
 #![warn(clippy::too_many_lines)]
@@ -12,7 +11,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 use toa_agent::compose;
-use toa_context::agent_args::{ComposeArgs, DrainArgs, ListeningArgs};
+use toa_context::agent_args::{ComposeArgs, DrainArgs};
 use toa_context::control::LOCAL_PORT;
 
 mod call;
@@ -55,9 +54,6 @@ enum Command {
     /// Drain the running composition (the agent container's preStop hook): stop taking calls,
     /// run dispose; returns when done.
     Drain(DrainArgs),
-    /// Wait until every ADDRESS accepts connections: the plain sidecar's postStart hook, which
-    /// holds the component containers back until the agent's listeners are bound.
-    Listening(ListeningArgs),
 }
 
 #[tokio::main]
@@ -67,9 +63,6 @@ async fn main() -> ExitCode {
     match args.command {
         Command::Demo => demo::run().await,
         Command::Drain(args) => call::drain(&args).await,
-        Command::Listening(ListeningArgs { addresses, within }) => {
-            call::listening(&addresses, std::time::Duration::from_secs(within)).await
-        }
         Command::Call {
             target,
             request,

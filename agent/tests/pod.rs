@@ -125,20 +125,20 @@ fn wait_exit(agent: &mut Composition, limit: Duration) -> bool {
 }
 
 #[test]
-fn the_listeners_are_bound_before_the_program_serves() {
+fn the_listeners_are_bound_once_healthz_answers_before_the_program_serves() {
     // Nothing serves the attach port yet: the agent waits for its program, listeners bound.
     let (local, attach) = (free_port(), free_port());
     let pod = agent(local, attach, "early");
-    let listening = |ports: &[u16]| {
-        let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        Command::new(env!("CARGO_BIN_EXE_toa-agent"))
-            .arg("listening")
-            .args(&addresses)
-            .output()
-            .unwrap()
-    };
-    let hook = listening(&[pod.local, pod.control, pod.probe]);
-    assert!(hook.status.success(), "{}", pod.agent.log());
+    // What the native sidecar's startupProbe waits for: `/healthz` on the probe port.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while http_get_or_none(&format!("http://127.0.0.1:{}/healthz", pod.probe)) != Some(200) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no /healthz in 30 s:\n{}",
+            pod.agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // The probes answer at once: alive, not ready.
     assert_eq!(
         http_get(&format!("http://127.0.0.1:{}/healthz", pod.probe)).0,
@@ -156,19 +156,6 @@ fn the_listeners_are_bound_before_the_program_serves() {
         );
     }
     assert!(!pod.agent.log().contains("Composition complete"));
-    drop(pod);
-    // And the hook gives up on a port nothing listens on, saying which.
-    let (_reserved, silent) = closed_port();
-    let hook = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
-        .args(["listening", "--within", "1", &format!("127.0.0.1:{silent}")])
-        .output()
-        .unwrap();
-    assert!(!hook.status.success());
-    assert!(
-        String::from_utf8_lossy(&hook.stderr).contains(&format!("127.0.0.1:{silent}")),
-        "{}",
-        String::from_utf8_lossy(&hook.stderr)
-    );
 }
 
 #[test]
@@ -217,9 +204,9 @@ fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
     let (_, body) = support::control(pod.control, "GET", "/control/status", Some(pod.token), "");
     assert_eq!(body["phase"], "running");
 
-    // The components' preStop hook: the key in the path, on the probe port, as a v1.20 kubelet
-    // sends it (`http://ip:port/` + the path).
-    let (status, answer) = request(pod.probe, "GET", &format!("//drain/{key}"), "");
+    // The components' preStop hook: the key in the path, on the probe port, as the kubelet sends
+    // it.
+    let (status, answer) = request(pod.probe, "GET", &format!("/drain/{key}"), "");
     assert_eq!(status, 200, "{answer}");
     let names = event_names(&record);
     assert_eq!(
@@ -476,29 +463,6 @@ fn control_requests_are_signed_for_this_pod_and_now() {
     let _ = program.wait();
 }
 
-/// A loopback port that refuses connections and that no other test can take while the returned
-/// descriptor is open: bound (without SO_REUSEADDR), never listening. A port merely found free
-/// can be taken by a test running beside this one.
-fn closed_port() -> (std::os::fd::OwnedFd, u16) {
-    use std::os::fd::FromRawFd;
-    // SAFETY: plain socket calls on a descriptor this function owns.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
-        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-        let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
-        let mut address: libc::sockaddr_in = std::mem::zeroed();
-        address.sin_family = libc::AF_INET as libc::sa_family_t;
-        address.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-        let size = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        let bound = libc::bind(fd, std::ptr::addr_of!(address).cast(), size);
-        assert_eq!(bound, 0, "bind: {}", std::io::Error::last_os_error());
-        let mut length = size;
-        let named = libc::getsockname(fd, std::ptr::addr_of_mut!(address).cast(), &mut length);
-        assert_eq!(named, 0, "getsockname: {}", std::io::Error::last_os_error());
-        (owned, u16::from_be(address.sin_port))
-    }
-}
-
 /// A token rotation needs no restart: the agent reads the mounted files again, takes requests
 /// signed with the new token and the previous one while both are there, reports the new key id,
 /// and refuses the old token once `previous` is gone.
@@ -567,4 +531,11 @@ fn in_a_pod_the_configuration_is_not_the_agents_to_refuse() {
     assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
     program.kill().unwrap();
     program.wait().unwrap();
+}
+
+/// The status of a GET, or `None` while nothing accepts connections on its port.
+fn http_get_or_none(url: &str) -> Option<u16> {
+    let address = url.strip_prefix("http://")?.split('/').next()?;
+    std::net::TcpStream::connect(address).ok()?;
+    Some(http_get(url).0)
 }

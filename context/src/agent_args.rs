@@ -111,7 +111,7 @@ impl ComposeArgs {
 }
 
 /// `toa-agent drain`: drain the running composition and return once `dispose` ran. In a pod (the
-/// plain sidecar's preStop hook) it asks the probe port with the drain key, as the component
+/// agent container's preStop hook) it asks the probe port with the drain key, as the component
 /// containers' hooks do; in a local run, the local API.
 #[derive(Args, Clone, PartialEq, Eq)]
 pub struct DrainArgs {
@@ -159,39 +159,6 @@ impl DrainArgs {
     }
 }
 
-/// `toa-agent listening`: wait until every address accepts connections (the plain sidecar's
-/// postStart hook, which holds the component containers back until the agent's listeners are
-/// bound).
-#[derive(Args, Debug, Clone, PartialEq, Eq)]
-pub struct ListeningArgs {
-    #[arg(required = true)]
-    pub addresses: Vec<SocketAddr>,
-    /// How long to wait, in seconds.
-    #[arg(long, default_value_t = LISTENING_WITHIN)]
-    pub within: u64,
-}
-
-const LISTENING_WITHIN: u64 = 60;
-
-impl ListeningArgs {
-    pub fn new(addresses: Vec<SocketAddr>) -> Self {
-        Self {
-            addresses,
-            within: LISTENING_WITHIN,
-        }
-    }
-
-    /// The command line, `toa-agent listening ...`.
-    pub fn command(&self) -> Vec<String> {
-        let mut line = vec![AGENT.to_owned(), "listening".to_owned()];
-        line.extend(self.addresses.iter().map(SocketAddr::to_string));
-        if self.within != LISTENING_WITHIN {
-            flag(&mut line, "--within", self.within.to_string());
-        }
-        line
-    }
-}
-
 fn text(path: &std::path::Path) -> String {
     path.to_string_lossy().into_owned()
 }
@@ -224,7 +191,6 @@ mod tests {
     enum Command {
         Compose(ComposeArgs),
         Drain(DrainArgs),
-        Listening(ListeningArgs),
     }
 
     fn parse(line: &[String]) -> Command {
@@ -296,13 +262,6 @@ mod tests {
             };
             args.agent = agent.unwrap_or(args.agent);
             prop_assert_eq!(parse(&args.command()), Command::Drain(args));
-        }
-
-        #[test]
-        fn listening_reads_back(addresses in prop::collection::vec(address(), 1..4), within in prop::option::of(1u64..1000)) {
-            let mut args = ListeningArgs::new(addresses);
-            args.within = within.unwrap_or(args.within);
-            prop_assert_eq!(parse(&args.command()), Command::Listening(args));
         }
     }
 

@@ -37,7 +37,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use std::time::{Duration, Instant};
-use toa_operator::desired::{self, Settings, Sidecar};
+use toa_operator::desired::{self, Settings};
 use toa_operator::Composition;
 
 /// Applies in flight at once, for ours and for the baseline.
@@ -153,7 +153,7 @@ async fn ours(
     count: usize,
     replicas: i32,
 ) -> (Duration, Duration) {
-    cluster::namespace(client, namespace).await;
+    cluster::restricted_namespace(client, namespace).await;
     let api = Api::<Composition>::namespaced(client.clone(), namespace);
     let start = Instant::now();
     let applies = futures::stream::iter(names(count)).map(|name| {
@@ -192,7 +192,7 @@ async fn baseline(
     replicas: i32,
     settings: &Settings,
 ) -> (Duration, Duration) {
-    cluster::namespace(client, namespace).await;
+    cluster::restricted_namespace(client, namespace).await;
     let objects: Vec<desired::Desired> = names(count)
         .iter()
         .map(|name| {
@@ -411,9 +411,20 @@ async fn main() {
     std::fs::create_dir_all(&root).unwrap();
     let agent = cluster::workspace_binary("toa-agent", "toa-agent");
     let terminals = cluster::workspace_binary("toa-example-terminals", "toa-example-terminals");
-    let plane = cluster::ControlPlane::start(&root.join("control-plane"));
+    // TOA_K8S_VERSION=v1.33.13 measures on the floor of the supported range.
+    let release = match std::env::var("TOA_K8S_VERSION").as_deref() {
+        Ok(cluster::FLOOR) => cluster::FLOOR,
+        Ok(cluster::NEWEST) | Err(_) => cluster::NEWEST,
+        Ok(other) => panic!(
+            "TOA_K8S_VERSION={other}: the bench runs on {} or {}",
+            cluster::NEWEST,
+            cluster::FLOOR
+        ),
+    };
+    println!("BENCH release {release}");
+    let plane = cluster::ControlPlane::start(&root.join("control-plane"), release);
     let admin = cluster::client(&plane.kubeconfig).await;
-    let node = node::Node::start(&root.join("n"), &plane.kubeconfig);
+    let node = node::Node::start(&root.join("n"), &plane.kubeconfig, release);
     // No harness: the recorder tells nothing.
     node.import_images(
         &agent,
@@ -421,7 +432,7 @@ async fn main() {
         &terminals,
         "",
     );
-    let chart = cluster::install_chart(&admin, "toa-system").await;
+    let chart = cluster::install_chart(&admin, &plane.kubeconfig, "toa-system").await;
     let agent_image = chart
         .args
         .iter()
@@ -432,7 +443,6 @@ async fn main() {
     operator.start().await;
     let settings = Settings {
         agent_image,
-        sidecar: Sidecar::Plain,
         agent_resources: serde_json::from_str(toa_operator::args::DEFAULT_AGENT_RESOURCES)
             .expect("the default resources parse"),
         control_from: None,

@@ -328,6 +328,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
         timing: valid.halt,
         record: record.as_ref(),
         pods: &reports,
+        left: pods.len(),
         now,
     });
     let record = step(
@@ -356,10 +357,12 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     );
     let applied = kube_io::apply(&deployments, &deployment).await?;
 
+    let refused = status::replica_failure(&applied);
     let observed = Observed {
         generation: composition.metadata.generation,
         invalid: None,
         rollout: Some(Rollout::of(&applied)),
+        refused: refused.as_deref(),
         replicas,
         halt: Some(&decision),
         pods: &pods,
@@ -381,6 +384,7 @@ async fn refuse(
         generation: composition.metadata.generation,
         invalid: Some((reason, message)),
         rollout: None,
+        refused: None,
         replicas: composition.spec.replicas,
         halt: None,
         pods: &[],

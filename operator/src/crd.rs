@@ -3,7 +3,9 @@
 //!
 //! The CRD in `crds/composition.yaml` is generated from these types (`cargo run -p toa-operator
 //! --bin crdgen`); a test fails when the two differ. The schema checks what an API server can
-//! check; [`crate::validate`] checks everything again at reconcile time, for servers without CEL.
+//! check at admission (CEL included: every supported server, 1.33 and later, runs it);
+//! [`crate::validate`] checks everything again at reconcile time, for objects stored before a rule
+//! existed, for what CEL cannot judge, and for `render` and the agent, which share its checks.
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -42,6 +44,9 @@ pub mod reasons {
     pub const AGENTS_UNREACHABLE: &str = "AgentsUnreachable";
     /// A pod's container crash-loops, cannot start or ended, or the pod failed.
     pub const PODS_FAILING: &str = "PodsFailing";
+    /// The Deployment cannot create pods: admission refused them (Pod Security, a quota, a
+    /// policy), as its `ReplicaFailure` condition says.
+    pub const PODS_REFUSED: &str = "PodsRefused";
     /// Nothing wrong (`Degraded=False`).
     pub const AS_EXPECTED: &str = "AsExpected";
     // The `Halted` condition's other reasons name the halt's phase: see `crate::halt::Phase`.
@@ -218,11 +223,14 @@ pub struct LimitsSpec {
     pub idempotency: Option<i64>,
 }
 
-/// The odd-address rule as the API server checks it (Kubernetes ≥ 1.25; `messageExpression` from
-/// 1.27, `message` before). Its message matches the reconcile-time and agent refusals.
+/// The odd-address rule as the API server checks it at admission. Its message matches the
+/// reconcile-time and agent refusals. The message is built with `format` (new CRDs may use it from
+/// Kubernetes 1.30): the cost estimator prices `string(size(self))` as unbounded, which made every
+/// server from 1.27 refuse the whole CRD, while `format` over an integer is priced as small.
 pub const ODD_ADDRESSES_RULE: &str = "size(self) % 2 == 1";
 pub const ODD_ADDRESSES_MESSAGE_EXPRESSION: &str =
-    r#""Atomicity takes an odd number of addresses, " + string(size(self)) + " given.""#;
+    "'Atomicity takes an odd number of addresses, %d given.'.format([size(self)])";
+/// What the API server says should the message expression fail to evaluate.
 pub const ODD_ADDRESSES_MESSAGE: &str = "Atomicity takes an odd number of addresses.";
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

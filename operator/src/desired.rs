@@ -19,8 +19,7 @@
 //!   container per component, each running the
 //!   component's `program` from `spec.image`, and the agent beside them in attach mode
 //!   (`toa-agent compose … --attach`), a native sidecar (an init container with
-//!   `restartPolicy: Always`) on Kubernetes ≥ 1.29 and a plain container below, since
-//!   server-side apply refuses fields a server does not know.
+//!   `restartPolicy: Always`), which every supported server (1.33 and later) runs.
 //!
 //! The image layout convention: `spec.image` holds each component under
 //! `/components/<namespace.name>/` (its program and whatever it reads), the directory a component
@@ -49,7 +48,7 @@ use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use toa_context::agent_args::{ComposeArgs, DrainArgs, ListeningArgs};
+use toa_context::agent_args::{ComposeArgs, DrainArgs};
 
 use toa_context::control::LOCAL_PORT;
 pub use toa_context::control::{CONTROL_PORT, PROBE_PORT};
@@ -102,38 +101,11 @@ pub const ATTACH_PORT: u16 = 7100;
 pub const MANAGER: &str = "toa-operator";
 pub const LABEL_COMPOSITION: &str = "toa.io/composition";
 
-/// How the agent runs beside the component.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sidecar {
-    /// An init container with `restartPolicy: Always` (Kubernetes ≥ 1.29): started before the
-    /// component and stopped after it.
-    Native,
-    /// A second ordinary container, for older servers.
-    Plain,
-}
-
-impl Sidecar {
-    /// The style a server of this version accepts. `minor` may carry a suffix (`"29+"` on some
-    /// managed clusters); an unreadable version is taken as old, the style every server accepts.
-    pub fn for_server(major: &str, minor: &str) -> Self {
-        let number = |text: &str| {
-            text.trim_end_matches(|c: char| !c.is_ascii_digit())
-                .parse::<u32>()
-                .ok()
-        };
-        match (number(major), number(minor)) {
-            (Some(major), Some(minor)) if (major, minor) >= (1, 29) => Self::Native,
-            _ => Self::Plain,
-        }
-    }
-}
-
 /// Operator settings that shape every Composition's objects.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     /// The image holding `toa-agent`.
     pub agent_image: String,
-    pub sidecar: Sidecar,
     /// The agent container's requests and limits (the chart's `agentResources`).
     pub agent_resources: ResourceRequirements,
     /// Who may reach the agents' control port: with it, each Composition gets a NetworkPolicy
@@ -453,36 +425,20 @@ pub fn deployment(
     }
 }
 
-/// The pod's containers and init containers: the components' and the agent, placed as the
-/// sidecar style says.
+/// The pod's containers and init containers: the components', and the agent as a native sidecar
+/// (an init container with `restartPolicy: Always`, Kubernetes ≥ 1.29): the kubelet starts the
+/// component containers once its startupProbe passes, that is once its listeners are bound, and
+/// stops it after them.
 fn containers(
     composition: &Composition,
     valid: &Valid,
     settings: &Settings,
     drain: &str,
 ) -> (Vec<Container>, Option<Vec<Container>>) {
-    let mut containers = component_containers(composition, valid, drain);
+    let containers = component_containers(composition, valid, drain);
     let mut agent = agent(composition, valid, settings, drain);
-    let init_containers = match settings.sidecar {
-        // The kubelet starts the component containers once the sidecar's startupProbe passes,
-        // that is once its listeners are bound.
-        Sidecar::Native => {
-            agent.restart_policy = Some("Always".to_owned());
-            Some(vec![agent])
-        }
-        // The kubelet starts containers in order and the next one only after the previous one's
-        // postStart hook returned: first, with a hook that returns once its listeners are bound.
-        Sidecar::Plain => {
-            let hook = listening_hook();
-            agent
-                .lifecycle
-                .get_or_insert_with(Lifecycle::default)
-                .post_start = Some(hook);
-            containers.insert(0, agent);
-            None
-        }
-    };
-    (containers, init_containers)
+    agent.restart_policy = Some("Always".to_owned());
+    (containers, Some(vec![agent]))
 }
 
 /// Where Prometheus finds the agent's `/metrics` (annotation-based scraping; a PodMonitor names
@@ -617,8 +573,8 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
                 )),
                 // Stopping a pod drains the agent first: no more calls in, dispose runs while the
                 // component still serves, then the kubelet stops the container. The hook asks
-                // the agent's probe port with the drain key in the path (old kubelets send no
-                // headers with hooks), which the program never sees.
+                // the agent's probe port with the drain key in the path (a path is all an
+                // `httpGet` hook carries on every kubelet), which the program never sees.
                 // Each start of the container (the kubelet restarts it when its program dies)
                 // tells the agent, which runs the lifecycle again for the new program.
                 lifecycle: Some(Lifecycle {
@@ -815,23 +771,6 @@ fn instance() -> EnvVar {
             }),
             ..EnvVarSource::default()
         }),
-    }
-}
-
-/// The plain sidecar's `postStart` hook: returns once the agent's listeners accept.
-fn listening_hook() -> LifecycleHandler {
-    LifecycleHandler {
-        exec: Some(ExecAction {
-            command: Some(
-                ListeningArgs::new(
-                    [LOCAL_PORT, CONTROL_PORT, PROBE_PORT]
-                        .map(|port| SocketAddr::from(([127, 0, 0, 1], port)))
-                        .to_vec(),
-                )
-                .command(),
-            ),
-        }),
-        ..LifecycleHandler::default()
     }
 }
 

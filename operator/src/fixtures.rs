@@ -54,12 +54,10 @@ impl ComponentSpec {
 }
 
 impl crate::desired::Settings {
-    /// The agent image `registry.example.com/toa-agent:0.1` in `sidecar` style, with the
-    /// default resources.
-    pub fn test(sidecar: crate::desired::Sidecar) -> Self {
+    /// The agent image `registry.example.com/toa-agent:0.1`, with the default resources.
+    pub fn test() -> Self {
         Self {
             agent_image: "registry.example.com/toa-agent:0.1".into(),
-            sidecar,
             agent_resources: serde_json::from_str(crate::args::DEFAULT_AGENT_RESOURCES)
                 .expect("the default resources parse"),
             control_from: None,

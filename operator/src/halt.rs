@@ -230,7 +230,11 @@ pub struct Observation<'a> {
     pub halted: bool,
     pub timing: Halt,
     pub record: Option<&'a Record>,
+    /// The reports of the pods that take part in a halt (running, not being deleted).
     pub pods: &'a [Pod],
+    /// How many of the composition's pods are still listed, those being deleted included: a
+    /// halt is over only when none is (a terminating pod still runs its drain and `dispose`).
+    pub left: usize,
     pub now: Timestamp,
 }
 
@@ -241,6 +245,7 @@ pub fn decide(observation: &Observation<'_>) -> Decision {
         timing,
         record,
         pods,
+        left,
         now,
     } = *observation;
     let unreachable: Vec<(String, String)> = pods
@@ -292,7 +297,7 @@ pub fn decide(observation: &Observation<'_>) -> Decision {
     match record.outcome {
         Outcome::Stopped => {
             // Pods still listed are on their way out; their agents drain on SIGTERM.
-            let phase = if pods.is_empty() {
+            let phase = if left == 0 {
                 Phase::Halted
             } else {
                 Phase::ScalingDown

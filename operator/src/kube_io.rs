@@ -4,7 +4,7 @@
 //! subresource.
 
 use crate::crd::{Composition, CompositionStatus};
-use crate::desired::{pod_selector, Sidecar, MANAGER};
+use crate::desired::{pod_selector, MANAGER};
 use crate::halt::{Record, ANNOTATION};
 use crate::pods::Seen;
 use crate::Error;
@@ -90,8 +90,8 @@ pub async fn patch_status(
     Ok(())
 }
 
-/// The sidecar style the API server accepts, from its version (read once at start).
-pub async fn sidecar(client: &Client) -> Result<Sidecar, kube::Error> {
+/// The API server's `major` and `minor` version, as its `/version` says.
+pub async fn server_version(client: &Client) -> Result<(String, String), kube::Error> {
     let version = client.apiserver_version().await?;
-    Ok(Sidecar::for_server(&version.major, &version.minor))
+    Ok((version.major, version.minor))
 }

@@ -22,6 +22,7 @@
 //! - [`metrics`]: reconcile counters and durations;
 //! - [`lease`]: leader election on a Lease, so only one replica reconciles;
 //! - [`http`]: `/health`, `/ready`, `/metrics`;
+//! - [`supported`]: the Kubernetes releases the operator runs against (1.33 to 1.37);
 //! - [`run`]: `toa-operator run`: controller, HTTP endpoint and lease together;
 //! - [`args`]: the command line.
 
@@ -45,6 +46,7 @@ pub mod render;
 pub mod restricted;
 pub mod run;
 pub mod status;
+pub mod supported;
 pub mod validate;
 
 pub use crd::{Composition, CompositionSpec, CompositionStatus};

@@ -55,8 +55,10 @@ pub enum RunError {
     /// No kubeconfig and not in a cluster: a configuration error (exit 64).
     #[error("cannot configure the Kubernetes client: {0}")]
     Client(#[source] kube::Error),
-    #[error("cannot read the API server's version (to choose the sidecar style): {0}")]
+    #[error("cannot read the API server's version (to check it is supported): {0}")]
     Version(#[source] kube::Error),
+    #[error(transparent)]
+    Unsupported(#[from] crate::supported::Unsupported),
     #[error("cannot listen on {address} for /health, /ready and /metrics: {source}")]
     Listen {
         address: SocketAddr,
@@ -94,11 +96,19 @@ pub async fn run(
         watch_namespaces,
     } = config;
     let client = Client::try_default().await.map_err(RunError::Client)?;
-    let sidecar = kube_io::sidecar(&client).await.map_err(RunError::Version)?;
-    tracing::info!(
-        ?sidecar,
-        "agent sidecar style chosen from the server version"
-    );
+    let (major, minor) = kube_io::server_version(&client)
+        .await
+        .map_err(RunError::Version)?;
+    let release = crate::supported::check(&major, &minor)?;
+    if release > crate::supported::NEWEST_TESTED {
+        tracing::warn!(
+            %release,
+            newest_tested = %crate::supported::NEWEST_TESTED,
+            "the API server is newer than any release the operator was tested on"
+        );
+    } else {
+        tracing::info!(%release, "the API server's release is supported");
+    }
     let listener = tokio::net::TcpListener::bind(metrics_listen)
         .await
         .map_err(|source| RunError::Listen {
@@ -127,7 +137,6 @@ pub async fn run(
         client.clone(),
         Settings {
             agent_image,
-            sidecar,
             agent_resources,
             control_from,
         },

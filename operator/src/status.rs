@@ -7,7 +7,7 @@
 //! | `Ready` | the Deployment has rolled out this generation and is not stopped by a halt | `RolledOut`; `False`: `InvalidSpec`, `RollingOut`, `Halted` |
 //! | `Progressing` | a rollout of this generation is under way | `RollingOut`, `RolledOut`, `InvalidSpec` |
 //! | `Halted` | a halt stopped the composition (0 replicas, none left) | the halt's phase ([`crate::halt::Phase::reason`]) |
-//! | `Degraded` | a pod's container fails (crash loop, cannot start, evicted: from the pods' own statuses, see [`crate::pods`]), an agent does not answer the control endpoint or a pod has no IP yet, or the spec is refused | `PodsFailing`, `AgentsUnreachable`, `InvalidSpec`; `False`: `AsExpected` |
+//! | `Degraded` | the Deployment cannot create pods (admission refused them: Pod Security, a quota, a policy; its `ReplicaFailure` condition), a pod's container fails (crash loop, cannot start, evicted: from the pods' own statuses, see [`crate::pods`]), an agent does not answer the control endpoint or a pod has no IP yet, or the spec is refused | `PodsRefused`, `PodsFailing`, `AgentsUnreachable`, `InvalidSpec`; `False`: `AsExpected` |
 
 use crate::crd::{conditions, reasons, CompositionStatus};
 use crate::halt::{Decision, Phase};
@@ -60,6 +60,8 @@ pub struct Observed<'a> {
     pub invalid: Option<(&'static str, &'a str)>,
     /// The Deployment as applied for this generation; `None` when there is none (yet).
     pub rollout: Option<Rollout>,
+    /// Why the Deployment cannot create pods, when it cannot ([`replica_failure`]).
+    pub refused: Option<&'a str>,
     /// The replicas the Deployment should have.
     pub replicas: i32,
     /// The halt's phase and unreachable pods; `None` when the spec was refused.
@@ -76,6 +78,7 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
         generation,
         invalid,
         rollout,
+        refused,
         replicas,
         halt,
         pods,
@@ -167,7 +170,7 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
                 decision.phase.reason(),
                 halted_message(decision, previous),
             ));
-            conditions.push(degraded(decision, pods, &condition));
+            conditions.push(degraded(decision, refused, pods, &condition));
         }
     }
     // A condition whose status is unchanged keeps the time it last changed.
@@ -186,10 +189,29 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
     }
 }
 
-/// `Degraded`: failing containers first (`PodsFailing`), then agents that did not answer and pods
-/// without an IP (`AgentsUnreachable`); each pod named with what is wrong.
+/// Why the Deployment's ReplicaSet cannot create pods: the message of its `ReplicaFailure`
+/// condition (the Deployment controller copies the ReplicaSet's), e.g. a pod refused by Pod
+/// Security admission. A refused pod never exists, so the pods cannot tell it.
+pub fn replica_failure(deployment: &Deployment) -> Option<String> {
+    let conditions = deployment.status.as_ref()?.conditions.as_ref()?;
+    conditions
+        .iter()
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c.reason.as_deref().unwrap_or("ReplicaFailure"),
+                c.message.as_deref().unwrap_or("no message")
+            )
+        })
+}
+
+/// `Degraded`: pods the Deployment cannot create first (`PodsRefused`), then failing containers
+/// (`PodsFailing`), then agents that did not answer and pods without an IP (`AgentsUnreachable`);
+/// each pod named with what is wrong.
 fn degraded(
     decision: &Decision,
+    refused: Option<&str>,
     pods: &[Seen],
     condition: &impl Fn(&str, bool, &str, String) -> Condition,
 ) -> Condition {
@@ -214,7 +236,13 @@ fn degraded(
             unreachable.join("; ")
         )
     };
-    if !failing.is_empty() {
+    if let Some(refused) = refused {
+        let message = std::iter::once(format!("the Deployment cannot create pods: {refused}"))
+            .chain(failing)
+            .collect::<Vec<_>>()
+            .join(" | ");
+        condition(conditions::DEGRADED, true, reasons::PODS_REFUSED, message)
+    } else if !failing.is_empty() {
         let mut message = failing.join(" | ");
         if !unreachable.is_empty() {
             message = format!("{message} | {}", unreachable_message());
@@ -228,8 +256,8 @@ fn degraded(
             unreachable_message(),
         )
     } else {
-        // Never an empty message: a v1.20 API server turns "" into null in a merge patch of a
-        // custom resource and refuses the status (found end to end).
+        // Never an empty message: an API server turns "" into null in a merge patch of a custom
+        // resource and refuses the status (found end to end on v1.20).
         condition(
             conditions::DEGRADED,
             false,

@@ -5,7 +5,6 @@
 use super::*;
 use crate::agent_client::{ControlError, Keys, Reply, Target};
 use crate::crd::{conditions, reasons, CompositionSpec};
-use crate::desired::Sidecar;
 use crate::halt::{AgentPhase, AgentStatus, Calls};
 use http::{Request, Response, StatusCode};
 use kube::client::Body;
@@ -83,7 +82,7 @@ fn context_with(
 ) -> (Arc<Context>, Handle) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
-    let settings = Settings::test(Sidecar::Native);
+    let settings = Settings::test();
     let (_, leader) = watch::channel(leader);
     let (_, keys) = watch::channel(ring);
     let mut context = Context::new(client, settings, agents, Metrics::default(), leader, keys);
@@ -370,6 +369,7 @@ async fn an_invalid_spec_whose_status_is_written_makes_no_request() {
                 "Atomicity takes an odd number of addresses, 2 given.",
             )),
             rollout: None,
+            refused: None,
             replicas: 2,
             halt: None,
             pods: &[],
@@ -537,7 +537,7 @@ fn the_shared_declarations_do_not_reconcile_every_composition() {
     let mut composition = Composition::test(CompositionSpec::test());
     composition.metadata.uid = Some("uid-1".into());
     let valid = crate::validate::validate(&composition.spec).unwrap();
-    let settings = Settings::test(Sidecar::Plain);
+    let settings = Settings::test();
     let drain = "d".repeat(64);
     let objects =
         desired::desired(&composition, &valid, &settings, &Keys::one("t"), &drain, 2).unwrap();

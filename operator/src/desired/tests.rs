@@ -3,26 +3,18 @@ use crate::crd::{ComponentSpec, CompositionSpec, CredentialsSpec};
 use crate::validate::validate;
 use k8s_openapi::api::core::v1::PodSpec;
 
-fn settings(sidecar: Sidecar) -> Settings {
-    Settings::test(sidecar)
+fn settings() -> Settings {
+    Settings::test()
 }
 
 /// The pods' drain key in these tests.
 const DRAIN: &str = "d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1";
 
-fn build(spec: CompositionSpec, sidecar: Sidecar, replicas: i32) -> Desired {
+fn build(spec: CompositionSpec, replicas: i32) -> Desired {
     let composition = Composition::test(spec);
     let valid = validate(&composition.spec).unwrap();
     let keys = Keys::one("s3cret");
-    desired(
-        &composition,
-        &valid,
-        &settings(sidecar),
-        &keys,
-        DRAIN,
-        replicas,
-    )
-    .unwrap()
+    desired(&composition, &valid, &settings(), &keys, DRAIN, replicas).unwrap()
 }
 
 fn pod(desired: &Desired) -> &PodSpec {
@@ -37,7 +29,7 @@ fn pod(desired: &Desired) -> &PodSpec {
         .unwrap()
 }
 
-/// The agent container, wherever the sidecar style puts it.
+/// The agent container (an init container: a native sidecar).
 fn agent_of(desired: &Desired) -> Container {
     let pod_spec = pod(desired);
     pod_spec
@@ -48,6 +40,18 @@ fn agent_of(desired: &Desired) -> Container {
         .find(|c| c.name == AGENT_CONTAINER)
         .cloned()
         .unwrap()
+}
+
+/// Every container of the pod, the agent (the init container) first.
+fn all_containers(desired: &Desired) -> Vec<Container> {
+    let pod_spec = pod(desired);
+    pod_spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&pod_spec.containers)
+        .cloned()
+        .collect()
 }
 
 fn volume(desired: &Desired, name: &str) -> Volume {
@@ -72,7 +76,7 @@ fn env(container: &Container) -> BTreeMap<String, EnvVar> {
 
 #[test]
 fn every_object_is_labelled_and_owned_by_the_composition() {
-    let desired = build(CompositionSpec::test(), Sidecar::Native, 2);
+    let desired = build(CompositionSpec::test(), 2);
     let metas = [
         &desired.components.metadata,
         &desired.control.metadata,
@@ -97,7 +101,7 @@ fn every_object_is_labelled_and_owned_by_the_composition() {
 
 #[test]
 fn the_deployment_selects_its_own_pods_with_the_requested_replicas() {
-    let desired = build(CompositionSpec::test(), Sidecar::Native, 0);
+    let desired = build(CompositionSpec::test(), 0);
     let spec = desired.deployment.spec.clone().unwrap();
     assert_eq!(spec.replicas, Some(0));
     let selector = spec.selector.match_labels.unwrap();
@@ -108,8 +112,8 @@ fn the_deployment_selects_its_own_pods_with_the_requested_replicas() {
 }
 
 #[test]
-fn the_agent_is_a_native_sidecar_on_new_servers_and_a_container_on_old_ones() {
-    let native = build(CompositionSpec::test(), Sidecar::Native, 1);
+fn the_agent_is_a_native_sidecar() {
+    let native = build(CompositionSpec::test(), 1);
     let pod_spec = pod(&native);
     assert_eq!(pod_spec.containers.len(), 1);
     assert_eq!(pod_spec.containers[0].name, "component-0");
@@ -124,44 +128,6 @@ fn the_agent_is_a_native_sidecar_on_new_servers_and_a_container_on_old_ones() {
     // The startupProbe holds the components back until the listeners are bound; no hook.
     assert!(init[0].startup_probe.is_some());
     assert_eq!(init[0].lifecycle.clone().unwrap().post_start, None);
-
-    let plain = build(CompositionSpec::test(), Sidecar::Plain, 1);
-    let pod_spec = pod(&plain);
-    assert_eq!(pod_spec.init_containers, None);
-    let names: Vec<_> = pod_spec
-        .containers
-        .iter()
-        .map(|c| c.name.as_str())
-        .collect();
-    // First: the kubelet starts the next container once the agent's postStart hook returned.
-    assert_eq!(names, ["agent", "component-0"]);
-    assert_eq!(pod_spec.containers[0].restart_policy, None);
-    let hook = pod_spec.containers[0]
-        .lifecycle
-        .clone()
-        .unwrap()
-        .post_start
-        .unwrap();
-    assert_eq!(
-        hook.exec.unwrap().command.unwrap(),
-        [
-            "toa-agent",
-            "listening",
-            "127.0.0.1:7090",
-            "127.0.0.1:7091",
-            "127.0.0.1:7092"
-        ]
-    );
-}
-
-#[test]
-fn sidecar_style_follows_the_server_version() {
-    assert_eq!(Sidecar::for_server("1", "29"), Sidecar::Native);
-    assert_eq!(Sidecar::for_server("1", "33+"), Sidecar::Native);
-    assert_eq!(Sidecar::for_server("2", "0"), Sidecar::Native);
-    assert_eq!(Sidecar::for_server("1", "28"), Sidecar::Plain);
-    assert_eq!(Sidecar::for_server("1", "20"), Sidecar::Plain);
-    assert_eq!(Sidecar::for_server("", "x"), Sidecar::Plain);
 }
 
 #[test]
@@ -170,8 +136,8 @@ fn the_agent_composes_every_component_with_its_control_endpoint() {
         crate::crd::ComponentSpec::test("store", "orders"),
         crate::crd::ComponentSpec::test("store", "mail"),
     ]);
-    let desired = build(spec, Sidecar::Plain, 1);
-    let agent = &pod(&desired).containers[0];
+    let desired = build(spec, 1);
+    let agent = &agent_of(&desired);
     assert_eq!(agent.name, "agent");
     assert_eq!(
         agent.image.as_deref(),
@@ -214,7 +180,7 @@ fn manifests_are_mounted_one_per_component_directory() {
         crate::crd::ComponentSpec::test("store", "orders"),
         crate::crd::ComponentSpec::test("store", "mail"),
     ]);
-    let desired = build(spec, Sidecar::Native, 1);
+    let desired = build(spec, 1);
     let data = desired.components.data.clone().unwrap();
     assert_eq!(
         data.keys().collect::<Vec<_>>(),
@@ -280,7 +246,7 @@ fn manifests_are_mounted_one_per_component_directory() {
 
 #[test]
 fn the_namespace_declarations_hold_the_manifests_and_are_owned_not_controlled() {
-    let desired = build(CompositionSpec::test(), Sidecar::Native, 1);
+    let desired = build(CompositionSpec::test(), 1);
     let declarations = &desired.declarations;
     assert_eq!(
         declarations.metadata.name.as_deref(),
@@ -297,7 +263,7 @@ fn the_namespace_declarations_hold_the_manifests_and_are_owned_not_controlled() 
 
 #[test]
 fn the_control_secret_holds_the_given_tokens_and_the_deployment_its_drain_key() {
-    let desired = build(CompositionSpec::test(), Sidecar::Native, 1);
+    let desired = build(CompositionSpec::test(), 1);
     let data = desired.control.data.unwrap();
     assert_eq!(data["token"].0, b"s3cret");
     assert!(!data.contains_key("previous"));
@@ -329,7 +295,7 @@ fn the_agent_gets_the_context_and_credentials_from_the_environment() {
     spec.credentials = Some(CredentialsSpec {
         secret_name: "shop-backends".into(),
     });
-    let desired = build(spec, Sidecar::Native, 1);
+    let desired = build(spec, 1);
     let agent = &agent_of(&desired);
     let env = env(agent);
     let value = |name: &str| env[name].value.clone().unwrap();
@@ -365,7 +331,7 @@ fn the_agent_gets_the_context_and_credentials_from_the_environment() {
 
 #[test]
 fn without_atomicity_broker_or_credentials_their_variables_are_absent() {
-    let desired = build(CompositionSpec::test(), Sidecar::Native, 1);
+    let desired = build(CompositionSpec::test(), 1);
     let env = env(&agent_of(&desired));
     let names: Vec<_> = env.keys().map(String::as_str).collect();
     assert_eq!(
@@ -394,7 +360,7 @@ fn the_agents_variables_read_back_into_the_validated_context() {
         ..Default::default()
     };
     let valid = validate(&spec).unwrap();
-    let desired = build(spec, Sidecar::Native, 1);
+    let desired = build(spec, 1);
     let vars: std::collections::HashMap<String, String> = env(&agent_of(&desired))
         .into_iter()
         .filter_map(|(name, var)| Some((name, var.value?)))
@@ -411,15 +377,7 @@ fn a_composition_not_read_from_the_server_is_refused() {
     let composition = Composition::new("shop", CompositionSpec::test());
     let valid = validate(&composition.spec).unwrap();
     let keys = Keys::one("t");
-    let error = desired(
-        &composition,
-        &valid,
-        &settings(Sidecar::Plain),
-        &keys,
-        DRAIN,
-        1,
-    )
-    .unwrap_err();
+    let error = desired(&composition, &valid, &settings(), &keys, DRAIN, 1).unwrap_err();
     assert_eq!(error, NotStored("shop".into()));
 }
 
@@ -437,21 +395,11 @@ fn the_controllers_watch_selector_matches_the_labels() {
 
 #[test]
 fn the_agent_attaches_to_the_components_from_port_7100() {
-    for sidecar in [Sidecar::Native, Sidecar::Plain] {
-        let desired = build(CompositionSpec::test(), sidecar, 1);
-        let pod_spec = pod(&desired);
-        let agent = pod_spec
-            .init_containers
-            .iter()
-            .flatten()
-            .chain(&pod_spec.containers)
-            .find(|c| c.name == "agent")
-            .unwrap();
-        let command = agent.command.clone().unwrap();
-        let at = command.iter().position(|arg| arg == "--attach").unwrap();
-        assert_eq!(command[at + 1], "7100", "{sidecar:?}");
-        assert_eq!(ATTACH_PORT, 7100);
-    }
+    let desired = build(CompositionSpec::test(), 1);
+    let command = agent_of(&desired).command.unwrap();
+    let at = command.iter().position(|arg| arg == "--attach").unwrap();
+    assert_eq!(command[at + 1], "7100");
+    assert_eq!(ATTACH_PORT, 7100);
 }
 
 #[test]
@@ -465,7 +413,7 @@ fn each_component_runs_its_program_in_its_own_container_in_the_agents_order() {
         crate::crd::ComponentSpec::test("store", "orders"),
         mail,
     ]);
-    let desired = build(spec, Sidecar::Native, 1);
+    let desired = build(spec, 1);
     let pod_spec = pod(&desired);
     let agent = &agent_of(&desired);
     let arguments: Vec<_> = agent
@@ -577,13 +525,13 @@ fn the_resources_apply_to_every_component_container_and_the_agent_has_its_own() 
         crate::crd::ComponentSpec::test("store", "mail"),
     ]);
     spec.resources = Some(resources.clone());
-    let desired = build(spec, Sidecar::Plain, 1);
-    let containers = &pod(&desired).containers;
+    let desired = build(spec, 1);
+    let containers = all_containers(&desired);
     assert_eq!(containers.len(), 3);
     assert_eq!(containers[0].name, "agent");
     assert_eq!(
         containers[0].resources.as_ref(),
-        Some(&Settings::test(Sidecar::Plain).agent_resources)
+        Some(&Settings::test().agent_resources)
     );
     assert_eq!(containers[1].resources.as_ref(), Some(&resources));
     assert_eq!(containers[2].resources.as_ref(), Some(&resources));
@@ -597,9 +545,8 @@ fn container_names_are_short_unique_dns_labels_however_long_the_component_names(
         crate::crd::ComponentSpec::test("a-b", "c"),
         crate::crd::ComponentSpec::test("a", "b-c"),
     ]);
-    let desired = build(spec, Sidecar::Plain, 1);
-    let names: Vec<_> = pod(&desired)
-        .containers
+    let desired = build(spec, 1);
+    let names: Vec<_> = all_containers(&desired)
         .iter()
         .map(|c| c.name.clone())
         .collect();
@@ -637,20 +584,18 @@ fn the_generated_pod_meets_the_restricted_pod_security_profile() {
         }),
     ];
     for security in variants {
-        for sidecar in [Sidecar::Native, Sidecar::Plain] {
-            let desired = build(spec(security.clone()), sidecar, 2);
-            assert_eq!(
-                crate::restricted::violations(pod(&desired)),
-                Vec::<String>::new(),
-                "{sidecar:?} {security:?}"
-            );
-        }
+        let desired = build(spec(security.clone()), 2);
+        assert_eq!(
+            crate::restricted::violations(pod(&desired)),
+            Vec::<String>::new(),
+            "{security:?}"
+        );
     }
 }
 
 #[test]
 fn everything_runs_as_65532_and_the_agent_reads_its_token_through_the_pods_group() {
-    let desired = build(CompositionSpec::test(), Sidecar::Plain, 1);
+    let desired = build(CompositionSpec::test(), 1);
     let pod_spec = pod(&desired);
     let security = pod_spec.security_context.clone().unwrap();
     assert_eq!(security.run_as_non_root, Some(true));
@@ -699,8 +644,7 @@ fn components_run_as_the_users_the_spec_names_and_the_agent_stays_65532() {
         ..CompositionSpec::test()
     };
     let users = |desired: &Desired| -> Vec<(String, Option<i64>, Option<i64>)> {
-        pod(desired)
-            .containers
+        all_containers(desired)
             .iter()
             .map(|c| {
                 let s = c.security_context.clone().unwrap();
@@ -713,7 +657,6 @@ fn components_run_as_the_users_the_spec_names_and_the_agent_stays_65532() {
             image_user: true,
             ..Default::default()
         }),
-        Sidecar::Plain,
         1,
     );
     assert_eq!(
@@ -730,7 +673,6 @@ fn components_run_as_the_users_the_spec_names_and_the_agent_stays_65532() {
             fs_group: Some(2000),
             image_user: false,
         }),
-        Sidecar::Plain,
         1,
     );
     assert_eq!(
@@ -748,66 +690,64 @@ fn components_run_as_the_users_the_spec_names_and_the_agent_stays_65532() {
 
 #[test]
 fn no_credentials_or_agent_binary_reach_the_component_containers() {
-    for sidecar in [Sidecar::Native, Sidecar::Plain] {
-        let desired = build(CompositionSpec::test(), sidecar, 1);
-        let pod_spec = pod(&desired);
-        assert_eq!(pod_spec.automount_service_account_token, Some(false));
-        assert_eq!(pod_spec.enable_service_links, Some(false));
-        let volumes: Vec<String> = pod_spec
-            .volumes
-            .iter()
-            .flatten()
-            .map(|v| v.name.clone())
-            .collect();
-        assert_eq!(
-            volumes,
-            ["components", "declarations", "control", "token-0"]
-        );
-        let tokens = pod_spec.volumes.as_ref().unwrap()[3]
-            .empty_dir
-            .clone()
-            .unwrap();
-        assert_eq!(tokens.medium.as_deref(), Some("Memory"));
-        let agent = agent_of(&desired);
-        let written: Vec<_> = agent
-            .volume_mounts
-            .iter()
-            .flatten()
-            .filter(|m| m.read_only != Some(true))
-            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
-            .collect();
-        assert_eq!(written, [("token-0", "/var/run/toa/tokens/0")]);
-        for container in &pod_spec.containers {
-            if container.name != AGENT_CONTAINER {
-                let mounts: Vec<_> = container
-                    .volume_mounts
-                    .iter()
-                    .flatten()
-                    .map(|m| &m.name)
-                    .collect();
-                assert_eq!(mounts, ["token-0"], "{}", container.name);
-                let text = serde_json::to_string(container).unwrap();
-                assert!(
-                    !text.contains("s3cret")
-                        && !text.contains("toa-agent")
-                        && !text.contains(&toa_context::control::drain_digest(DRAIN)),
-                    "{text}"
-                );
-            }
+    let desired = build(CompositionSpec::test(), 1);
+    let pod_spec = pod(&desired);
+    assert_eq!(pod_spec.automount_service_account_token, Some(false));
+    assert_eq!(pod_spec.enable_service_links, Some(false));
+    let volumes: Vec<String> = pod_spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.clone())
+        .collect();
+    assert_eq!(
+        volumes,
+        ["components", "declarations", "control", "token-0"]
+    );
+    let tokens = pod_spec.volumes.as_ref().unwrap()[3]
+        .empty_dir
+        .clone()
+        .unwrap();
+    assert_eq!(tokens.medium.as_deref(), Some("Memory"));
+    let agent = agent_of(&desired);
+    let written: Vec<_> = agent
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.read_only != Some(true))
+        .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+        .collect();
+    assert_eq!(written, [("token-0", "/var/run/toa/tokens/0")]);
+    for container in &pod_spec.containers {
+        if container.name != AGENT_CONTAINER {
+            let mounts: Vec<_> = container
+                .volume_mounts
+                .iter()
+                .flatten()
+                .map(|m| &m.name)
+                .collect();
+            assert_eq!(mounts, ["token-0"], "{}", container.name);
+            let text = serde_json::to_string(container).unwrap();
+            assert!(
+                !text.contains("s3cret")
+                    && !text.contains("toa-agent")
+                    && !text.contains(&toa_context::control::drain_digest(DRAIN)),
+                "{text}"
+            );
         }
     }
 }
 
 #[test]
 fn the_pod_stops_within_a_grace_period_that_covers_the_drain() {
-    let desired = build(CompositionSpec::test(), Sidecar::Native, 1);
+    let desired = build(CompositionSpec::test(), 1);
     let grace = pod(&desired).termination_grace_period_seconds.unwrap();
     // The drain's 25 s for calls in flight, dispose's 60 s, 5 s to stop the programs, a margin.
     assert_eq!(grace, 95);
     let mut spec = CompositionSpec::test();
     spec.context.limits.drain = Some(10_000);
     spec.context.limits.run_command = Some(120_500);
-    let grace = pod(&build(spec, Sidecar::Native, 1))
+    let grace = pod(&build(spec, 1))
         .termination_grace_period_seconds
         .unwrap();
     assert_eq!(grace, 10 + 121 + 5 + 5);
@@ -828,7 +768,7 @@ fn the_pod_stops_within_a_grace_period_that_covers_the_drain() {
 
 #[test]
 fn liveness_and_startup_ask_healthz_on_the_probe_port_not_the_control_port() {
-    let desired = build(CompositionSpec::test(), Sidecar::Plain, 1);
+    let desired = build(CompositionSpec::test(), 1);
     let agent = agent_of(&desired);
     for (probe, period, failures) in [
         (agent.startup_probe.clone().unwrap(), 1, STARTUP_SECONDS),
@@ -847,7 +787,7 @@ fn liveness_and_startup_ask_healthz_on_the_probe_port_not_the_control_port() {
 
 #[test]
 fn the_agent_is_ready_by_its_probe_listener() {
-    let desired = build(CompositionSpec::test(), Sidecar::Native, 1);
+    let desired = build(CompositionSpec::test(), 1);
     let agent = agent_of(&desired);
     let command = agent.command.clone().unwrap();
     let at = command
@@ -864,24 +804,22 @@ fn the_agent_is_ready_by_its_probe_listener() {
 
 #[test]
 fn prometheus_finds_the_agents_metrics_on_the_probe_port() {
-    for sidecar in [Sidecar::Native, Sidecar::Plain] {
-        let desired = build(CompositionSpec::test(), sidecar, 1);
-        let template = desired.deployment.spec.as_ref().unwrap().template.clone();
-        let annotations = template.metadata.unwrap().annotations.unwrap();
-        assert_eq!(annotations["prometheus.io/scrape"], "true");
-        assert_eq!(annotations["prometheus.io/path"], "/metrics");
-        let port: i32 = annotations["prometheus.io/port"].parse().unwrap();
-        let named = agent_of(&desired)
-            .ports
-            .unwrap()
-            .into_iter()
-            .find(|p| p.name.as_deref() == Some("probe"))
-            .unwrap();
-        assert_eq!(
-            named.container_port, port,
-            "the annotated port is the probe port"
-        );
-    }
+    let desired = build(CompositionSpec::test(), 1);
+    let template = desired.deployment.spec.as_ref().unwrap().template.clone();
+    let annotations = template.metadata.unwrap().annotations.unwrap();
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    let port: i32 = annotations["prometheus.io/port"].parse().unwrap();
+    let named = agent_of(&desired)
+        .ports
+        .unwrap()
+        .into_iter()
+        .find(|p| p.name.as_deref() == Some("probe"))
+        .unwrap();
+    assert_eq!(
+        named.container_port, port,
+        "the annotated port is the probe port"
+    );
 }
 
 #[test]
@@ -947,7 +885,6 @@ fn a_component_container_gets_its_configuration_with_the_defaults_filled_in() {
         .cloned();
     let desired = build(
         CompositionSpec::test().with_components(vec![component.clone()]),
-        Sidecar::Native,
         1,
     );
     let env = pod(&desired).containers[0].env.clone().unwrap();
@@ -992,7 +929,7 @@ fn a_configurations_secret_comes_from_the_credentials_secret_and_only_to_its_com
     spec.credentials = Some(CredentialsSpec {
         secret_name: "shop-backends".into(),
     });
-    let desired = build(spec, Sidecar::Native, 1);
+    let desired = build(spec, 1);
     let containers = &pod(&desired).containers;
     let secret_vars = |index: usize| -> Vec<_> {
         containers[index]

@@ -71,6 +71,7 @@ fn decide_at(halted: bool, record: Option<&Record>, pods: &[Pod], now: Timestamp
         timing: timing(),
         record,
         pods,
+        left: pods.len(),
         now,
     })
 }
@@ -347,6 +348,21 @@ fn a_stopped_halt_scales_down_then_is_halted() {
     let decision = decide_at(true, Some(&stopped), &[], t(50));
     assert_eq!(decision.phase, Phase::Halted);
     assert_eq!(decision.step, Step::Nothing);
+}
+
+#[test]
+fn a_stopped_halt_is_not_halted_while_a_terminating_pod_is_left() {
+    // A pod being deleted sends no report (it takes no part in a halt) but is still listed.
+    let stopped = record().with(Outcome::Stopped);
+    let decision = decide(&Observation {
+        halted: true,
+        timing: timing(),
+        record: Some(&stopped),
+        pods: &[],
+        left: 1,
+        now: t(45),
+    });
+    assert_eq!(decision.phase, Phase::ScalingDown);
 }
 
 #[test]

@@ -30,6 +30,7 @@ fn observed<'a>(rollout: Option<Rollout>, halt: &'a Decision, now: Timestamp) ->
         generation: Some(2),
         invalid: None,
         rollout,
+        refused: None,
         replicas: 3,
         halt: Some(halt),
         pods: &[],
@@ -53,6 +54,7 @@ fn a_refused_spec_is_ready_false_with_the_exact_message() {
             generation: Some(4),
             invalid: Some((crate::crd::reasons::INVALID_SPEC, message)),
             rollout: Some(rolled_out(1, 3)),
+            refused: None,
             replicas: 3,
             halt: None,
             pods: &[],
@@ -329,8 +331,8 @@ fn a_refused_spec_keeps_the_previous_halted_condition() {
 
 #[test]
 fn every_condition_has_a_message() {
-    // A v1.20 API server turns an empty message into null in a merge patch of the status and
-    // refuses it; the end-to-end suite found it on Degraded=False.
+    // An API server turns an empty message into null in a merge patch of the status and refuses
+    // it; the end-to-end suite found it on Degraded=False (v1.20).
     let halts = [
         running(),
         Decision {
@@ -392,4 +394,53 @@ fn a_called_off_halt_names_the_busy_pods_and_keeps_naming_them() {
     );
     assert_eq!(get(&later, conditions::HALTED).message, halted.message);
     assert!(!changed(Some(&first), &later));
+}
+
+#[test]
+fn pods_the_deployment_cannot_create_are_degraded_with_the_replicasets_reason() {
+    let deployment: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "shop", "generation": 2},
+        "status": {"observedGeneration": 2, "conditions": [
+            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetCreated"},
+            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+             "message": "pods \"shop-7d9\" is forbidden: violates PodSecurity \"restricted:latest\""}
+        ]}
+    }))
+    .unwrap();
+    let refused = replica_failure(&deployment).unwrap();
+    assert_eq!(
+        refused,
+        r#"FailedCreate: pods "shop-7d9" is forbidden: violates PodSecurity "restricted:latest""#
+    );
+    let halt = running();
+    let status = status(
+        &Observed {
+            refused: Some(&refused),
+            ..observed(Some(Rollout::of(&deployment)), &halt, at(0))
+        },
+        None,
+    );
+    let degraded = get(&status, conditions::DEGRADED);
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", reasons::PODS_REFUSED)
+    );
+    assert_eq!(
+        degraded.message,
+        format!("the Deployment cannot create pods: {refused}")
+    );
+    assert_eq!(get(&status, conditions::READY).status, "False");
+
+    // A condition that went back to False, or none at all, is nothing.
+    let mut cleared = deployment.clone();
+    cleared
+        .status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .as_mut()
+        .unwrap()[1]
+        .status = "False".into();
+    assert_eq!(replica_failure(&cleared), None);
+    assert_eq!(replica_failure(&Deployment::default()), None);
 }

@@ -26,7 +26,7 @@ pub async fn atomicity_splits_slots(suite: Arc<Suite>) {
     let rabbit = tokio::task::spawn_blocking(move || services::Rabbit::start(node::BRIDGE_IP, dir))
         .await
         .unwrap();
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let start = Instant::now();
     apply(
         &suite,

@@ -1,12 +1,13 @@
-//! The control plane (`scripts/control-plane`), the chart installed on it, and the clients.
+//! The control plane (`scripts/control-plane`) of one Kubernetes release, the chart installed on
+//! it, and the clients.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::discovery::pinned_kind;
-use kube::{Api, Client, Config, ResourceExt};
+use kube::{Api, Client, Config};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -80,34 +81,50 @@ fn rand_below(bound: u16) -> u16 {
     ((nanos ^ std::process::id().wrapping_mul(2_654_435_761)) % u32::from(bound)) as u16
 }
 
+/// The newest release the project supports: every scenario runs on it.
+pub const NEWEST: &str = "v1.37.2";
+/// The oldest: the CRD, the CEL refusal, a deploy and a halt run on it.
+pub const FLOOR: &str = "v1.33.13";
+
+/// Where `scripts/control-plane build` put a release's binaries.
+pub fn release_dir(release: &str) -> PathBuf {
+    let cache = std::env::var_os("TOA_K8S_CACHE").unwrap_or_else(|| "/var/cache/toa-k8s".into());
+    PathBuf::from(cache).join(release)
+}
+
 /// A control plane started by `scripts/control-plane start`, stopped on drop.
 pub struct ControlPlane {
     dir: PathBuf,
     pub kubeconfig: PathBuf,
     pub port: u16,
+    /// The release, as `TOA_K8S_VERSION` names it (`v1.37.2`).
+    pub release: &'static str,
 }
 
 impl ControlPlane {
-    /// Starts one with its state in `dir`; panics (never skips) when it cannot.
-    pub fn start(dir: &Path) -> Self {
+    /// Starts one of `release` with its state in `dir`; panics (never skips) when it cannot.
+    pub fn start(dir: &Path, release: &'static str) -> Self {
         let port = free_ports(40000..50000, 4);
         let mut plane = Self {
             dir: dir.to_path_buf(),
             kubeconfig: PathBuf::new(),
             port,
+            release,
         };
         let output = Command::new(repo().join("scripts/control-plane"))
             .arg("start")
             .arg(dir)
             .arg(port.to_string())
+            .env("TOA_K8S_VERSION", release)
             .output()
             .expect("scripts/control-plane runs");
         if !output.status.success() {
             let log = std::fs::read_to_string(dir.join("apiserver.log")).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
             panic!(
-                "the control plane did not start (scripts/control-plane start {} {port}; build it \
-                 with scripts/control-plane build):\n{}\n{}\napiserver.log, last lines:\n{}",
+                "the {release} control plane did not start (TOA_K8S_VERSION={release} \
+                 scripts/control-plane start {} {port}; build it with scripts/control-plane \
+                 build):\n{}\n{}\napiserver.log, last lines:\n{}",
                 dir.display(),
                 String::from_utf8_lossy(&output.stdout),
                 String::from_utf8_lossy(&output.stderr),
@@ -121,11 +138,45 @@ impl ControlPlane {
     }
 }
 
+/// What a kubectl run said.
+#[derive(Debug)]
+pub struct Kubectl {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// `kubectl ARGS…` of `release` (the one built beside that server, never one from PATH) with
+/// `kubeconfig`, `stdin` written to it.
+pub fn kubectl(release: &str, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Kubectl {
+    use std::io::Write;
+    let binary = release_dir(release).join("kubectl");
+    let mut child = Command::new(&binary)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{} (scripts/control-plane build): {e}", binary.display()));
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    let output = child.wait_with_output().unwrap();
+    Kubectl {
+        success: output.status.success(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         let _ = Command::new(repo().join("scripts/control-plane"))
             .arg("stop")
             .arg(&self.dir)
+            .env("TOA_K8S_VERSION", self.release)
             .status();
     }
 }
@@ -139,13 +190,17 @@ pub async fn client(kubeconfig: &Path) -> Client {
     Client::try_from(config).expect("a client")
 }
 
-/// Creates (applies) a namespace.
-pub async fn namespace(client: &Client, name: &str) {
-    namespace_labelled(client, name, serde_json::json!({})).await;
+/// Creates (applies) a namespace where Pod Security admission enforces nothing: only for the
+/// image scenario's host-network Deployment, which the restricted level refuses.
+pub async fn privileged_namespace(client: &Client, name: &str) {
+    let labels = serde_json::json!({
+        "pod-security.kubernetes.io/enforce": "privileged",
+    });
+    namespace_labelled(client, name, labels).await;
 }
 
-/// A namespace labelled for the restricted Pod Security level, as a user of a server with Pod
-/// Security admission (≥ 1.23) labels it; v1.20 does not enforce it.
+/// A namespace where Pod Security admission enforces the restricted level (the suite's default:
+/// a pod the operator generates that breaks a rule of the profile is refused).
 pub async fn restricted_namespace(client: &Client, name: &str) {
     let labels = serde_json::json!({
         "pod-security.kubernetes.io/enforce": "restricted",
@@ -181,33 +236,63 @@ pub struct Chart {
     pub deployment: Deployment,
 }
 
-/// Renders charts/toa-operator with charts/render.py (helm-python-sdk, offline) and applies what it
-/// renders, server-side, as `helm install` would: the CRD, the ServiceAccount, RBAC and the
-/// Service. The Deployment is kept, not applied (pods cannot reach the API server on loopback):
-/// the suite runs the operator binary with that Deployment's arguments instead, under the
-/// ServiceAccount's identity; the image scenario applies it with host networking.
-pub async fn install_chart(admin: &Client, namespace: &str) -> Chart {
-    install_release(admin, namespace, "toa", &[]).await
+/// Installs charts/toa-operator with `helm install` (scripts/helm, the real command) as release
+/// `toa`: the CRD, the ServiceAccount, RBAC, the Service and the Deployment, with no error and
+/// nothing on standard error (no warning). The Deployment has no replicas (pods cannot reach
+/// the API server on loopback): the suite runs the operator binary with that Deployment's
+/// arguments instead, under the ServiceAccount's identity; the image scenario runs it with host
+/// networking.
+pub async fn install_chart(admin: &Client, kubeconfig: &Path, namespace: &str) -> Chart {
+    // The image scenario runs the chart's Deployment here with host networking.
+    privileged_namespace(admin, namespace).await;
+    install_release(admin, kubeconfig, namespace, "toa", &[]).await
 }
 
-/// [`install_chart`] as release `release`, with `sets` (`KEY=JSON`) beside the suite's own values.
+/// [`install_chart`] as release `release`, with `sets` (`KEY=JSON`) beside the suite's own values,
+/// into `namespace`, which must exist. The Deployment as the chart renders it (charts/render.py,
+/// helm-python-sdk, with the same values) is what the returned [`Chart`] holds.
 pub async fn install_release(
     admin: &Client,
+    kubeconfig: &Path,
     namespace: &str,
     release: &str,
     sets: &[&str],
 ) -> Chart {
     let metrics_port = free_ports(30000..40000, 1);
+    let metrics = format!("metrics.port={metrics_port}");
+    let values: Vec<&str> = sets
+        .iter()
+        .copied()
+        .chain([
+            metrics.as_str(),
+            "replicas=0",
+            // The images scripts/images built and imported into the node.
+            "image.repository=\"localhost/toa/operator\"",
+            "image.tag=\"e2e\"",
+            "agentImage.repository=\"localhost/toa/agent\"",
+            "agentImage.tag=\"e2e\"",
+        ])
+        .collect();
+    let installed = Command::new(repo().join("scripts/helm"))
+        .args(["install", release])
+        .arg(repo().join("charts/toa-operator"))
+        .args(["--namespace", namespace])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(values.iter().flat_map(|set| ["--set-json", set]))
+        .output()
+        .expect("scripts/helm runs");
+    let stderr = String::from_utf8_lossy(&installed.stderr);
+    assert!(
+        installed.status.success() && stderr.trim().is_empty(),
+        "helm install {release} (scripts/helm): {}\n{stderr}",
+        installed.status
+    );
+    wait_established(admin, "compositions.toa.io").await;
     let output = Command::new("python3")
         .arg(repo().join("charts/render.py"))
         .args(["--release", release, "--namespace", namespace])
-        .args(sets.iter().flat_map(|set| ["--set", set]))
-        .args(["--set", &format!("metrics.port={metrics_port}")])
-        // The images scripts/images built and imported into the node.
-        .args(["--set", "image.repository=localhost/toa/operator"])
-        .args(["--set", "image.tag=e2e"])
-        .args(["--set", "agentImage.repository=localhost/toa/agent"])
-        .args(["--set", "agentImage.tag=e2e"])
+        .args(values.iter().flat_map(|set| ["--set", set]))
         .output()
         .expect("python3 runs");
     assert!(
@@ -216,33 +301,21 @@ pub async fn install_release(
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).unwrap();
-    self::namespace(admin, namespace).await;
     let mut deployment = None;
     let mut service_account = None;
-    // Parsed whole first: the YAML parser is not Send, and the applies await.
     let documents: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&text)
         .map(|document| serde::Deserialize::deserialize(document).unwrap())
         .collect();
     for value in documents {
-        if value.is_null() {
-            continue;
-        }
-        let kind = value["kind"].as_str().unwrap().to_owned();
-        match kind.as_str() {
-            "Deployment" => {
+        match value["kind"].as_str() {
+            Some("Deployment") => {
                 deployment = Some(serde_json::from_value::<Deployment>(value).unwrap());
-                continue;
             }
-            "ServiceAccount" => {
+            Some("ServiceAccount") => {
                 service_account = Some(value["metadata"]["name"].as_str().unwrap().to_owned());
-            }
-            "CustomResourceDefinition" => {
-                apply_crd(admin, value).await;
-                continue;
             }
             _ => {}
         }
-        apply(admin, value).await;
     }
     let deployment = deployment.expect("the chart renders a Deployment");
     let container = deployment
@@ -269,58 +342,13 @@ pub async fn install_release(
     }
 }
 
-/// Server-side apply of one rendered object, whatever its kind.
-async fn apply(client: &Client, value: serde_json::Value) {
-    let object: DynamicObject = serde_json::from_value(value).unwrap();
-    let types = object.types.clone().expect("apiVersion and kind");
-    let gvk = kube::api::GroupVersionKind::try_from(&types).unwrap();
-    let (resource, capabilities) = pinned_kind(client, &gvk)
-        .await
-        .unwrap_or_else(|error| panic!("{gvk:?} is not served: {error}"));
-    let api: Api<DynamicObject> = match (capabilities.scope, object.namespace()) {
-        (kube::discovery::Scope::Namespaced, Some(namespace)) => {
-            Api::namespaced_with(client.clone(), &namespace, &resource)
-        }
-        _ => Api::all_with(client.clone(), &resource),
-    };
-    api.patch(
-        &object.name_any(),
-        &PatchParams::apply("e2e-helm").force(),
-        &Patch::Apply(&object),
-    )
-    .await
-    .unwrap_or_else(|error| panic!("applying {} {}: {error}", types.kind, object.name_any()));
-}
-
-/// Applies the CRD and waits until it is established. A v1.20 server does not know
-/// `x-kubernetes-validations` (CEL, from 1.25) and server-side apply refuses a field its schema
-/// lacks, so the rule is taken out first, as such a server would drop it anyway; the operator's
-/// reconcile-time check is what refuses an even number of addresses there.
-async fn apply_crd(client: &Client, mut value: serde_json::Value) {
-    let version = client.apiserver_version().await.unwrap();
-    let minor: u32 = version
-        .minor
-        .trim_end_matches(|c: char| !c.is_ascii_digit())
-        .parse()
-        .unwrap();
-    if minor < 25 {
-        strip(&mut value, "x-kubernetes-validations");
-    }
-    let crd: CustomResourceDefinition = serde_json::from_value(value).unwrap();
-    let name = crd.name_any();
+/// Waits until the CRD `name` is established.
+async fn wait_established(client: &Client, name: &str) {
     let api = Api::<CustomResourceDefinition>::all(client.clone());
-    api.patch(
-        &name,
-        &PatchParams::apply("e2e-helm").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap_or_else(|error| panic!("applying the CRD {name}: {error}"));
     eventually("the CRD is established", Duration::from_secs(30), || {
         let api = api.clone();
-        let name = name.clone();
         async move {
-            let crd = api.get(&name).await.map_err(|e| e.to_string())?;
+            let crd = api.get(name).await.map_err(|e| e.to_string())?;
             let established = crd
                 .status
                 .and_then(|status| status.conditions)
@@ -333,19 +361,8 @@ async fn apply_crd(client: &Client, mut value: serde_json::Value) {
     .await;
 }
 
-fn strip(value: &mut serde_json::Value, key: &str) {
-    match value {
-        serde_json::Value::Object(map) => {
-            map.remove(key);
-            map.values_mut().for_each(|v| strip(v, key));
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| strip(v, key)),
-        _ => {}
-    }
-}
-
-/// A kubeconfig for the chart's ServiceAccount: its token, from the Secret v1.20's token
-/// controller creates for it (listed in the ServiceAccount's `secrets`).
+/// A kubeconfig for the chart's ServiceAccount: a token from the TokenRequest API (no token
+/// Secrets since 1.24), valid for a day, longer than any run of the suite.
 pub async fn service_account_kubeconfig(
     admin: &Client,
     api_port: u16,
@@ -353,27 +370,29 @@ pub async fn service_account_kubeconfig(
     path: &Path,
 ) -> PathBuf {
     let accounts = Api::<ServiceAccount>::namespaced(admin.clone(), &chart.namespace);
-    let secrets = Api::<Secret>::namespaced(admin.clone(), &chart.namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(86_400),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
     let token = eventually(
-        "the ServiceAccount's token Secret is filled",
+        "a token for the chart's ServiceAccount",
         Duration::from_secs(60),
         || {
-            let (accounts, secrets) = (accounts.clone(), secrets.clone());
-            let name = chart.service_account.clone();
+            let accounts = accounts.clone();
+            let (name, request) = (chart.service_account.clone(), request.clone());
             async move {
-                let account = accounts.get(&name).await.map_err(|e| e.to_string())?;
-                let secret = account
-                    .secrets
-                    .unwrap_or_default()
-                    .into_iter()
-                    .find_map(|reference| reference.name)
-                    .ok_or("no token Secret listed yet")?;
-                let secret = secrets.get(&secret).await.map_err(|e| e.to_string())?;
-                let token = secret
-                    .data
-                    .and_then(|mut data| data.remove("token"))
-                    .ok_or("the Secret holds no token yet")?;
-                Ok(String::from_utf8(token.0).unwrap())
+                let issued = accounts
+                    .create_token_request(&name, &Default::default(), &request)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                issued
+                    .status
+                    .map(|status| status.token)
+                    .ok_or("no token in the answer".to_owned())
             }
         },
     )

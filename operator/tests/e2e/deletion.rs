@@ -18,7 +18,7 @@ use crate::wait::eventually;
 /// Deleting the Composition deletes what it owns (the garbage collector, by owner references).
 pub async fn deletion_cleans_up(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-delete", "gone");
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     // A second Composition in the namespace, of another component, shares toa-declarations and
     // stays.
     let stays = "stays";

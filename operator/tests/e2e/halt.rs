@@ -19,7 +19,7 @@ use crate::{cluster, node, services, wait};
 /// then `halted: false` brings it back, `preflight` running anew in new pods.
 pub async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-halt-quiet", "quiet");
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let spec = halting(namespace, name, 2, 30);
     let pods = running_two(&suite, namespace, name, &spec).await;
 
@@ -86,7 +86,7 @@ pub async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
 /// `dispose` does not run, `Halted=False` names the busy pod.
 pub async fn halt_busy_called_off(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-halt-busy", "busy");
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let spec = halting(namespace, name, 3, 8);
     let pods = running_two(&suite, namespace, name, &spec).await;
     let busy = pods[0].clone();
@@ -168,7 +168,7 @@ pub async fn halt_of_a_composition_called_by_another(suite: Arc<Suite>) {
     let rabbit = tokio::task::spawn_blocking(move || services::Rabbit::start(node::BRIDGE_IP, dir))
         .await
         .unwrap();
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let of = |name: &str, component: &str, halted: bool| {
         composition(
             namespace,
@@ -234,7 +234,7 @@ pub async fn halt_of_a_composition_called_by_another(suite: Arc<Suite>) {
 /// halt completes.
 pub async fn unanswering_pod_during_halt(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-unanswering", "frozen");
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let spec = halting(namespace, name, 1, 60);
     let pods = running_two(&suite, namespace, name, &spec).await;
     let frozen = &pods[0];
@@ -314,7 +314,7 @@ impl Drop for Thaw {
 /// The operator stops in the middle of a halt; the next one completes it.
 pub async fn operator_restart_during_halt(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-restart", "restart");
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let spec = halting(namespace, name, 4, 60);
     let pods = running_two(&suite, namespace, name, &spec).await;
     let tokens = control_tokens(&suite, namespace, name).await;

@@ -55,7 +55,7 @@ pub async fn the_operator_image_runs(suite: Arc<Suite>) {
 
 async fn operator_image(suite: Arc<Suite>, (lease_namespace, lease_name): (String, String)) {
     let (namespace, name) = ("e2e-image", "imaged");
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let chart_namespace = suite.chart.namespace.clone();
     let secrets = Api::<Secret>::namespaced(suite.admin.clone(), &chart_namespace);
     let kubeconfig = std::fs::read_to_string(&suite.operator_kubeconfig).unwrap();

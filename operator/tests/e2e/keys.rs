@@ -41,7 +41,7 @@ fn entry(secret: &Secret, key: &str) -> Option<Vec<u8>> {
 /// Secret holds the new token only.
 pub async fn rotation_during_a_halt(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-rotation", "rotated");
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let spec = halting(namespace, name, 5, 60);
     let pods = running_two(&suite, namespace, name, &spec).await;
     let before = control_tokens(&suite, namespace, name).await;
@@ -170,10 +170,18 @@ pub async fn a_namespaced_install_runs_only_its_namespaces(suite: Arc<Suite>) {
 
 async fn namespaced(suite: Arc<Suite>) {
     let (watched, other) = ("e2e-watched", "e2e-unwatched");
-    cluster::namespace(&suite.admin, watched).await;
-    cluster::namespace(&suite.admin, other).await;
+    cluster::restricted_namespace(&suite.admin, watched).await;
+    cluster::restricted_namespace(&suite.admin, other).await;
     let set = format!("watchNamespaces=[\"{watched}\"]");
-    let chart = cluster::install_release(&suite.admin, "e2e-operator-ns", "scoped", &[&set]).await;
+    cluster::restricted_namespace(&suite.admin, "e2e-operator-ns").await;
+    let chart = cluster::install_release(
+        &suite.admin,
+        &suite.admin_kubeconfig,
+        "e2e-operator-ns",
+        "scoped",
+        &[&set],
+    )
+    .await;
     let root = suite.root.join("namespaced");
     std::fs::create_dir_all(&root).unwrap();
     let mut scoped = Operator::under_chart(&suite.admin, suite.api_port, &chart, &root).await;

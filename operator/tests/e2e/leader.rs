@@ -23,7 +23,7 @@ use crate::{cluster, wait};
 /// again, as the later scenarios expect.
 pub async fn two_replicas_one_leader(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-replicas", "replicas");
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     // Held all along: no other scenario runs now, and none may restart the operator meanwhile.
     let mut first = suite.operator.lock().await;
     let (lease_namespace, lease_name) = first.lease();

@@ -1,39 +1,39 @@
 //! End to end: the operator against a real API server (kube-apiserver and kube-controller-manager
-//! v1.20 from `scripts/control-plane`) and a real node (kubelet v1.20, containerd, runc and a CNI
-//! bridge from `scripts/node`), running images built from this workspace's binaries
-//! (`scripts/images`): nothing is simulated. What a v1.20 node cannot show is unit-tested and
-//! named in docs/testing.md (the native sidecar style needs ≥ 1.29; Pod Security admission, ≥ 1.23,
-//! is replaced by a check of the pods against the restricted profile's rules).
+//! with etcd, from `scripts/control-plane`) and a real node (the same release's kubelet and
+//! kube-scheduler, containerd, runc and a CNI bridge, from `scripts/node`), running images built
+//! from this workspace's binaries (`scripts/images`): nothing is simulated. Pod Security admission
+//! enforces the restricted level in every namespace but the one where the image scenario runs the
+//! chart's Deployment with host networking; the CRD's CEL rule runs at admission.
 //!
-//! One test, `end_to_end`, starts one control plane and one node for every scenario: nextest runs
-//! each test in a process of its own, and a control plane takes seconds to start and two cores to
-//! run, so one process owns it, from start to stop. The scenarios run concurrently, each in a
-//! namespace of its own, on the same operator; then, alone, two operator replicas (the leader
-//! killed) and the operator's own image; the operator restart and the deletion run last. A failed
-//! scenario does not stop the others: all run, then the test fails naming each failure.
+//! Two tests, each with a control plane and a node of its own, one after the other (nextest's
+//! `processes` group: they share the node's bridge): `end_to_end` runs every scenario on the
+//! newest supported release, v1.37.2; `floor` runs the CRD, the admission refusals, a deploy and a
+//! halt on the oldest, v1.33.13. nextest runs every test in a process of its own, and a control
+//! plane takes seconds to start and two cores to run, so one process owns it, from start to stop.
+//! The scenarios run concurrently, each in a namespace of its own, on the same operator; then,
+//! alone, two operator replicas (the leader killed) and the operator's own image; the operator
+//! restart and the deletion run last. A failed scenario does not stop the others: all run, then
+//! the test fails naming each failure.
 //!
 //! Setup: the chart rendered by `charts/render.py` is applied server-side (CRD, ServiceAccount,
 //! RBAC, Service); the operator runs as a process with the chart Deployment's arguments under the
-//! chart's ServiceAccount (its token from the Secret v1.20's token controller creates), so a
-//! permission the chart lacks fails the suite (and any `forbidden` in its log fails it too); the
-//! API server listens on loopback, which pods cannot reach, so only the image scenario runs the
-//! chart's own Deployment (host network, a kubeconfig Secret). Pods run the agent image and
-//! `localhost/toa/python:e2e`, whose component `e2e.recorder` tells the suite's harness
-//! ([`harness`], on the node's bridge) what happens in its container and does what the harness
-//! asks of it.
+//! chart's ServiceAccount (a token from the TokenRequest API), so a permission the chart lacks
+//! fails the suite (and any `forbidden` in its log fails it too); the API server listens on
+//! loopback, which pods cannot reach, so only the image scenario runs the chart's own Deployment
+//! (host network, a kubeconfig Secret). Pods run the agent image and `localhost/toa/python:e2e`,
+//! whose component `e2e.recorder` tells the suite's harness ([`harness`], on the node's bridge)
+//! what happens in its container and does what the harness asks of it.
 //!
-//! The control plane is v1.20: no CEL, so a Composition with two Redis addresses is accepted by
-//! the API server and refused by the operator's reconcile-time check, which is what the
-//! `invalid_spec` scenario asserts (on a server with CEL the create itself is refused).
-//!
-//! Layout: this file holds the entry point and the scenario list only. The scenarios live by
-//! intent: [`deploy`] (a Composition deployed, or refused), [`halt`], [`rollout`], [`atomicity`],
-//! [`pods`] (pods in trouble), [`leader`] (two replicas), [`image`] (the operator's own image)
-//! and [`deletion`]; [`support`] holds the suite's shared parts and the helpers they share. The
-//! machinery: [`cluster`] (the control plane and the chart), [`node`], [`operator`] (the operator
-//! as a process), [`harness`], [`services`] (a Redis and a RabbitMQ of the suite's own) and
-//! [`wait`].
+//! Layout: this file holds the entry points and the scenario lists only. The scenarios live by
+//! intent: [`deploy`] (a Composition deployed, or refused by the operator), [`admission`] (what
+//! the API server refuses: the CEL rule, Pod Security, a pod refused by admission), [`halt`],
+//! [`rollout`], [`atomicity`], [`pods`] (pods in trouble), [`leader`] (two replicas), [`image`]
+//! (the operator's own image) and [`deletion`]; [`support`] holds the suite's shared parts and the
+//! helpers they share. The machinery: [`cluster`] (the control plane and the chart), [`node`],
+//! [`operator`] (the operator as a process), [`harness`], [`services`] (a Redis and a RabbitMQ of
+//! the suite's own) and [`wait`].
 
+mod admission;
 mod atomicity;
 mod cluster;
 mod deletion;
@@ -66,13 +66,43 @@ use support::Suite;
 /// One scenario, run in a task of its own: a panic is its failure.
 type Scenario = fn(Arc<Suite>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// Every scenario on the newest supported release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn end_to_end() {
+    run_on(cluster::NEWEST, batches()).await;
+}
+
+/// The floor of the supported range: the CRD and what the API server refuses, a deploy and a
+/// halt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn floor() {
+    let scenarios: Vec<(&str, Scenario)> = vec![
+        ("the_crd_installs_without_a_warning", |s| {
+            Box::pin(admission::the_crd_installs_without_a_warning(s))
+        }),
+        ("two_addresses_are_refused_at_admission", |s| {
+            Box::pin(admission::two_addresses_are_refused_at_admission(s))
+        }),
+        (
+            "pod_security_admits_what_the_operator_and_chart_make",
+            |s| Box::pin(admission::pod_security_admits_what_the_operator_and_chart_make(s)),
+        ),
+        ("ready", |s| Box::pin(deploy::ready(s))),
+        ("halt_quiet_then_unhalt", |s| {
+            Box::pin(halt::halt_quiet_then_unhalt(s))
+        }),
+    ];
+    run_on(cluster::FLOOR, vec![scenarios]).await;
+}
+
+/// Starts a control plane and a node of `release`, runs the batches one after the other (the
+/// scenarios of a batch concurrently), and fails naming every scenario that failed.
+async fn run_on(release: &'static str, batches: Vec<Vec<(&'static str, Scenario)>>) {
     let started = Instant::now();
-    let root = std::env::temp_dir().join(format!("toa-e2e-{}", std::process::id()));
+    let root = std::env::temp_dir().join(format!("toa-e2e-{release}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
-    let (plane, suite) = start(&root, started).await;
+    let (plane, suite) = start(&root, release, started).await;
 
     let mut failures = Vec::new();
     // TOA_E2E_ONLY=ready,halt_quiet_then_unhalt runs only those (while working on them).
@@ -81,7 +111,7 @@ async fn end_to_end() {
         only.as_deref()
             .is_none_or(|o| o.split(',').any(|n| n == name))
     };
-    for batch in batches() {
+    for batch in batches {
         let batch: Vec<(&str, Scenario)> = batch.into_iter().filter(|(n, _)| chosen(n)).collect();
         let runs = batch
             .into_iter()
@@ -90,13 +120,13 @@ async fn end_to_end() {
     }
     failures.extend(after_all(&suite).await);
     eprintln!(
-        "e2e: all scenarios done in {:.1} s",
+        "e2e: all scenarios on {release} done in {:.1} s",
         started.elapsed().as_secs_f64()
     );
     if !failures.is_empty() {
         let tail = suite.operator.lock().await.tail(80);
         panic!(
-            "{} scenario(s) failed:\n{}\n\nthe operator's log, last lines:\n{tail}\n(the pods' logs \
+            "{} scenario(s) failed on {release}:\n{}\n\nthe operator's log, last lines:\n{tail}\n(the pods' logs \
              under {}, the kubelet's in {}; TOA_E2E_KEEP=1 keeps them)",
             failures.len(),
             failures.join("\n"),
@@ -112,15 +142,19 @@ async fn end_to_end() {
     }
 }
 
-/// The control plane, the node with the images, the harness, the chart and the suite's operator,
-/// their state in `root`.
-async fn start(root: &std::path::Path, started: Instant) -> (ControlPlane, Arc<Suite>) {
+/// The control plane and the node of `release` with the images, the harness, the chart and the
+/// suite's operator, their state in `root`.
+async fn start(
+    root: &std::path::Path,
+    release: &'static str,
+    started: Instant,
+) -> (ControlPlane, Arc<Suite>) {
     let agent = cluster::workspace_binary("toa-agent", "toa-agent");
     let terminals = cluster::workspace_binary("toa-example-terminals", "toa-example-terminals");
 
-    let plane = ControlPlane::start(&root.join("control-plane"));
+    let plane = ControlPlane::start(&root.join("control-plane"), release);
     let admin = cluster::client(&plane.kubeconfig).await;
-    let node = Node::start(&root.join("n"), &plane.kubeconfig);
+    let node = Node::start(&root.join("n"), &plane.kubeconfig, release);
     let harness = Harness::start(node::BRIDGE_IP.parse().unwrap()).await;
     node.import_images(
         &agent,
@@ -128,16 +162,18 @@ async fn start(root: &std::path::Path, started: Instant) -> (ControlPlane, Arc<S
         &terminals,
         &harness.url,
     );
-    let chart = cluster::install_chart(&admin, "toa-system").await;
+    let chart = cluster::install_chart(&admin, &plane.kubeconfig, "toa-system").await;
     let mut operator = Operator::under_chart(&admin, plane.port, &chart, root).await;
     operator.start().await;
     eprintln!(
-        "e2e: control plane, node, images, chart and operator up in {:.1} s (state in {})",
+        "e2e: {release} control plane, node, images, chart and operator up in {:.1} s (state in {})",
         started.elapsed().as_secs_f64(),
         root.display()
     );
     let suite = Arc::new(Suite {
+        release,
         admin,
+        admin_kubeconfig: plane.kubeconfig.clone(),
         node,
         harness,
         chart,
@@ -150,8 +186,21 @@ async fn start(root: &std::path::Path, started: Instant) -> (ControlPlane, Arc<S
 }
 
 /// The scenarios, in batches run one after the other; the scenarios of a batch run concurrently.
-fn batches() -> [Vec<(&'static str, Scenario)>; 6] {
+fn batches() -> Vec<Vec<(&'static str, Scenario)>> {
     let concurrent: Vec<(&str, Scenario)> = vec![
+        ("the_crd_installs_without_a_warning", |s| {
+            Box::pin(admission::the_crd_installs_without_a_warning(s))
+        }),
+        ("two_addresses_are_refused_at_admission", |s| {
+            Box::pin(admission::two_addresses_are_refused_at_admission(s))
+        }),
+        (
+            "pod_security_admits_what_the_operator_and_chart_make",
+            |s| Box::pin(admission::pod_security_admits_what_the_operator_and_chart_make(s)),
+        ),
+        ("pods_refused_at_admission_are_degraded", |s| {
+            Box::pin(admission::pods_refused_at_admission_are_degraded(s))
+        }),
         ("ready", |s| Box::pin(deploy::ready(s))),
         ("invalid_spec", |s| Box::pin(deploy::invalid_spec(s))),
         ("halt_quiet_then_unhalt", |s| {
@@ -214,7 +263,7 @@ fn batches() -> [Vec<(&'static str, Scenario)>; 6] {
             Box::pin(deletion::deletion_cleans_up(s))
         }),
     ];
-    [concurrent, replicas, image, keys, namespaced, alone]
+    vec![concurrent, replicas, image, keys, namespaced, alone]
 }
 
 /// Runs `scenario` in a task of its own; what it failed with, if it failed.

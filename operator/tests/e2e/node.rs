@@ -18,25 +18,30 @@ pub const BRIDGE_IP: &str = "10.244.0.1";
 
 pub struct Node {
     dir: PathBuf,
+    release: &'static str,
 }
 
 impl Node {
-    /// Starts a node with its state in `dir` (short: the containerd socket lives there) and
-    /// waits until it is Ready; panics (never skips) when it cannot.
-    pub fn start(dir: &Path, kubeconfig: &Path) -> Self {
+    /// Starts a node of `release` (its kubelet and kube-scheduler) with its state in `dir`
+    /// (short: the containerd socket lives there) and waits until it is Ready; panics (never
+    /// skips) when it cannot.
+    pub fn start(dir: &Path, kubeconfig: &Path, release: &'static str) -> Self {
         let _ = std::fs::remove_dir_all(dir);
         let output = Command::new(repo().join("scripts/node"))
             .arg("start")
             .arg(dir)
             .arg(kubeconfig)
+            .env("TOA_K8S_VERSION", release)
             .output()
             .expect("scripts/node runs");
         let node = Self {
             dir: dir.to_path_buf(),
+            release,
         };
         assert!(
             output.status.success(),
-            "the node did not start (scripts/node start {} …; build it with scripts/node build):\n{}\n{}",
+            "the {release} node did not start (TOA_K8S_VERSION={release} scripts/node start {} …; \
+             build it with scripts/node build):\n{}\n{}",
             dir.display(),
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
@@ -51,6 +56,7 @@ impl Node {
             .arg("import")
             .arg(&self.dir)
             .arg(harness)
+            .env("TOA_K8S_VERSION", self.release)
             .env("TOA_AGENT_BIN", agent)
             .env("TOA_OPERATOR_BIN", operator)
             .env("TOA_TERMINALS_BIN", terminals)
@@ -69,7 +75,8 @@ impl Node {
             Command::new(repo().join("scripts/node"))
                 .arg("ctr")
                 .arg(&self.dir)
-                .args(args),
+                .args(args)
+                .env("TOA_K8S_VERSION", self.release),
         )
     }
 
@@ -94,6 +101,7 @@ impl Drop for Node {
         let _ = Command::new(repo().join("scripts/node"))
             .arg("stop")
             .arg(&self.dir)
+            .env("TOA_K8S_VERSION", self.release)
             .status();
     }
 }

@@ -51,7 +51,7 @@ async fn printed(suite: &Suite, namespace: &str, name: &str) -> BTreeMap<String,
 /// the pods' statuses; `kubectl get compositions` shows it.
 pub async fn failing_pods_are_degraded(suite: Arc<Suite>) {
     let namespace = "e2e-failing";
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     // The image has no `node`: the container cannot start.
     let mut nodeless = manifest();
     nodeless["program"] = json!(["node", "server.js"]);
@@ -131,7 +131,7 @@ pub async fn failing_pods_are_degraded(suite: Arc<Suite>) {
 pub async fn slow_preflight_is_not_killed(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-slow", "slow");
     let slow = "e2e.slow";
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let components = json!([{ "name": slow, "manifest": manifest_of("slow") }]);
     let start = Instant::now();
     apply(
@@ -171,7 +171,7 @@ pub async fn slow_preflight_is_not_killed(suite: Arc<Suite>) {
 /// ports) runs the lifecycle for the new program: the pod serves again, Ready.
 pub async fn a_crashed_program_is_served_again(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-crash", "crash");
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     apply(&suite, &composition(namespace, name, json!({}))).await;
     let before = ready_pods(&suite, namespace, name, 1).await.remove(0);
     suite.harness.ask(&before.name, json!({ "do": "exit" }));

@@ -14,7 +14,7 @@ use crate::wait::eventually;
 /// each old pod's preStop drain runs `dispose` in its real container before the kubelet stops it.
 pub async fn spec_change_rolls_out(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-rollout", "roll");
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let spec = |memory: &str| {
         let resources = json!({ "limits": { "memory": memory } });
         composition(

@@ -30,7 +30,11 @@ pub const STOP_PATIENCE: Duration = Duration::from_secs(150);
 
 /// The suite's shared parts.
 pub struct Suite {
+    /// The Kubernetes release of the control plane and the node (`v1.37.2`).
+    pub release: &'static str,
     pub admin: Client,
+    /// The admin's kubeconfig, for kubectl.
+    pub admin_kubeconfig: std::path::PathBuf,
     pub node: Node,
     pub harness: Harness,
     pub chart: cluster::Chart,
@@ -41,6 +45,13 @@ pub struct Suite {
     /// The API server's port on loopback.
     pub api_port: u16,
     pub operator: tokio::sync::Mutex<Operator>,
+}
+
+impl Suite {
+    /// `kubectl ARGS…` of the suite's release, as the admin.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> cluster::Kubectl {
+        cluster::kubectl(self.release, &self.admin_kubeconfig, args, stdin)
+    }
 }
 
 pub fn manifest() -> serde_json::Value {

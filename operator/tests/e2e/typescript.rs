@@ -28,7 +28,7 @@ fn manifest(path: &str) -> Value {
 pub async fn a_typescript_composition_answers_as_the_seed_says(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-typescript", "seeds");
     let redis = services::Redis::start(node::BRIDGE_IP);
-    cluster::namespace(&suite.admin, namespace).await;
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let token = format!("e2e-{:x}", rand::random::<u64>());
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
