@@ -450,7 +450,7 @@ def helm_template(kube_version):
 def _():
     with helm.Chart.load(CHART) as chart:
         assert chart.metadata["kubeVersion"] == ">=1.33.0-0", chart.metadata
-    for version in ["1.33.0", "v1.34.3-eks-4d6e9a0", "1.37.2"]:
+    for version in ["1.33.0", "v1.33.0-gke.1200", "v1.34.3-eks-4d6e9a0", "1.37.2"]:
         run = helm_template(version)
         assert run.returncode == 0, (version, run.stderr)
         assert "kind: Deployment" in run.stdout, version

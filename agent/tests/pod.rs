@@ -109,6 +109,33 @@ fn request(port: u16, method: &str, path: &str, headers: &str) -> (u16, String) 
     support::request("127.0.0.1", port, method, path, headers)
 }
 
+/// After a drain asked by a hook: the agent, a native sidecar, stays until the kubelet stops it
+/// after the component containers, and answers its own preStop hook (`toa-agent drain --probe`)
+/// at once, drained; then SIGTERM, as the kubelet sends it, and it exits 0.
+fn stopped_by_the_kubelet(pod: &mut Pod) {
+    assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
+    let asked = Instant::now();
+    let own = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+        .args(["drain", "--probe", &format!("127.0.0.1:{}", pod.probe)])
+        .args(["--key", pod.key])
+        .output()
+        .unwrap();
+    assert!(
+        own.status.success(),
+        "the agent's own preStop hook after the drain: {}\n{}",
+        String::from_utf8_lossy(&own.stderr),
+        pod.agent.log()
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
+    pod.agent.signal_term();
+    assert!(wait_exit(&mut pod.agent, Duration::from_secs(10)));
+}
+
 fn wait_exit(agent: &mut Composition, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     loop {
@@ -214,7 +241,7 @@ fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
         Some("dispose"),
         "{names:?}"
     );
-    assert!(wait_exit(&mut pod.agent, Duration::from_secs(10)));
+    stopped_by_the_kubelet(&mut pod);
     program.kill().unwrap();
     program.wait().unwrap();
 }
@@ -248,7 +275,7 @@ fn the_agents_own_drain_asks_the_probe_port_with_the_key() {
         events(&record).last().map(|e| e["event"].clone()),
         Some("dispose".into())
     );
-    assert!(wait_exit(&mut pod.agent, Duration::from_secs(10)));
+    stopped_by_the_kubelet(&mut pod);
     program.kill().unwrap();
     program.wait().unwrap();
 }
@@ -330,7 +357,7 @@ fn a_stop_while_starting_answers_the_drain_at_once() {
         "{:?}",
         asked.elapsed()
     );
-    assert!(wait_exit(&mut pod.agent, Duration::from_secs(10)));
+    stopped_by_the_kubelet(&mut pod);
     assert!(
         pod.agent.log().contains("stopped while starting"),
         "{}",

@@ -448,6 +448,9 @@ fn halt_record(composition: &Composition) -> Option<Record> {
 /// When to look at the composition again, after `decision` and the `status` it led to.
 fn next(decision: &Decision, status: &CompositionStatus, now: Timestamp) -> Action {
     match decision.step {
+        // Pods being deleted change nothing the operator watches as they go: look again soon,
+        // or `Halted` would wait for the resync.
+        Step::Nothing if decision.phase == halt::Phase::ScalingDown => Action::requeue(HALT_STEP),
         Step::Nothing if decision.unreachable.is_empty() && !status_pending(status) => {
             Action::requeue(RESYNC)
         }
@@ -456,7 +459,6 @@ fn next(decision: &Decision, status: &CompositionStatus, now: Timestamp) -> Acti
             Action::requeue(wait.clamp(Duration::from_secs(1), HALT_POLL))
         }
         Step::Halt { .. } | Step::Resume(_) => Action::requeue(HALT_STEP),
-        Step::Nothing if decision.phase == halt::Phase::ScalingDown => Action::requeue(HALT_STEP),
         _ => Action::requeue(HALT_POLL),
     }
 }

@@ -30,6 +30,7 @@ use crate::instance::Instance;
 use crate::lifecycle::{self, Member};
 use crate::metrics::Metrics;
 use crate::supervisor::Process;
+use futures::FutureExt;
 use servers::Servers;
 use std::collections::HashMap;
 use std::future::Future;
@@ -116,22 +117,31 @@ pub async fn run(
         started: restarted,
     } = asked;
     composition.drained = Some(done);
+    let shutdown: Stop<'_> = Box::pin(shutdown);
+    let shutdown = shutdown.shared();
     // A stop (the signal, or a drain asked for) ends the start too: a pod deleted while it
     // starts does not keep its preStop hooks waiting for a drain that would come only after.
-    let stop = Box::pin(async move {
-        tokio::select! {
-            () = shutdown => {}
-            _ = drain_asked.recv() => {}
+    let stop = Box::pin({
+        let shutdown = shutdown.clone();
+        async move {
+            tokio::select! {
+                () = shutdown => {}
+                _ = drain_asked.recv() => {}
+            }
         }
     });
     let mut watch = Watch { servers, stop };
     let served = match composition.start(local, &mut watch).await {
         Ok(()) => composition.serve(restarted, &mut watch).await,
-        Err(Ended::Stopped) => return composition.stopped_while_starting(watch.servers).await,
+        Err(Ended::Stopped) => {
+            return composition
+                .stopped_while_starting(watch.servers, shutdown)
+                .await
+        }
         Err(Ended::Failed(error)) => Err(error),
     };
     match served {
-        Ok(()) => composition.drain(watch.servers).await,
+        Ok(()) => composition.drain(watch.servers, shutdown).await,
         Err(error) => {
             drop(watch.servers);
             composition.close().await;
@@ -445,8 +455,16 @@ impl Composition {
         }
     }
 
-    /// No more calls in, calls in flight waited for, `dispose`, programs stopped.
-    async fn drain(mut self, mut servers: Servers) -> Result<(), ComposeError> {
+    /// No more calls in, calls in flight waited for, `dispose`, programs stopped. In a pod, then
+    /// the signal waited for: the kubelet stops the agent, a native sidecar, after the component
+    /// containers, and runs its own preStop hook first; an agent that had exited would fail that
+    /// hook (a `FailedPreStopHook` warning on every stopped pod), one still serving answers it
+    /// at once, drained.
+    async fn drain(
+        mut self,
+        mut servers: Servers,
+        shutdown: futures::future::Shared<Stop<'_>>,
+    ) -> Result<(), ComposeError> {
         tracing::info!("draining: no more calls in, running dispose");
         self.lifecycle_done.send_replace(false);
         self.serving.send_replace(false);
@@ -488,17 +506,29 @@ impl Composition {
                 tracing::warn!("the local API did not close within {LOCAL_CLOSE:?}");
             }
         }
+        if self.attach.is_some() {
+            tracing::info!("drained: the probe port answers until the stop signal");
+            shutdown.await;
+        }
         tracing::info!("stopped");
         Ok(())
     }
 
     /// A stop asked for before the composition was complete: what started stops, without
-    /// `dispose` (nothing ran `ready`), and a waiting drain is answered.
-    async fn stopped_while_starting(mut self, mut servers: Servers) -> Result<(), ComposeError> {
+    /// `dispose` (nothing ran `ready`), and a waiting drain is answered; in a pod, the signal is
+    /// waited for, as after a drain ([`Self::drain`]).
+    async fn stopped_while_starting(
+        mut self,
+        mut servers: Servers,
+        shutdown: futures::future::Shared<Stop<'_>>,
+    ) -> Result<(), ComposeError> {
         tracing::info!("stopped while starting");
         servers.abort(LOCAL_API);
         programs::stop(std::mem::take(&mut self.programs)).await;
         self.tell_drained();
+        if self.attach.is_some() {
+            shutdown.await;
+        }
         // Let the waiting drain requests have their answer before the probes go.
         tokio::time::sleep(Duration::from_millis(200)).await;
         Ok(())

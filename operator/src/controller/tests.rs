@@ -781,3 +781,27 @@ async fn a_new_key_reconciles_every_composition() {
     let ended = tokio::time::timeout(wait, changes.next()).await;
     assert_eq!(ended.unwrap(), None);
 }
+
+#[test]
+fn a_halt_scaling_down_is_looked_at_again_within_a_step_not_at_the_resync() {
+    // Nothing pending in the status (the Deployment reports 0 of 0), a pod still terminating.
+    let decision = Decision {
+        phase: halt::Phase::ScalingDown,
+        step: Step::Nothing,
+        unreachable: vec![],
+        busy: vec![],
+    };
+    let now: Timestamp = "2027-01-01T00:00:00Z".parse().unwrap();
+    assert_eq!(
+        next(&decision, &CompositionStatus::default(), now),
+        Action::requeue(HALT_STEP)
+    );
+    let halted = Decision {
+        phase: halt::Phase::Halted,
+        ..decision
+    };
+    assert_eq!(
+        next(&halted, &CompositionStatus::default(), now),
+        Action::requeue(RESYNC)
+    );
+}

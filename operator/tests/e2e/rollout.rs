@@ -48,7 +48,8 @@ pub async fn spec_change_rolls_out(suite: Arc<Suite>) {
     let deployment = deployment(&suite, namespace, name).await.unwrap();
     assert!(deployment.metadata.generation > generation);
     for pod in &new {
-        let limits = pod.pod.spec.as_ref().unwrap().containers[1]
+        // The component's container; the agent is the init container (a native sidecar).
+        let limits = pod.pod.spec.as_ref().unwrap().containers[0]
             .resources
             .clone()
             .unwrap()
