@@ -31,14 +31,9 @@ fn pod(desired: &Desired) -> &PodSpec {
 
 /// The agent container (an init container: a native sidecar).
 fn agent_of(desired: &Desired) -> Container {
-    let pod_spec = pod(desired);
-    pod_spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(&pod_spec.containers)
+    all_containers(desired)
+        .into_iter()
         .find(|c| c.name == AGENT_CONTAINER)
-        .cloned()
         .unwrap()
 }
 

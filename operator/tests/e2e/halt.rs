@@ -15,7 +15,8 @@ use crate::support::{
 use crate::wait::eventually;
 use crate::{cluster, node, services, wait};
 
-/// A quiet composition halts: agents paused → scaled to zero → `Halted=True`, and `dispose` ran;
+/// A quiet composition halts: agents paused → scaled to zero → `Halted=True` once no pod is left,
+/// and `dispose` ran;
 /// then `halted: false` brings it back, `preflight` running anew in new pods.
 pub async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-halt-quiet", "quiet");
@@ -44,7 +45,13 @@ pub async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
             .replicas,
         Some(0)
     );
-    wait_no_pods(&suite, namespace, name).await;
+    // `Halted=True` only once no pod is left, not even one still terminating (draining).
+    let left = node::pods(&suite.admin, namespace, name).await.unwrap();
+    assert!(
+        left.is_empty(),
+        "Halted=True with pods left: {:?}",
+        left.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+    );
     for pod in &pods {
         assert_eq!(
             lifecycle(&suite, pod),
