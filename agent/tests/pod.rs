@@ -113,6 +113,21 @@ fn request(port: u16, method: &str, path: &str, headers: &str) -> (u16, String) 
 /// after the component containers, and answers its own preStop hook (`toa-agent drain --probe`)
 /// at once, drained; then SIGTERM, as the kubelet sends it, and it exits 0.
 fn stopped_by_the_kubelet(pod: &mut Pod) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pod
+        .agent
+        .log()
+        .contains("drained: the probe port answers until the stop signal")
+    {
+        assert_eq!(
+            pod.agent.exited(),
+            None,
+            "the agent exited after the drain:\n{}",
+            pod.agent.log()
+        );
+        assert!(Instant::now() < deadline, "{}", pod.agent.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
     let asked = Instant::now();
     let own = Command::new(env!("CARGO_BIN_EXE_toa-agent"))

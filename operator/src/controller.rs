@@ -328,7 +328,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
         timing: valid.halt,
         record: record.as_ref(),
         pods: &reports,
-        left: pods.len(),
+        left: pods.iter().filter(|pod| pod.left()).count(),
         now,
     });
     let record = step(

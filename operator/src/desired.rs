@@ -609,8 +609,8 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings, drain: &
             read_only_root_filesystem: Some(true),
             ..container_security(Some(NONROOT), Some(NONROOT))
         }),
-        // The probe listener is the first thing the agent binds and answers `/healthz` all
-        // along, through attaching and the lifecycle (a TCP check on the control port, which
+        // The probe listener is bound after the agent's other listeners, so `/healthz` answering
+        // means all are bound; it answers all along, through attaching and the lifecycle (a TCP check on the control port, which
         // opened only after the lifecycle, killed healthy starts whose `preflight` ran past
         // ~30 s). The startupProbe covers only binding; on a native sidecar it holds the
         // component containers back until then.

@@ -232,8 +232,9 @@ pub struct Observation<'a> {
     pub record: Option<&'a Record>,
     /// The reports of the pods that take part in a halt (running, not being deleted).
     pub pods: &'a [Pod],
-    /// How many of the composition's pods are still listed, those being deleted included: a
-    /// halt is over only when none is (a terminating pod still runs its drain and `dispose`).
+    /// How many of the composition's pods may still run processes ([`crate::pods::Seen::left`]),
+    /// those being deleted included: a halt is over only when none is (a terminating pod still
+    /// runs its drain and `dispose`); an evicted pod, which stays listed, does not count.
     pub left: usize,
     pub now: Timestamp,
 }

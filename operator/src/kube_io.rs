@@ -90,8 +90,9 @@ pub async fn patch_status(
     Ok(())
 }
 
-/// The API server's `major` and `minor` version, as its `/version` says.
-pub async fn server_version(client: &Client) -> Result<(String, String), kube::Error> {
-    let version = client.apiserver_version().await?;
-    Ok((version.major, version.minor))
+/// The API server's `/version`.
+pub async fn server_version(
+    client: &Client,
+) -> Result<k8s_openapi::apimachinery::pkg::version::Info, kube::Error> {
+    client.apiserver_version().await
 }

@@ -31,6 +31,9 @@ pub struct Seen {
     pub terminating: bool,
     /// In phase `Running` (not Pending, Failed, evicted or Succeeded).
     pub running: bool,
+    /// In phase `Failed` (evicted, for instance) or `Succeeded`: its containers ended, and it
+    /// stays listed until the pod garbage collector removes it.
+    pub finished: bool,
     /// Controlled by a ReplicaSet of the Composition's Deployment (`<composition>-<its
     /// pod-template-hash>`), not merely labelled like its pods.
     pub owned: bool,
@@ -42,6 +45,12 @@ impl Seen {
     /// Where the operator may send a control request: a `Running` pod of the Deployment's
     /// ReplicaSets that is not being deleted and has an IP. A Failed (evicted) pod's IP may already be another pod's, and neither it
     /// nor a pod on its way out takes part in a halt.
+    /// Whether its processes may still run: a pod of the Deployment's ReplicaSets, being deleted
+    /// or not, that has not finished. A halt is over once none is left.
+    pub fn left(&self) -> bool {
+        self.owned && !self.finished
+    }
+
     pub fn control(&self) -> Option<Target<'_>> {
         let ip = self
             .ip
@@ -81,6 +90,7 @@ pub fn seen(pod: &Pod) -> Seen {
         ip: status.pod_ip.as_deref().and_then(|ip| ip.parse().ok()),
         terminating,
         running: status.phase.as_deref() == Some("Running"),
+        finished: matches!(status.phase.as_deref(), Some("Failed" | "Succeeded")),
         owned: owned_by_deployment(pod),
         troubles,
     }

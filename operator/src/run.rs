@@ -96,10 +96,14 @@ pub async fn run(
         watch_namespaces,
     } = config;
     let client = Client::try_default().await.map_err(RunError::Client)?;
-    let (major, minor) = kube_io::server_version(&client)
+    let version = kube_io::server_version(&client)
         .await
         .map_err(RunError::Version)?;
-    let release = crate::supported::check(&major, &minor)?;
+    let release = crate::supported::check(crate::supported::Version {
+        major: &version.major,
+        minor: &version.minor,
+        git_version: &version.git_version,
+    })?;
     if release > crate::supported::NEWEST_TESTED {
         tracing::warn!(
             %release,

@@ -40,30 +40,51 @@ pub enum Unsupported {
     )]
     TooOld { found: Release },
     #[error(
-        "the API server reports version major {major:?}, minor {minor:?}, which is not a \
-         Kubernetes release number"
+        "the API server reports version major {major:?}, minor {minor:?}, gitVersion \
+         {git_version:?}, which name no Kubernetes release"
     )]
-    Unreadable { major: String, minor: String },
+    Unreadable {
+        major: String,
+        minor: String,
+        git_version: String,
+    },
 }
 
-/// The release of a server's `/version` (`major`, `minor`; providers suffix the minor, `"33+"`).
-pub fn release(major: &str, minor: &str) -> Result<Release, Unsupported> {
+/// A server's `/version`: `major` and `minor` (providers suffix the minor, `"33+"`), and
+/// `gitVersion` (`v1.33.2-gke.1200`), read when the other two are not numbers.
+#[derive(Debug, Clone, Copy)]
+pub struct Version<'a> {
+    pub major: &'a str,
+    pub minor: &'a str,
+    pub git_version: &'a str,
+}
+
+/// The release of a server's `/version`.
+pub fn release(version: Version<'_>) -> Result<Release, Unsupported> {
     let number = |text: &str| {
         let digits = text.trim_end_matches(|c: char| !c.is_ascii_digit());
         digits.parse::<u32>().ok()
     };
-    match (number(major), number(minor)) {
+    let from_git = || {
+        let mut parts = version.git_version.strip_prefix('v')?.split('.');
+        Some((parts.next()?.parse().ok()?, number(parts.next()?)?))
+    };
+    match (number(version.major), number(version.minor)) {
         (Some(major), Some(minor)) => Ok(Release { major, minor }),
-        _ => Err(Unsupported::Unreadable {
-            major: major.to_owned(),
-            minor: minor.to_owned(),
-        }),
+        _ => match from_git() {
+            Some((major, minor)) => Ok(Release { major, minor }),
+            None => Err(Unsupported::Unreadable {
+                major: version.major.to_owned(),
+                minor: version.minor.to_owned(),
+                git_version: version.git_version.to_owned(),
+            }),
+        },
     }
 }
 
 /// Whether the operator runs against a server of this `/version`: the release when it does.
-pub fn check(major: &str, minor: &str) -> Result<Release, Unsupported> {
-    let found = release(major, minor)?;
+pub fn check(version: Version<'_>) -> Result<Release, Unsupported> {
+    let found = release(version)?;
     if found < FLOOR {
         return Err(Unsupported::TooOld { found });
     }
@@ -74,17 +95,25 @@ pub fn check(major: &str, minor: &str) -> Result<Release, Unsupported> {
 mod tests {
     use super::*;
 
+    fn check_of(major: &str, minor: &str) -> Result<Release, Unsupported> {
+        check(Version {
+            major,
+            minor,
+            git_version: "",
+        })
+    }
+
     #[test]
     fn the_floor_and_later_run_and_older_servers_are_refused_naming_the_range() {
         assert_eq!(
-            check("1", "33"),
+            check_of("1", "33"),
             Ok(Release {
                 major: 1,
                 minor: 33
             })
         );
         assert_eq!(
-            check("1", "37"),
+            check_of("1", "37"),
             Ok(Release {
                 major: 1,
                 minor: 37
@@ -92,14 +121,14 @@ mod tests {
         );
         // Providers' suffixed minors (EKS, GKE) and a later major.
         assert_eq!(
-            check("1", "34+"),
+            check_of("1", "34+"),
             Ok(Release {
                 major: 1,
                 minor: 34
             })
         );
-        assert_eq!(check("2", "0"), Ok(Release { major: 2, minor: 0 }));
-        let old = check("1", "32").unwrap_err();
+        assert_eq!(check_of("2", "0"), Ok(Release { major: 2, minor: 0 }));
+        let old = check_of("1", "32").unwrap_err();
         assert_eq!(
             old,
             Unsupported::TooOld {
@@ -114,14 +143,41 @@ mod tests {
             "the API server is Kubernetes 1.32; the operator needs 1.33 or later (supported: \
              1.33 to 1.37), whose native sidecars and CEL its objects use"
         );
-        assert!(matches!(check("1", "20"), Err(Unsupported::TooOld { .. })));
+        assert!(matches!(
+            check_of("1", "20"),
+            Err(Unsupported::TooOld { .. })
+        ));
     }
 
     #[test]
-    fn an_unreadable_version_is_refused_naming_it() {
-        let error = check("", "x").unwrap_err();
+    fn without_numbers_the_git_version_is_read_and_without_it_the_server_is_refused() {
+        let gke = Version {
+            major: "",
+            minor: "",
+            git_version: "v1.33.2-gke.1200",
+        };
+        assert_eq!(
+            check(gke),
+            Ok(Release {
+                major: 1,
+                minor: 33
+            })
+        );
+        let old = Version {
+            git_version: "v1.31.0",
+            ..gke
+        };
+        assert!(matches!(check(old), Err(Unsupported::TooOld { .. })));
+        let error = check(Version {
+            major: "",
+            minor: "x",
+            git_version: "unknown",
+        })
+        .unwrap_err();
         assert!(
-            error.to_string().contains(r#"major "", minor "x""#),
+            error
+                .to_string()
+                .contains(r#"major "", minor "x", gitVersion "unknown""#),
             "{error}"
         );
     }

@@ -1,6 +1,7 @@
 //! The reconcile-time check of a Composition's spec. The CRD schema checks what an API server can,
-//! but clusters without CEL (before Kubernetes 1.25) never see the odd-address rule, and no schema
-//! can say that an address carries credentials or that a manifest is well-formed. So every spec is
+//! but an object stored before a rule existed keeps its values (CEL ratchets: unchanged values are
+//! not judged again), and no schema can say that an address carries credentials or that a
+//! manifest is well-formed. So every spec is
 //! checked again here, with toa-context's own constructors: the messages are the ones the agent
 //! gives for the same input, `Atomicity takes an odd number of addresses, 2 given.` among them.
 //!

@@ -104,8 +104,9 @@ pub enum ComposeError {
     },
 }
 
-/// Runs until `shutdown` completes (or a drain is asked for), then drains. An error: the start
-/// failed, or one of the agent's servers stopped.
+/// Runs until `shutdown` completes (or a drain is asked for), then drains; in a pod, a drain asked
+/// for is followed by a wait for `shutdown` ([`Composition::until_the_signal`]). An error: the
+/// start failed, or one of the agent's servers stopped.
 pub async fn run(
     options: Options,
     shutdown: impl Future<Output = ()> + Send,
@@ -194,6 +195,8 @@ pub struct Composition {
     components: Vec<PathBuf>,
     loaded: Vec<Arc<Component>>,
     attach: Option<u16>,
+    /// A pod's process (`Mode::Pod`): after a drain it waits for its signal.
+    in_pod: bool,
     declarations: Option<PathBuf>,
     broker: Option<BrokerConfig>,
     on_ready: Option<oneshot::Sender<SocketAddr>>,
@@ -506,10 +509,7 @@ impl Composition {
                 tracing::warn!("the local API did not close within {LOCAL_CLOSE:?}");
             }
         }
-        if self.attach.is_some() {
-            tracing::info!("drained: the probe port answers until the stop signal");
-            shutdown.await;
-        }
+        self.until_the_signal(shutdown).await;
         tracing::info!("stopped");
         Ok(())
     }
@@ -526,9 +526,7 @@ impl Composition {
         servers.abort(LOCAL_API);
         programs::stop(std::mem::take(&mut self.programs)).await;
         self.tell_drained();
-        if self.attach.is_some() {
-            shutdown.await;
-        }
+        self.until_the_signal(shutdown).await;
         // Let the waiting drain requests have their answer before the probes go.
         tokio::time::sleep(Duration::from_millis(200)).await;
         Ok(())
@@ -538,6 +536,28 @@ impl Composition {
     async fn close(mut self) {
         programs::stop(std::mem::take(&mut self.programs)).await;
         self.shutdown_atoms().await;
+    }
+
+    /// In a pod, after a drain a hook asked for: the probe port keeps answering (a drain is
+    /// answered at once, drained) until the signal, which the kubelet sends once the component
+    /// containers stopped, or for as long as a stop may take ([`toa_context::Limits::stop`]):
+    /// should no signal come (a component container restarted alone ran its hook), the process
+    /// ends, and the kubelet starts a new agent. A drain the signal started returns at once.
+    async fn until_the_signal(&self, shutdown: futures::future::Shared<Stop<'_>>) {
+        if !self.in_pod {
+            return;
+        }
+        let bound = self.context.limits.stop();
+        tracing::info!(
+            bound_s = bound.as_secs(),
+            "drained: the probe port answers until the stop signal"
+        );
+        if tokio::time::timeout(bound, shutdown).await.is_err() {
+            tracing::warn!(
+                bound_s = bound.as_secs(),
+                "no stop signal after the drain: the process ends"
+            );
+        }
     }
 
     fn tell_drained(&self) {

@@ -1,6 +1,7 @@
 //! The first stage: the components loaded, their atoms made, and every listener bound before
 //! any program starts. In a pod the component containers start only once these are bound (the
-//! agent's postStart hook or startupProbe waits for them), so no program can take their ports;
+//! agent's startupProbe asks `/healthz` on the probe port, bound last), so no program can take
+//! their ports;
 //! the probes answer `/healthz` from here on and the control endpoint answers `starting` (a halt
 //! asked for meanwhile is kept for when the lifecycle is done).
 
@@ -63,6 +64,7 @@ impl Composition {
             components: options.components,
             loaded,
             attach: options.attach,
+            in_pod: options.mode == Mode::Pod,
             declarations: options.declarations,
             broker: options.broker,
             on_ready: options.on_ready,

@@ -168,3 +168,38 @@ fn a_pod_being_deleted_is_left_out() {
     assert!(seen.terminating);
     assert!(seen.troubles.is_empty(), "{:?}", seen.troubles);
 }
+
+#[test]
+fn a_halt_waits_for_owned_pods_being_deleted_but_not_for_finished_or_foreign_ones() {
+    let owned = |phase: &str, deleting: bool| {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": "shop-7d9-abcde",
+                "labels": { "toa.io/composition": "shop", "pod-template-hash": "7d9" },
+                "ownerReferences": [{ "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "shop-7d9", "uid": "u", "controller": true }],
+            },
+            "status": { "phase": phase },
+        }))
+        .unwrap();
+        if deleting {
+            pod.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    "2026-11-30T10:00:00Z".parse().unwrap(),
+                ));
+        }
+        pod
+    };
+    assert!(seen(&owned("Running", true)).left(), "draining still");
+    assert!(seen(&owned("Pending", false)).left());
+    assert!(
+        !seen(&owned("Failed", false)).left(),
+        "evicted: stays listed"
+    );
+    assert!(!seen(&owned("Succeeded", false)).left());
+    let foreign = pod(json!({ "phase": "Running" }));
+    assert!(
+        !seen(&foreign).left(),
+        "labelled, but no ReplicaSet of ours"
+    );
+}

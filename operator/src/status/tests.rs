@@ -191,6 +191,7 @@ fn seen(name: &str, ip: Option<&str>, troubles: &[&str]) -> Seen {
         ip: ip.map(|ip| ip.parse().unwrap()),
         terminating: false,
         running: true,
+        finished: false,
         owned: true,
         troubles: troubles.iter().map(|t| (*t).to_owned()).collect(),
     }

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    agent_status, apply, assert_disposed_before_stopped, composition, compositions, condition,
-    control_tokens, count, deployment, describe, halting, lifecycle, manifest_of, ready_pods,
-    running_two, uids, wait_condition, wait_halted, wait_no_pods, wait_pods, Suite, PATIENCE,
+    agent_status, apply, assert_disposed_before_stopped, assert_no_failed_hooks, composition,
+    compositions, condition, control_tokens, count, deployment, describe, halting, lifecycle,
+    manifest_of, ready_pods, running_two, uids, wait_condition, wait_halted, wait_no_pods,
+    wait_pods, Suite, PATIENCE,
 };
 use crate::wait::eventually;
 use crate::{cluster, node, services, wait};
@@ -52,6 +53,7 @@ pub async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
         "Halted=True with pods left: {:?}",
         left.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
     );
+    assert_no_failed_hooks(&suite, namespace).await;
     for pod in &pods {
         assert_eq!(
             lifecycle(&suite, pod),
@@ -299,6 +301,7 @@ pub async fn unanswering_pod_during_halt(suite: Arc<Suite>) {
     let composition = compositions(&suite, namespace).get(name).await.unwrap();
     assert_eq!(condition(&composition, "Degraded").unwrap().status, "False");
     wait_no_pods(&suite, namespace, name).await;
+    assert_no_failed_hooks(&suite, namespace).await;
     for pod in &pods {
         assert_eq!(
             lifecycle(&suite, pod),
@@ -377,6 +380,7 @@ pub async fn operator_restart_during_halt(suite: Arc<Suite>) {
         "the same halt completed: {record} → {after}"
     );
     assert!(after.contains("stopped"), "{after}");
+    assert_no_failed_hooks(&suite, namespace).await;
     for pod in &pods {
         assert_eq!(
             lifecycle(&suite, pod),

@@ -15,8 +15,8 @@
 //! restart and the deletion run last. A failed scenario does not stop the others: all run, then
 //! the test fails naming each failure.
 //!
-//! Setup: the chart rendered by `charts/render.py` is applied server-side (CRD, ServiceAccount,
-//! RBAC, Service); the operator runs as a process with the chart Deployment's arguments under the
+//! Setup: the chart is installed with `helm install` (scripts/helm; the CRD, ServiceAccount, RBAC,
+//! Service, and the Deployment without replicas), failing on any warning; the operator runs as a process with the chart Deployment's arguments under the
 //! chart's ServiceAccount (a token from the TokenRequest API), so a permission the chart lacks
 //! fails the suite (and any `forbidden` in its log fails it too); the API server listens on
 //! loopback, which pods cannot reach, so only the image scenario runs the chart's own Deployment
@@ -74,10 +74,11 @@ async fn end_to_end() {
 
 /// The scenarios that run on the floor of the supported range as well: the CRD and what the API
 /// server refuses, a deploy and a halt.
-const ON_THE_FLOOR: [&str; 5] = [
+const ON_THE_FLOOR: [&str; 6] = [
     "the_crd_installs_without_a_warning",
     "two_addresses_are_refused_at_admission",
     "pod_security_admits_what_the_operator_and_chart_make",
+    "pods_refused_at_admission_are_degraded",
     "ready",
     "halt_quiet_then_unhalt",
 ];

@@ -355,6 +355,24 @@ pub fn assert_disposed_before_stopped(suite: &Suite, pod: &PodView) {
     );
 }
 
+/// The kubelet ran every hook of the namespace's stopped pods: the components' drain and the
+/// agent's own, which a drained agent answers at once (one that had exited failed it, a
+/// `FailedPreStopHook` warning event on every stopped pod).
+pub async fn assert_no_failed_hooks(suite: &Suite, namespace: &str) {
+    let events =
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(suite.admin.clone(), namespace)
+            .list(&Default::default())
+            .await
+            .unwrap();
+    let failed: Vec<String> = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedPreStopHook"))
+        .map(|e| e.message.clone().unwrap_or_default())
+        .collect();
+    assert!(failed.is_empty(), "hooks failed in {namespace}: {failed:?}");
+}
+
 pub fn uids(pods: &[PodView]) -> BTreeSet<String> {
     pods.iter().map(|p| p.uid.clone()).collect()
 }
