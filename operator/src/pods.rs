@@ -45,10 +45,13 @@ impl Seen {
     /// Where the operator may send a control request: a `Running` pod of the Deployment's
     /// ReplicaSets that is not being deleted and has an IP. A Failed (evicted) pod's IP may already be another pod's, and neither it
     /// nor a pod on its way out takes part in a halt.
-    /// Whether its processes may still run: a pod of the Deployment's ReplicaSets, being deleted
-    /// or not, that has not finished. A halt is over once none is left.
+    /// Whether it still holds the composition's place: a pod of the Deployment's ReplicaSets
+    /// that is being deleted (its containers may still drain; once they ended, the kubelet marks
+    /// it finished and removes it) or has not finished. An evicted pod, finished and not being
+    /// deleted, stays listed until the pod garbage collector comes: it does not count. A halt is
+    /// over once none is left.
     pub fn left(&self) -> bool {
-        self.owned && !self.finished
+        self.owned && (self.terminating || !self.finished)
     }
 
     pub fn control(&self) -> Option<Target<'_>> {

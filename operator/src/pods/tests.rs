@@ -191,6 +191,8 @@ fn a_halt_waits_for_owned_pods_being_deleted_but_not_for_finished_or_foreign_one
         pod
     };
     assert!(seen(&owned("Running", true)).left(), "draining still");
+    // The kubelet marks a deleted pod's phase once its containers ended, then removes it.
+    assert!(seen(&owned("Succeeded", true)).left(), "not removed yet");
     assert!(seen(&owned("Pending", false)).left());
     assert!(
         !seen(&owned("Failed", false)).left(),

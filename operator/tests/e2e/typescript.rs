@@ -49,8 +49,10 @@ pub async fn a_typescript_composition_answers_as_the_seed_says(suite: Arc<Suite>
             "application": "e2e-ts",
             "image": IMAGE,
             "replicas": replicas,
-            // The meter needs atomicity in a pod.
-            "context": { "atomicity": { "redis": [redis.url()], "interval": 300 } },
+            // The meter needs atomicity in a pod. The default interval: a command may take up to
+            // half of it, and 150 ms (a 300 ms interval's) was too little for the suite's Redis
+            // while a dozen scenarios start pods on two cores (an appraisal failed UNAVAILABLE).
+            "context": { "atomicity": { "redis": [redis.url()] } },
             "components": [
                 {
                     "name": "store.catalog",
