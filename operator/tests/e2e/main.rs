@@ -191,7 +191,9 @@ async fn start(
 
 /// The scenarios, in batches run one after the other; the scenarios of a batch run concurrently.
 fn batches() -> Vec<Vec<(&'static str, Scenario)>> {
-    let concurrent: Vec<(&str, Scenario)> = vec![
+    // First, what the API server admits or refuses: quick, and one pod at most, before the batch
+    // that starts some twenty.
+    let admission: Vec<(&str, Scenario)> = vec![
         ("the_crd_installs_without_a_warning", |s| {
             Box::pin(admission::the_crd_installs_without_a_warning(s))
         }),
@@ -205,6 +207,8 @@ fn batches() -> Vec<Vec<(&'static str, Scenario)>> {
         ("pods_refused_at_admission_are_degraded", |s| {
             Box::pin(admission::pods_refused_at_admission_are_degraded(s))
         }),
+    ];
+    let concurrent: Vec<(&str, Scenario)> = vec![
         ("ready", |s| Box::pin(deploy::ready(s))),
         ("invalid_spec", |s| Box::pin(deploy::invalid_spec(s))),
         ("halt_quiet_then_unhalt", |s| {
@@ -267,7 +271,9 @@ fn batches() -> Vec<Vec<(&'static str, Scenario)>> {
             Box::pin(deletion::deletion_cleans_up(s))
         }),
     ];
-    vec![concurrent, replicas, image, keys, namespaced, alone]
+    vec![
+        admission, concurrent, replicas, image, keys, namespaced, alone,
+    ]
 }
 
 /// Runs `scenario` in a task of its own; what it failed with, if it failed.
