@@ -610,9 +610,9 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings, drain: &
             ..container_security(Some(NONROOT), Some(NONROOT))
         }),
         // The probe listener is bound after the agent's other listeners, so `/healthz` answering
-        // means all are bound; it answers all along, through attaching and the lifecycle (a TCP check on the control port, which
-        // opened only after the lifecycle, killed healthy starts whose `preflight` ran past
-        // ~30 s). The startupProbe covers only binding; on a native sidecar it holds the
+        // means all are bound; it answers all along, through attaching and the lifecycle (a TCP
+        // check on the control port, which opened only after the lifecycle, killed healthy starts
+        // whose `preflight` ran past ~30 s). The startupProbe covers only binding; on a native sidecar it holds the
         // component containers back until then.
         startup_probe: Some(http_probe("/healthz", 1, STARTUP_SECONDS)),
         liveness_probe: Some(http_probe("/healthz", 10, 3)),

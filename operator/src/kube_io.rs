@@ -10,7 +10,7 @@ use crate::pods::Seen;
 use crate::Error;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::fmt::Debug;
@@ -88,11 +88,4 @@ pub async fn patch_status(
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
-}
-
-/// The API server's `/version`.
-pub async fn server_version(
-    client: &Client,
-) -> Result<k8s_openapi::apimachinery::pkg::version::Info, kube::Error> {
-    client.apiserver_version().await
 }

@@ -5,7 +5,6 @@ use crate::controller::{self, Context};
 use crate::desired::Settings;
 use crate::http;
 use crate::key_ring;
-use crate::kube_io;
 use crate::lease;
 use crate::metrics::Metrics;
 use futures::future::FusedFuture;
@@ -96,14 +95,11 @@ pub async fn run(
         watch_namespaces,
     } = config;
     let client = Client::try_default().await.map_err(RunError::Client)?;
-    let version = kube_io::server_version(&client)
+    let version = client
+        .apiserver_version()
         .await
         .map_err(RunError::Version)?;
-    let release = crate::supported::check(crate::supported::Version {
-        major: &version.major,
-        minor: &version.minor,
-        git_version: &version.git_version,
-    })?;
+    let release = crate::supported::check(&version)?;
     if release > crate::supported::NEWEST_TESTED {
         tracing::warn!(
             %release,

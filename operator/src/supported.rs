@@ -7,6 +7,8 @@
 //! drops or refuses (the native sidecar's `restartPolicy`, the CRD's CEL `format`). Above the
 //! range it starts and says so once: a newer server usually serves what the floor does.
 
+use k8s_openapi::apimachinery::pkg::version::Info;
+
 /// The oldest API server the operator runs against.
 pub const FLOOR: Release = Release {
     major: 1,
@@ -50,17 +52,9 @@ pub enum Unsupported {
     },
 }
 
-/// A server's `/version`: `major` and `minor` (providers suffix the minor, `"33+"`), and
-/// `gitVersion` (`v1.33.2-gke.1200`), read when the other two are not numbers.
-#[derive(Debug, Clone, Copy)]
-pub struct Version<'a> {
-    pub major: &'a str,
-    pub minor: &'a str,
-    pub git_version: &'a str,
-}
-
-/// The release of a server's `/version`.
-pub fn release(version: Version<'_>) -> Result<Release, Unsupported> {
+/// The release of a server's `/version`: its `major` and `minor` (providers suffix the minor,
+/// `"33+"`), or its `gitVersion` (`v1.33.2-gke.1200`) when those are not numbers.
+pub fn release(version: &Info) -> Result<Release, Unsupported> {
     let number = |text: &str| {
         let digits = text.trim_end_matches(|c: char| !c.is_ascii_digit());
         digits.parse::<u32>().ok()
@@ -69,21 +63,21 @@ pub fn release(version: Version<'_>) -> Result<Release, Unsupported> {
         let mut parts = version.git_version.strip_prefix('v')?.split('.');
         Some((parts.next()?.parse().ok()?, number(parts.next()?)?))
     };
-    match (number(version.major), number(version.minor)) {
+    match (number(&version.major), number(&version.minor)) {
         (Some(major), Some(minor)) => Ok(Release { major, minor }),
         _ => match from_git() {
             Some((major, minor)) => Ok(Release { major, minor }),
             None => Err(Unsupported::Unreadable {
-                major: version.major.to_owned(),
-                minor: version.minor.to_owned(),
-                git_version: version.git_version.to_owned(),
+                major: version.major.clone(),
+                minor: version.minor.clone(),
+                git_version: version.git_version.clone(),
             }),
         },
     }
 }
 
 /// Whether the operator runs against a server of this `/version`: the release when it does.
-pub fn check(version: Version<'_>) -> Result<Release, Unsupported> {
+pub fn check(version: &Info) -> Result<Release, Unsupported> {
     let found = release(version)?;
     if found < FLOOR {
         return Err(Unsupported::TooOld { found });
@@ -95,12 +89,17 @@ pub fn check(version: Version<'_>) -> Result<Release, Unsupported> {
 mod tests {
     use super::*;
 
+    fn version(major: &str, minor: &str, git_version: &str) -> Info {
+        Info {
+            major: major.into(),
+            minor: minor.into(),
+            git_version: git_version.into(),
+            ..Info::default()
+        }
+    }
+
     fn check_of(major: &str, minor: &str) -> Result<Release, Unsupported> {
-        check(Version {
-            major,
-            minor,
-            git_version: "",
-        })
+        check(&version(major, minor, ""))
     }
 
     #[test]
@@ -151,29 +150,17 @@ mod tests {
 
     #[test]
     fn without_numbers_the_git_version_is_read_and_without_it_the_server_is_refused() {
-        let gke = Version {
-            major: "",
-            minor: "",
-            git_version: "v1.33.2-gke.1200",
-        };
+        let gke = version("", "", "v1.33.2-gke.1200");
         assert_eq!(
-            check(gke),
+            check(&gke),
             Ok(Release {
                 major: 1,
                 minor: 33
             })
         );
-        let old = Version {
-            git_version: "v1.31.0",
-            ..gke
-        };
-        assert!(matches!(check(old), Err(Unsupported::TooOld { .. })));
-        let error = check(Version {
-            major: "",
-            minor: "x",
-            git_version: "unknown",
-        })
-        .unwrap_err();
+        let old = version("", "", "v1.31.0");
+        assert!(matches!(check(&old), Err(Unsupported::TooOld { .. })));
+        let error = check(&version("", "x", "unknown")).unwrap_err();
         assert!(
             error
                 .to_string()

@@ -3,10 +3,6 @@ use crate::crd::{ComponentSpec, CompositionSpec, CredentialsSpec};
 use crate::validate::validate;
 use k8s_openapi::api::core::v1::PodSpec;
 
-fn settings() -> Settings {
-    Settings::test()
-}
-
 /// The pods' drain key in these tests.
 const DRAIN: &str = "d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1e5d7a1";
 
@@ -14,7 +10,15 @@ fn build(spec: CompositionSpec, replicas: i32) -> Desired {
     let composition = Composition::test(spec);
     let valid = validate(&composition.spec).unwrap();
     let keys = Keys::one("s3cret");
-    desired(&composition, &valid, &settings(), &keys, DRAIN, replicas).unwrap()
+    desired(
+        &composition,
+        &valid,
+        &Settings::test(),
+        &keys,
+        DRAIN,
+        replicas,
+    )
+    .unwrap()
 }
 
 fn pod(desired: &Desired) -> &PodSpec {
@@ -372,7 +376,7 @@ fn a_composition_not_read_from_the_server_is_refused() {
     let composition = Composition::new("shop", CompositionSpec::test());
     let valid = validate(&composition.spec).unwrap();
     let keys = Keys::one("t");
-    let error = desired(&composition, &valid, &settings(), &keys, DRAIN, 1).unwrap_err();
+    let error = desired(&composition, &valid, &Settings::test(), &keys, DRAIN, 1).unwrap_err();
     assert_eq!(error, NotStored("shop".into()));
 }
 

@@ -249,8 +249,8 @@ pub async fn install_chart(admin: &Client, kubeconfig: &Path, namespace: &str) -
 }
 
 /// [`install_chart`] as release `release`, with `sets` (`KEY=JSON`) beside the suite's own values,
-/// into `namespace`, which must exist. The Deployment as the chart renders it (charts/render.py,
-/// helm-python-sdk, with the same values) is what the returned [`Chart`] holds.
+/// into `namespace`, which must exist. The returned [`Chart`] holds the Deployment as the release
+/// installed it (`helm get manifest`).
 pub async fn install_release(
     admin: &Client,
     kubeconfig: &Path,
@@ -289,15 +289,16 @@ pub async fn install_release(
         installed.status
     );
     wait_established(admin, "compositions.toa.io").await;
-    let output = Command::new("python3")
-        .arg(repo().join("charts/render.py"))
-        .args(["--release", release, "--namespace", namespace])
-        .args(values.iter().flat_map(|set| ["--set", set]))
+    // What the release installed, as Helm recorded it.
+    let output = Command::new(repo().join("scripts/helm"))
+        .args(["get", "manifest", release, "--namespace", namespace])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
         .output()
-        .expect("python3 runs");
+        .expect("scripts/helm runs");
     assert!(
         output.status.success(),
-        "charts/render.py failed (scripts/services installs helm-python-sdk): {}",
+        "helm get manifest {release}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).unwrap();
@@ -317,7 +318,7 @@ pub async fn install_release(
             _ => {}
         }
     }
-    let deployment = deployment.expect("the chart renders a Deployment");
+    let deployment = deployment.expect("the release installed a Deployment");
     let container = deployment
         .clone()
         .spec
