@@ -24,8 +24,10 @@ use crate::halt::{self, Decision, Observation, Record, Report, Step};
 use crate::key_ring::KeyRing;
 use crate::kube_io;
 use crate::metrics::Metrics;
-use crate::pods::Seen;
-use crate::status::{self, Observed, Rollout};
+use crate::observed::pods::Seen;
+use crate::names;
+use crate::observed::rollout::{self, Rollout};
+use crate::status::{self, Observed};
 use crate::validate::validate;
 use crate::{CompositionStatus, Error};
 use futures::{FutureExt, StreamExt};
@@ -60,7 +62,7 @@ pub const BACKOFF_FIRST: Duration = Duration::from_secs(5);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// The label selector of the objects whose changes reconcile their Composition: what the
-/// operator applies for one Composition, labelled with it (see [`desired::labels`]). The
+/// operator applies for one Composition, labelled with it (see [`names::labels`]). The
 /// namespace's shared `toa-declarations` ConfigMap has no composition label and is left out:
 /// every Composition of the namespace owns it, so each change to it reconciled them all, and N
 /// Compositions applied at once made about N² reconciles (found by the benchmark on a real API
@@ -185,10 +187,10 @@ async fn run_in(
         // reconcile (a rollout or a Degraded composition is looked at every 5 s anyway), which
         // keeps a rollout of many pods from reconciling on each of their status changes.
         .watches(scoped::<Pod>(&client, namespace), owned(), |pod: Pod| {
-            if crate::pods::seen(&pod).troubles.is_empty() {
+            if crate::observed::pods::seen(&pod).troubles.is_empty() {
                 return None;
             }
-            let composition = pod.labels().get(desired::LABEL_COMPOSITION)?.clone();
+            let composition = pod.labels().get(names::LABEL_COMPOSITION)?.clone();
             Some(ObjectRef::new(&composition).within(&pod.namespace()?))
         })
         .reconcile_all_on(futures::stream::select(
@@ -345,8 +347,8 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
     let drain = existing
         .as_ref()
-        .and_then(desired::drain_key_of)
-        .unwrap_or_else(desired::new_drain_key);
+        .and_then(rollout::drain_key_of)
+        .unwrap_or_else(rollout::new_drain_key);
     let deployment = desired::deployment(
         &owner,
         composition,
@@ -357,7 +359,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     );
     let applied = kube_io::apply(&deployments, &deployment).await?;
 
-    let refused = status::replica_failure(&applied);
+    let refused = rollout::replica_failure(&applied);
     let observed = Observed {
         generation: composition.metadata.generation,
         invalid: None,
@@ -422,7 +424,7 @@ async fn configure(
     let config_maps = Api::<ConfigMap>::namespaced(context.client.clone(), &owner.namespace);
     kube_io::apply(&config_maps, &desired::components(owner, composition)).await?;
     declarations::reconcile(&config_maps, &context.declarations, composition, owner).await?;
-    if desired::tokens_due(existing) {
+    if rollout::tokens_due(existing) {
         let secrets = Api::<Secret>::namespaced(context.client.clone(), &owner.namespace);
         kube_io::apply_unforced(&secrets, &desired::control_secret(owner, &keys)).await?;
     }

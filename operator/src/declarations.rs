@@ -11,7 +11,8 @@
 //! [`withdrawn`]). The functions below [`reconcile`] are pure.
 
 use crate::crd::Composition;
-use crate::desired::{self, Owner, DECLARATIONS, MANAGER};
+use crate::desired::{self, Owner};
+use crate::names::{DECLARATIONS, MANAGER};
 use crate::kube_io;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

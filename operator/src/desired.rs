@@ -28,6 +28,7 @@
 //! manifests, mounted from the ConfigMap at the same paths in its own container.
 
 use crate::agent_client::Keys;
+use crate::names::*;
 use crate::crd::Composition;
 use crate::validate::{Security, Valid, NONROOT};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
@@ -51,35 +52,6 @@ use std::path::{Path, PathBuf};
 use toa_context::agent_args::{ComposeArgs, DrainArgs};
 
 use toa_context::control::LOCAL_PORT;
-pub use toa_context::control::{CONTROL_PORT, PROBE_PORT};
-/// Where the control token Secret is mounted in the agent container.
-pub const CONTROL_DIR: &str = "/var/run/toa/control";
-/// The key of the control token in the `<name>-control` Secret.
-pub const TOKEN_KEY: &str = "token";
-/// The key of the previous control token during a rotation: mounted beside `token`, where the
-/// agent reads it.
-pub use toa_context::control::PREVIOUS_TOKEN as PREVIOUS_KEY;
-/// The Deployment's annotation holding its pods' drain key.
-pub const DRAIN_KEY: &str = "toa.io/drain-key";
-/// Where each component's local API token volume is mounted in the agent container
-/// (`<dir>/<index>`, `--component-tokens`).
-pub const TOKENS_DIR: &str = "/var/run/toa/tokens";
-/// Where a component container has its own token volume (`TOA_AGENT_TOKEN_FILE` is `token` in it).
-pub const COMPONENT_TOKEN_DIR: &str = "/var/run/toa/agent";
-/// Where component manifests are mounted in the agent container.
-pub const COMPONENTS_DIR: &str = "/components";
-/// The namespace's ConfigMap of every Composition's component manifests (`<component>.yaml`):
-/// each Composition applies its own keys with a field manager of its own
-/// ([`crate::declarations::manager`]), so callers in every pod of the namespace know every
-/// component's declarations; the agent reads the mounted files again when they change.
-pub const DECLARATIONS: &str = "toa-declarations";
-/// Where [`DECLARATIONS`] is mounted in the agent container (`--declarations`).
-pub const DECLARATIONS_DIR: &str = "/var/run/toa/declarations";
-/// The agent's container name; component *i* (in the spec's order) runs in the container
-/// `component-<i>` ([`COMPONENT_CONTAINER`] and the index), a DNS label however long the
-/// component's name, and unique.
-pub const AGENT_CONTAINER: &str = "agent";
-pub const COMPONENT_CONTAINER: &str = "component";
 /// How long the kubelet gives a stopping pod: the drain's wait for calls in flight, `dispose`
 /// (one run command), 5 s to stop the programs ([`toa_context::Limits::stop`]), and this margin
 /// for the hooks and the signal.
@@ -97,10 +69,6 @@ pub const STARTUP_SECONDS: i32 = 60;
 /// which does not start programs in a pod, waits for it there. Clear of the agent's own ports
 /// (7090 local, 7091 control).
 pub const ATTACH_PORT: u16 = 7100;
-/// Labels and the field manager of everything the operator applies.
-pub const MANAGER: &str = "toa-operator";
-pub const LABEL_COMPOSITION: &str = "toa.io/composition";
-
 /// Operator settings that shape every Composition's objects.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -296,69 +264,6 @@ pub fn control_secret(owner: &Owner, keys: &Keys) -> Secret {
         type_: Some("Opaque".to_owned()),
         ..Secret::default()
     }
-}
-
-/// A new drain key: 32 random bytes, as 64 hex digits (the one input here that is random, made
-/// by the caller once per Deployment).
-pub fn new_drain_key() -> String {
-    let mut bytes = [0u8; 32];
-    rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-/// Whether the control Secret may be written, given the Deployment as it is: always for a new
-/// one; for one made by an operator before derived tokens (no [`DRAIN_KEY`]), not until it has
-/// been rolled over to pods whose drain does not derive from the token, and none of the old
-/// pods is left. The old pods' agents derive their hooks' drain key from the token they read:
-/// a new token in their Secret would make their `preStop` drain refused, and `dispose` would not
-/// run. In the same way a rotation waits until no pod of an older template is left.
-pub fn tokens_due(existing: Option<&Deployment>) -> bool {
-    let Some(deployment) = existing else {
-        return true;
-    };
-    let rollout = crate::status::Rollout::of(deployment);
-    drain_key_of(deployment).is_some()
-        && rollout.generation.is_some()
-        && rollout.observed_generation >= rollout.generation
-        && rollout.replicas == rollout.updated_replicas
-}
-
-/// The pods' drain key the Deployment holds in [`DRAIN_KEY`], when it is one this operator
-/// makes (64 hex digits): kept, so the pod template, and the pods, do not change with it.
-pub fn drain_key_of(deployment: &Deployment) -> Option<String> {
-    let key = deployment.annotations().get(DRAIN_KEY)?;
-    (key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit())).then(|| key.clone())
-}
-
-/// The ConfigMap holding the manifests.
-pub fn components_name(composition: &str) -> String {
-    format!("{composition}-components")
-}
-
-/// The Secret holding the control token.
-pub fn control_name(composition: &str) -> String {
-    format!("{composition}-control")
-}
-
-/// The labels of every object of a composition; the Deployment selects its pods by the last two.
-pub fn labels(composition: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("app.kubernetes.io/name".to_owned(), "toa".to_owned()),
-        (
-            "app.kubernetes.io/instance".to_owned(),
-            composition.to_owned(),
-        ),
-        (
-            "app.kubernetes.io/managed-by".to_owned(),
-            MANAGER.to_owned(),
-        ),
-        (LABEL_COMPOSITION.to_owned(), composition.to_owned()),
-    ])
-}
-
-/// The label selector of a composition's pods, as `Api::list` takes it.
-pub fn pod_selector(composition: &str) -> String {
-    format!("{LABEL_COMPOSITION}={composition}")
 }
 
 fn manifests(composition: &Composition) -> BTreeMap<String, String> {

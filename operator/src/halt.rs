@@ -232,7 +232,7 @@ pub struct Observation<'a> {
     pub record: Option<&'a Record>,
     /// The reports of the pods that take part in a halt (running, not being deleted).
     pub pods: &'a [Pod],
-    /// How many of the composition's pods may still run processes ([`crate::pods::Seen::left`]),
+    /// How many of the composition's pods may still run processes ([`crate::observed::pods::Seen::left`]),
     /// those being deleted included: a halt is over only when none is (a terminating pod still
     /// runs its drain and `dispose`); an evicted pod, which stays listed, does not count.
     pub left: usize,

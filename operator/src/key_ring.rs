@@ -134,7 +134,7 @@ fn new_secret(name: &str) -> Secret {
             name: Some(name.to_owned()),
             labels: Some(BTreeMap::from([(
                 "app.kubernetes.io/managed-by".to_owned(),
-                crate::desired::MANAGER.to_owned(),
+                crate::names::MANAGER.to_owned(),
             )])),
             ..ObjectMeta::default()
         },

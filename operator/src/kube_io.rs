@@ -4,9 +4,9 @@
 //! subresource.
 
 use crate::crd::{Composition, CompositionStatus};
-use crate::desired::{pod_selector, MANAGER};
+use crate::names::{pod_selector, MANAGER};
 use crate::halt::{Record, ANNOTATION};
-use crate::pods::Seen;
+use crate::observed::pods::Seen;
 use crate::Error;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -57,12 +57,12 @@ where
     }
 }
 
-/// The composition's pods, as [`crate::pods::seen`] reads them.
+/// The composition's pods, as [`crate::observed::pods::seen`] reads them.
 pub async fn pods(api: &Api<Pod>, composition: &str) -> Result<Vec<Seen>, kube::Error> {
     let list = api
         .list(&ListParams::default().labels(&pod_selector(composition)))
         .await?;
-    Ok(list.items.iter().map(crate::pods::seen).collect())
+    Ok(list.items.iter().map(crate::observed::pods::seen).collect())
 }
 
 /// Writes the halt record into the annotation, or removes it.

@@ -1,6 +1,8 @@
 //! toa-operator: turns `Composition` resources into running replicas with the agent beside each.
 //!
-//! Layout:
+//! Layout, bottom up (no module uses one above it; `tests/layers.rs` keeps it):
+//! - [`names`]: the operator's vocabulary: names, labels, annotations, containers and mount paths
+//!   of the objects it applies;
 //! - [`crd`]: the `Composition` resource, its status and condition names; the CRD is generated
 //!   from it;
 //! - [`validate`]: the reconcile-time check of a spec (the schema's checks again, plus what a
@@ -13,8 +15,11 @@
 //! - [`declarations`]: the namespace's shared `toa-declarations` ConfigMap: each Composition's
 //!   part applied under a manager of its own, one writer at a time, deleted ones' parts taken
 //!   back;
+//! - [`observed`]: what the operator reads back (pure): each pod ([`observed::pods`]: where its
+//!   agent answers, whether it holds the composition's place, what is wrong with it, for
+//!   `Degraded`) and the Deployment ([`observed::rollout`]: its rollout, and the policy that
+//!   follows: the drain key kept, when the control Secret may be written);
 //! - [`status`]: observations → the Composition's conditions (pure);
-//! - [`pods`]: what the pods' own statuses say is wrong, for `Degraded` (pure);
 //! - [`halt`]: the halt's state machine (pure);
 //! - [`agent_client`]: the agents' control endpoint (halt, resume, status) behind a trait;
 //! - [`controller`]: the kube-runtime controller: reconcile and error policy, wiring only;
@@ -41,7 +46,8 @@ pub mod kube_io;
 pub mod lease;
 pub mod manifest;
 pub mod metrics;
-pub mod pods;
+pub mod names;
+pub mod observed;
 pub mod render;
 pub mod restricted;
 pub mod run;

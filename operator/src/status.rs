@@ -11,45 +11,10 @@
 
 use crate::crd::{conditions, reasons, CompositionStatus};
 use crate::halt::{Decision, Phase};
-use crate::pods::Seen;
-use k8s_openapi::api::apps::v1::Deployment;
+use crate::observed::pods::Seen;
+use crate::observed::rollout::Rollout;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-
-/// How far the Deployment is, from its own `metadata.generation` and `status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Rollout {
-    /// The Deployment's `metadata.generation`.
-    pub generation: Option<i64>,
-    pub observed_generation: Option<i64>,
-    /// Pods of any revision.
-    pub replicas: i32,
-    pub updated_replicas: i32,
-    pub available_replicas: i32,
-}
-
-impl Rollout {
-    pub fn of(deployment: &Deployment) -> Self {
-        let status = deployment.status.clone().unwrap_or_default();
-        Self {
-            generation: deployment.metadata.generation,
-            observed_generation: status.observed_generation,
-            replicas: status.replicas.unwrap_or(0),
-            updated_replicas: status.updated_replicas.unwrap_or(0),
-            available_replicas: status.available_replicas.unwrap_or(0),
-        }
-    }
-
-    /// The Deployment controller has seen the latest template and every one of `desired` pods
-    /// runs it and is available, with no pod of an older revision left.
-    pub fn done(&self, desired: i32) -> bool {
-        self.generation.is_some()
-            && self.observed_generation >= self.generation
-            && self.updated_replicas == desired
-            && self.available_replicas == desired
-            && self.replicas == desired
-    }
-}
 
 /// What the status is computed from.
 #[derive(Debug, Clone, Copy)]
@@ -187,23 +152,6 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
         observed_generation: generation,
         conditions,
     }
-}
-
-/// Why the Deployment's ReplicaSet cannot create pods: the message of its `ReplicaFailure`
-/// condition (the Deployment controller copies the ReplicaSet's), e.g. a pod refused by Pod
-/// Security admission. A refused pod never exists, so the pods cannot tell it.
-pub fn replica_failure(deployment: &Deployment) -> Option<String> {
-    let conditions = deployment.status.as_ref()?.conditions.as_ref()?;
-    conditions
-        .iter()
-        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
-        .map(|c| {
-            format!(
-                "{}: {}",
-                c.reason.as_deref().unwrap_or("ReplicaFailure"),
-                c.message.as_deref().unwrap_or("no message")
-            )
-        })
 }
 
 /// `Degraded`: pods the Deployment cannot create first (`PodsRefused`), then failing containers

@@ -179,7 +179,7 @@ fn existing_deployment(key: Option<&str>, rolled_over: bool) -> Value {
         "metadata": {"name": "shop", "namespace": "shop", "generation": 2},
         "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2}});
     if let Some(key) = key {
-        deployment["metadata"]["annotations"] = json!({desired::DRAIN_KEY: key});
+        deployment["metadata"]["annotations"] = json!({names::DRAIN_KEY: key});
     }
     if !rolled_over {
         deployment["status"]["updatedReplicas"] = json!(1);
@@ -716,7 +716,7 @@ async fn a_deployments_drain_key_is_kept() {
     expect(&mut handle, "PATCH", secret, echo).await;
     pods_listed(&mut handle, json!([])).await;
     let (_, applied) = apply_deployment(&mut handle, json!({})).await;
-    assert_eq!(applied["metadata"]["annotations"][desired::DRAIN_KEY], key);
+    assert_eq!(applied["metadata"]["annotations"][names::DRAIN_KEY], key);
     let text = applied["spec"]["template"].to_string();
     assert!(text.contains(&format!("/drain/{key}")), "{text}");
     let digest = toa_context::control::drain_digest(&key);
@@ -746,7 +746,7 @@ async fn the_tokens_wait_until_no_pod_of_an_older_template_is_left() {
         // No Secret: the pod list comes next.
         pods_listed(&mut handle, json!([])).await;
         let (_, applied) = apply_deployment(&mut handle, json!({})).await;
-        let key = applied["metadata"]["annotations"][desired::DRAIN_KEY]
+        let key = applied["metadata"]["annotations"][names::DRAIN_KEY]
             .as_str()
             .unwrap()
             .to_owned();

@@ -1,6 +1,8 @@
 use super::*;
 use crate::halt::Step;
-use crate::pods::Seen;
+use crate::observed::pods::Seen;
+use crate::observed::rollout::{replica_failure, Rollout};
+use k8s_openapi::api::apps::v1::Deployment;
 
 fn at(seconds: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + seconds).unwrap()

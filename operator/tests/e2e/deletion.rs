@@ -6,7 +6,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::Api;
 use serde_json::json;
 use std::sync::Arc;
-use toa_operator::desired::DECLARATIONS;
+use toa_operator::names::DECLARATIONS;
 
 use crate::cluster;
 use crate::support::{

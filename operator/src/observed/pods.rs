@@ -104,7 +104,7 @@ pub fn seen(pod: &Pod) -> Seen {
 fn owned_by_deployment(pod: &Pod) -> bool {
     let labels = pod.labels();
     let (Some(composition), Some(hash)) = (
-        labels.get(crate::desired::LABEL_COMPOSITION),
+        labels.get(crate::names::LABEL_COMPOSITION),
         labels.get("pod-template-hash"),
     ) else {
         return false;
