@@ -12,8 +12,8 @@
 
 use crate::crd::Composition;
 use crate::desired::{self, Owner};
-use crate::names::{DECLARATIONS, MANAGER};
 use crate::kube_io;
+use crate::names::{DECLARATIONS, MANAGER};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;

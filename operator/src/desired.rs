@@ -28,8 +28,8 @@
 //! manifests, mounted from the ConfigMap at the same paths in its own container.
 
 use crate::agent_client::Keys;
-use crate::names::*;
 use crate::crd::Composition;
+use crate::names::*;
 use crate::validate::{Security, Valid, NONROOT};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{

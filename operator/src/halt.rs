@@ -262,39 +262,15 @@ pub fn decide(observation: &Observation<'_>) -> Decision {
         unreachable: unreachable.clone(),
         busy: Vec::new(),
     };
-    // Pods paused for a halt other than `active`, with that halt: they are resumed first, so no
-    // process stays paused for a halt nobody pursues any more.
-    let stale = |active: Option<&str>| -> Vec<(String, String)> {
-        statuses(pods)
-            .filter(|(_, status)| status.phase == AgentPhase::Paused)
-            .filter_map(|(name, status)| {
-                let halt = status.halt.clone().unwrap_or_default();
-                (Some(halt.as_str()) != active).then(|| (name.to_owned(), halt))
-            })
-            .collect()
-    };
-
     let Some(record) = record else {
         if halted {
             return decision(Phase::Requested, Step::Record(Record::start(now)));
         }
-        let stale = stale(None);
-        return if stale.is_empty() {
-            decision(Phase::Running, Step::Nothing)
-        } else {
-            decision(Phase::Running, Step::Resume(stale))
-        };
+        return decision(Phase::Running, resume_or(pods, None, Step::Nothing));
     };
-
     if !halted {
-        let stale = stale(None);
-        return if stale.is_empty() {
-            decision(Phase::Resuming, Step::Clear)
-        } else {
-            decision(Phase::Resuming, Step::Resume(stale))
-        };
+        return decision(Phase::Resuming, resume_or(pods, None, Step::Clear));
     }
-
     match record.outcome {
         Outcome::Stopped => {
             // Pods still listed are on their way out; their agents drain on SIGTERM.
@@ -311,7 +287,7 @@ pub fn decide(observation: &Observation<'_>) -> Decision {
                 busy: record.busy.clone(),
                 ..decision(Phase::CalledOff, step)
             };
-            let stale = stale(None);
+            let stale = stale(pods, None);
             if !stale.is_empty() {
                 return called_off(Step::Resume(stale));
             }
@@ -322,55 +298,148 @@ pub fn decide(observation: &Observation<'_>) -> Decision {
                 called_off(Step::WaitUntil(retry))
             }
         }
-        Outcome::InProgress => in_progress(record, timing, pods, now, stale, decision),
+        Outcome::InProgress => in_progress(record, timing, pods, now, decision),
     }
 }
 
+/// Pods paused for a halt other than `active`, with that halt: they are resumed first, so no
+/// process stays paused for a halt nobody pursues any more.
+fn stale(pods: &[Pod], active: Option<&str>) -> Vec<(String, String)> {
+    statuses(pods)
+        .filter(|(_, status)| status.phase == AgentPhase::Paused)
+        .filter_map(|(name, status)| {
+            let halt = status.halt.clone().unwrap_or_default();
+            (Some(halt.as_str()) != active).then(|| (name.to_owned(), halt))
+        })
+        .collect()
+}
+
+/// Resuming the stale pods when there are any, else `otherwise`.
+fn resume_or(pods: &[Pod], active: Option<&str>, otherwise: Step) -> Step {
+    let stale = stale(pods, active);
+    if stale.is_empty() {
+        otherwise
+    } else {
+        Step::Resume(stale)
+    }
+}
+
+/// A halt under way: survey the pods' reports, then act on what they say.
 fn in_progress(
     record: &Record,
     timing: Halt,
     pods: &[Pod],
     now: Timestamp,
-    stale: impl Fn(Option<&str>) -> Vec<(String, String)>,
     decision: impl Fn(Phase, Step) -> Decision,
 ) -> Decision {
-    let stale = stale(Some(&record.id));
+    let stale = stale(pods, Some(&record.id));
     if !stale.is_empty() {
         return decision(Phase::Pausing, Step::Resume(stale));
     }
-    let paused_here = |status: &AgentStatus| {
-        status.phase == AgentPhase::Paused && status.halt.as_deref() == Some(&record.id)
-    };
-    // A pod that could not pause for this halt is not asked again: the halt is called off.
-    let failed: Vec<String> = statuses(pods)
-        .filter_map(|(name, status)| {
-            let failure = status.failure.as_ref()?;
-            (failure.halt == record.id && failure.command == "pause").then(|| {
-                // `; ` separates the pods in the record.
-                let message = failure.message.replace(';', ",");
-                format!("{name}: pause failed: {}", shorten(&message, FAILURE_CHARS))
-            })
-        })
-        .collect();
-    // Running pods are sent the halt; a starting pod too, once, and it pauses when it is up.
-    let to_halt: Vec<String> = statuses(pods)
-        .filter(|(_, status)| match status.phase {
-            AgentPhase::Running => true,
-            AgentPhase::Starting => status.halt.as_deref() != Some(&record.id),
-            _ => false,
-        })
-        .map(|(name, _)| name.to_owned())
-        .collect();
-    let all_paused = pods.iter().all(|pod| match &pod.report {
-        Report::Status(status) => paused_here(status) || status.phase == AgentPhase::Draining,
-        Report::Unreachable(_) => false,
-    });
+    let survey = Survey::of(record, timing, pods, now);
+    if survey.all_paused && survey.quiet_until <= now && survey.quiet_until <= survey.deadline {
+        return decision(
+            Phase::ScalingDown,
+            Step::Record(record.with(Outcome::Stopped)),
+        );
+    }
+    if !survey.failed.is_empty() {
+        return Decision {
+            busy: survey.failed.clone(),
+            ..decision(
+                Phase::CalledOff,
+                Step::Record(record.called_off(now, survey.failed)),
+            )
+        };
+    }
+    if now >= survey.deadline {
+        let busy = busy(pods, |status| paused_for(status, &record.id));
+        return Decision {
+            busy: busy.clone(),
+            ..decision(Phase::CalledOff, Step::Record(record.called_off(now, busy)))
+        };
+    }
+    if !survey.to_halt.is_empty() {
+        let id = record.id.clone();
+        return decision(
+            Phase::Pausing,
+            Step::Halt {
+                id,
+                pods: survey.to_halt,
+            },
+        );
+    }
+    if survey.all_paused {
+        let until = survey.quiet_until.min(survey.deadline);
+        decision(Phase::QuietWatch, Step::WaitUntil(until))
+    } else {
+        // Some pod is unreachable or in a phase of its own: ask again soon, and no later than
+        // the deadline.
+        decision(Phase::Pausing, Step::WaitUntil(survey.deadline))
+    }
+}
 
-    let deadline = add(record.started, timing.grace);
-    // Quiet since the later of the start and the last call any paused pod reports; a pod that
-    // counts calls but gives no time is taken as busy now.
-    let quiet_since = statuses(pods)
-        .filter(|(_, status)| paused_here(status))
+/// What the pods' reports say of a halt under way.
+struct Survey {
+    /// Pods that could not pause for this halt, with why: they are not asked again, the halt is
+    /// called off.
+    failed: Vec<String>,
+    /// Pods to send the halt: running ones, and a starting one once (it pauses when it is up).
+    to_halt: Vec<String>,
+    /// Every pod paused for this halt (or draining).
+    all_paused: bool,
+    /// When the halt is called off unless quiet by then.
+    deadline: Timestamp,
+    /// When the paused pods have been quiet for the window.
+    quiet_until: Timestamp,
+}
+
+impl Survey {
+    fn of(record: &Record, timing: Halt, pods: &[Pod], now: Timestamp) -> Self {
+        let failed = statuses(pods)
+            .filter_map(|(name, status)| {
+                let failure = status.failure.as_ref()?;
+                (failure.halt == record.id && failure.command == "pause").then(|| {
+                    // `; ` separates the pods in the record.
+                    let message = failure.message.replace(';', ",");
+                    format!("{name}: pause failed: {}", shorten(&message, FAILURE_CHARS))
+                })
+            })
+            .collect();
+        let to_halt = statuses(pods)
+            .filter(|(_, status)| match status.phase {
+                AgentPhase::Running => true,
+                AgentPhase::Starting => status.halt.as_deref() != Some(&record.id),
+                _ => false,
+            })
+            .map(|(name, _)| name.to_owned())
+            .collect();
+        let all_paused = pods.iter().all(|pod| match &pod.report {
+            Report::Status(status) => {
+                paused_for(status, &record.id) || status.phase == AgentPhase::Draining
+            }
+            Report::Unreachable(_) => false,
+        });
+        Self {
+            failed,
+            to_halt,
+            all_paused,
+            deadline: add(record.started, timing.grace),
+            quiet_until: add(quiet_since(record, pods, now), timing.quiet_window),
+        }
+    }
+}
+
+/// Paused for the halt `id`.
+fn paused_for(status: &AgentStatus, id: &str) -> bool {
+    status.phase == AgentPhase::Paused && status.halt.as_deref() == Some(id)
+}
+
+/// Quiet since the later of the start and the last call any paused pod reports; a pod that
+/// counts calls but gives no time is taken as busy now.
+fn quiet_since(record: &Record, pods: &[Pod], now: Timestamp) -> Timestamp {
+    statuses(pods)
+        .filter(|(_, status)| paused_for(status, &record.id))
         .map(|(_, status)| match status.calls {
             // A call still running: busy now, whatever the window.
             Calls { in_flight: 1.., .. } => now,
@@ -390,50 +459,7 @@ fn in_progress(
                 last_at_ms: None, ..
             } => now,
         })
-        .fold(record.started, Ord::max);
-    let quiet_until = add(quiet_since, timing.quiet_window);
-
-    if all_paused && quiet_until <= now && quiet_until <= deadline {
-        return decision(
-            Phase::ScalingDown,
-            Step::Record(record.with(Outcome::Stopped)),
-        );
-    }
-    if !failed.is_empty() {
-        return Decision {
-            busy: failed.clone(),
-            ..decision(
-                Phase::CalledOff,
-                Step::Record(record.called_off(now, failed)),
-            )
-        };
-    }
-    if now >= deadline {
-        let busy = busy(pods, paused_here);
-        return Decision {
-            busy: busy.clone(),
-            ..decision(Phase::CalledOff, Step::Record(record.called_off(now, busy)))
-        };
-    }
-    if !to_halt.is_empty() {
-        return decision(
-            Phase::Pausing,
-            Step::Halt {
-                id: record.id.clone(),
-                pods: to_halt,
-            },
-        );
-    }
-    if all_paused {
-        decision(
-            Phase::QuietWatch,
-            Step::WaitUntil(quiet_until.min(deadline)),
-        )
-    } else {
-        // Some pod is unreachable or in a phase of its own: ask again soon, and no later than
-        // the deadline.
-        decision(Phase::Pausing, Step::WaitUntil(deadline))
-    }
+        .fold(record.started, Ord::max)
 }
 
 /// The pods that kept a halt from being quiet, each with why: calls since its pause, not

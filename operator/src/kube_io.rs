@@ -4,8 +4,8 @@
 //! subresource.
 
 use crate::crd::{Composition, CompositionStatus};
-use crate::names::{pod_selector, MANAGER};
 use crate::halt::{Record, ANNOTATION};
+use crate::names::{pod_selector, MANAGER};
 use crate::observed::pods::Seen;
 use crate::Error;
 use k8s_openapi::api::core::v1::Pod;

@@ -80,20 +80,63 @@ impl RunError {
 }
 
 /// Runs until `shutdown` completes; the controller lets reconciles under way finish and the
-/// leader gives up its lease.
+/// leader gives up its lease. Named tasks under one supervisor ([`supervise`]): the controller,
+/// the HTTP endpoint, the lease's election, the leader gauge and the key reader.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    let Config {
-        agent_image,
-        agent_resources,
-        metrics_listen,
-        lease,
-        control_from,
-        key,
-        watch_namespaces,
-    } = config;
+    let client = connect().await?;
+    let listener = tokio::net::TcpListener::bind(config.metrics_listen)
+        .await
+        .map_err(|source| RunError::Listen {
+            address: config.metrics_listen,
+            source,
+        })?;
+    let agents = HttpAgentControl::new().map_err(RunError::AgentClient)?;
+    let metrics = Metrics::default();
+    let (leader_tx, leader_rx) = watch::channel(config.lease.is_none());
+    let (key_tx, key_rx) = watch::channel(None);
+    let key_reader = {
+        let namespace = config
+            .key
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned());
+        key_ring::keep_reading(
+            Api::namespaced(client.clone(), &namespace),
+            config.key.secret.clone(),
+            key_tx,
+        )
+    };
+    // One shutdown, seen by every task.
+    let shutdown = shutdown.shared();
+    let ready = Arc::new(AtomicBool::new(false));
+    let server = http::serve(
+        listener,
+        http::router(metrics.clone(), ready.clone()),
+        shutdown.clone(),
+    );
+    let gauge = leader_gauge(leader_rx.clone(), metrics.clone());
+    let context = context(&client, &config, agents, metrics, (leader_rx, key_rx));
+    // The lease is given up only once the controller has stopped, so no reconcile of this
+    // replica overlaps with the next leader's.
+    let (controller_done, controller_stopped) = tokio::sync::oneshot::channel::<()>();
+    let election = election(client, config.lease, leader_tx, controller_stopped);
+    ready.store(true, Ordering::Release);
+    let controller = controller::run(Arc::new(context), shutdown.clone());
+    let tasks = Tasks {
+        election,
+        server,
+        controller,
+        gauge,
+        key_reader,
+    };
+    supervise(tasks, shutdown, controller_done).await
+}
+
+/// The client, once the API server's release is one the operator supports.
+async fn connect() -> Result<Client, RunError> {
     let client = Client::try_default().await.map_err(RunError::Client)?;
     let version = client
         .apiserver_version()
@@ -109,105 +152,117 @@ pub async fn run(
     } else {
         tracing::info!(%release, "the API server's release is supported");
     }
-    let listener = tokio::net::TcpListener::bind(metrics_listen)
-        .await
-        .map_err(|source| RunError::Listen {
-            address: metrics_listen,
-            source,
-        })?;
-    let agents = HttpAgentControl::new().map_err(RunError::AgentClient)?;
-    let metrics = Metrics::default();
-    let (leader_tx, leader_rx) = watch::channel(lease.is_none());
-    let (key_tx, key_rx) = watch::channel(None);
-    let key_reader = {
-        let namespace = key
-            .namespace
-            .unwrap_or_else(|| client.default_namespace().to_owned());
-        key_ring::keep_reading(
-            Api::namespaced(client.clone(), &namespace),
-            key.secret,
-            key_tx,
-        )
+    Ok(client)
+}
+
+/// The controller's context: the settings every Composition's objects take, the agents' client,
+/// the leader and key watches, and the events' reporter.
+fn context(
+    client: &Client,
+    config: &Config,
+    agents: HttpAgentControl,
+    metrics: Metrics,
+    (leader, key): (
+        watch::Receiver<bool>,
+        watch::Receiver<Option<key_ring::KeyRing>>,
+    ),
+) -> Context {
+    let settings = Settings {
+        agent_image: config.agent_image.clone(),
+        agent_resources: config.agent_resources.clone(),
+        control_from: config.control_from.clone(),
     };
-
-    // One shutdown, seen by every task.
-    let shutdown = shutdown.shared();
-
     let mut context = Context::new(
         client.clone(),
-        Settings {
-            agent_image,
-            agent_resources,
-            control_from,
-        },
+        settings,
         Arc::new(agents),
-        metrics.clone(),
-        leader_rx.clone(),
-        key_rx,
+        metrics,
+        leader,
+        key,
     );
-    context.watch_namespaces = watch_namespaces;
+    context.watch_namespaces = config.watch_namespaces.clone();
     context.recorder = Some(Recorder::new(
         client.clone(),
         Reporter {
             controller: "toa-operator".to_owned(),
-            instance: lease.as_ref().map(|lease| lease.identity.clone()),
+            instance: config.lease.as_ref().map(|lease| lease.identity.clone()),
         },
     ));
-    let ready = Arc::new(AtomicBool::new(false));
-    let server = http::serve(
-        listener,
-        http::router(metrics.clone(), ready.clone()),
-        shutdown.clone(),
-    );
-    // The lease is given up only once the controller has stopped, so no reconcile of this
-    // replica overlaps with the next leader's.
-    let (controller_done, controller_stopped) = tokio::sync::oneshot::channel::<()>();
-    let election = async move {
-        match lease {
-            Some(settings) => {
-                let namespace = settings
-                    .namespace
-                    .unwrap_or_else(|| client.default_namespace().to_owned());
-                let api = Api::namespaced(client, &namespace);
-                let config = lease::Config {
-                    name: settings.name,
-                    namespace,
-                    identity: settings.identity,
-                };
-                let stopped = async move {
-                    let _ = controller_stopped.await;
-                };
-                lease::run(api, config, leader_tx, stopped).await;
-            }
-            None => {
-                let _ = controller_stopped.await;
-            }
-        }
-    };
-    let gauge = {
-        let mut leader = leader_rx;
-        let metrics = metrics.clone();
-        async move {
-            loop {
-                metrics.leader.set(i64::from(*leader.borrow_and_update()));
-                if leader.changed().await.is_err() {
-                    // The lease loop ended: nothing more to report.
-                    std::future::pending::<()>().await;
-                }
-            }
-        }
-    };
-    ready.store(true, Ordering::Release);
-    let controller = controller::run(Arc::new(context), shutdown.clone());
+    context
+}
 
-    let mut election = std::pin::pin!(election);
-    let mut server = std::pin::pin!(server.fuse());
-    let mut controller = std::pin::pin!(controller.fuse());
-    let (mut gauge, mut key_reader) = (std::pin::pin!(gauge), std::pin::pin!(key_reader));
-    // Until shutdown, every task runs; one that ends earlier stops the process with an error,
-    // rather than leaving an operator without its lease, endpoint or controller unnoticed. The
-    // endpoint and the controller end on the shutdown too, and on another thread the shutdown
-    // can complete between this task's polls of it and of them: ending then is no error.
+/// The lease's election until the controller has stopped (then the lease is given up); without
+/// a lease, only the wait.
+async fn election(
+    client: Client,
+    lease: Option<LeaseSettings>,
+    leader: watch::Sender<bool>,
+    controller_stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let Some(settings) = lease else {
+        let _ = controller_stopped.await;
+        return;
+    };
+    let namespace = settings
+        .namespace
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let api = Api::namespaced(client, &namespace);
+    let config = lease::Config {
+        name: settings.name,
+        namespace,
+        identity: settings.identity,
+    };
+    let stopped = async move {
+        let _ = controller_stopped.await;
+    };
+    lease::run(api, config, leader, stopped).await;
+}
+
+/// Keeps the leader gauge at what the election says.
+async fn leader_gauge(mut leader: watch::Receiver<bool>, metrics: Metrics) {
+    loop {
+        metrics.leader.set(i64::from(*leader.borrow_and_update()));
+        if leader.changed().await.is_err() {
+            // The lease loop ended: nothing more to report.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The tasks `run` supervises.
+struct Tasks<E, S, C, G, K> {
+    election: E,
+    server: S,
+    controller: C,
+    gauge: G,
+    key_reader: K,
+}
+
+/// Until shutdown, every task runs; one that ends earlier stops the process with an error,
+/// rather than leaving an operator without its lease, endpoint or controller unnoticed. After
+/// the shutdown, the controller finishes, then the election gives up the lease, then the
+/// endpoint ends.
+async fn supervise<S, E, C, G, K>(
+    tasks: Tasks<E, S, C, G, K>,
+    shutdown: futures::future::Shared<impl Future<Output = ()>>,
+    controller_done: tokio::sync::oneshot::Sender<()>,
+) -> Result<(), RunError>
+where
+    E: Future<Output = ()>,
+    S: Future<Output = std::io::Result<()>>,
+    C: Future<Output = ()>,
+    G: Future<Output = ()>,
+    K: Future<Output = ()>,
+{
+    let mut election = std::pin::pin!(tasks.election);
+    let mut server = std::pin::pin!(tasks.server.fuse());
+    let mut controller = std::pin::pin!(tasks.controller.fuse());
+    let (mut gauge, mut key_reader) = (
+        std::pin::pin!(tasks.gauge),
+        std::pin::pin!(tasks.key_reader),
+    );
+    // The endpoint and the controller end on the shutdown too, and on another thread the
+    // shutdown can complete between this task's polls of it and of them: ending then is no error.
     let shut_down = || shutdown.clone().now_or_never().is_some();
     let mut server_result = None;
     loop {

@@ -38,16 +38,10 @@ pub struct Observed<'a> {
 
 /// The new status; `previous` provides the transition times of conditions that did not change
 /// status, and the `Halted` condition when the spec was refused (a refused spec changes nothing).
+/// Each condition has a function of its own below.
 pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> CompositionStatus {
     let Observed {
-        generation,
-        invalid,
-        rollout,
-        refused,
-        replicas,
-        halt,
-        pods,
-        now,
+        generation, now, ..
     } = *observed;
     let condition = |type_: &str, status: bool, reason: &str, message: String| Condition {
         type_: type_.to_owned(),
@@ -57,87 +51,27 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
         observed_generation: generation,
         last_transition_time: Time(now),
     };
-    let mut conditions = Vec::with_capacity(4);
     // Without a halt decision the spec was refused (the controller decides halts only for valid
     // specs); `invalid` carries why.
-    match (invalid, halt) {
-        (Some(_), _) | (None, None) => {
-            let (reason, message) =
-                invalid.unwrap_or((reasons::INVALID_SPEC, "the spec was not checked"));
-            let message = message.to_owned();
-            conditions.push(condition(conditions::READY, false, reason, message.clone()));
-            conditions.push(condition(
-                conditions::PROGRESSING,
-                false,
-                reason,
-                if reason == reasons::INVALID_SPEC {
-                    "the refused spec is not rolled out; what runs is left as it was"
-                } else {
-                    "nothing is rolled out until that is resolved; what runs is left as it was"
-                }
-                .to_owned(),
-            ));
-            conditions.push(condition(conditions::DEGRADED, true, reason, message));
-            if let Some(halted) = previous.and_then(|p| find(&p.conditions, conditions::HALTED)) {
-                conditions.push(halted.clone());
-            }
-        }
+    let mut conditions = match (observed.invalid, observed.halt) {
         (None, Some(decision)) => {
-            let done = rollout.is_some_and(|rollout| rollout.done(replicas));
-            let progress = match rollout {
-                None => "waiting for the Deployment".to_owned(),
-                Some(rollout) => format!(
-                    "{} of {replicas} pods updated, {} available, {} in all",
-                    rollout.updated_replicas, rollout.available_replicas, rollout.replicas
+            let rollout = observed.rollout;
+            let done = rollout.is_some_and(|rollout| rollout.done(observed.replicas));
+            let progress = progress(rollout, observed.replicas);
+            vec![
+                ready(decision, done, progress.clone(), &condition),
+                progressing(done, progress, &condition),
+                condition(
+                    conditions::HALTED,
+                    decision.phase == Phase::Halted,
+                    decision.phase.reason(),
+                    halted_message(decision, previous),
                 ),
-            };
-            let stopped = matches!(decision.phase, Phase::ScalingDown | Phase::Halted);
-            conditions.push(if stopped {
-                condition(
-                    conditions::READY,
-                    false,
-                    reasons::HALTED,
-                    "stopped by a halt".to_owned(),
-                )
-            } else if done {
-                condition(
-                    conditions::READY,
-                    true,
-                    reasons::ROLLED_OUT,
-                    progress.clone(),
-                )
-            } else {
-                condition(
-                    conditions::READY,
-                    false,
-                    reasons::ROLLING_OUT,
-                    progress.clone(),
-                )
-            });
-            conditions.push(if done {
-                condition(
-                    conditions::PROGRESSING,
-                    false,
-                    reasons::ROLLED_OUT,
-                    progress,
-                )
-            } else {
-                condition(
-                    conditions::PROGRESSING,
-                    true,
-                    reasons::ROLLING_OUT,
-                    progress,
-                )
-            });
-            conditions.push(condition(
-                conditions::HALTED,
-                decision.phase == Phase::Halted,
-                decision.phase.reason(),
-                halted_message(decision, previous),
-            ));
-            conditions.push(degraded(decision, refused, pods, &condition));
+                degraded(decision, observed.refused, observed.pods, &condition),
+            ]
         }
-    }
+        (invalid, _) => refused(invalid, previous, &condition),
+    };
     // A condition whose status is unchanged keeps the time it last changed.
     if let Some(previous) = previous {
         for condition in &mut conditions {
@@ -151,6 +85,91 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
     CompositionStatus {
         observed_generation: generation,
         conditions,
+    }
+}
+
+/// A refused spec: not ready, not progressing, degraded, all for the refusal's reason; the
+/// `Halted` condition kept as it was.
+fn refused(
+    invalid: Option<(&'static str, &str)>,
+    previous: Option<&CompositionStatus>,
+    condition: &impl Fn(&str, bool, &str, String) -> Condition,
+) -> Vec<Condition> {
+    let (reason, message) = invalid.unwrap_or((reasons::INVALID_SPEC, "the spec was not checked"));
+    let message = message.to_owned();
+    let not_rolled_out = if reason == reasons::INVALID_SPEC {
+        "the refused spec is not rolled out; what runs is left as it was"
+    } else {
+        "nothing is rolled out until that is resolved; what runs is left as it was"
+    };
+    let mut conditions = vec![
+        condition(conditions::READY, false, reason, message.clone()),
+        condition(
+            conditions::PROGRESSING,
+            false,
+            reason,
+            not_rolled_out.to_owned(),
+        ),
+        condition(conditions::DEGRADED, true, reason, message),
+    ];
+    if let Some(halted) = previous.and_then(|p| find(&p.conditions, conditions::HALTED)) {
+        conditions.push(halted.clone());
+    }
+    conditions
+}
+
+/// How far the rollout is, in words.
+fn progress(rollout: Option<Rollout>, replicas: i32) -> String {
+    match rollout {
+        None => "waiting for the Deployment".to_owned(),
+        Some(rollout) => format!(
+            "{} of {replicas} pods updated, {} available, {} in all",
+            rollout.updated_replicas, rollout.available_replicas, rollout.replicas
+        ),
+    }
+}
+
+/// `Ready`: rolled out and not stopped by a halt.
+fn ready(
+    decision: &Decision,
+    done: bool,
+    progress: String,
+    condition: &impl Fn(&str, bool, &str, String) -> Condition,
+) -> Condition {
+    if matches!(decision.phase, Phase::ScalingDown | Phase::Halted) {
+        condition(
+            conditions::READY,
+            false,
+            reasons::HALTED,
+            "stopped by a halt".to_owned(),
+        )
+    } else if done {
+        condition(conditions::READY, true, reasons::ROLLED_OUT, progress)
+    } else {
+        condition(conditions::READY, false, reasons::ROLLING_OUT, progress)
+    }
+}
+
+/// `Progressing`: a rollout of this generation is under way.
+fn progressing(
+    done: bool,
+    progress: String,
+    condition: &impl Fn(&str, bool, &str, String) -> Condition,
+) -> Condition {
+    if done {
+        condition(
+            conditions::PROGRESSING,
+            false,
+            reasons::ROLLED_OUT,
+            progress,
+        )
+    } else {
+        condition(
+            conditions::PROGRESSING,
+            true,
+            reasons::ROLLING_OUT,
+            progress,
+        )
     }
 }
 
