@@ -34,7 +34,10 @@ export interface CallOptions {
   signal?: AbortSignal
 }
 
-export interface Context<Local = any, Remote = any, Configuration = any> {
+/** The `context` every operation and run command gets (the runtime constructs it from the
+ * variables the agent starts the program with: `env`, by default `process.env`). */
+export declare class Context<Local = any, Remote = any, Configuration = any> {
+  constructor (env?: NodeJS.ProcessEnv)
   /** This process's name. */
   readonly instance: string
   /** One plain object per process, shared by run commands and operations. */
@@ -48,5 +51,7 @@ export interface Context<Local = any, Remote = any, Configuration = any> {
 /** A call that failed as a call: `code` 403 (Addressee), 404 (Abandoned), 202 (RequestContract),
  * otherwise the agent's code; `name` is the agent's code. */
 export declare class CallError extends Error {
+  /** `error` as the agent answers it: `{"code", "number"?, "message"?}`. */
+  constructor (error: { code: string, number?: number | null, message?: string })
   code: number | string
 }

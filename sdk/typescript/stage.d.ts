@@ -17,8 +17,9 @@ export interface Stage {
   halt (): Promise<void>
   /** Runs `resume`: the same processes, with their state. */
   restore (): Promise<void>
-  /** Drains (dispose runs) and waits for the agent to exit; how it exited. */
-  stop (): Promise<{ code: number | null, signal: string | null }>
+  /** Drains (dispose runs) and waits for the agent to exit; how it exited (`code` is the error's
+   * message, and `signal` absent, when the agent could not be started). */
+  stop (): Promise<{ code: number | string | null, signal?: NodeJS.Signals | null }>
   /** What the agent and the programs printed. */
   output (): string
 }

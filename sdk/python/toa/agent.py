@@ -2,6 +2,8 @@
 makes. Standard library only; the component's token (TOA_AGENT_TOKEN, or the file
 TOA_AGENT_TOKEN_FILE names, read for each request) goes with every request."""
 
+from __future__ import annotations
+
 import contextlib
 import http.client
 import json
@@ -9,25 +11,29 @@ import os
 import socket
 import threading
 import urllib.parse
+from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple, Union, cast
 
+from . import protocol
 from .errors import CallError, Error
+from .protocol import CallRequest, ErrorBody, ErrorDetail, LockEvent, LockRequest, Outcome, Route, TaskRequest
 
 
 class Agent:
-    def __init__(self, environ=None):
+    def __init__(self, environ: Optional[Mapping[str, str]] = None) -> None:
         environ = os.environ if environ is None else environ
         if not environ.get("TOA_AGENT") or not environ.get("TOA_COMPONENT"):
             raise RuntimeError(
                 "expected TOA_AGENT (the agent's local API, e.g. http://127.0.0.1:7090) and "
                 "TOA_COMPONENT: a component's program is started by toa-agent, which sets them")
         url = urllib.parse.urlparse(environ["TOA_AGENT"])
-        self.host, self.port = url.hostname, url.port
+        self.host: Optional[str] = url.hostname
+        self.port: Optional[int] = url.port
         self.component = environ["TOA_COMPONENT"]
         self.instance = environ.get("TOA_INSTANCE", "")
         self._token = environ.get("TOA_AGENT_TOKEN")
         self._token_file = environ.get("TOA_AGENT_TOKEN_FILE")
 
-    def headers(self):
+    def headers(self) -> dict[str, str]:
         headers = {"content-type": "application/json"}
         token = self._token
         if token is None and self._token_file:
@@ -37,13 +43,14 @@ class Agent:
             headers["authorization"] = f"Bearer {token}"
         return headers
 
-    def connect(self, timeout=None):
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+    def connect(self, timeout: Optional[float] = None) -> http.client.HTTPConnection:
+        connection = http.client.HTTPConnection(cast(str, self.host), self.port, timeout=timeout)
         connection.connect()
-        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        cast(socket.socket, connection.sock).setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return connection
 
-    def request(self, method, path, body=None, timeout=120):
+    def request(self, method: str, path: str, body: Optional[Mapping[str, Any]] = None,
+                timeout: float = 120) -> Tuple[int, Any]:
         """The answer's status and JSON value; `CallError` `UNAVAILABLE` when the agent does not
         answer."""
         try:
@@ -60,13 +67,14 @@ class Agent:
         finally:
             connection.close()
 
-    def checked(self, method, path, body=None):
+    def checked(self, method: str, path: str, body: Optional[Mapping[str, Any]] = None) -> Any:
         status, value = self.request(method, path, body)
         if status >= 400:
-            raise CallError((value or {}).get("error", {"code": str(status)}))
+            raise CallError(refusal(value, status))
         return value
 
-    def stream(self, method, path, body=None, timeout=None):
+    def stream(self, method: str, path: str, body: Optional[Mapping[str, Any]] = None,
+               timeout: Optional[float] = None) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """An open stream (newline-delimited JSON): the connection and the response. `timeout`:
         how long a read may wait (the agent writes a line at least every second)."""
         connection = self.connect(timeout)
@@ -74,26 +82,28 @@ class Agent:
         connection.request(method, path, payload, self.headers())
         response = connection.getresponse()
         if response.status != 200:
-            error = json.loads(response.read() or b"{}").get("error", {})
+            refused: ErrorBody = json.loads(response.read() or b"{}")
+            error = refused.get("error", cast(ErrorDetail, {}))
             connection.close()
             raise CallError(error)
         return connection, response
 
-    def own(self, route):
-        return f"/v1/{self.component}/{route}"
+    def own(self, route: Route, **parameters: object) -> str:
+        """One of the component's own routes (`/v1/{component}/...`)."""
+        return route.at(component=self.component, **parameters)
 
     @contextlib.contextmanager
-    def hold(self, keys):
+    def hold(self, keys: Union[str, Sequence[str]]) -> Iterator[Signal]:
         """Holds the lock on `keys` (a key or a list) for the `with` block, waiting as long as it
         takes; yields its `Signal`. Leaving the block releases it."""
-        keys = [keys] if isinstance(keys, str) else list(keys)
-        connection, response = self.stream("POST", self.own("lock"), {"keys": keys})
+        body: LockRequest = {"keys": [keys] if isinstance(keys, str) else list(keys)}
+        connection, response = self.stream(protocol.LOCK.method, self.own(protocol.LOCK), body)
         try:
             signal = None
             for line in response:
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event: LockEvent = json.loads(line)
                 if event.get("event") == "acquired":
                     signal = Signal(event["token"])
                     break
@@ -106,12 +116,14 @@ class Agent:
             # Closing the request releases the lock.
             connection.close()
 
-    def call(self, kind, component, operation, body):
-        """A call (`kind` "call") or a task ("task"): the reply, or the operation's own `Error`;
+    def call(self, route: Route, component: str, operation: str,
+             body: Union[CallRequest, TaskRequest]) -> Any:
+        """A call (`route` CALL) or a task (TASK): the reply, or the operation's own `Error`;
         a call that failed as a call raises `CallError`."""
-        status, value = self.request("POST", f"/v1/{kind}/{component}/{operation}", body)
+        status, answer = self.request(route.method, route.at(component=component, operation=operation), body)
         if status >= 400:
-            raise CallError((value or {}).get("error", {"code": str(status)}))
+            raise CallError(refusal(answer, status))
+        value: Outcome = answer
         if "error" in value:
             return Error(value["error"]["code"], value["error"].get("message"))
         return value["reply"]
@@ -122,21 +134,21 @@ class Signal:
     must stop touching what it guards); `token` is the fencing token, larger for every later
     holder."""
 
-    def __init__(self, token):
+    def __init__(self, token: int) -> None:
         self.token = token
         self._lost = threading.Event()
 
     @property
-    def aborted(self):
+    def aborted(self) -> bool:
         return self._lost.is_set()
 
     lost = aborted
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: Optional[float] = None) -> bool:
         """Waits until the lock is lost, at most `timeout` seconds; whether it was."""
         return self._lost.wait(timeout)
 
-    def watch(self, response):
+    def watch(self, response: http.client.HTTPResponse) -> None:
         """Reads the lock's stream until it ends, setting `aborted` on `lost`."""
         try:
             for line in response:
@@ -144,3 +156,10 @@ class Signal:
                     self._lost.set()
         except Exception:  # noqa: BLE001 - the stream ends when the lock is released
             pass
+
+
+def refusal(value: Any, status: int) -> ErrorDetail:
+    """The agent's refusal in a 4xx or 5xx answer's body, or its status when it has none."""
+    body: Optional[ErrorBody] = value
+    otherwise: ErrorDetail = {"code": str(status)}
+    return (body or {}).get("error", otherwise)

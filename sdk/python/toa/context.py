@@ -11,37 +11,43 @@
   `{"input": ..., "instance": ...}` as in the seeds; a failed call raises `CallError`.
 """
 
+from __future__ import annotations
+
 import asyncio
+import http.client
 import inspect
 import json
 import os
 import re
 import sys
 import threading
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from . import protocol
 from .agent import Agent, Signal  # noqa: F401 - Signal is the SDK's too
+from .protocol import AssignedEvent, Assignment, CallInfo, CallRequest, MeterRequest, MeterResponse, SlotsResponse
 
 
-def call_function(function, *args):
+def call_function(function: Callable[..., Any], *args: Any) -> Any:
     """Runs `function` (plain or `async def`) on this thread and returns its result."""
     if inspect.iscoroutinefunction(function):
         return asyncio.run(function(*args))
     return function(*args)
 
 
-class State(dict):
+class State(Dict[str, Any]):
     """A plain object: its keys are attributes too."""
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         try:
             return self[name]
         except KeyError:
             raise AttributeError(name) from None
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         self[name] = value
 
-    def __delattr__(self, name):
+    def __delattr__(self, name: str) -> None:
         try:
             del self[name]
         except KeyError:
@@ -49,27 +55,31 @@ class State(dict):
 
 
 class Atom:
-    def __init__(self, agent):
+    def __init__(self, agent: Agent) -> None:
         self._agent = agent
 
-    def lock(self, keys, function):
+    def lock(self, keys: Union[str, Sequence[str]], function: Callable[[Signal], Any]) -> Any:
         """Holds `keys` (a key or a list) while `function(signal)` runs, waiting as long as it
         takes; returns what it returns. The lock goes when it returns or raises."""
         with self._agent.hold(keys) as signal:
             return call_function(function, signal)
 
-    def slots(self, total):
+    def slots(self, total: int) -> Optional[List[int]]:
         """This replica's share of `total` slots, or None while it owns none for sure."""
-        return self._agent.checked("GET", self._agent.own(f"slots?total={int(total)}"))["slots"]
+        route = protocol.SLOTS
+        answer: SlotsResponse = self._agent.checked(route.method, self._agent.own(route) + f"?total={int(total)}")
+        return answer["slots"]
 
-    def meter(self, keys, deltas):
+    def meter(self, keys: Union[str, Sequence[str]], deltas: Union[int, Sequence[int]]) -> List[int]:
         """Charges `deltas` to `keys` across replicas; each key's debt after the charge."""
-        keys = [keys] if isinstance(keys, str) else list(keys)
-        deltas = [deltas] if isinstance(deltas, (int, float)) else list(deltas)
-        body = {"keys": keys, "deltas": deltas}
-        return self._agent.checked("POST", self._agent.own("meter"), body)["debts"]
+        body: MeterRequest = {
+            "keys": [keys] if isinstance(keys, str) else list(keys),
+            "deltas": [deltas] if isinstance(deltas, (int, float)) else list(deltas),
+        }
+        answer: MeterResponse = self._agent.checked(protocol.METER.method, self._agent.own(protocol.METER), body)
+        return answer["debts"]
 
-    def onassigned(self, listener):
+    def onassigned(self, listener: Callable[[Optional[Assignment]], Any]) -> Callable[[], None]:
         """Calls `listener(assignment)` at once and on every change, on a thread of its own;
         returns `off`. A listener that raises gives this replica's slots to the others. When
         the stream ends or falls silent (an agent container restarted, say), the listener hears
@@ -84,20 +94,20 @@ SILENCE = 2.0
 class Listening:
     """One `onassigned` listener on its own stream, followed on a thread of its own."""
 
-    def __init__(self, agent, listener):
+    def __init__(self, agent: Agent, listener: Callable[[Optional[Assignment]], Any]) -> None:
         self._agent = agent
         self._listener = listener
-        self._told = object()
+        self._told: object = object()
         self._done = threading.Event()
-        self._connection = None
+        self._connection: Optional[http.client.HTTPConnection] = None
         threading.Thread(target=self._follow, daemon=True).start()
 
-    def off(self):
+    def off(self) -> None:
         self._done.set()
         if self._connection is not None:
             self._connection.close()
 
-    def _tell(self, assignment, listener_id=None):
+    def _tell(self, assignment: Optional[Assignment], listener_id: Optional[int] = None) -> bool:
         """Calls the listener if `assignment` differs from the last one told; False once it
         raised (the agent was told, while the stream is still open)."""
         if self._done.is_set() or assignment == self._told:
@@ -110,21 +120,23 @@ class Listening:
             print(f"{self._agent.component}: an onassigned listener raised, this replica owns "
                   f"nothing from now on: {error!r}", file=sys.stderr, flush=True)
             if listener_id is not None:
-                self._agent.request("POST", self._agent.own(f"onassigned/{listener_id}/failed"))
+                route = protocol.FAILED
+                self._agent.request(route.method, self._agent.own(route, listener=listener_id))
             self._done.set()
             return False
 
-    def _follow(self):
+    def _follow(self) -> None:
+        route = protocol.ONASSIGNED
         while not self._done.is_set():
             try:
                 self._connection, response = self._agent.stream(
-                    "GET", self._agent.own("onassigned"), timeout=SILENCE)
+                    route.method, self._agent.own(route), timeout=SILENCE)
                 if self._done.is_set():
                     break
                 for line in response:
                     if not line.strip():
                         continue
-                    event = json.loads(line)
+                    event: AssignedEvent = json.loads(line)
                     if not self._tell(event.get("assignment"), event.get("listener")):
                         break
             except Exception:  # noqa: BLE001 - ended, silent, refused or closed by `off`
@@ -140,26 +152,26 @@ class Calls:
     """`context.remote.<a>.<b>...(request, timeout=None)`: the last name is the operation, the
     ones before it the component's full name."""
 
-    def __init__(self, agent, path=()):
+    def __init__(self, agent: Agent, path: Tuple[str, ...] = ()) -> None:
         self._agent = agent
         self._path = path
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Calls:
         if name.startswith("_"):
             raise AttributeError(name)
         return Calls(self._agent, self._path + (name,))
 
-    def __call__(self, request=None, timeout=None):
+    def __call__(self, request: Optional[Mapping[str, Any]] = None, timeout: Optional[int] = None) -> Any:
         if len(self._path) < 2:
             raise AttributeError(f"{'.'.join(self._path)}: name a component, then an operation")
         *component, operation = self._path
         request = dict(request or {})
-        body = {"input": request.get("input")}
+        body: CallRequest = {"input": request.get("input")}
         if request.get("instance") is not None:
             body["instance"] = request["instance"]
         if timeout is not None:
             body["timeout"] = timeout
-        return self._agent.call("call", ".".join(component), operation, body)
+        return self._agent.call(protocol.CALL, ".".join(component), operation, body)
 
 
 # A string "$NAME" in the configuration is the place of a secret, whose value comes as
@@ -167,7 +179,7 @@ class Calls:
 SECRET = re.compile(r"\$([A-Z][A-Z0-9_]*)")
 
 
-def reveal(value, environ, at=""):
+def reveal(value: Any, environ: Mapping[str, str], at: str = "") -> Any:
     """`value` with every secret in place; raises naming one without a value, never a value."""
     if isinstance(value, str):
         match = SECRET.fullmatch(value)
@@ -186,7 +198,7 @@ def reveal(value, environ, at=""):
 
 
 class Context:
-    def __init__(self, environ=None):
+    def __init__(self, environ: Optional[Mapping[str, str]] = None) -> None:
         environ = os.environ if environ is None else environ
         self._agent = Agent(environ)
         self.instance = self._agent.instance
@@ -195,14 +207,15 @@ class Context:
             configuration = json.loads(environ.get("TOA_CONFIGURATION") or "{}")
         except ValueError as error:
             raise RuntimeError(f"TOA_CONFIGURATION: expected the component's configuration as JSON: {error}") from error
-        self.configuration = reveal(configuration, environ)
+        self.configuration: Any = reveal(configuration, environ)
         self.atom = Atom(self._agent)
         self.remote = Calls(self._agent)
         self.local = Calls(self._agent, (self._agent.component,))
         self._calls = threading.local()
 
     @property
-    def call(self):
+    def call(self) -> Optional[CallInfo]:
         """The call being answered on this thread: `{"id", "redelivered", "deadline_ms"}`
         (docs/component-protocol.md), or None in a run command."""
-        return getattr(self._calls, "call", None)
+        call: Optional[CallInfo] = getattr(self._calls, "call", None)
+        return call

@@ -1,11 +1,17 @@
 """An operation's own error, and a call that failed as a call."""
 
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from .protocol import ErrorDetail
+
 
 class Error(Exception):
     """Returned by an operation (`return Error("TOO_MANY_REQUESTS")`): the operation's own error,
     answered as `{"error": {"code", "message"}}`. Raised, it is a failure like any exception."""
 
-    def __init__(self, code, message=None):
+    def __init__(self, code: str, message: Optional[str] = None) -> None:
         super().__init__(message or code)
         self.code = code
         self.message = message
@@ -17,7 +23,7 @@ class CallError(Exception):
     unknown), 202 (RequestContract: refused before anything was sent); `name` is the agent's
     code (`Addressee`, `Abandoned`, `RequestContract`, `UNKNOWN_COMPONENT`, `FAILED`, ...)."""
 
-    def __init__(self, error):
+    def __init__(self, error: ErrorDetail) -> None:
         super().__init__(error.get("message") or error.get("code"))
-        self.code = error.get("number") or error.get("code")
-        self.name = error.get("code")
+        self.code: Union[int, str, None] = error.get("number") or error.get("code")
+        self.name: Optional[str] = error.get("code")

@@ -9,6 +9,8 @@ and serves the agent's protocol on 127.0.0.1:$TOA_PORT:
 - `POST /operations/<name>`: the module's function, with `input` and the context.
 """
 
+from __future__ import annotations
+
 import importlib.util
 import json
 import os
@@ -17,9 +19,16 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
+from . import protocol
 from .context import Context, call_function
 from .errors import Error
+from .protocol import CallInfo, Description, OperationRequest, Outcome
+
+Operations = Dict[str, Callable[..., Any]]
+Commands = Dict[str, List[Callable[..., Any]]]
 
 COMMANDS = ("preflight", "settle", "ready", "pause", "resume", "dispose")
 KINDS = ("effect", "computation", "transition", "observation", "assignment")
@@ -29,18 +38,19 @@ class Refused(Exception):
     """A component that must not start, and why."""
 
 
-def _module(path):
+def _module(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"toa_component_{path.parent.name}_{path.stem}", path)
+    assert spec is not None and spec.loader is not None, path  # a .py file always has both
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def load(directory):
+def load(directory: Union[str, Path]) -> Tuple[Operations, Commands]:
     """The operations (name → function) and run commands (name → functions) of the component in
     `directory`."""
     directory = Path(directory)
-    operations = {}
+    operations: Operations = {}
     for path in sorted((directory / "operations").glob("*.py")):
         module = _module(path)
         kinds = [kind for kind in KINDS if callable(getattr(module, kind, None))]
@@ -50,7 +60,7 @@ def load(directory):
                 f"found {kinds or 'none'}"
             )
         operations[path.stem] = getattr(module, kinds[0])
-    commands = {}
+    commands: Commands = {}
     for path in sorted((directory / "rc").glob("*.py")):
         module = _module(path)
         exported = [name for name in COMMANDS if callable(getattr(module, name, None))]
@@ -64,22 +74,22 @@ def load(directory):
 
 
 class Component:
-    def __init__(self, operations, commands, context):
+    def __init__(self, operations: Operations, commands: Commands, context: Context) -> None:
         self.operations = operations
         self.commands = commands
         self.context = context
 
-    def description(self):
+    def description(self) -> Optional[Description]:
         return {
             "commands": [name for name in COMMANDS if name in self.commands],
             "operations": sorted(self.operations),
         }
 
-    def run_command(self, name):
+    def run_command(self, name: str) -> None:
         for function in self.commands.get(name, []):
             call_function(function, self.context)
 
-    def operate(self, name, input, call=None):
+    def operate(self, name: str, input: Any, call: Optional[CallInfo] = None) -> Outcome:
         """`{"reply": ...}` or the operation's own `{"error": ...}`; an exception is a failure.
         `call` is what the agent says of the call (`context.call` on this thread)."""
         self.context._calls.call = call
@@ -89,17 +99,17 @@ class Component:
         return {"reply": result}
 
 
-def handler(component):
+def handler(component: Component) -> Type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # Headers and body go in two writes: with Nagle's algorithm the second would wait for
         # the agent's delayed ACK of the first, ~40 ms on every answer.
         disable_nagle_algorithm = True
 
-        def log_message(self, *args):
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
-        def _answer(self, status, value):
+        def _answer(self, status: int, value: Any) -> None:
             # Status line, headers and body in one write: no Date or Server header to format,
             # and nothing for Nagle's algorithm to hold back.
             body = json.dumps(value).encode()
@@ -107,15 +117,15 @@ def handler(component):
                     f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
             self.wfile.write(head.encode() + body)
 
-        def do_GET(self):
+        def do_GET(self) -> None:
             description = component.description()
-            if self.path == "/program" and description is not None:
+            if self.path == protocol.PROGRAM.path and description is not None:
                 return self._answer(200, description)
             return self._answer(404, {"message": f"no route {self.path}"})
 
-        def do_POST(self):
+        def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
-            request = json.loads(self.rfile.read(length) or b"{}")
+            request: OperationRequest = json.loads(self.rfile.read(length) or b"{}")
             kind, _, name = self.path.strip("/").partition("/")
             try:
                 if kind == "lifecycle" and name in COMMANDS:
@@ -134,7 +144,7 @@ def handler(component):
     return Handler
 
 
-def serve(component):
+def serve(component: Component) -> None:
     """Serves the agent's protocol for `component` on 127.0.0.1:$TOA_PORT until stopped."""
     # The agent stops the program with SIGTERM, after `dispose`. Ctrl-C on `toa-agent compose`
     # reaches the program too (one process group): it is the agent's to act on, so that the
@@ -149,7 +159,7 @@ def serve(component):
         pass
 
 
-def main():
+def main() -> None:
     """The component in the current directory: its modules loaded, then served. Its own modules
     beside operations/ and rc/ can be imported (the directory is on the path)."""
     sys.path.insert(0, str(Path.cwd()))

@@ -11,6 +11,8 @@ components, with its local API and control endpoint on free loopback ports.
     # leaving the block drains the composition: dispose runs
 """
 
+from __future__ import annotations
+
 import http.client
 import json
 import os
@@ -20,19 +22,26 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from types import TracebackType
+from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple, Type, Union
 
+from . import protocol
+from .agent import refusal
 from .errors import CallError, Error
+from .protocol import CallRequest, Halt, Outcome, Route
 
 READY_WITHIN = 60
 
 
-def _free_port():
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def _request(port, method, path, body=None, headers=None, timeout=120):
+def _request(port: int, method: str, path: str, body: Optional[Mapping[str, Any]] = None,
+             headers: Optional[Dict[str, str]] = None, timeout: float = 120) -> Tuple[int, Any]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         connection.request(method, path, None if body is None else json.dumps(body),
@@ -48,7 +57,8 @@ def _request(port, method, path, body=None, headers=None, timeout=120):
 
 
 class Stage:
-    def __init__(self, process, port, control, token, log):
+    def __init__(self, process: subprocess.Popen[bytes], port: int, control: int, token: str,
+                 log: Path) -> None:
         self.process = process
         self.port = port
         self.address = f"http://127.0.0.1:{port}"
@@ -57,17 +67,17 @@ class Stage:
         self._log = log
         self._halts = 0
 
-    def output(self):
+    def output(self) -> str:
         """What the agent and the programs printed."""
         return Path(self._log).read_text(errors="replace")
 
-    def _ready(self):
+    def _ready(self) -> Stage:
         deadline = time.monotonic() + READY_WITHIN
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"toa-agent exited ({self.process.returncode}) before it was ready:\n{self.output()}")
             try:
-                if _request(self.port, "GET", "/readyz", timeout=1)[0] == 200:
+                if _request(self.port, protocol.READYZ.method, protocol.READYZ.path, timeout=1)[0] == 200:
                     return self
             except OSError:
                 pass
@@ -75,38 +85,41 @@ class Stage:
         self.process.kill()
         raise RuntimeError(f"toa-agent was not ready within {READY_WITHIN} s:\n{self.output()}")
 
-    def call(self, target, request=None):
+    def call(self, target: str, request: Optional[CallRequest] = None) -> Any:
         """Calls `component.operation`: the reply, or the operation's own `Error`; a failed call
         raises `CallError`."""
         component, operation = target.rsplit(".", 1)
-        status, value = _request(self.port, "POST", f"/v1/call/{component}/{operation}",
-                                 {"input": None, **(request or {})})
+        route = protocol.CALL
+        body: CallRequest = {"input": None, **(request or {})}
+        status, answer = _request(self.port, route.method, route.at(component=component, operation=operation), body)
         if status >= 400:
-            raise CallError((value or {}).get("error", {"code": str(status)}))
+            raise CallError(refusal(answer, status))
+        value: Outcome = answer
         if "error" in value:
             return Error(value["error"]["code"], value["error"].get("message"))
         return value["reply"]
 
-    def _controlled(self, route, halt):
-        status, value = _request(self._control, "POST", f"/control/{route}", {"halt": halt},
+    def _controlled(self, route: Route, halt: str) -> None:
+        body: Halt = {"halt": halt}
+        status, value = _request(self._control, route.method, route.path, body,
                                  {"authorization": f"Bearer {self._token}"})
         if status != 200:
-            raise RuntimeError(f"{route} answered {status}: {value}")
+            raise RuntimeError(f"{route.path.rsplit('/', 1)[-1]} answered {status}: {value}")
 
-    def halt(self):
+    def halt(self) -> None:
         """Runs `pause` in every component (a halt)."""
         self._halts += 1
-        self._controlled("halt", f"stage-{self._halts}")
+        self._controlled(protocol.HALT, f"stage-{self._halts}")
 
-    def restore(self):
+    def restore(self) -> None:
         """Runs `resume`: the same processes, with their state."""
-        self._controlled("resume", f"stage-{self._halts}")
+        self._controlled(protocol.RESUME, f"stage-{self._halts}")
 
-    def stop(self, within=60):
+    def stop(self, within: float = 60) -> int:
         """Drains (dispose runs) and waits for the agent to exit; its exit code."""
         if self.process.poll() is None:
             try:
-                _request(self.port, "POST", "/v1/drain")
+                _request(self.port, protocol.DRAIN.method, protocol.DRAIN.path)
             except OSError:
                 self.process.terminate()
         try:
@@ -115,15 +128,18 @@ class Stage:
             self.process.kill()
             return self.process.wait()
 
-    def __enter__(self):
+    def __enter__(self) -> Stage:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind: Optional[Type[BaseException]], error: Optional[BaseException],
+                 traceback: Optional[TracebackType]) -> Literal[False]:
         self.stop()
         return False
 
 
-def compose(components, context=None, environment=None, env=None, agent=None):
+def compose(components: Iterable[Union[str, Path]], context: Union[str, Path, None] = None,
+            environment: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+            agent: Optional[str] = None) -> Stage:
     """Starts `toa-agent compose` on `components` (directories) and returns the `Stage` once every
     component is ready. `agent`: the binary ($TOA_AGENT_BIN, else `toa-agent` on PATH)."""
     binary = agent or os.environ.get("TOA_AGENT_BIN") or "toa-agent"

@@ -11,7 +11,7 @@ if (command === 'types') {
   try {
     for (const written of writeTypes(args.length ? args : ['.'])) console.log(written)
   } catch (error) {
-    console.error(`toa-node types: ${error.message}`)
+    console.error(`toa-node types: ${/** @type {Error} */ (error).message}`)
     process.exit(1)
   }
 } else if (command === undefined) {

@@ -5,8 +5,27 @@
 import { readFileSync } from 'node:fs'
 import http from 'node:http'
 import { CallError } from './errors.js'
+import { at } from './protocol.js'
+
+/** @typedef {import('./protocol.js').Route} Route */
+/** @typedef {import('./protocol.js').ErrorBody} ErrorBody */
+
+/**
+ * An answer: its status and JSON value (a non-JSON body as an error naming the status); a stream
+ * that opened (status 200) as its response and request instead.
+ * @typedef {{ status: number, value: any, response?: undefined, request?: undefined }
+ *   | { status: 200, value?: undefined, response: http.IncomingMessage, request: http.ClientRequest }} Answer
+ */
+
+/**
+ * @typedef {object} StreamHandlers
+ * @property {(event: any) => void} onLine each non-blank line, parsed
+ * @property {() => void} [onAlive] every line (blank ones are keep-alives)
+ * @property {() => void} [onEnd] once it ends
+ */
 
 export class Agent {
+  /** @param {NodeJS.ProcessEnv} env */
   constructor (env = process.env) {
     if (!env.TOA_AGENT || !env.TOA_COMPONENT) {
       throw new Error('expected TOA_AGENT (the agent\'s local API, e.g. http://127.0.0.1:7090) and TOA_COMPONENT: a component\'s program is started by toa-agent, which sets them')
@@ -23,6 +42,7 @@ export class Agent {
   }
 
   headers () {
+    /** @type {Record<string, string>} */
     const headers = { 'content-type': 'application/json' }
     let token = this.token
     if (token === undefined && this.tokenFile) token = readFileSync(this.tokenFile, 'utf8').trim()
@@ -30,11 +50,21 @@ export class Agent {
     return headers
   }
 
-  own (route) {
-    return `/v1/${this.component}/${route}`
+  /** One of the component's own routes (`/v1/{component}/...`).
+   * @param {Route} route
+   * @param {Record<string, string | number>} [parameters] the others than `component`
+   */
+  own (route, parameters = {}) {
+    return at(route, { ...parameters, component: this.component })
   }
 
-  /** The answer's status and JSON value. `signal` ends the wait (the request is dropped). */
+  /** The answer's status and JSON value. `signal` ends the wait (the request is dropped).
+   * @param {string} method
+   * @param {string} path
+   * @param {object} [body]
+   * @param {{ signal?: AbortSignal, stream?: boolean }} [options]
+   * @returns {Promise<Answer>}
+   */
   request (method, path, body, { signal, stream = false } = {}) {
     return new Promise((resolve, reject) => {
       const request = http.request({
@@ -47,13 +77,14 @@ export class Agent {
         signal
       }, (response) => {
         if (stream && response.statusCode === 200) return resolve({ status: 200, response, request })
+        /** @type {Buffer[]} */
         const chunks = []
         response.on('data', (chunk) => chunks.push(chunk))
         response.on('end', () => {
           const text = Buffer.concat(chunks).toString()
           let value = null
           try { value = text ? JSON.parse(text) : null } catch { value = { error: { code: String(response.statusCode), message: text } } }
-          resolve({ status: response.statusCode, value })
+          resolve({ status: /** @type {number} */ (response.statusCode), value })
         })
         response.on('error', reject)
       })
@@ -63,27 +94,38 @@ export class Agent {
     })
   }
 
-  /** The answer's value; a 4xx or 5xx is a `CallError`. */
+  /** The answer's value; a 4xx or 5xx is a `CallError`.
+   * @param {string} method
+   * @param {string} path
+   * @param {object} [body]
+   * @returns {Promise<any>}
+   */
   async checked (method, path, body) {
     const { status, value } = await this.request(method, path, body)
-    if (status >= 400) throw new CallError(value?.error ?? { code: String(status) })
+    if (status >= 400) throw new CallError(refusal(value, status))
     return value
   }
 
   /** An open stream of JSON lines: `onLine(event)` for each non-blank line, `onAlive()` for every
    * line (blank ones are the agent's keep-alives), `onEnd()` once it ends. Resolves once open,
-   * to a function that closes it. */
+   * to a function that closes it.
+   * @param {string} method
+   * @param {string} path
+   * @param {object | undefined} body
+   * @param {StreamHandlers} handlers
+   * @returns {Promise<() => void>}
+   */
   async stream (method, path, body, { onLine, onAlive = () => {}, onEnd = () => {} }) {
     const answer = await this.request(method, path, body, { stream: true })
-    if (answer.status !== 200) throw new CallError(answer.value?.error ?? { code: String(answer.status) })
+    if (answer.response === undefined) throw new CallError(refusal(answer.value, answer.status))
     const { response, request } = answer
     let rest = ''
     let ended = false
     const end = () => { if (!ended) { ended = true; onEnd() } }
     response.setEncoding('utf8')
-    response.on('data', (chunk) => {
+    response.on('data', (/** @type {string} */ chunk) => {
       const lines = (rest + chunk).split('\n')
-      rest = lines.pop()
+      rest = lines.pop() ?? ''
       for (const line of lines) {
         onAlive()
         if (!line.trim()) continue
@@ -107,4 +149,13 @@ export class Agent {
     request.on('close', end)
     return () => request.destroy()
   }
+}
+
+/** The agent's refusal in a 4xx or 5xx answer's body, or its status when it has none.
+ * @param {ErrorBody | null | undefined} value
+ * @param {number} status
+ * @returns {import('./protocol.js').ErrorDetail}
+ */
+export function refusal (value, status) {
+  return value?.error ?? { code: String(status) }
 }

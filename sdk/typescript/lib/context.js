@@ -2,8 +2,20 @@
 // `state` (one plain object per process), `configuration`, `atom` (lock, slots, onassigned,
 // meter), `local.<operation>(request, options)` and `remote.<component>.<operation>(...)`.
 
-import { Agent } from './agent.js'
+import { Agent, refusal } from './agent.js'
 import { CallError, abandoned, contract } from './errors.js'
+import { CALL, FAILED, LOCK, METER, ONASSIGNED, at } from './protocol.js'
+
+/** @typedef {import('./protocol.js').Assignment} Assignment */
+/** @typedef {import('./protocol.js').AssignedEvent} AssignedEvent */
+/** @typedef {import('./protocol.js').LockEvent} LockEvent */
+/** @typedef {import('./protocol.js').CallRequest} CallRequest */
+/** @typedef {import('./protocol.js').Outcome} Outcome */
+/** @typedef {import('./protocol.js').OperationError} OperationError */
+/** @typedef {import('./protocol.js').MeterResponse} MeterResponse */
+/** A held lock's signal. @typedef {AbortSignal & { readonly token: number, readonly error: unknown }} LockSignal */
+/** How long a call to one process waits. @typedef {{ timeout?: number, signal?: AbortSignal }} CallOptions */
+/** What a caller passes: the input, and the process for a stateful operation. @typedef {{ input?: unknown, instance?: string }} Request */
 
 /** `slots` answers null when nothing was heard from the agent for this long: it writes a line at
  * least every second (the assignment on a change, a keep-alive otherwise), so two seconds of
@@ -12,34 +24,38 @@ export const SILENCE_MS = 2000
 
 /** A held lock's signal: a real `AbortSignal`, aborted when the lock is lost. `token` is the
  * fencing token (larger for every later holder); `error` is why it aborted (`signal.reason`). */
+/** @param {AbortController} controller @param {number} token @returns {LockSignal} */
 function lockSignal (controller, token) {
   const signal = controller.signal
   Object.defineProperty(signal, 'token', { value: token, enumerable: true })
   Object.defineProperty(signal, 'error', { get: () => signal.reason, enumerable: true })
-  return signal
+  return /** @type {LockSignal} */ (signal)
 }
 
 /** Keeps this component's onassigned stream open until `stop()`: `onLine(event)` for each event,
  * and `onDown()` whenever the stream ends, cannot be opened, or falls silent for `SILENCE_MS` (it
  * is closed then: a half-open connection hears nothing more). Opened again 500 ms later. */
 class Following {
+  /** @param {Agent} agent @param {{ onLine: (event: AssignedEvent) => void, onDown: () => void }} handlers */
   constructor (agent, { onLine, onDown }) {
     this.agent = agent
     this.handlers = { onLine, onDown }
     this.heard = 0
     this.failing = false
     this.stopped = false
+    /** @type {() => void} */
     this.close = () => {}
   }
 
   async run () {
     while (!this.stopped) {
+      /** @type {NodeJS.Timeout | undefined} */
       let silence
       try {
-        await new Promise((resolve, reject) => {
+        await new Promise((/** @type {(value?: unknown) => void} */ resolve, reject) => {
           this.heard = Date.now()
           silence = setInterval(() => { if (Date.now() - this.heard > SILENCE_MS) this.close() }, SILENCE_MS / 4)
-          this.agent.stream('GET', this.agent.own('onassigned'), undefined, {
+          this.agent.stream(ONASSIGNED.method, this.agent.own(ONASSIGNED), undefined, {
             onLine: this.handlers.onLine,
             onAlive: () => { this.heard = Date.now() },
             onEnd: resolve
@@ -51,7 +67,7 @@ class Following {
         })
       } catch (error) {
         // Once per outage, not every 500 ms.
-        if (!this.failing) console.error(`${this.agent.component}: onassigned:`, error.message)
+        if (!this.failing) console.error(`${this.agent.component}: onassigned:`, /** @type {Error} */ (error).message)
         this.failing = true
       } finally {
         clearInterval(silence)
@@ -69,7 +85,9 @@ class Following {
 
 /** The stream behind `slots`: the last assignment heard, and when a line was last heard. */
 class Assignments {
+  /** @param {Agent} agent */
   constructor (agent) {
+    /** @type {Assignment | null} */
     this.value = null
     this.following = new Following(agent, {
       onLine: (event) => { this.value = event.assignment ?? null },
@@ -81,6 +99,7 @@ class Assignments {
     return this.following.run()
   }
 
+  /** @param {number} total @returns {number[] | null} */
   slots (total) {
     if (this.value === null || Date.now() - this.following.heard > SILENCE_MS) return null
     const { i, n } = this.value
@@ -95,22 +114,31 @@ class Assignments {
 }
 
 class Atom {
+  /** @param {Agent} agent */
   constructor (agent) {
     this.agent = agent
     this.assignments = new Assignments(agent)
   }
 
   /** Runs `fn(signal)` while no other replica holds `keys` (a key or an array), waiting as long
-   * as it takes; returns what `fn` returns. The lock goes when `fn` settles. */
+   * as it takes; returns what `fn` returns. The lock goes when `fn` settles.
+   * @template T
+   * @param {string | string[]} keys
+   * @param {(signal: LockSignal) => T | Promise<T>} fn
+   * @returns {Promise<T>}
+   */
   async lock (keys, fn) {
     keys = typeof keys === 'string' ? [keys] : [...keys]
     const controller = new AbortController()
-    let acquired
+    /** @type {{ resolve: (token: number) => void, reject: (error: Error) => void }} */
+    let acquired = { resolve: () => {}, reject: () => {} }
     let released = false
-    const held = new Promise((resolve, reject) => { acquired = { resolve, reject } })
-    const close = await this.agent.stream('POST', this.agent.own('lock'), { keys }, {
-      onLine: (event) => {
-        if (event.event === 'acquired') acquired.resolve(event.token)
+    const held = new Promise((/** @type {(token: number) => void} */ resolve, reject) => { acquired = { resolve, reject } })
+    /** @type {import('./protocol.js').LockRequest} */
+    const body = { keys }
+    const close = await this.agent.stream(LOCK.method, this.agent.own(LOCK), body, {
+      onLine: (/** @type {LockEvent} */ event) => {
+        if (event.event === 'acquired') acquired.resolve(/** @type {number} */ (event.token))
         else if (event.event === 'lost') controller.abort(new Error(`the lock on ${keys.join(', ')} was lost`))
         else acquired.reject(new CallError({ code: 'LOCK', message: event.message ?? JSON.stringify(event) }))
       },
@@ -129,20 +157,34 @@ class Atom {
     }
   }
 
-  /** This replica's share of `total` slots, or null while it owns none for sure. */
+  /** This replica's share of `total` slots, or null while it owns none for sure.
+   * @param {number} total
+   */
   slots (total) {
     return this.assignments.slots(total)
   }
 
-  /** Charges `deltas` to `keys` across replicas; each key's debt after the charge. */
+  /** Charges `deltas` to `keys` across replicas; each key's debt after the charge.
+   * @param {string | string[]} keys
+   * @param {number | number[]} deltas
+   * @returns {Promise<number[]>}
+   */
   async meter (keys, deltas) {
-    keys = typeof keys === 'string' ? [keys] : [...keys]
-    deltas = typeof deltas === 'number' ? [deltas] : [...deltas]
-    return (await this.agent.checked('POST', this.agent.own('meter'), { keys, deltas })).debts
+    /** @type {import('./protocol.js').MeterRequest} */
+    const body = {
+      keys: typeof keys === 'string' ? [keys] : [...keys],
+      deltas: typeof deltas === 'number' ? [deltas] : [...deltas]
+    }
+    /** @type {MeterResponse} */
+    const answer = await this.agent.checked(METER.method, this.agent.own(METER), body)
+    return answer.debts
   }
 
   /** Calls `listener(assignment)` at once and on every change; returns `off`. A listener that
-   * throws gives this replica's slots to the others. */
+   * throws gives this replica's slots to the others.
+   * @param {(assignment: Assignment | null) => void | Promise<void>} listener
+   * @returns {() => void}
+   */
   onassigned (listener) {
     return new Listening(this.agent, listener).off
   }
@@ -151,9 +193,11 @@ class Atom {
 /** One `onassigned` listener: its own stream (the listener hears `null` while it is down: the
  * share is lost as far as this process can tell), calls one at a time, each only on a change. */
 class Listening {
+  /** @param {Agent} agent @param {(assignment: Assignment | null) => void | Promise<void>} listener */
   constructor (agent, listener) {
     this.agent = agent
     this.listener = listener
+    /** @type {string | undefined} */
     this.told = undefined
     this.done = false
     this.calls = Promise.resolve()
@@ -165,7 +209,10 @@ class Listening {
     this.following.run()
   }
 
-  /** Queues a call of the listener with `assignment` if it differs from the last one told. */
+  /** Queues a call of the listener with `assignment` if it differs from the last one told.
+   * @param {Assignment | null} assignment
+   * @param {number} [id] the listener's, as the agent named it
+   */
   tell (assignment, id) {
     const key = JSON.stringify(assignment)
     if (this.done || key === this.told) return
@@ -178,7 +225,7 @@ class Listening {
         console.error(`${this.agent.component}: an onassigned listener threw, this replica owns nothing from now on:`, error)
         this.done = true
         // Told while the stream is open: the agent knows the listener only until it closes.
-        const { status } = await this.agent.request('POST', this.agent.own(`onassigned/${id}/failed`)).catch((e) => ({ status: e.message }))
+        const { status } = await this.agent.request(FAILED.method, this.agent.own(FAILED, { listener: /** @type {number} */ (id) })).catch((/** @type {Error} */ e) => ({ status: e.message }))
         if (status !== 200) console.error(`${this.agent.component}: the agent was not told of the failed listener: ${status}`)
         this.following.stop()
       }
@@ -188,6 +235,7 @@ class Listening {
 
 /** `remote.<a>.<b>...(request, options)`: the last name is the operation, the ones before it the
  * component's full name. A function behind a proxy, so that every name is a further step. */
+/** @param {Agent} agent @param {string[]} path @returns {any} */
 function calls (agent, path) {
   return new Proxy(function call () {}, {
     get (_, name) {
@@ -195,13 +243,22 @@ function calls (agent, path) {
       if (typeof name !== 'string' || name === 'then') return undefined
       return calls(agent, [...path, name])
     },
+    /** @param {any} _ @param {any} __ @param {[Request?, CallOptions?]} args */
     apply (_, __, [request = {}, options = {}]) {
       if (path.length < 2) throw new TypeError(`${path.join('.')}: name a component, then an operation`)
-      return call(agent, path.slice(0, -1).join('.'), path.at(-1), request, options)
+      return call(agent, path.slice(0, -1).join('.'), /** @type {string} */ (path.at(-1)), request, options)
     }
   })
 }
 
+/**
+ * @param {Agent} agent
+ * @param {string} component
+ * @param {string} operation
+ * @param {Request} request
+ * @param {CallOptions} [options]
+ * @returns {Promise<unknown>}
+ */
 async function call (agent, component, operation, request, { timeout, signal } = {}) {
   const target = `${component}.${operation}`
   if (signal !== undefined && request.instance === undefined) {
@@ -209,25 +266,30 @@ async function call (agent, component, operation, request, { timeout, signal } =
   }
   // Aborted before it is made: it is made nowhere.
   if (signal?.aborted) throw abandoned(`${target}: the signal was aborted before the call was made`)
+  /** @type {CallRequest} */
   const body = { input: request.input ?? null }
   if (request.instance !== undefined) body.instance = request.instance
   if (timeout !== undefined) body.timeout = timeout
   let answer
   try {
-    answer = await agent.request('POST', `/v1/call/${component}/${operation}`, body, { signal })
+    answer = await agent.request(CALL.method, at(CALL, { component, operation }), body, { signal })
   } catch (error) {
     if (signal?.aborted) throw abandoned(`${target}: the signal ended the wait`)
-    throw new CallError({ code: 'UNAVAILABLE', message: `${target}: the agent did not answer: ${error.message}` })
+    throw new CallError({ code: 'UNAVAILABLE', message: `${target}: the agent did not answer: ${/** @type {Error} */ (error).message}` })
   }
-  const { status, value } = answer
-  if (status >= 400) throw new CallError(value?.error ?? { code: String(status) })
+  const { status } = answer
+  if (status >= 400) throw new CallError(refusal(answer.value, status))
+  /** @type {Outcome} */
+  const value = answer.value
   if (value.error !== undefined) return operationError(value.error)
   return value.reply
 }
 
-/** The operation's own error, as it returned it: an `Error` whose message is the code. */
+/** The operation's own error, as it returned it: an `Error` whose message is the code.
+ * @param {OperationError} error
+ */
 function operationError ({ code, message }) {
-  const error = new Error(code)
+  const error = /** @type {Error & { code: string, detail?: string }} */ (new Error(code))
   error.code = code
   if (message != null) error.detail = message
   return error
@@ -237,7 +299,12 @@ function operationError ({ code, message }) {
  * `TOA_SECRET_NAME` (docs/context.md, "Secrets"). */
 const SECRET = /^\$([A-Z][A-Z0-9_]*)$/
 
-/** `value` with every secret in place; throws naming one without a value, never a value. */
+/** `value` with every secret in place; throws naming one without a value, never a value.
+ * @param {unknown} value
+ * @param {NodeJS.ProcessEnv} env
+ * @param {string} [at]
+ * @returns {unknown}
+ */
 function reveal (value, env, at = '') {
   if (typeof value === 'string') {
     const name = SECRET.exec(value)?.[1]
@@ -253,21 +320,31 @@ function reveal (value, env, at = '') {
   return value
 }
 
+/**
+ * @template [Local=any] `local`'s type (a component's generated types say which)
+ * @template [Remote=any] `remote`'s type
+ * @template [Configuration=any] `configuration`'s type
+ */
 export class Context {
+  /** @param {NodeJS.ProcessEnv} [env] */
   constructor (env = process.env) {
     const agent = new Agent(env)
     Object.defineProperty(this, 'agent', { value: agent })
     this.instance = agent.instance
+    /** One plain object per process, shared by run commands and operations. @type {Record<string, any>} */
     this.state = {}
     let configuration
     try {
       configuration = JSON.parse(env.TOA_CONFIGURATION || '{}')
     } catch (error) {
-      throw new Error(`TOA_CONFIGURATION: expected the component's configuration as JSON: ${error.message}`)
+      throw new Error(`TOA_CONFIGURATION: expected the component's configuration as JSON: ${/** @type {Error} */ (error).message}`)
     }
-    this.configuration = reveal(configuration, env)
+    /** @type {Configuration} */
+    this.configuration = /** @type {Configuration} */ (reveal(configuration, env))
     this.atom = new Atom(agent)
+    /** @type {Local} */
     this.local = calls(agent, [agent.component])
+    /** @type {Remote} */
     this.remote = calls(agent, [])
   }
 }

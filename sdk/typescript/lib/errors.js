@@ -3,15 +3,19 @@
 // unknown), 202 (RequestContract: refused before anything was sent); `name` is the agent's code
 // (`Addressee`, `Abandoned`, `RequestContract`, `UNKNOWN_COMPONENT`, `FAILED`, ...).
 export class CallError extends Error {
+  /** @param {import('./protocol.js').ErrorDetail} error the agent's refusal */
   constructor (error) {
     super(error.message ?? error.code)
+    /** @type {number | string} */
     this.code = error.number ?? error.code
     this.name = error.code
   }
 }
 
+/** @param {string} message */
 export const abandoned = (message) =>
   new CallError({ code: 'Abandoned', number: 404, message })
 
+/** @param {string} message */
 export const contract = (message) =>
   new CallError({ code: 'RequestContract', number: 202, message })

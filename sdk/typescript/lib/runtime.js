@@ -12,6 +12,13 @@ import http from 'node:http'
 import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { Context } from './context.js'
+import { PROGRAM } from './protocol.js'
+
+/** @typedef {(input: any, context: Context) => unknown} Operation */
+/** @typedef {(context: Context) => unknown} Command */
+/** @typedef {{ operations: Map<string, Operation>, commands: Map<string, Command[]> }} Modules */
+/** @typedef {import('./protocol.js').Outcome} Outcome */
+/** @typedef {import('./protocol.js').OperationRequest} OperationRequest */
 
 export const COMMANDS = ['preflight', 'settle', 'ready', 'pause', 'resume', 'dispose']
 export const KINDS = ['effect', 'computation', 'transition', 'observation', 'assignment']
@@ -20,17 +27,22 @@ const SOURCES = /\.(ts|mts|js|mjs)$/
 /** A component that must not start, and why. */
 export class Refused extends Error {}
 
+/** @param {string} directory */
 function sources (directory) {
   try {
     return readdirSync(directory).filter((name) => SOURCES.test(name) && !name.endsWith('.d.ts')).sort()
   } catch (error) {
-    if (error.code === 'ENOENT') return []
+    if (/** @type {NodeJS.ErrnoException} */ (error).code === 'ENOENT') return []
     throw error
   }
 }
 
-/** The operations (name → function) and run commands (name → functions) in `directory`. */
+/** The operations (name → function) and run commands (name → functions) in `directory`.
+ * @param {string} directory
+ * @returns {Promise<Modules>}
+ */
 export async function load (directory) {
+  /** @type {Modules['operations']} */
   const operations = new Map()
   for (const file of sources(join(directory, 'operations'))) {
     const module = await import(pathToFileURL(join(directory, 'operations', file)).href)
@@ -42,6 +54,7 @@ export async function load (directory) {
     if (operations.has(name)) throw new Refused(`operations/${file}: a second module for the operation ${name}`)
     operations.set(name, module[kinds[0]])
   }
+  /** @type {Modules['commands']} */
   const commands = new Map()
   for (const file of sources(join(directory, 'rc'))) {
     const module = await import(pathToFileURL(join(directory, 'rc', file)).href)
@@ -56,12 +69,14 @@ export async function load (directory) {
 }
 
 export class Component {
+  /** @param {Modules} modules @param {Context} context */
   constructor ({ operations, commands }, context) {
     this.operations = operations
     this.commands = commands
     this.context = context
   }
 
+  /** @returns {import('./protocol.js').Description} */
   description () {
     return {
       commands: COMMANDS.filter((name) => this.commands.has(name)),
@@ -69,15 +84,22 @@ export class Component {
     }
   }
 
+  /** @param {string} name */
   async lifecycle (name) {
     for (const fn of this.commands.get(name) ?? []) await fn(this.context)
   }
 
-  /** `{reply}` or the operation's own `{error}`; a thrown exception is a failure. */
+  /** `{reply}` or the operation's own `{error}`; a thrown exception is a failure.
+   * @param {string} name
+   * @param {unknown} input
+   * @returns {Promise<Outcome>}
+   */
   async operate (name, input) {
-    const result = await this.operations.get(name)(input, this.context)
+    const result = await /** @type {Operation} */ (this.operations.get(name))(input, this.context)
     if (result instanceof Error) {
-      const code = typeof result.code === 'string' ? result.code : result.message
+      const own = /** @type {Error & { code?: unknown }} */ (result)
+      const code = typeof own.code === 'string' ? own.code : result.message
+      /** @type {import('./protocol.js').OperationError} */
       const error = { code }
       if (code !== result.message) error.message = result.message
       return { error }
@@ -86,13 +108,16 @@ export class Component {
   }
 }
 
+/** @param {http.ServerResponse} response @param {number} status @param {unknown} value */
 function answer (response, status, value) {
   const body = JSON.stringify(value)
   response.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) })
   response.end(body)
 }
 
+/** @param {http.IncomingMessage} request @returns {Promise<OperationRequest>} */
 async function body (request) {
+  /** @type {Buffer[]} */
   const chunks = []
   for await (const chunk of request) chunks.push(chunk)
   const text = Buffer.concat(chunks).toString()
@@ -101,6 +126,7 @@ async function body (request) {
 
 /** What a failure is called in its answer (the stack goes to the log only: the agent passes the
  * message on to the caller). */
+/** @param {unknown} error */
 function describe (error) {
   try {
     return error instanceof Error ? `${error.name}: ${error.message}` : String(error)
@@ -109,14 +135,16 @@ function describe (error) {
   }
 }
 
+/** @param {Component} component @param {string} [name] @returns {http.RequestListener} */
 export function handler (component, name = process.env.TOA_COMPONENT) {
   // Not an `error` body: the agent would take that for an operation's own error.
-  const unknown = (response, url) => answer(response, 404, { message: `no route ${url}` })
+  const unknown = (/** @type {http.ServerResponse} */ response, /** @type {string} */ url) => answer(response, 404, { message: `no route ${url}` })
   return async (request, response) => {
-    const [kind, operation] = request.url.split('/').filter(Boolean)
+    const url = /** @type {string} */ (request.url)
+    const [kind, operation] = url.split('/').filter(Boolean)
     if (request.method === 'GET') {
-      if (request.url === '/program') return answer(response, 200, component.description())
-      return unknown(response, request.url)
+      if (url === PROGRAM.path) return answer(response, 200, component.description())
+      return unknown(response, url)
     }
     let input
     try {
@@ -132,7 +160,7 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
       if (kind === 'operations' && component.operations.has(operation)) {
         return answer(response, 200, await component.operate(operation, input ?? null))
       }
-      return unknown(response, request.url)
+      return unknown(response, url)
     } catch (error) {
       console.error(`${name}: ${kind} ${operation} failed:`, error)
       return answer(response, 500, { message: describe(error) })
@@ -140,9 +168,12 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
   }
 }
 
-/** Loads the component in the current directory and serves it; exits 1 naming what is wrong. */
+/** Loads the component in the current directory and serves it; exits 1 naming what is wrong.
+ * @param {NodeJS.ProcessEnv} [env]
+ */
 export async function main (env = process.env) {
   const name = env.TOA_COMPONENT ?? process.cwd()
+  /** @type {(message: unknown) => never} */
   const refuse = (message) => {
     console.error(`${name}: ${message}`)
     process.exit(1)
@@ -151,12 +182,15 @@ export async function main (env = process.env) {
   if (!Number.isInteger(port) || port < 1 || port > 65535) {
     refuse(`TOA_PORT: expected the port to serve on, got ${JSON.stringify(env.TOA_PORT)}: a component's program is started by toa-agent, which sets it`)
   }
-  let modules, context
+  /** @type {Modules} */
+  let modules
+  /** @type {Context} */
+  let context
   try {
     modules = await load(process.cwd())
     context = new Context(env)
   } catch (error) {
-    refuse(error instanceof Refused ? error.message : error?.stack ?? error)
+    refuse(error instanceof Refused ? error.message : /** @type {Error | undefined} */ (error)?.stack ?? error)
   }
   // A promise a component left unhandled (a timer's poll that failed) is logged, not fatal.
   process.on('unhandledRejection', (reason) => console.error(`${name}: unhandled rejection:`, reason))

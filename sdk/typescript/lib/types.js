@@ -9,23 +9,34 @@ import { parse } from 'yaml'
 
 const IDENTIFIER = /^[A-Za-z_$][A-Za-z0-9_$]*$/
 
+/** A JSON Schema, as a manifest holds it: any JSON. @typedef {any} Schema */
+/** A manifest (manifest.toa.yaml), parsed. @typedef {any} Manifest */
+/** @typedef {{ directory: string, fullName: string, manifest: Manifest }} Component */
+/** Components nested by the dots of their names (under `\0`, the one named so far). @typedef {Record<string, any>} Tree */
+
+/** @param {string} name */
 export function pascal (name) {
   return name.split(/[^A-Za-z0-9]+/).filter(Boolean).map((part) => part[0].toUpperCase() + part.slice(1)).join('')
 }
 
-const key = (name) => IDENTIFIER.test(name) ? name : JSON.stringify(name)
+const key = (/** @type {string} */ name) => IDENTIFIER.test(name) ? name : JSON.stringify(name)
 
 /** A TypeScript type for a JSON Schema; what it cannot express is `unknown`. `filled`: the value
- * has its `default`s filled in (a configuration), so a property with one is always there. */
+ * has its `default`s filled in (a configuration), so a property with one is always there.
+ * @param {Schema} schema
+ * @param {string} [indent]
+ * @param {boolean} [filled]
+ * @returns {string}
+ */
 export function typeOf (schema, indent = '', filled = false) {
   if (schema === undefined || schema === null || schema === true) return 'unknown'
   if (schema === false) return 'never'
-  if (Array.isArray(schema.enum)) return schema.enum.map((value) => JSON.stringify(value)).join(' | ')
+  if (Array.isArray(schema.enum)) return schema.enum.map((/** @type {unknown} */ value) => JSON.stringify(value)).join(' | ')
   if ('const' in schema) return JSON.stringify(schema.const)
   for (const union of ['oneOf', 'anyOf']) {
-    if (Array.isArray(schema[union])) return schema[union].map((s) => typeOf(s, indent, filled)).join(' | ')
+    if (Array.isArray(schema[union])) return schema[union].map((/** @type {Schema} */ s) => typeOf(s, indent, filled)).join(' | ')
   }
-  if (Array.isArray(schema.type)) return schema.type.map((type) => typeOf({ ...schema, type }, indent, filled)).join(' | ')
+  if (Array.isArray(schema.type)) return schema.type.map((/** @type {string} */ type) => typeOf({ ...schema, type }, indent, filled)).join(' | ')
   switch (schema.type) {
     case 'string': return 'string'
     case 'integer':
@@ -38,31 +49,35 @@ export function typeOf (schema, indent = '', filled = false) {
   }
 }
 
+/** @param {Schema} schema @param {string} indent @param {boolean} filled @returns {string} */
 function objectType (schema, indent, filled) {
   const properties = Object.entries(schema.properties ?? {})
   if (properties.length === 0) return 'Record<string, unknown>'
   const required = new Set(schema.required ?? [])
-  const present = (name, property) => required.has(name) || (filled && property?.default !== undefined)
+  const present = (/** @type {string} */ name, /** @type {Schema} */ property) => required.has(name) || (filled && property?.default !== undefined)
   const inner = indent + '  '
   const lines = properties.map(([name, property]) =>
     `${inner}${key(name)}${present(name, property) ? '' : '?'}: ${typeOf(property, inner, filled)}`)
   return `{\n${lines.join('\n')}\n${indent}}`
 }
 
+/** @param {string} directory @returns {Component} */
 export function readManifest (directory) {
   const path = join(directory, 'manifest.toa.yaml')
   let manifest
   try {
     manifest = parse(readFileSync(path, 'utf8'))
   } catch (error) {
-    throw new Error(`${path}: ${error.message}`)
+    throw new Error(`${path}: ${/** @type {Error} */ (error).message}`)
   }
   if (typeof manifest?.name !== 'string') throw new Error(`${path}: expected a manifest with a \`name\``)
   const fullName = manifest.namespace ? `${manifest.namespace}.${manifest.name}` : manifest.name
   return { directory, fullName, manifest }
 }
 
-/** The method a caller sees for one operation of `component`. */
+/** The method a caller sees for one operation of `component`.
+ * @param {string} component @param {string} name @param {any} operation @param {string} indent
+ */
 function method (component, name, operation, indent) {
   const input = `${component}.${pascal(name)}Input`
   if (operation?.stateful) {
@@ -71,11 +86,14 @@ function method (component, name, operation, indent) {
   return `${indent}${key(name)} (request: { input: ${input} }): Promise<any>`
 }
 
+/** @param {Manifest} manifest @returns {Array<[string, any]>} */
 function operationsOf (manifest) {
   return Object.entries(manifest.operations ?? {})
 }
 
-/** The namespace `Components` declares: per component, its inputs, as `<Namespace><Name>.XInput`. */
+/** The namespace `Components` declares: per component, its inputs, as `<Namespace><Name>.XInput`.
+ * @param {Component} component
+ */
 function componentNamespace ({ fullName, manifest }) {
   const lines = [`  export namespace ${pascal(fullName)} {`]
   for (const [name, operation] of operationsOf(manifest)) {
@@ -86,15 +104,21 @@ function componentNamespace ({ fullName, manifest }) {
   return lines.join('\n')
 }
 
-/** `remote`: components nested by the dots of their names. */
+/** `remote`: components nested by the dots of their names.
+ * @param {Component[]} components
+ * @param {string} [indent]
+ */
 function remoteType (components, indent = '  ') {
+  /** @type {Tree} */
   const tree = {}
   for (const component of components) {
     let node = tree
     for (const part of component.fullName.split('.')) node = (node[part] ??= {})
     node['\0'] = component
   }
+  /** @type {(node: Tree, indent: string) => string[]} */
   const render = (node, indent) => {
+    /** @type {string[]} */
     const lines = []
     for (const [name, child] of Object.entries(node)) {
       if (name === '\0') continue
@@ -108,6 +132,7 @@ function remoteType (components, indent = '  ') {
   return render(tree, indent)
 }
 
+/** @param {Component} component @param {Component[]} components */
 export function generate (component, components) {
   const self = `Components.${pascal(component.fullName)}`
   const lines = [
@@ -140,7 +165,9 @@ export function generate (component, components) {
   return lines.join('\n')
 }
 
-/** Writes `types/index.d.ts` into every component directory given; the paths written. */
+/** Writes `types/index.d.ts` into every component directory given; the paths written.
+ * @param {string[]} directories
+ */
 export function writeTypes (directories) {
   const components = directories.map(readManifest)
   return components.map((component) => {

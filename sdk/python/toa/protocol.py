@@ -1,0 +1,166 @@
+"""The agent's protocol as this SDK speaks it (agent/openapi.yaml, docs/component-protocol.md): the
+routes it calls or serves and the bodies it sends and reads, as TypedDicts. The rest of the SDK
+takes its routes and body types from here; `sdk/test_protocol.py` compares what is declared here
+with agent/openapi.yaml (and lists what the SDK still lacks)."""
+
+from typing import Any, List, NamedTuple, Optional, Tuple, Type, TypedDict
+
+# The variables the agent starts the program with (docs/component-protocol.md).
+ENVIRONMENT = (
+    "TOA_PORT",
+    "TOA_AGENT",
+    "TOA_COMPONENT",
+    "TOA_INSTANCE",
+    "TOA_AGENT_TOKEN",
+    "TOA_AGENT_TOKEN_FILE",
+    "TOA_CONFIGURATION",
+    "TOA_SECRET_{NAME}",
+)
+
+
+class ErrorDetail(TypedDict, total=False):
+    code: str
+    number: Optional[int]
+    message: Optional[str]
+
+
+class ErrorBody(TypedDict, total=False):
+    """The agent's refusal, with a 4xx or 5xx status."""
+
+    error: ErrorDetail
+
+
+class OperationError(TypedDict, total=False):
+    code: str
+    message: Optional[str]
+
+
+class Outcome(TypedDict, total=False):
+    """An operation's answer: `reply`, or its own `error`."""
+
+    reply: Any
+    error: OperationError
+
+
+# --- The local API (the agent's side) --------------------------------------------------------
+
+
+class LockRequest(TypedDict):
+    keys: List[str]
+
+
+class LockEvent(TypedDict, total=False):
+    event: str  # acquired, lost or error
+    token: int
+    message: str
+
+
+class SlotsResponse(TypedDict):
+    slots: Optional[List[int]]
+
+
+class Assignment(TypedDict):
+    """This replica is number `i` of `n` (owning the slots i, i + n, ...)."""
+
+    i: int
+    n: int
+    epoch: int
+
+
+class AssignedEvent(TypedDict, total=False):
+    listener: int
+    assignment: Optional[Assignment]
+
+
+class MeterRequest(TypedDict):
+    keys: List[str]
+    deltas: List[int]
+
+
+class MeterResponse(TypedDict):
+    debts: List[int]
+
+
+class CallRequest(TypedDict, total=False):
+    input: Any
+    instance: str
+    timeout: int
+    key: str
+
+
+class TaskRequest(TypedDict, total=False):
+    input: Any
+    key: str
+
+
+class Halt(TypedDict):
+    halt: str
+
+
+# --- The program's side (the agent calls it) -------------------------------------------------
+
+
+class Description(TypedDict):
+    """`GET /program`: the run commands the program exports and the operations it serves."""
+
+    commands: List[str]
+    operations: List[str]
+
+
+class CallInfo(TypedDict, total=False):
+    """What the agent says of a call: the same `id` on every delivery; `redelivered` when it
+    was delivered before; `deadline_ms` when the caller stops waiting (ms since the epoch)."""
+
+    id: str
+    redelivered: bool
+    deadline_ms: Optional[int]
+
+
+class OperationRequest(TypedDict, total=False):
+    input: Any
+    call: CallInfo
+
+
+class Route(NamedTuple):
+    """One route: its path's `{parameters}`, its query parameters and headers, its bodies."""
+
+    method: str
+    path: str
+    query: Tuple[str, ...] = ()
+    headers: Tuple[str, ...] = ()
+    request: Optional[Type[Any]] = None
+    response: Optional[Type[Any]] = None
+    error: Optional[Type[Any]] = None
+
+    def at(self, **parameters: object) -> str:
+        """The path with its parameters in place."""
+        return self.path.format(**parameters)
+
+
+# The component's own routes take its token.
+OWN = ("Authorization",)
+
+LOCK = Route("POST", "/v1/{component}/lock", headers=OWN, request=LockRequest, response=LockEvent,
+             error=ErrorBody)
+SLOTS = Route("GET", "/v1/{component}/slots", query=("total",), headers=OWN, response=SlotsResponse,
+              error=ErrorBody)
+ONASSIGNED = Route("GET", "/v1/{component}/onassigned", headers=OWN, response=AssignedEvent,
+                   error=ErrorBody)
+FAILED = Route("POST", "/v1/{component}/onassigned/{listener}/failed", headers=OWN)
+METER = Route("POST", "/v1/{component}/meter", headers=OWN, request=MeterRequest,
+              response=MeterResponse, error=ErrorBody)
+CALL = Route("POST", "/v1/call/{component}/{operation}", request=CallRequest, response=Outcome,
+             error=ErrorBody)
+TASK = Route("POST", "/v1/task/{component}/{operation}", request=TaskRequest, error=ErrorBody)
+READYZ = Route("GET", "/readyz")
+DRAIN = Route("POST", "/v1/drain")
+# The program's side.
+PROGRAM = Route("GET", "/program", response=Description)
+LIFECYCLE = Route("POST", "/lifecycle/{command}")
+OPERATIONS = Route("POST", "/operations/{name}", request=OperationRequest, response=Outcome)
+# The control endpoint, as the stage uses it (the token itself, not a signature).
+HALT = Route("POST", "/control/halt", headers=("Authorization",), request=Halt)
+RESUME = Route("POST", "/control/resume", headers=("Authorization",), request=Halt)
+
+ROUTES = (LOCK, SLOTS, ONASSIGNED, FAILED, METER, CALL, TASK, READYZ, DRAIN, PROGRAM, LIFECYCLE,
+          OPERATIONS, HALT, RESUME)

@@ -1,0 +1,130 @@
+// The agent's protocol as this SDK speaks it (agent/openapi.yaml, docs/component-protocol.md):
+// the routes it calls or serves and the bodies it sends and reads, as JSDoc types the rest of the
+// SDK is checked against (`tsc`, tsconfig.json). Each route's field maps below are plain data
+// that `tsc` checks to hold exactly the keys of its types (`Fields`), so that
+// `sdk/test_protocol.py` can compare them with agent/openapi.yaml (and list what is lacking).
+
+/** The variables the agent starts the program with (docs/component-protocol.md). */
+export const ENVIRONMENT = /** @type {const} */ ([
+  'TOA_PORT',
+  'TOA_AGENT',
+  'TOA_COMPONENT',
+  'TOA_INSTANCE',
+  'TOA_AGENT_TOKEN',
+  'TOA_AGENT_TOKEN_FILE',
+  'TOA_CONFIGURATION',
+  'TOA_SECRET_{NAME}'
+])
+
+/** @typedef {{ code: string, number?: number | null, message?: string }} ErrorDetail */
+/** The agent's refusal, with a 4xx or 5xx status. @typedef {{ error?: ErrorDetail }} ErrorBody */
+/** @typedef {{ code: string, message?: string | null }} OperationError */
+/** An operation's answer: `reply`, or its own `error`. @typedef {{ reply?: unknown, error?: OperationError }} Outcome */
+
+/** @typedef {{ keys: string[] }} LockRequest */
+/** @typedef {{ event?: 'acquired' | 'lost' | 'error', token?: number, message?: string }} LockEvent */
+/** This replica is number `i` of `n` (owning the slots i, i + n, ...). @typedef {{ i: number, n: number, epoch: number }} Assignment */
+/** @typedef {{ listener?: number, assignment?: Assignment | null }} AssignedEvent */
+/** @typedef {{ keys: string[], deltas: number[] }} MeterRequest */
+/** @typedef {{ debts: number[] }} MeterResponse */
+/** @typedef {{ input: unknown, instance?: string, timeout?: number }} CallRequest */
+/** @typedef {{ halt: string }} Halt */
+
+/** `GET /program`: the run commands the program exports and the operations it serves. @typedef {{ commands: string[], operations: string[] }} Description */
+/** @typedef {{ input?: unknown }} OperationRequest */
+
+/**
+ * A type's keys, each `true`, or the nested object's keys for an object (not an array): a field
+ * map of exactly those keys.
+ * @template T
+ * @typedef {{ [K in keyof T]-?: NonNullable<T[K]> extends readonly unknown[] ? true : NonNullable<T[K]> extends Record<string, unknown> ? Fields<NonNullable<T[K]>> : true }} Fields
+ */
+
+/**
+ * @typedef {object} Route
+ * @property {'GET' | 'POST'} method
+ * @property {string} path its `{parameters}` are the path's parameters
+ * @property {string[]} [query]
+ * @property {string[]} [headers]
+ * @property {object} [request] the request body's fields
+ * @property {object} [response] a 2xx answer's fields
+ * @property {object} [error] a 4xx or 5xx answer's fields
+ */
+
+/** @satisfies {Fields<ErrorBody>} */
+const error = { error: { code: true, number: true, message: true } }
+/** @satisfies {Fields<Outcome>} */
+const outcome = { reply: true, error: { code: true, message: true } }
+/** @satisfies {Fields<CallRequest>} */
+const callRequest = { input: true, instance: true, timeout: true }
+/** @satisfies {Fields<Halt>} */
+const halt = { halt: true }
+
+// The component's own routes take its token.
+const own = ['Authorization']
+
+/** @satisfies {Route} */
+export const LOCK = {
+  method: 'POST',
+  path: '/v1/{component}/lock',
+  headers: own,
+  request: /** @satisfies {Fields<LockRequest>} */ ({ keys: true }),
+  response: /** @satisfies {Fields<LockEvent>} */ ({ event: true, token: true, message: true }),
+  error
+}
+/** @satisfies {Route} */
+export const ONASSIGNED = {
+  method: 'GET',
+  path: '/v1/{component}/onassigned',
+  headers: own,
+  response: /** @satisfies {Fields<AssignedEvent>} */ ({ listener: true, assignment: { i: true, n: true, epoch: true } }),
+  error
+}
+/** @satisfies {Route} */
+export const FAILED = { method: 'POST', path: '/v1/{component}/onassigned/{listener}/failed', headers: own }
+/** @satisfies {Route} */
+export const METER = {
+  method: 'POST',
+  path: '/v1/{component}/meter',
+  headers: own,
+  request: /** @satisfies {Fields<MeterRequest>} */ ({ keys: true, deltas: true }),
+  response: /** @satisfies {Fields<MeterResponse>} */ ({ debts: true }),
+  error
+}
+/** @satisfies {Route} */
+export const CALL = { method: 'POST', path: '/v1/call/{component}/{operation}', request: callRequest, response: outcome, error }
+/** @satisfies {Route} */
+export const READYZ = { method: 'GET', path: '/readyz' }
+/** @satisfies {Route} */
+export const DRAIN = { method: 'POST', path: '/v1/drain' }
+// The program's side.
+/** @satisfies {Route} */
+export const PROGRAM = {
+  method: 'GET',
+  path: '/program',
+  response: /** @satisfies {Fields<Description>} */ ({ commands: true, operations: true })
+}
+/** @satisfies {Route} */
+export const LIFECYCLE = { method: 'POST', path: '/lifecycle/{command}' }
+/** @satisfies {Route} */
+export const OPERATIONS = {
+  method: 'POST',
+  path: '/operations/{name}',
+  request: /** @satisfies {Fields<OperationRequest>} */ ({ input: true }),
+  response: outcome
+}
+// The control endpoint, as the stage uses it (the token itself, not a signature).
+/** @satisfies {Route} */
+export const HALT = { method: 'POST', path: '/control/halt', headers: ['Authorization'], request: halt }
+/** @satisfies {Route} */
+export const RESUME = { method: 'POST', path: '/control/resume', headers: ['Authorization'], request: halt }
+
+export const ROUTES = [LOCK, ONASSIGNED, FAILED, METER, CALL, READYZ, DRAIN, PROGRAM, LIFECYCLE, OPERATIONS, HALT, RESUME]
+
+/** `route`'s path with its parameters in place.
+ * @param {Route} route
+ * @param {Record<string, string | number>} parameters
+ */
+export function at (route, parameters) {
+  return route.path.replace(/\{(\w+)\}/g, (_, name) => String(parameters[name]))
+}
