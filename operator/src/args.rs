@@ -106,7 +106,8 @@ pub struct RunArgsError {
 }
 
 impl RunArgs {
-    /// Checks the settings; `vars` reads the environment (`POD_NAME`, `HOSTNAME`).
+    /// Checks the settings, each by a function of its own; `vars` reads the environment
+    /// (`POD_NAME`, `HOSTNAME`).
     pub fn into_config(
         self,
         vars: impl Fn(&str) -> Option<String>,
@@ -125,85 +126,117 @@ impl RunArgs {
             key_namespace,
             watch_namespaces,
         } = self;
-        if agent_image.is_empty() || agent_image.chars().any(char::is_whitespace) {
-            return Err(RunArgsError {
-                option: "--agent-image",
-                expected: "an image reference such as registry.example.com/toa-agent:0.1",
-                given: agent_image,
-            });
-        }
-        let agent_resources = resources(&agent_resources).ok_or(RunArgsError {
-            option: "--agent-resources",
-            expected: r#"requests and limits as JSON, e.g. {"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}}"#,
-            given: agent_resources,
-        })?;
+        let agent_image = image(agent_image)?;
+        let agent_resources = agent_resources_of(agent_resources)?;
         let lease = match leader_election {
             OnOff::Off => None,
-            OnOff::On => {
-                let identity = lease_identity
-                    .or_else(|| vars("POD_NAME"))
-                    .or_else(|| vars("HOSTNAME"))
-                    .filter(|identity| !identity.is_empty())
-                    .ok_or_else(|| RunArgsError {
-                        option: "--lease-identity",
-                        expected: "this replica's name (or $POD_NAME or $HOSTNAME set)",
-                        given: String::new(),
-                    })?;
-                if lease_name.is_empty() {
-                    return Err(RunArgsError {
-                        option: "--lease-name",
-                        expected: "the name of a Lease",
-                        given: lease_name,
-                    });
-                }
-                Some(run::LeaseSettings {
-                    name: lease_name,
-                    namespace: lease_namespace,
-                    identity,
-                })
-            }
+            OnOff::On => Some(lease(lease_name, lease_namespace, lease_identity, vars)?),
         };
-        let control_from = control_from
-            .map(|given| {
-                parse_control_from(&given).ok_or(RunArgsError {
-                    option: "--control-from",
-                    expected: "the operator's namespace and pod labels, NAMESPACE/KEY=VALUE[,KEY=VALUE...]",
-                    given,
-                })
-            })
-            .transpose()?;
-        if key_secret.is_empty() {
-            return Err(RunArgsError {
-                option: "--key-secret",
-                expected: "the name of the Secret holding the operator's key",
-                given: key_secret,
-            });
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        if let Some(bad) = watch_namespaces
-            .iter()
-            .find(|ns| !is_dns_label(ns) || !seen.insert(ns.as_str()))
-        {
-            // A namespace named twice would get two controllers reconciling the same objects.
-            return Err(RunArgsError {
-                option: "--watch-namespaces",
-                expected: "namespace names, each once, separated by commas",
-                given: bad.clone(),
-            });
-        }
+        let control_from = control_from.map(control_from_of).transpose()?;
+        let key = run::KeySettings {
+            secret: key_secret_of(key_secret)?,
+            namespace: key_namespace,
+        };
         Ok(run::Config {
             agent_image,
             agent_resources,
             metrics_listen,
             lease,
             control_from,
-            key: run::KeySettings {
-                secret: key_secret,
-                namespace: key_namespace,
-            },
-            watch_namespaces,
+            key,
+            watch_namespaces: namespaces(watch_namespaces)?,
         })
     }
+}
+
+/// `--agent-image`: an image reference (no blanks).
+fn image(given: String) -> Result<String, RunArgsError> {
+    if given.is_empty() || given.chars().any(char::is_whitespace) {
+        return Err(RunArgsError {
+            option: "--agent-image",
+            expected: "an image reference such as registry.example.com/toa-agent:0.1",
+            given,
+        });
+    }
+    Ok(given)
+}
+
+/// `--agent-resources`: requests and limits as JSON.
+fn agent_resources_of(given: String) -> Result<ResourceRequirements, RunArgsError> {
+    resources(&given).ok_or(RunArgsError {
+        option: "--agent-resources",
+        expected: r#"requests and limits as JSON, e.g. {"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}}"#,
+        given,
+    })
+}
+
+/// The Lease, with leader election on: its name, and this replica's identity (`--lease-identity`,
+/// else `$POD_NAME`, else `$HOSTNAME`).
+fn lease(
+    name: String,
+    namespace: Option<String>,
+    identity: Option<String>,
+    vars: impl Fn(&str) -> Option<String>,
+) -> Result<run::LeaseSettings, RunArgsError> {
+    let identity = identity
+        .or_else(|| vars("POD_NAME"))
+        .or_else(|| vars("HOSTNAME"))
+        .filter(|identity| !identity.is_empty())
+        .ok_or_else(|| RunArgsError {
+            option: "--lease-identity",
+            expected: "this replica's name (or $POD_NAME or $HOSTNAME set)",
+            given: String::new(),
+        })?;
+    if name.is_empty() {
+        return Err(RunArgsError {
+            option: "--lease-name",
+            expected: "the name of a Lease",
+            given: name,
+        });
+    }
+    Ok(run::LeaseSettings {
+        name,
+        namespace,
+        identity,
+    })
+}
+
+/// `--control-from`: `NAMESPACE/KEY=VALUE[,KEY=VALUE...]`.
+fn control_from_of(given: String) -> Result<crate::desired::ControlFrom, RunArgsError> {
+    parse_control_from(&given).ok_or(RunArgsError {
+        option: "--control-from",
+        expected: "the operator's namespace and pod labels, NAMESPACE/KEY=VALUE[,KEY=VALUE...]",
+        given,
+    })
+}
+
+/// `--key-secret`: a Secret's name.
+fn key_secret_of(given: String) -> Result<String, RunArgsError> {
+    if given.is_empty() {
+        return Err(RunArgsError {
+            option: "--key-secret",
+            expected: "the name of the Secret holding the operator's key",
+            given,
+        });
+    }
+    Ok(given)
+}
+
+/// `--watch-namespaces`: namespace names, each once (a namespace named twice would get two
+/// controllers reconciling the same objects).
+fn namespaces(given: Vec<String>) -> Result<Vec<String>, RunArgsError> {
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(bad) = given
+        .iter()
+        .find(|ns| !is_dns_label(ns) || !seen.insert(ns.as_str()))
+    {
+        return Err(RunArgsError {
+            option: "--watch-namespaces",
+            expected: "namespace names, each once, separated by commas",
+            given: bad.clone(),
+        });
+    }
+    Ok(given)
 }
 
 /// A namespace's name: a DNS label (RFC 1123), 63 characters at most.

@@ -16,7 +16,7 @@
 //!    the existing one holds (a new one at first);
 //! 7. write the status when it changed.
 
-use crate::agent_client::{AgentControl, Keys};
+use crate::agent_client::{self, AgentControl, Keys};
 use crate::crd::{reasons, Composition};
 use crate::declarations;
 use crate::desired::{self, Owner, Settings};
@@ -28,7 +28,7 @@ use crate::names;
 use crate::observed::pods::Seen;
 use crate::observed::rollout::{self, Rollout};
 use crate::status::{self, Observed};
-use crate::validate::validate;
+use crate::validate::{validate, Valid};
 use crate::{CompositionStatus, Error};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -306,44 +306,25 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     }
     let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
     let existing = deployments.get_opt(&name).await?;
-    let keys = match configure(context, composition, &owner, existing.as_ref()).await {
+    let keys = configure(context, composition, &owner, existing.as_ref()).await;
+    let keys = match keys {
         // Said in the status, and tried again with the backoff: someone may rename or delete it.
         Err(Error::Conflict(message)) => {
-            refuse(
-                composition,
-                &compositions,
-                (reasons::CONFLICT, &message),
-                now,
-            )
-            .await?;
+            let refusal = (reasons::CONFLICT, message.as_str());
+            refuse(composition, &compositions, refusal, now).await?;
             return Err(Error::Conflict(message));
         }
         other => other?,
     };
-
-    // The halt.
-    let record = halt_record(composition);
     let pods = kube_io::pods(&Api::<Pod>::namespaced(client.clone(), &namespace), &name).await?;
-    let reports = reports(context, &pods, &keys).await;
-    let decision = halt::decide(&Observation {
-        halted: composition.spec.halted,
-        timing: valid.halt,
-        record: record.as_ref(),
-        pods: &reports,
-        left: pods.iter().filter(|pod| pod.left()).count(),
-        now,
-    });
-    let record = step(
+    let halt = Halting {
         context,
         composition,
-        &compositions,
-        &pods,
-        &keys,
-        &decision,
-        record,
-    )
-    .await?;
-
+        compositions: &compositions,
+        pods: &pods,
+        keys: &keys,
+    };
+    let (decision, record) = halt.run(&valid, now).await?;
     let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
     let drain = existing
         .as_ref()
@@ -358,7 +339,6 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
         replicas,
     );
     let applied = kube_io::apply(&deployments, &deployment).await?;
-
     let refused = rollout::replica_failure(&applied);
     let observed = Observed {
         generation: composition.metadata.generation,
@@ -495,66 +475,91 @@ async fn reports(context: &Context, pods: &[Seen], keys: &Keys) -> Vec<halt::Pod
     futures::future::join_all(asks).await
 }
 
-/// Does the halt's one step; returns the record as it stands afterwards.
-async fn step(
-    context: &Context,
-    composition: &Composition,
-    compositions: &Api<Composition>,
-    pods: &[Seen],
-    keys: &Keys,
-    decision: &Decision,
-    record: Option<Record>,
-) -> Result<Option<Record>, Error> {
-    let name = composition.name_any();
-    let target = |pod: &str| pods.iter().find(|p| p.name == pod).and_then(Seen::control);
-    match &decision.step {
-        Step::Record(new) => {
-            kube_io::record_halt(compositions, &name, Some(new)).await?;
-            publish(
-                context,
-                composition,
-                decision.phase.reason(),
-                format!("halt {new}"),
-            )
-            .await;
-            Ok(Some(new.clone()))
-        }
-        Step::Clear => {
-            kube_io::record_halt(compositions, &name, None).await?;
-            publish(
-                context,
-                composition,
-                "HaltOver",
-                "the halt record is removed".to_owned(),
-            )
-            .await;
-            Ok(None)
-        }
-        Step::Halt { id, pods: targets } => {
-            let sends = targets.iter().filter_map(|pod| {
-                let target = target(pod)?;
-                Some(async move { (pod, context.agents.halt(target, keys, id).await) })
-            });
-            for (pod, result) in futures::future::join_all(sends).await {
-                if let Err(error) = result {
-                    tracing::warn!(composition = %name, pod, %error, "halt not taken");
-                }
+/// A composition's halt, in one reconcile: its pods' reports surveyed, the decision taken, its
+/// one step done.
+struct Halting<'a> {
+    context: &'a Context,
+    composition: &'a Composition,
+    compositions: &'a Api<Composition>,
+    pods: &'a [Seen],
+    keys: &'a Keys,
+}
+
+impl Halting<'_> {
+    /// The decision, and the record as it stands after its step.
+    async fn run(
+        &self,
+        valid: &Valid,
+        now: Timestamp,
+    ) -> Result<(Decision, Option<Record>), Error> {
+        let record = halt_record(self.composition);
+        let reports = reports(self.context, self.pods, self.keys).await;
+        let decision = halt::decide(&Observation {
+            halted: self.composition.spec.halted,
+            timing: valid.halt,
+            record: record.as_ref(),
+            pods: &reports,
+            left: self.pods.iter().filter(|pod| pod.left()).count(),
+            now,
+        });
+        let record = self.step(&decision, record).await?;
+        Ok((decision, record))
+    }
+
+    /// Does the halt's one step; returns the record as it stands afterwards.
+    async fn step(
+        &self,
+        decision: &Decision,
+        record: Option<Record>,
+    ) -> Result<Option<Record>, Error> {
+        let (context, composition) = (self.context, self.composition);
+        let name = composition.name_any();
+        match &decision.step {
+            Step::Record(new) => {
+                kube_io::record_halt(self.compositions, &name, Some(new)).await?;
+                let note = format!("halt {new}");
+                publish(context, composition, decision.phase.reason(), note).await;
+                Ok(Some(new.clone()))
             }
-            Ok(record)
-        }
-        Step::Resume(targets) => {
-            let sends = targets.iter().filter_map(|(pod, id)| {
-                let target = target(pod)?;
-                Some(async move { (pod, context.agents.resume(target, keys, id).await) })
-            });
-            for (pod, result) in futures::future::join_all(sends).await {
-                if let Err(error) = result {
-                    tracing::warn!(composition = %name, pod, %error, "resume not taken");
-                }
+            Step::Clear => {
+                kube_io::record_halt(self.compositions, &name, None).await?;
+                let note = "the halt record is removed".to_owned();
+                publish(context, composition, "HaltOver", note).await;
+                Ok(None)
             }
-            Ok(record)
+            Step::Halt { id, pods } => {
+                let sends = pods.iter().filter_map(|pod| {
+                    let target = self.target(pod)?;
+                    Some(async move { (pod, context.agents.halt(target, self.keys, id).await) })
+                });
+                for (pod, result) in futures::future::join_all(sends).await {
+                    if let Err(error) = result {
+                        tracing::warn!(composition = %name, pod, %error, "halt not taken");
+                    }
+                }
+                Ok(record)
+            }
+            Step::Resume(pods) => {
+                let sends = pods.iter().filter_map(|(pod, id)| {
+                    let target = self.target(pod)?;
+                    Some(async move { (pod, context.agents.resume(target, self.keys, id).await) })
+                });
+                for (pod, result) in futures::future::join_all(sends).await {
+                    if let Err(error) = result {
+                        tracing::warn!(composition = %name, pod, %error, "resume not taken");
+                    }
+                }
+                Ok(record)
+            }
+            Step::WaitUntil(_) | Step::Nothing => Ok(record),
         }
-        Step::WaitUntil(_) | Step::Nothing => Ok(record),
+    }
+
+    fn target(&self, pod: &str) -> Option<agent_client::Target<'_>> {
+        self.pods
+            .iter()
+            .find(|p| p.name == pod)
+            .and_then(Seen::control)
     }
 }
 
