@@ -11,6 +11,7 @@
 //! - [`placeholders`]: secrets in a configuration (`$NAME`), whose values it never holds;
 //! - [`control`]: the operator↔agent contract: ports, paths, the control status, and the
 //!   credentials both derive from a pod's control token;
+//! - [`program`]: the program's contract: its environment, the paths it serves, its answers;
 //! - [`agent_args`]: the agent's command line, written by the operator and parsed by the agent.
 
 pub mod address;
@@ -22,6 +23,7 @@ pub mod credentials;
 pub mod environment;
 pub mod manifest;
 pub mod placeholders;
+pub mod program;
 
 pub use address::{AmqpAddress, RedisAddress};
 pub use annotations::{Addressed, Atomicity, Context, Limits, ProcessVars, Vars};

@@ -52,6 +52,7 @@ use std::path::{Path, PathBuf};
 use toa_context::agent_args::{ComposeArgs, DrainArgs};
 
 use toa_context::control::LOCAL_PORT;
+use toa_context::program;
 /// How long the kubelet gives a stopping pod: the drain's wait for calls in flight, `dispose`
 /// (one run command), 5 s to stop the programs ([`toa_context::Limits::stop`]), and this margin
 /// for the hooks and the signal.
@@ -433,37 +434,13 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
         .enumerate()
         .map(|(index, manifest)| {
             let full_name = manifest.full_name();
-            let port = usize::from(ATTACH_PORT) + index;
-            let value = |name: &str, value: String| EnvVar {
-                name: name.to_owned(),
-                value: Some(value),
-                value_from: None,
-            };
             Container {
                 name: format!("{COMPONENT_CONTAINER}-{index}"),
                 image: Some(composition.spec.image.clone()),
                 // Validation refuses a manifest without one.
                 command: manifest.program.clone(),
                 working_dir: Some(format!("{COMPONENTS_DIR}/{full_name}")),
-                env: Some(
-                    vec![
-                        value("TOA_PORT", port.to_string()),
-                        value("TOA_AGENT", format!("http://127.0.0.1:{LOCAL_PORT}")),
-                        value("TOA_COMPONENT", full_name),
-                        instance(),
-                        value(
-                            "TOA_AGENT_TOKEN_FILE",
-                            format!("{COMPONENT_TOKEN_DIR}/token"),
-                        ),
-                        value(
-                            toa_context::configuration::VARIABLE,
-                            valid.configurations[index].clone(),
-                        ),
-                    ]
-                    .into_iter()
-                    .chain(configuration_secrets(valid, index))
-                    .collect(),
-                ),
+                env: Some(program_env(valid, index, full_name)),
                 // Its own token only: the other components' volumes are not mounted here.
                 volume_mounts: Some(vec![VolumeMount {
                     name: format!("token-{index}"),
@@ -476,27 +453,55 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
                     valid.security.run_as_user,
                     valid.security.run_as_group,
                 )),
-                // Stopping a pod drains the agent first: no more calls in, dispose runs while the
-                // component still serves, then the kubelet stops the container. The hook asks
-                // the agent's probe port with the drain key in the path (a path is all an
-                // `httpGet` hook carries on every kubelet), which the program never sees.
-                // Each start of the container (the kubelet restarts it when its program dies)
-                // tells the agent, which runs the lifecycle again for the new program.
-                lifecycle: Some(Lifecycle {
-                    post_start: Some(probe_port_hook(format!(
-                        "{}/{index}/{drain}",
-                        toa_context::control::STARTED_PATH
-                    ))),
-                    pre_stop: Some(probe_port_hook(format!(
-                        "{}/{drain}",
-                        toa_context::control::DRAIN_PATH
-                    ))),
-                    ..Lifecycle::default()
-                }),
+                lifecycle: Some(component_hooks(index, drain)),
                 ..Container::default()
             }
         })
         .collect()
+}
+
+/// Component `index`'s program environment ([`toa_context::program`]): the same a local run
+/// gives, its instance the pod's name and its token in its own volume, then its secrets.
+fn program_env(valid: &Valid, index: usize, component: String) -> Vec<EnvVar> {
+    let environment = program::Environment {
+        port: ATTACH_PORT.saturating_add(u16::try_from(index).unwrap_or(u16::MAX)),
+        agent: format!("http://127.0.0.1:{LOCAL_PORT}"),
+        component,
+        instance: program::Source::PodName,
+        token: program::Token::File(format!("{COMPONENT_TOKEN_DIR}/token")),
+        configuration: valid.configurations[index].clone(),
+    };
+    let vars = environment
+        .vars()
+        .into_iter()
+        .map(|(name, source)| match source {
+            program::Source::Text(value) => EnvVar {
+                name: name.to_owned(),
+                value: Some(value),
+                value_from: None,
+            },
+            program::Source::PodName => pod_name(name),
+        });
+    vars.chain(configuration_secrets(valid, index)).collect()
+}
+
+/// Stopping a pod drains the agent first: no more calls in, dispose runs while the component
+/// still serves, then the kubelet stops the container. The hook asks the agent's probe port with
+/// the drain key in the path (a path is all an `httpGet` hook carries on every kubelet), which
+/// the program never sees. Each start of the container (the kubelet restarts it when its program
+/// dies) tells the agent, which runs the lifecycle again for the new program.
+fn component_hooks(index: usize, drain: &str) -> Lifecycle {
+    Lifecycle {
+        post_start: Some(probe_port_hook(format!(
+            "{}/{index}/{drain}",
+            toa_context::control::STARTED_PATH
+        ))),
+        pre_stop: Some(probe_port_hook(format!(
+            "{}/{drain}",
+            toa_context::control::DRAIN_PATH
+        ))),
+        ..Lifecycle::default()
+    }
 }
 
 fn agent(composition: &Composition, valid: &Valid, settings: &Settings, drain: &str) -> Container {
@@ -614,7 +619,7 @@ fn agent_env(valid: &Valid) -> Vec<EnvVar> {
         .into_iter()
         .map(|(name, text)| value(name, text))
         .collect();
-    env.push(instance());
+    env.push(pod_name(program::INSTANCE));
     if let Some(secret) = &valid.credentials {
         for (variable, key) in [
             ("TOA_REDIS_USERNAME", "redis-username"),
@@ -664,10 +669,11 @@ fn configuration_secrets(valid: &Valid, index: usize) -> Vec<EnvVar> {
         .collect()
 }
 
-/// `TOA_INSTANCE`, the pod's name: the agent and the components of a pod share it.
-fn instance() -> EnvVar {
+/// The variable `name` holding the pod's name: the agent and the components of a pod share it as
+/// `TOA_INSTANCE`.
+fn pod_name(name: &str) -> EnvVar {
     EnvVar {
-        name: "TOA_INSTANCE".to_owned(),
+        name: name.to_owned(),
         value: None,
         value_from: Some(EnvVarSource {
             field_ref: Some(ObjectFieldSelector {

@@ -1,0 +1,184 @@
+//! The program's contract: what a component's program is told when it starts (its environment),
+//! the paths it serves, and the answers it gives. One definition for both sides that start
+//! programs — the agent (a local run: it starts the program) and the operator (a pod: the kubelet
+//! starts it in a container of its own) — and for the agent that reads the answers. The SDKs
+//! speak the same contract; `sdk/test_protocol.py` checks them against `agent/openapi.yaml` and
+//! the variables' table in docs/component-protocol.md.
+//!
+//! | variable | value |
+//! |---|---|
+//! | `TOA_PORT` | the port on 127.0.0.1 the program serves its HTTP on |
+//! | `TOA_AGENT` | the agent's local API, e.g. `http://127.0.0.1:7090` |
+//! | `TOA_COMPONENT` | the component's full name, e.g. `store.catalog` |
+//! | `TOA_INSTANCE` | the process's name (in a pod, the pod's) |
+//! | `TOA_AGENT_TOKEN` | the component's token for its routes on the local API (a local run) |
+//! | `TOA_AGENT_TOKEN_FILE` | in a pod, instead: the file holding that token |
+//! | `TOA_CONFIGURATION` | the component's configuration, JSON ([`crate::configuration`]) |
+//! | `TOA_SECRET_{NAME}` | each secret of the configuration ([`crate::placeholders::variable`]) |
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const PORT: &str = "TOA_PORT";
+pub const AGENT: &str = "TOA_AGENT";
+pub const COMPONENT: &str = "TOA_COMPONENT";
+pub const INSTANCE: &str = "TOA_INSTANCE";
+pub const AGENT_TOKEN: &str = "TOA_AGENT_TOKEN";
+pub const AGENT_TOKEN_FILE: &str = "TOA_AGENT_TOKEN_FILE";
+pub use crate::configuration::VARIABLE as CONFIGURATION;
+
+/// The run command `command` of the program: `POST` with `{}`; any 2xx when done.
+pub fn lifecycle_path(command: &str) -> String {
+    format!("/lifecycle/{command}")
+}
+
+/// The operation `operation` of the program: `POST` with an [`OperationCall`].
+pub fn operation_path(operation: &str) -> String {
+    format!("/operations/{operation}")
+}
+
+/// What the program says it serves (optional): `GET`, answered with a [`Description`].
+pub const PROGRAM_PATH: &str = "/program";
+
+/// What a program says it serves: the run commands its modules export and its operations' names.
+/// Anything else is no description (the manifest's word is taken), so unknown fields refuse it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Description {
+    pub commands: Vec<String>,
+    pub operations: Vec<String>,
+}
+
+/// The body of an operation's request: its input and the call it serves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationCall {
+    pub input: Value,
+    pub call: CallMeta,
+}
+
+/// What the program is told about a call beside its input (`"call"` in the request body).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallMeta {
+    /// The call's id: the same on every delivery of one call.
+    pub id: String,
+    /// The broker delivered this call before: it may have run (in part) already.
+    pub redelivered: bool,
+    /// When the caller stops waiting (ms since the Unix epoch), for a call to one process.
+    pub deadline_ms: Option<i64>,
+}
+
+/// Where one value of a program's environment comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// This text.
+    Text(String),
+    /// The pod's name (`metadata.name`), which the kubelet fills in.
+    PodName,
+}
+
+/// How the program gets its local API token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Token {
+    /// As `TOA_AGENT_TOKEN` (a local run).
+    Value(String),
+    /// In the file `TOA_AGENT_TOKEN_FILE` names (a pod: a volume of its container's own).
+    File(String),
+    /// None: the local API takes the program's requests without one.
+    None,
+}
+
+/// What a program is told, apart from its configuration's secrets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Environment {
+    pub port: u16,
+    /// The local API's address.
+    pub agent: String,
+    /// The component's full name.
+    pub component: String,
+    pub instance: Source,
+    pub token: Token,
+    /// `TOA_CONFIGURATION`, JSON.
+    pub configuration: String,
+}
+
+impl Environment {
+    /// The variables, in the table's order.
+    pub fn vars(&self) -> Vec<(&'static str, Source)> {
+        let text = |value: &str| Source::Text(value.to_owned());
+        let mut vars = vec![
+            (PORT, Source::Text(self.port.to_string())),
+            (AGENT, text(&self.agent)),
+            (COMPONENT, text(&self.component)),
+            (INSTANCE, self.instance.clone()),
+        ];
+        match &self.token {
+            Token::Value(token) => vars.push((AGENT_TOKEN, text(token))),
+            Token::File(path) => vars.push((AGENT_TOKEN_FILE, text(path))),
+            Token::None => {}
+        }
+        vars.push((CONFIGURATION, text(&self.configuration)));
+        vars
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pods_program_reads_its_name_and_token_file_from_the_pod() {
+        let environment = Environment {
+            port: 7100,
+            agent: "http://127.0.0.1:7090".to_owned(),
+            component: "store.catalog".to_owned(),
+            instance: Source::PodName,
+            token: Token::File("/var/run/toa/agent/token".to_owned()),
+            configuration: "{}".to_owned(),
+        };
+        let names: Vec<&str> = environment.vars().iter().map(|(name, _)| *name).collect();
+        assert_eq!(
+            names,
+            [
+                "TOA_PORT",
+                "TOA_AGENT",
+                "TOA_COMPONENT",
+                "TOA_INSTANCE",
+                "TOA_AGENT_TOKEN_FILE",
+                "TOA_CONFIGURATION"
+            ]
+        );
+        assert_eq!(environment.vars()[3].1, Source::PodName);
+    }
+
+    #[test]
+    fn a_local_program_gets_its_token_and_no_file() {
+        let environment = Environment {
+            port: 4000,
+            agent: "http://127.0.0.1:7090".to_owned(),
+            component: "a.b".to_owned(),
+            instance: Source::Text("a-1".to_owned()),
+            token: Token::Value("t".to_owned()),
+            configuration: "{}".to_owned(),
+        };
+        let vars = environment.vars();
+        assert!(vars.contains(&(AGENT_TOKEN, Source::Text("t".to_owned()))));
+        assert!(!vars.iter().any(|(name, _)| *name == AGENT_TOKEN_FILE));
+        assert!(vars.contains(&(PORT, Source::Text("4000".to_owned()))));
+    }
+
+    #[test]
+    fn the_table_names_every_variable() {
+        let doc = include_str!("program.rs");
+        for name in [
+            PORT,
+            AGENT,
+            COMPONENT,
+            INSTANCE,
+            AGENT_TOKEN,
+            AGENT_TOKEN_FILE,
+            CONFIGURATION,
+        ] {
+            assert!(doc.contains(&format!("//! | `{name}` |")), "{name}");
+        }
+    }
+}
