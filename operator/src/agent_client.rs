@@ -178,39 +178,47 @@ impl HttpAgentControl {
             .send()
             .await
             .map_err(|error| ControlError::Transient(format!("{what}: {}", describe(&error))))?;
-        let code = response.status();
-        let answer = read_capped(response)
-            .await
-            .map_err(|message| ControlError::Transient(format!("{what}: {message}")))?;
-        if !code.is_success() {
-            let words = quote(&String::from_utf8_lossy(&answer));
-            let message = format!("{what}: answered {code}: {words}");
-            return Err(match code {
-                reqwest::StatusCode::UNAUTHORIZED => {
-                    Refused::Unauthorized(ControlError::Permanent(message))
-                }
-                code if code.is_server_error()
-                    || code == reqwest::StatusCode::TOO_MANY_REQUESTS =>
-                {
-                    Refused::Other(ControlError::Transient(message))
-                }
-                _ => Refused::Other(ControlError::Permanent(message)),
-            });
-        }
-        let status: AgentStatus = serde_json::from_slice(&answer).map_err(|error| {
-            ControlError::Permanent(format!(
-                "{what}: expected the status JSON {{phase, halt, instance, calls}}, got an answer that does not parse: {error}"
-            ))
-        })?;
-        if status.instance != pod.name {
-            return Err(Refused::Other(ControlError::Permanent(format!(
-                "{what}: answered as {:?}, not as the pod {}: another process holds its IP",
-                quote(&status.instance),
-                pod.name
-            ))));
-        }
-        Ok(status)
+        answered(pod, what, response).await
     }
+}
+
+/// The agent's answer to one request: its status, when the request was taken and the status is
+/// the pod's own.
+async fn answered(
+    pod: Target<'_>,
+    what: &str,
+    response: reqwest::Response,
+) -> Result<AgentStatus, Refused> {
+    let code = response.status();
+    let answer = read_capped(response)
+        .await
+        .map_err(|message| ControlError::Transient(format!("{what}: {message}")))?;
+    if !code.is_success() {
+        let words = quote(&String::from_utf8_lossy(&answer));
+        let message = format!("{what}: answered {code}: {words}");
+        return Err(match code {
+            reqwest::StatusCode::UNAUTHORIZED => {
+                Refused::Unauthorized(ControlError::Permanent(message))
+            }
+            code if code.is_server_error() || code == reqwest::StatusCode::TOO_MANY_REQUESTS => {
+                Refused::Other(ControlError::Transient(message))
+            }
+            _ => Refused::Other(ControlError::Permanent(message)),
+        });
+    }
+    let status: AgentStatus = serde_json::from_slice(&answer).map_err(|error| {
+        ControlError::Permanent(format!(
+            "{what}: expected the status JSON {{phase, halt, instance, calls}}, got an answer that does not parse: {error}"
+        ))
+    })?;
+    if status.instance != pod.name {
+        return Err(Refused::Other(ControlError::Permanent(format!(
+            "{what}: answered as {:?}, not as the pod {}: another process holds its IP",
+            quote(&status.instance),
+            pod.name
+        ))));
+    }
+    Ok(status)
 }
 
 /// Why one signed request failed: its token was refused (another may be taken), or otherwise.

@@ -326,18 +326,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     };
     let (decision, record) = halt.run(&valid, now).await?;
     let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
-    let drain = existing
-        .as_ref()
-        .and_then(rollout::drain_key_of)
-        .unwrap_or_else(rollout::new_drain_key);
-    let deployment = desired::deployment(
-        &owner,
-        composition,
-        &valid,
-        &context.settings,
-        &drain,
-        replicas,
-    );
+    let deployment = deployment(context, composition, &owner, &valid, existing, replicas);
     let applied = kube_io::apply(&deployments, &deployment).await?;
     let refused = rollout::replica_failure(&applied);
     let observed = Observed {
@@ -352,6 +341,30 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     };
     let status = write_status(&compositions, composition, &observed).await?;
     Ok(next(&decision, &status, now))
+}
+
+/// The Deployment to apply: the pods' drain key kept (or a new one for a new Deployment), and
+/// the replicas the halt leaves.
+fn deployment(
+    context: &Context,
+    composition: &Composition,
+    owner: &Owner,
+    valid: &Valid,
+    existing: Option<Deployment>,
+    replicas: i32,
+) -> Deployment {
+    let drain = existing
+        .as_ref()
+        .and_then(rollout::drain_key_of)
+        .unwrap_or_else(rollout::new_drain_key);
+    desired::deployment(
+        owner,
+        composition,
+        valid,
+        &context.settings,
+        &drain,
+        replicas,
+    )
 }
 
 /// A spec refused at reconcile time: its status says so, and what runs is left as it was (no

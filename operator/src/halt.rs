@@ -281,24 +281,34 @@ pub fn decide(observation: &Observation<'_>) -> Decision {
             };
             decision(phase, Step::Nothing)
         }
-        Outcome::CalledOff(at) => {
-            // Every reconcile of a called-off halt names the same busy pods (from the record).
-            let called_off = |step| Decision {
-                busy: record.busy.clone(),
-                ..decision(Phase::CalledOff, step)
-            };
-            let stale = stale(pods, None);
-            if !stale.is_empty() {
-                return called_off(Step::Resume(stale));
-            }
-            let retry = add(at, timing.grace);
-            if now >= retry {
-                decision(Phase::Requested, Step::Record(Record::start(now)))
-            } else {
-                called_off(Step::WaitUntil(retry))
-            }
-        }
+        Outcome::CalledOff(at) => called_off(record, at, timing, pods, now, decision),
         Outcome::InProgress => in_progress(record, timing, pods, now, decision),
+    }
+}
+
+/// A called-off halt: its pods resumed, then, a grace later, tried again.
+fn called_off(
+    record: &Record,
+    at: Timestamp,
+    timing: Halt,
+    pods: &[Pod],
+    now: Timestamp,
+    decision: impl Fn(Phase, Step) -> Decision,
+) -> Decision {
+    // Every reconcile of a called-off halt names the same busy pods (from the record).
+    let called_off = |step| Decision {
+        busy: record.busy.clone(),
+        ..decision(Phase::CalledOff, step)
+    };
+    let stale = stale(pods, None);
+    if !stale.is_empty() {
+        return called_off(Step::Resume(stale));
+    }
+    let retry = add(at, timing.grace);
+    if now >= retry {
+        decision(Phase::Requested, Step::Record(Record::start(now)))
+    } else {
+        called_off(Step::WaitUntil(retry))
     }
 }
 

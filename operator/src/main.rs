@@ -74,40 +74,44 @@ fn run_command(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let shutdown = async move {
-            let _ = stopped.await;
-        };
-        let mut running = std::pin::pin!(run::run(config, shutdown));
-        let result = tokio::select! {
-            result = &mut running => result,
-            () = signal() => {
-                tracing::info!(grace_s = SHUTDOWN_GRACE.as_secs(), "stopping");
-                let _ = stop.send(());
-                tokio::select! {
-                    result = tokio::time::timeout(SHUTDOWN_GRACE, &mut running) => match result {
-                        Ok(result) => result,
-                        Err(_) => {
-                            eprintln!("toa-operator run: shutdown took longer than {} s; stopping anyway", SHUTDOWN_GRACE.as_secs());
-                            return ExitCode::FAILURE;
-                        }
-                    },
-                    () = signal() => {
-                        eprintln!("toa-operator run: second signal; stopping at once");
+    runtime.block_on(until_stopped(config))
+}
+
+/// Runs the operator until it stops or a signal stops it, within [`SHUTDOWN_GRACE`] (a second
+/// signal: at once).
+async fn until_stopped(config: run::Config) -> ExitCode {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    let mut running = std::pin::pin!(run::run(config, shutdown));
+    let result = tokio::select! {
+        result = &mut running => result,
+        () = signal() => {
+            tracing::info!(grace_s = SHUTDOWN_GRACE.as_secs(), "stopping");
+            let _ = stop.send(());
+            tokio::select! {
+                result = tokio::time::timeout(SHUTDOWN_GRACE, &mut running) => match result {
+                    Ok(result) => result,
+                    Err(_) => {
+                        eprintln!("toa-operator run: shutdown took longer than {} s; stopping anyway", SHUTDOWN_GRACE.as_secs());
                         return ExitCode::FAILURE;
                     }
+                },
+                () = signal() => {
+                    eprintln!("toa-operator run: second signal; stopping at once");
+                    return ExitCode::FAILURE;
                 }
             }
-        };
-        match result {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("toa-operator run: {error}");
-                ExitCode::from(if error.is_configuration() { USAGE } else { 1 })
-            }
         }
-    })
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("toa-operator run: {error}");
+            ExitCode::from(if error.is_configuration() { USAGE } else { 1 })
+        }
+    }
 }
 
 /// SIGTERM or SIGINT.
