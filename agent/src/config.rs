@@ -2,11 +2,11 @@
 //! checked here, into [`Options`], before anything binds or starts; `main` exits 64 (EX_USAGE)
 //! with the message when something is wrong, before any program runs.
 
-use crate::atom::Mode;
-use crate::broker::Tuning;
-use crate::compose::{BrokerConfig, Control, Options};
+use crate::calls::broker::Tuning;
+use crate::control::tokens::Tokens;
+use crate::coordination::atom::Mode;
 use crate::instance::Instance;
-use crate::tokens::Tokens;
+use crate::process::compose::{BrokerConfig, Control, Options};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use toa_context::agent_args::ComposeArgs;

@@ -4,8 +4,8 @@
 use super::queues::Declared;
 use super::session::{Consuming, Session};
 use super::{now_ms, Served, DEADLINE};
+use crate::calls::once::{run_once, Once};
 use crate::component::client::{CallMeta, Outcome, ProgramError};
-use crate::once::{run_once, Once};
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -407,7 +407,7 @@ async fn handle(
     delivery: &Delivery,
     served: &Served,
     own: bool,
-    in_flight: &mut Option<crate::activity::InFlight>,
+    in_flight: &mut Option<crate::calls::activity::InFlight>,
 ) -> Handled {
     let call = match Call::read(delivery, served, own) {
         Ok(call) => call,
@@ -469,13 +469,13 @@ impl Call {
                 "expected a JSON call {{\"operation\": name, \"input\": ...}}: {error}"
             ))
         })?;
-        let contract = crate::contract::Request {
+        let contract = crate::calls::contract::Request {
             input: request.input.clone(),
             instance: own.then(|| served.instance.clone()),
             timeout: None,
             key: request.key.clone(),
         };
-        let checked = crate::contract::check_contract(
+        let checked = crate::calls::contract::check_contract(
             &served.component,
             &request.operation,
             &contract,
@@ -485,7 +485,7 @@ impl Call {
             let operation: String = request.operation.chars().take(64).collect();
             tracing::warn!(call = %id, operation = ?operation, "refused a call that breaks the component's declarations");
             return Err(refused(match error {
-                crate::contract::CallError::RequestContract(message) => message,
+                crate::calls::contract::CallError::RequestContract(message) => message,
                 other => other.to_string(),
             }));
         }

@@ -15,7 +15,7 @@
 //! | `POST /control/resume` `{"halt": "id"}` | runs `resume`, starts pulses again; answers the status |
 //! | `GET /control/status` | `{"phase", "halt", "instance", "calls": {"since_pause", "last_at_ms", "in_flight"}, "failure"}` |
 
-use crate::tokens::Tokens;
+use crate::control::tokens::Tokens;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};

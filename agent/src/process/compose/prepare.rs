@@ -7,15 +7,15 @@
 
 use super::servers::Servers;
 use super::{ComposeError, Composition, Options, CONTROL, PROBES};
-use crate::activity::Activity;
 use crate::api;
-use crate::atom::{Atom, AtomConfig, Mode, Scope};
-use crate::catalog::Source;
+use crate::calls::activity::Activity;
+use crate::calls::catalog::Source;
 use crate::component::Component;
-use crate::component_tokens::ComponentTokens;
-use crate::drain;
+use crate::control::component_tokens::ComponentTokens;
+use crate::coordination::atom::{Atom, AtomConfig, Mode, Scope};
 use crate::metrics::Metrics;
-use crate::supervisor::Process;
+use crate::process::drain;
+use crate::process::supervisor::Process;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -52,7 +52,7 @@ impl Composition {
         let mut servers = Servers::default();
         if let Some((listener, control)) = control {
             control.tokens.keep_reading(control.file);
-            let app = crate::control::router(control.tokens, process.clone());
+            let app = crate::control::endpoint::router(control.tokens, process.clone());
             servers.serve(CONTROL, listener, app);
         }
         if let Some(listener) = probe {

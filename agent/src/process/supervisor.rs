@@ -1,5 +1,5 @@
 //! The process's phase and what changes it: the halt and resume the operator asks for (through
-//! [`crate::control`]), and the drain. Pulses run only while the process runs.
+//! [`crate::control::endpoint`]), and the drain. Pulses run only while the process runs.
 //!
 //! Phases: `starting` (the lifecycle runs) → `running` ⇄ `pausing` → `paused` ⇄ `resuming`, and
 //! `draining` at the end. The status is read without waiting for a halt or resume in progress:
@@ -12,10 +12,10 @@
 //! is not tried again. A `resume` that fails leaves the process paused, reporting the failure; the
 //! operator asks again.
 
-use crate::activity::Activity;
-use crate::calls::Calls;
-use crate::control::{Reply, Supervisor};
-use crate::lifecycle::{self, Member};
+use crate::calls::activity::Activity;
+use crate::calls::router::Calls;
+use crate::control::endpoint::{Reply, Supervisor};
+use crate::process::lifecycle::{self, Member};
 use std::sync::Arc;
 use std::time::Duration;
 use toa_context::control::{Failure, Phase as Reported, Status};
@@ -88,10 +88,6 @@ impl Process {
                 self.set(|view| view.phase = Phase::Running);
             }
         }
-    }
-
-    pub fn phase(&self) -> Phase {
-        self.view().phase
     }
 
     /// Pauses for `halt`: stops pulses, runs `pause`. Idempotent by halt id.
@@ -289,7 +285,7 @@ fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tick.tick().await;
-                    let request = crate::contract::Request {
+                    let request = crate::calls::contract::Request {
                         input: serde_json::Value::Null,
                         instance: None,
                         timeout: None,

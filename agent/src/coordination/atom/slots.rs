@@ -8,8 +8,8 @@
 
 use super::assignment::{Assignment, Assignor, View};
 use super::keys::Scope;
+use crate::coordination::redis::Servers;
 use crate::metrics::ComponentMetrics;
-use crate::redis::Servers;
 use rand::Rng;
 use redis::Script;
 use std::panic::{catch_unwind, AssertUnwindSafe};
