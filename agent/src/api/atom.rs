@@ -43,8 +43,9 @@ pub fn routes() -> Router<Arc<Host>> {
 }
 
 /// The coordination routes of `/v1/{component}/...` go on only with that component's token (in a
-/// pod; see [`crate::control::component_tokens`]). The component is read with the extractor the handlers
-/// use, so the name checked is the name acted on (`store%2Ecatalog` is `store.catalog` to both).
+/// pod; see [`crate::control::component_tokens`]). The component is read with the extractor the
+/// handlers use, so the name checked is the name acted on (`store%2Ecatalog` is `store.catalog` to
+/// both).
 pub async fn authorize(
     State(host): State<Arc<Host>>,
     params: Result<

@@ -1,7 +1,7 @@
 //! A call given an idempotency `key` runs once: the receiving side (the callee's agent, or the
 //! process itself for an in-process call) claims the key before the program is asked, and a repeat
-//! gets the first call's outcome (see [`crate::coordination::atom::repeats`] for the records). Without a key a
-//! call simply runs.
+//! gets the first call's outcome (see [`crate::coordination::atom::repeats`] for the records).
+//! Without a key a call simply runs.
 
 use crate::component::client::{Outcome, ProgramError};
 use crate::coordination::atom::repeats::{input_hash, Claim, Repeats, Stored, MAX_STORED};

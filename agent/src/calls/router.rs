@@ -1,5 +1,5 @@
-//! Calls between components: the request contract ([`crate::calls::contract`]) checked before anything
-//! is sent, then the route to the callee: over RabbitMQ when the context names a broker
+//! Calls between components: the request contract ([`crate::calls::contract`]) checked before
+//! anything is sent, then the route to the callee: over RabbitMQ when the context names a broker
 //! ([`crate::calls::broker`]), else in-process to the components of this process (a local run).
 
 use crate::calls::activity::Activity;
@@ -78,8 +78,8 @@ impl Calls {
         self
     }
 
-    /// Stops taking calls over the broker (see [`crate::calls::broker::Broker::drain`]) and waits for
-    /// the calls running here, up to `budget`: how many still run.
+    /// Stops taking calls over the broker (see [`crate::calls::broker::Broker::drain`]) and waits
+    /// for the calls running here, up to `budget`: how many still run.
     pub async fn drain(&self, budget: Duration) -> u64 {
         match &self.broker {
             Some(broker) => broker.drain(&self.activity, budget).await,

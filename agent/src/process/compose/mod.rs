@@ -59,7 +59,8 @@ pub struct Options {
     /// Attach to programs started by someone else (a pod's component containers) instead of
     /// starting them: component i serves 127.0.0.1:(this port + i).
     pub attach: Option<u16>,
-    /// A directory of other components' manifests, `<component>.yaml` (see [`crate::calls::catalog`]).
+    /// A directory of other components' manifests, `<component>.yaml`
+    /// (see [`crate::calls::catalog`]).
     pub declarations: Option<PathBuf>,
     /// A local run coordinates in-process without `atomicity`; a pod does not.
     /// In a pod: the digest of the drain key the kubelet's hooks present; with it, only they
