@@ -65,10 +65,10 @@ pub async fn authorize(
     };
     match host.tokens.check(&component, request.headers()) {
         Ok(()) => next.run(request).await,
-        Err(message) => axum::response::IntoResponse::into_response(ApiError::new(
+        Err(refused) => axum::response::IntoResponse::into_response(ApiError::new(
             axum::http::StatusCode::UNAUTHORIZED,
             "UNAUTHORIZED",
-            message,
+            refused.to_string(),
         )),
     }
 }

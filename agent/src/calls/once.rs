@@ -97,12 +97,17 @@ where
 
 /// The request contract's rule for a key: 1 to [`MAX_KEY`] characters, none of them control
 /// characters.
-pub fn check_key(key: &str) -> Result<(), String> {
+pub fn check_key(key: &str) -> Result<(), InvalidKey> {
     let length = key.chars().count();
     if length == 0 || length > MAX_KEY || key.chars().any(char::is_control) {
-        return Err(format!(
-            "`key`: expected 1 to {MAX_KEY} characters without control characters, got {length}"
-        ));
+        return Err(InvalidKey { length });
     }
     Ok(())
+}
+
+/// A key the request contract refuses; `length` in characters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`key`: expected 1 to {max} characters without control characters, got {length}", max = MAX_KEY)]
+pub struct InvalidKey {
+    length: usize,
 }

@@ -97,6 +97,8 @@ pub enum ComposeError {
     Component(#[from] ComponentError),
     #[error("{0}")]
     Setup(String),
+    #[error(transparent)]
+    ComponentTokens(#[from] crate::control::component_tokens::ComponentTokenError),
     /// A server of the agent's stopped: the process stops with it.
     #[error("the {server} stopped: {message}")]
     Server {

@@ -99,7 +99,7 @@ fn component_tokens(
 ) -> Result<ComponentTokens, ComposeError> {
     let names: Vec<String> = loaded.iter().map(|c| c.name.clone()).collect();
     match (&options.component_tokens, options.mode) {
-        (Some(dir), Mode::Pod) => ComponentTokens::in_pod(dir, &names).map_err(ComposeError::Setup),
+        (Some(dir), Mode::Pod) => Ok(ComponentTokens::in_pod(dir, &names)?),
         (None, Mode::Pod) => {
             tracing::warn!(
                 "no --component-tokens: any program in the pod may use every component's routes"
