@@ -7,6 +7,8 @@ use crate::control::tokens::{TokenFileError, Tokens};
 use crate::coordination::atom::Mode;
 use crate::instance::{Instance, InvalidInstance};
 use crate::process::compose::{BrokerConfig, Control, Options};
+use serde_json::Value;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use toa_context::agent_args::ComposeArgs;
@@ -85,41 +87,12 @@ fn compose_options(
         let context = Context::from_vars(&ProcessVars)?;
         (context, Mode::Pod, Default::default())
     } else {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            // Without a context file, a local application named `local` with nothing configured.
-            Err(error)
-                if error.kind() == std::io::ErrorKind::NotFound
-                    && path.as_os_str() == "context.toa.yaml" =>
-            {
-                "name: local\n".to_owned()
-            }
-            Err(error) => {
-                return Err(ConfigError::ContextFileUnreadable {
-                    path: path.clone(),
-                    error,
-                })
-            }
-        };
-        let in_file = |error| ConfigError::ContextFile {
-            path: path.clone(),
-            error,
-        };
-        let context = Context::parse(&text, &environment).map_err(in_file)?;
-        let configuration =
-            toa_context::configuration::read(&text, &environment).map_err(in_file)?;
+        let (context, configuration) = context_file(path, &environment)?;
         (context, Mode::Local, configuration)
     };
     let credentials = Credentials::from_vars(&ProcessVars, "TOA_REDIS")?;
     let instance = Instance::from_env(std::env::var("TOA_INSTANCE").ok())?;
-    // The broker's credentials and tuning, only when there is a broker.
-    let broker = match context.amqp {
-        None => None,
-        Some(_) => Some(BrokerConfig {
-            credentials: Credentials::from_vars(&ProcessVars, "TOA_AMQP")?,
-            tuning: Tuning::from_env()?,
-        }),
-    };
+    let broker = broker(&context)?;
     Ok(Options {
         broker,
         context,
@@ -137,4 +110,45 @@ fn compose_options(
         mode,
         configuration,
     })
+}
+
+/// A local run's context file: the context and its `configuration` section.
+fn context_file(
+    path: &PathBuf,
+    environment: &Environment,
+) -> Result<(Context, BTreeMap<String, Value>), ConfigError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        // Without a context file, a local application named `local` with nothing configured.
+        Err(error)
+            if error.kind() == std::io::ErrorKind::NotFound
+                && path.as_os_str() == "context.toa.yaml" =>
+        {
+            "name: local\n".to_owned()
+        }
+        Err(error) => {
+            return Err(ConfigError::ContextFileUnreadable {
+                path: path.clone(),
+                error,
+            })
+        }
+    };
+    let in_file = |error| ConfigError::ContextFile {
+        path: path.clone(),
+        error,
+    };
+    let context = Context::parse(&text, environment).map_err(in_file)?;
+    let configuration = toa_context::configuration::read(&text, environment).map_err(in_file)?;
+    Ok((context, configuration))
+}
+
+/// The broker's credentials and tuning, only when there is a broker.
+fn broker(context: &Context) -> Result<Option<BrokerConfig>, ConfigError> {
+    let Some(_) = context.amqp else {
+        return Ok(None);
+    };
+    Ok(Some(BrokerConfig {
+        credentials: Credentials::from_vars(&ProcessVars, "TOA_AMQP")?,
+        tuning: Tuning::from_env()?,
+    }))
 }

@@ -156,20 +156,7 @@ impl Calls {
             .callees
             .get(component)
             .ok_or_else(|| CallError::UnknownComponent(component.to_owned()))?;
-        let limit = if stateful {
-            let instance = request.instance.as_deref().unwrap_or_default();
-            if instance != self.instance {
-                return Err(CallError::Addressee {
-                    component: component.to_owned(),
-                    instance: instance.to_owned(),
-                });
-            }
-            request
-                .timeout
-                .map_or(self.default_timeout, Duration::from_millis)
-        } else {
-            self.operation_limit
-        };
+        let limit = self.limit(component, &request, stateful)?;
         let deadline = tokio::time::Instant::now() + limit;
         let abandoned = || CallError::Abandoned {
             component: component.to_owned(),
@@ -202,6 +189,29 @@ impl Calls {
             CallError::Abandoned { .. } => abandoned(),
             other => other,
         })
+    }
+
+    /// How long an in-process call may take: a stateful call, named to this process, its own
+    /// timeout (or the default); any other the operation limit.
+    fn limit(
+        &self,
+        component: &str,
+        request: &Request,
+        stateful: bool,
+    ) -> Result<Duration, CallError> {
+        if !stateful {
+            return Ok(self.operation_limit);
+        }
+        let instance = request.instance.as_deref().unwrap_or_default();
+        if instance != self.instance {
+            return Err(CallError::Addressee {
+                component: component.to_owned(),
+                instance: instance.to_owned(),
+            });
+        }
+        Ok(request
+            .timeout
+            .map_or(self.default_timeout, Duration::from_millis))
     }
 }
 

@@ -177,18 +177,7 @@ async fn consume(
             let stepped_back = loop {
                 tokio::select! {
                     delivery = consumer.next() => match delivery {
-                        Some(Ok(delivery)) => {
-                            let (session, served) = (session.clone(), served.clone());
-                            tokio::spawn(async move {
-                                // In flight until the caller is answered or the call given back,
-                                // so the drain waits for that too.
-                                let mut in_flight = None;
-                                let handled = handle(&delivery, &served, own, &mut in_flight).await;
-                                let handled = give_back(&session, &delivery, handled, &served, kind).await;
-                                finish(&session, &delivery, handled).await;
-                                drop(in_flight);
-                            });
-                        }
+                        Some(Ok(delivery)) => handle_apart(&session, &served, delivery, kind),
                         _ => break false,
                     },
                     _ = alive.wait_for(|alive| !*alive), if !own => break true,
@@ -198,13 +187,7 @@ async fn consume(
                 break;
             }
             tracing::warn!(%queue, "the program is down: its calls go to other replicas until it is back");
-            // Deliveries already here are handled as the stream ends: given back (not alive).
-            let _ = channel
-                .basic_cancel(consumer.tag(), Default::default())
-                .await;
-            while let Some(Ok(delivery)) = consumer.next().await {
-                finish(&session, &delivery, Handled::Requeue { started: false }).await;
-            }
+            step_back(&session, &channel, &mut consumer).await;
             tokio::select! {
                 _ = alive.wait_for(|alive| *alive) => {}
                 () = session.lost.cancelled() => return,
@@ -227,6 +210,30 @@ async fn consume(
         }
     });
     Ok(())
+}
+
+/// Handles `delivery` on a task of its own, in flight until the caller is answered or the call
+/// given back, so the drain waits for that too.
+fn handle_apart(session: &Arc<Session>, served: &Served, delivery: Delivery, kind: Kind) {
+    let (session, served) = (session.clone(), served.clone());
+    tokio::spawn(async move {
+        let mut in_flight = None;
+        let handled = handle(&delivery, &served, kind == Kind::Own, &mut in_flight).await;
+        let handled = give_back(&session, &delivery, handled, &served, kind).await;
+        finish(&session, &delivery, handled).await;
+        drop(in_flight);
+    });
+}
+
+/// Cancels the consumer of a queue whose program is down; the deliveries already here are
+/// handled as the stream ends: given back (not alive).
+async fn step_back(session: &Session, channel: &Channel, consumer: &mut lapin::Consumer) {
+    let _ = channel
+        .basic_cancel(consumer.tag(), Default::default())
+        .await;
+    while let Some(Ok(delivery)) = consumer.next().await {
+        finish(session, &delivery, Handled::Requeue { started: false }).await;
+    }
 }
 
 async fn start_consumer(

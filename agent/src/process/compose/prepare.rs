@@ -6,7 +6,7 @@
 //! asked for meanwhile is kept for when the lifecycle is done).
 
 use super::servers::Servers;
-use super::{ComposeError, Composition, Options, CONTROL, PROBES};
+use super::{ComposeError, Composition, Control, Options, CONTROL, PROBES};
 use crate::api;
 use crate::calls::activity::Activity;
 use crate::calls::catalog::Source;
@@ -37,11 +37,7 @@ impl Composition {
         let address = local
             .local_addr()
             .map_err(|e| ComposeError::Setup(e.to_string()))?;
-        let control = match options.control {
-            Some(control) => Some((bind(control.address, CONTROL).await?, control)),
-            None => None,
-        };
-        let probe = bind_if(options.probe, PROBES).await?;
+        let (control, probe) = bind_control_and_probes(options.control, options.probe).await?;
         let activity = Activity::new();
         let process = Process::new(options.instance.to_string(), activity.clone());
         let (trigger, asked) =
@@ -205,6 +201,19 @@ async fn bind(address: SocketAddr, what: &str) -> Result<TcpListener, ComposeErr
 }
 
 /// [`bind`] when there is an address.
+/// The control endpoint's listener with its tokens, then the probes' listener (bound last: the
+/// startupProbe asks it), each when asked for.
+async fn bind_control_and_probes(
+    control: Option<Control>,
+    probe: Option<SocketAddr>,
+) -> Result<(Option<(TcpListener, Control)>, Option<TcpListener>), ComposeError> {
+    let control = match control {
+        Some(control) => Some((bind(control.address, CONTROL).await?, control)),
+        None => None,
+    };
+    Ok((control, bind_if(probe, PROBES).await?))
+}
+
 async fn bind_if(
     address: Option<SocketAddr>,
     what: &str,
