@@ -2,19 +2,44 @@
 //! checked here, into [`Options`], before anything binds or starts; `main` exits 64 (EX_USAGE)
 //! with the message when something is wrong, before any program runs.
 
-use crate::atom::Mode;
-use crate::broker::Tuning;
-use crate::compose::{BrokerConfig, Control, Options};
-use crate::instance::Instance;
-use crate::tokens::Tokens;
+use crate::calls::broker::{BrokerError, Tuning};
+use crate::control::tokens::{TokenFileError, Tokens};
+use crate::coordination::atom::Mode;
+use crate::instance::{Instance, InvalidInstance};
+use crate::process::compose::{BrokerConfig, Control, Options};
+use serde_json::Value;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use toa_context::agent_args::ComposeArgs;
-use toa_context::{Context, Credentials, Environment, ProcessVars};
+use toa_context::{Context, ContextError, Credentials, Environment, ProcessVars};
+
+/// What is wrong with `compose`'s configuration: printed as it is, and the process exits 64.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    ControlTokens(#[from] TokenFileError),
+    #[error("--drain-key-sha256: expected 64 hex digits (a SHA-256), got {length} characters")]
+    DrainDigest { length: usize },
+    /// The environment, the context from `TOA_*` variables, or the credentials.
+    #[error(transparent)]
+    Context(#[from] ContextError),
+    #[error("{}: {error}", path.display())]
+    ContextFileUnreadable {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{}: {error}", path.display())]
+    ContextFile { path: PathBuf, error: ContextError },
+    #[error(transparent)]
+    Instance(#[from] InvalidInstance),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+}
 
 /// `toa-agent compose`'s flags and the process's `TOA_*` variables, every one checked before
 /// anything starts.
-pub fn options(args: ComposeArgs) -> Result<Options, String> {
+pub fn options(args: ComposeArgs) -> Result<Options, ConfigError> {
     let control = match (args.control_listen, &args.control_token_file) {
         (Some(address), Some(file)) => Some(Control {
             address,
@@ -39,14 +64,11 @@ pub fn options(args: ComposeArgs) -> Result<Options, String> {
 }
 
 /// `--drain-key-sha256`: 64 hex digits.
-fn drain_digest(text: String) -> Result<String, String> {
+fn drain_digest(text: String) -> Result<String, ConfigError> {
     if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(text.to_ascii_lowercase())
     } else {
-        Err(format!(
-            "--drain-key-sha256: expected 64 hex digits (a SHA-256), got {} characters",
-            text.len()
-        ))
+        Err(ConfigError::DrainDigest { length: text.len() })
     }
 }
 
@@ -56,45 +78,21 @@ fn compose_options(
     environment: &str,
     listen: SocketAddr,
     control: Option<Control>,
-) -> Result<Options, String> {
-    let environment = Environment::parse(environment).map_err(|e| e.to_string())?;
+) -> Result<Options, ConfigError> {
+    let environment = Environment::parse(environment)?;
     // In a pod the operator gives the context as `TOA_*` variables (docs/context.md): they are the
     // whole context, and the process is a pod (no in-process coordination without atomicity).
     // In a pod the operator gives each component container its configuration itself.
     let (context, mode, configuration) = if std::env::var_os("TOA_APPLICATION").is_some() {
-        let context = Context::from_vars(&ProcessVars).map_err(|e| e.to_string())?;
+        let context = Context::from_vars(&ProcessVars)?;
         (context, Mode::Pod, Default::default())
     } else {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            // Without a context file, a local application named `local` with nothing configured.
-            Err(error)
-                if error.kind() == std::io::ErrorKind::NotFound
-                    && path.as_os_str() == "context.toa.yaml" =>
-            {
-                "name: local\n".to_owned()
-            }
-            Err(error) => return Err(format!("{}: {error}", path.display())),
-        };
-        let context =
-            Context::parse(&text, &environment).map_err(|e| format!("{}: {e}", path.display()))?;
-        let configuration = toa_context::configuration::read(&text, &environment)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let (context, configuration) = context_file(path, &environment)?;
         (context, Mode::Local, configuration)
     };
-    let credentials =
-        Credentials::from_vars(&ProcessVars, "TOA_REDIS").map_err(|e| e.to_string())?;
-    let instance =
-        Instance::from_env(std::env::var("TOA_INSTANCE").ok()).map_err(|e| e.to_string())?;
-    // The broker's credentials and tuning, only when there is a broker.
-    let broker = match context.amqp {
-        None => None,
-        Some(_) => Some(BrokerConfig {
-            credentials: Credentials::from_vars(&ProcessVars, "TOA_AMQP")
-                .map_err(|e| e.to_string())?,
-            tuning: Tuning::from_env().map_err(|e| e.to_string())?,
-        }),
-    };
+    let credentials = Credentials::from_vars(&ProcessVars, "TOA_REDIS")?;
+    let instance = Instance::from_env(std::env::var("TOA_INSTANCE").ok())?;
+    let broker = broker(&context)?;
     Ok(Options {
         broker,
         context,
@@ -112,4 +110,45 @@ fn compose_options(
         mode,
         configuration,
     })
+}
+
+/// A local run's context file: the context and its `configuration` section.
+fn context_file(
+    path: &PathBuf,
+    environment: &Environment,
+) -> Result<(Context, BTreeMap<String, Value>), ConfigError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        // Without a context file, a local application named `local` with nothing configured.
+        Err(error)
+            if error.kind() == std::io::ErrorKind::NotFound
+                && path.as_os_str() == "context.toa.yaml" =>
+        {
+            "name: local\n".to_owned()
+        }
+        Err(error) => {
+            return Err(ConfigError::ContextFileUnreadable {
+                path: path.clone(),
+                error,
+            })
+        }
+    };
+    let in_file = |error| ConfigError::ContextFile {
+        path: path.clone(),
+        error,
+    };
+    let context = Context::parse(&text, environment).map_err(in_file)?;
+    let configuration = toa_context::configuration::read(&text, environment).map_err(in_file)?;
+    Ok((context, configuration))
+}
+
+/// The broker's credentials and tuning, only when there is a broker.
+fn broker(context: &Context) -> Result<Option<BrokerConfig>, ConfigError> {
+    let Some(_) = context.amqp else {
+        return Ok(None);
+    };
+    Ok(Some(BrokerConfig {
+        credentials: Credentials::from_vars(&ProcessVars, "TOA_AMQP")?,
+        tuning: Tuning::from_env()?,
+    }))
 }

@@ -39,9 +39,7 @@ pub async fn run() -> ExitCode {
         let _ = stop.await;
     }));
     let flows = async {
-        let address = ready
-            .await
-            .map_err(|_| "the composition did not start".to_owned())?;
+        let address = ready.await.map_err(|_| DemoError::NotStarted)?;
         flows(&format!("http://{address}")).await
     };
     let outcome = flows.await;
@@ -72,22 +70,27 @@ async fn call(
     agent: &str,
     target: &str,
     request: Value,
-) -> Result<Value, String> {
+) -> Result<Value, DemoError> {
     let (component, operation) = target.rsplit_once('.').expect("component.operation");
     let response = http
         .post(format!("{agent}/v1/call/{component}/{operation}"))
         .json(&request)
         .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    response.json::<Value>().await.map_err(|e| e.to_string())
+        .await?;
+    Ok(response.json::<Value>().await?)
 }
 
-async fn flows(agent: &str) -> Result<(), String> {
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .map_err(|e| e.to_string())?;
+/// Why the demo's flows stopped.
+#[derive(Debug, thiserror::Error)]
+enum DemoError {
+    #[error("the composition did not start")]
+    NotStarted,
+    #[error(transparent)]
+    Http(#[from] reqwest::Error),
+}
+
+async fn flows(agent: &str) -> Result<(), DemoError> {
+    let http = reqwest::Client::builder().no_proxy().build()?;
     println!("\nmeter: store.catalog.appraise, ten a minute per customer (each costs 6000 ms of a 60000 ms window)");
     for n in 1..=11 {
         let answer = call(

@@ -2,51 +2,49 @@
 //! coordination primitives, so a Rust component (and the tests and examples) can use them
 //! in-process.
 //!
-//! Layout:
+//! Layout, by concern (`agent/tests/layers.rs` checks that no module reaches back to one that
+//! uses it):
+//! - `calls/`: calls between components: `router` (the route, in-process or over the broker),
+//!   `contract` (the request contract and how a call fails; a leaf), `broker` (calls over
+//!   RabbitMQ: queues, serving, the session; never the router), `once` (calls given an
+//!   idempotency key run once), `catalog` (the declarations of every component this process may
+//!   call), `activity` (calls made and received, and in flight, for the halt);
+//! - `coordination/`: [`atom`] (`lock`, `slots`, `onassigned`, `meter`: Redis, in-process, or
+//!   none) and `redis` (connections to the 1..N servers, with restart tracking);
+//! - `process/`: [`compose`] (a process's components, in stages: prepare, start, serve, drain,
+//!   watched against its servers), `lifecycle` (run commands across them), `supervisor` (the
+//!   process's phase: halts, resumes, the drain, pulses), `drain` (who may start the drain and
+//!   how they wait for it);
+//! - `control/`: `endpoint` (the operator's authenticated control endpoint: halt, resume,
+//!   status), `tokens` (the control tokens accepted, current and previous, read again on
+//!   rotation), [`component_tokens`] (each component's own token for the local API);
 //! - [`api`]: the local HTTP API for components in any language;
-//! - [`atom`]: `lock`, `slots`, `onassigned`, `meter` (Redis, in-process, or none);
-//! - [`contract`]: the request contract and how a call fails (a leaf);
-//! - [`calls`]: calls between components: the route, in-process or over the broker;
-//! - [`broker`]: calls over RabbitMQ (queues, serving, the session);
-//! - [`once`]: calls given an idempotency key run once;
-//! - [`catalog`]: the declarations of every component this process may call;
-//! - [`component`]: a component's manifest, program and input checks;
+//! - `component/`: a component's manifest, program and input checks;
 //! - [`config`]: every flag and variable of `compose`, read and checked before anything starts;
-//! - [`compose`]: a process's components, in stages (prepare, start, serve, drain) watched
-//!   against its servers; [`lifecycle`]: run commands across them; [`instance`]: its name;
-//! - [`activity`]: calls made and received, and in flight, for the halt;
-//! - [`supervisor`]: the process's phase: halts, resumes, the drain, pulses;
-//! - [`control`]: the operator's authenticated control endpoint (halt, resume, status);
-//! - [`tokens`]: the control tokens accepted (current and previous), read again on rotation;
-//! - [`drain`]: who may start the drain (a drain key in a pod) and how they wait for it;
-//! - [`redis`]: connections to the 1..N servers, with restart tracking;
-//! - [`metrics`]: Prometheus metrics;
-//! - [`telemetry`]: logging setup.
+//! - [`instance`]: the process's name;
+//! - [`metrics`]: Prometheus metrics; [`telemetry`]: logging setup.
+//!
+//! The groups are crate-private. The Rust API, at the paths it always had: the primitives
+//! ([`Atom`], [`atom::meter`], ...), the local API's [`api::router`], [`compose::run`] with
+//! [`config::options`], [`component_tokens::ComponentTokens`], [`Metrics`], [`telemetry::init`].
 
 // Functions stay short (clippy.toml: at most 60 lines): each says one step.
 #![warn(clippy::too_many_lines)]
 
-pub mod activity;
 pub mod api;
-pub mod atom;
-pub mod broker;
-pub mod calls;
-pub mod catalog;
-pub mod component;
-pub mod component_tokens;
-pub mod compose;
+pub(crate) mod calls;
+pub(crate) mod component;
 pub mod config;
-pub mod contract;
-pub mod control;
-pub mod drain;
+pub(crate) mod control;
+pub(crate) mod coordination;
 pub mod instance;
-pub mod lifecycle;
 pub mod metrics;
-pub mod once;
-pub mod redis;
-pub mod supervisor;
+pub(crate) mod process;
 pub mod telemetry;
-pub mod tokens;
+
+pub use control::component_tokens;
+pub use coordination::atom;
+pub use process::compose;
 
 pub use atom::{Assignment, Atom, AtomConfig, AtomError, Held, IntoKeys, Mode, Scope, Signal};
 pub use metrics::Metrics;

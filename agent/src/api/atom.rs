@@ -2,7 +2,7 @@
 
 use super::body::{Object, Path};
 use super::{ApiError, Host};
-use crate::atom::{keys, Atom};
+use crate::coordination::atom::{keys, Atom};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -43,8 +43,9 @@ pub fn routes() -> Router<Arc<Host>> {
 }
 
 /// The coordination routes of `/v1/{component}/...` go on only with that component's token (in a
-/// pod; see [`crate::component_tokens`]). The component is read with the extractor the handlers
-/// use, so the name checked is the name acted on (`store%2Ecatalog` is `store.catalog` to both).
+/// pod; see [`crate::control::component_tokens`]). The component is read with the extractor the
+/// handlers use, so the name checked is the name acted on (`store%2Ecatalog` is `store.catalog` to
+/// both).
 pub async fn authorize(
     State(host): State<Arc<Host>>,
     params: Result<
@@ -64,10 +65,10 @@ pub async fn authorize(
     };
     match host.tokens.check(&component, request.headers()) {
         Ok(()) => next.run(request).await,
-        Err(message) => axum::response::IntoResponse::into_response(ApiError::new(
+        Err(refused) => axum::response::IntoResponse::into_response(ApiError::new(
             axum::http::StatusCode::UNAUTHORIZED,
             "UNAUTHORIZED",
-            message,
+            refused.to_string(),
         )),
     }
 }

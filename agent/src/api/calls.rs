@@ -9,8 +9,8 @@
 
 use super::body::{Object, Path};
 use super::{ApiError, Host};
+use crate::calls::contract::{CallError, Request};
 use crate::component::client::Outcome;
-use crate::contract::{CallError, Request};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -16,9 +16,9 @@
 //!
 //! Calls, the process's name and the probes are in [`calls`].
 
-pub mod atom;
-pub mod body;
-pub mod calls;
+mod atom;
+mod body;
+pub(crate) mod calls;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -27,8 +27,8 @@ use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::atom::{Atom, AtomError};
-use crate::calls::Calls;
+use crate::calls::router::Calls;
+use crate::coordination::atom::{Atom, AtomError};
 use crate::metrics::Metrics;
 
 /// What the API serves: the components of this process.
@@ -47,7 +47,7 @@ pub struct Host {
     /// What `GET /metrics` answers.
     pub metrics: Arc<Metrics>,
     /// Each component's token for its routes.
-    pub tokens: Arc<crate::component_tokens::ComponentTokens>,
+    pub tokens: Arc<crate::control::component_tokens::ComponentTokens>,
 }
 
 /// The `onassigned` streams open now, by component and id.

@@ -38,7 +38,7 @@ pub enum ComponentError {
     Schema {
         component: String,
         operation: String,
-        message: String,
+        message: schema::InvalidSchema,
     },
     #[error(
         "{component}: no `program` in the manifest: a local run needs the command that starts it"

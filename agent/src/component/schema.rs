@@ -6,14 +6,14 @@ use serde_json::Value;
 pub struct InputSchema(jsonschema::Validator);
 
 impl InputSchema {
-    pub fn compile(schema: &Value) -> Result<Self, String> {
+    pub fn compile(schema: &Value) -> Result<Self, InvalidSchema> {
         jsonschema::validator_for(schema)
             .map(Self)
-            .map_err(|error| error.to_string())
+            .map_err(|error| InvalidSchema(error.to_string()))
     }
 
     /// `Err` with every violation, each naming where in the input it is.
-    pub fn check(&self, input: &Value) -> Result<(), String> {
+    pub fn check(&self, input: &Value) -> Result<(), Violations> {
         let problems: Vec<String> = self
             .0
             .iter_errors(input)
@@ -29,10 +29,21 @@ impl InputSchema {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(problems.join("; "))
+            Err(Violations(problems))
         }
     }
 }
+
+/// A declared schema `jsonschema` cannot use, with its reason (the validator's error borrows the
+/// schema, so only its message is kept).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidSchema(String);
+
+/// Every violation of an input, each naming where in the input it is, in one line.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}", .0.join("; "))]
+pub struct Violations(Vec<String>);
 
 #[cfg(test)]
 mod tests {
@@ -53,7 +64,8 @@ mod tests {
             .is_ok());
         let problems = schema
             .check(&json!({"amount": "x", "extra": 1}))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             problems.contains("\"customer\" is a required property"),
             "{problems}"

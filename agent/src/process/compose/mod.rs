@@ -16,20 +16,20 @@ mod prepare;
 mod programs;
 mod servers;
 
-use crate::activity::Activity;
 use crate::api::{self, Host};
-use crate::atom::{Atom, Mode};
-use crate::broker::{Broker, Offer};
-use crate::calls::{Callee, Calls};
-use crate::catalog::Catalog;
+use crate::calls::activity::Activity;
+use crate::calls::broker::{Broker, Offer};
+use crate::calls::catalog::Catalog;
+use crate::calls::router::{Callee, Calls};
 use crate::component::program::Program;
 use crate::component::{Component, ComponentError};
-use crate::component_tokens::ComponentTokens;
-use crate::drain;
+use crate::control::component_tokens::ComponentTokens;
+use crate::coordination::atom::{Atom, Mode};
 use crate::instance::Instance;
-use crate::lifecycle::{self, Member};
 use crate::metrics::Metrics;
-use crate::supervisor::Process;
+use crate::process::drain;
+use crate::process::lifecycle::{self, Member};
+use crate::process::supervisor::Process;
 use futures::FutureExt;
 use servers::Servers;
 use std::collections::HashMap;
@@ -59,7 +59,8 @@ pub struct Options {
     /// Attach to programs started by someone else (a pod's component containers) instead of
     /// starting them: component i serves 127.0.0.1:(this port + i).
     pub attach: Option<u16>,
-    /// A directory of other components' manifests, `<component>.yaml` (see [`crate::catalog`]).
+    /// A directory of other components' manifests, `<component>.yaml`
+    /// (see [`crate::calls::catalog`]).
     pub declarations: Option<PathBuf>,
     /// A local run coordinates in-process without `atomicity`; a pod does not.
     /// In a pod: the digest of the drain key the kubelet's hooks present; with it, only they
@@ -76,10 +77,10 @@ pub struct Options {
 }
 
 /// The control endpoint: its address, and the tokens from the mounted Secret (read again when
-/// they change: [`crate::tokens`]).
+/// they change: [`crate::control::tokens`]).
 pub struct Control {
     pub address: SocketAddr,
-    pub tokens: crate::tokens::Tokens,
+    pub tokens: crate::control::tokens::Tokens,
     pub file: PathBuf,
 }
 
@@ -87,7 +88,7 @@ pub struct Control {
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
     pub credentials: Credentials,
-    pub tuning: crate::broker::Tuning,
+    pub tuning: crate::calls::broker::Tuning,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +97,8 @@ pub enum ComposeError {
     Component(#[from] ComponentError),
     #[error("{0}")]
     Setup(String),
+    #[error(transparent)]
+    ComponentTokens(#[from] crate::control::component_tokens::ComponentTokenError),
     /// A server of the agent's stopped: the process stops with it.
     #[error("the {server} stopped: {message}")]
     Server {

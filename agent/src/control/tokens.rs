@@ -33,7 +33,7 @@ impl std::fmt::Debug for Tokens {
 
 impl Tokens {
     /// The tokens read from `file` and its `previous` sibling (which may be missing).
-    pub fn read(file: &Path) -> Result<Self, String> {
+    pub fn read(file: &Path) -> Result<Self, TokenFileError> {
         Ok(Self(Arc::new(RwLock::new(read_all(file)?))))
     }
 
@@ -86,7 +86,19 @@ impl Tokens {
     }
 }
 
-fn read_all(file: &Path) -> Result<Vec<String>, String> {
+/// Why a token file cannot be used: the flag that named it, the file, the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenFileError {
+    #[error("--control-token-file {}: {error}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("--control-token-file {}: expected a token, the file is empty", path.display())]
+    Empty { path: PathBuf },
+}
+
+fn read_all(file: &Path) -> Result<Vec<String>, TokenFileError> {
     let mut tokens = vec![read_token(file)?];
     let previous = file.with_file_name(PREVIOUS_TOKEN);
     if previous.exists() {
@@ -96,15 +108,16 @@ fn read_all(file: &Path) -> Result<Vec<String>, String> {
 }
 
 /// A token file's content without surrounding white space, never empty.
-fn read_token(path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--control-token-file {}: {e}", path.display()))?;
+fn read_token(path: &Path) -> Result<String, TokenFileError> {
+    let text = std::fs::read_to_string(path).map_err(|error| TokenFileError::Unreadable {
+        path: path.to_owned(),
+        error,
+    })?;
     let token = text.trim();
     if token.is_empty() {
-        return Err(format!(
-            "--control-token-file {}: expected a token, the file is empty",
-            path.display()
-        ));
+        return Err(TokenFileError::Empty {
+            path: path.to_owned(),
+        });
     }
     Ok(token.to_owned())
 }

@@ -2,7 +2,7 @@
 //! every server (one server frozen or down still leaves the others to tell). A waiter takes a
 //! [`Wake`] before it tries, so a release between its attempt and its wait is not missed.
 
-use crate::redis::Servers;
+use crate::coordination::redis::Servers;
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};

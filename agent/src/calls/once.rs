@@ -1,10 +1,10 @@
 //! A call given an idempotency `key` runs once: the receiving side (the callee's agent, or the
 //! process itself for an in-process call) claims the key before the program is asked, and a repeat
-//! gets the first call's outcome (see [`crate::atom::repeats`] for the records). Without a key a
-//! call simply runs.
+//! gets the first call's outcome (see [`crate::coordination::atom::repeats`] for the records).
+//! Without a key a call simply runs.
 
-use crate::atom::repeats::{input_hash, Claim, Repeats, Stored, MAX_STORED};
 use crate::component::client::{Outcome, ProgramError};
+use crate::coordination::atom::repeats::{input_hash, Claim, Repeats, Stored, MAX_STORED};
 use serde_json::Value;
 use std::future::Future;
 use std::time::Duration;
@@ -97,12 +97,17 @@ where
 
 /// The request contract's rule for a key: 1 to [`MAX_KEY`] characters, none of them control
 /// characters.
-pub fn check_key(key: &str) -> Result<(), String> {
+pub fn check_key(key: &str) -> Result<(), InvalidKey> {
     let length = key.chars().count();
     if length == 0 || length > MAX_KEY || key.chars().any(char::is_control) {
-        return Err(format!(
-            "`key`: expected 1 to {MAX_KEY} characters without control characters, got {length}"
-        ));
+        return Err(InvalidKey { length });
     }
     Ok(())
+}
+
+/// A key the request contract refuses; `length` in characters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`key`: expected 1 to {max} characters without control characters, got {length}", max = MAX_KEY)]
+pub struct InvalidKey {
+    length: usize,
 }

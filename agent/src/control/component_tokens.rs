@@ -59,17 +59,13 @@ impl ComponentTokens {
 
     /// A pod: component `i`'s new token written into `dir/<i>/token` (readable by the pod's
     /// group only), asked for on its routes.
-    pub fn in_pod(dir: &Path, names: &[String]) -> Result<Self, String> {
+    pub fn in_pod(dir: &Path, names: &[String]) -> Result<Self, ComponentTokenError> {
         let mut tokens = HashMap::new();
         for (index, name) in names.iter().enumerate() {
             let file = dir.join(index.to_string()).join("token");
             let token = random_token();
-            write_token(&file, &token).map_err(|error| {
-                format!(
-                    "--component-tokens: cannot write {}: {error}",
-                    file.display()
-                )
-            })?;
+            write_token(&file, &token)
+                .map_err(|error| ComponentTokenError::Unwritable { file, error })?;
             tokens.insert(name.clone(), token);
         }
         Ok(Self {
@@ -85,7 +81,7 @@ impl ComponentTokens {
 
     /// Whether a request for `component`'s routes may go on: `Authorization: Bearer <its token>`
     /// in a pod; anything in a local run. Refused: why, for a 401.
-    pub fn check(&self, component: &str, headers: &HeaderMap) -> Result<(), String> {
+    pub fn check(&self, component: &str, headers: &HeaderMap) -> Result<(), ComponentTokenError> {
         if !self.enforced {
             return Ok(());
         }
@@ -98,13 +94,26 @@ impl ComponentTokens {
             Some(token) if same_key(presented, token) => Ok(()),
             // An unknown component is the route's own 404.
             None => Ok(()),
-            Some(_) => Err(format!(
-                "{component}'s routes take {component}'s token only: `Authorization: Bearer` and \
-                 the token its program was given (TOA_AGENT_TOKEN, or the file \
-                 TOA_AGENT_TOKEN_FILE names)"
-            )),
+            Some(_) => Err(ComponentTokenError::Refused {
+                component: component.to_owned(),
+            }),
         }
     }
+}
+
+/// A token file that cannot be written (the agent does not start), or a request refused (401).
+#[derive(Debug, thiserror::Error)]
+pub enum ComponentTokenError {
+    #[error("--component-tokens: cannot write {}: {error}", file.display())]
+    Unwritable {
+        file: std::path::PathBuf,
+        error: std::io::Error,
+    },
+    #[error(
+        "{component}'s routes take {component}'s token only: `Authorization: Bearer` and the token \
+         its program was given (TOA_AGENT_TOKEN, or the file TOA_AGENT_TOKEN_FILE names)"
+    )]
+    Refused { component: String },
 }
 
 /// Writes `token` into `file` (0640: the agent, and the pod's group, which the component's

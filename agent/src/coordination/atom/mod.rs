@@ -9,18 +9,18 @@
 //!
 //! A configured Redis that cannot be reached never falls back to the in-process backend.
 
-pub mod assignment;
-pub mod keys;
-pub mod local;
-pub mod lock;
+pub(crate) mod assignment;
+pub(crate) mod keys;
+pub(crate) mod local;
+pub(crate) mod lock;
 pub mod meter;
-pub mod quorum;
-pub mod repeats;
-pub mod slots;
+pub(crate) mod quorum;
+pub(crate) mod repeats;
+pub(crate) mod slots;
 mod waiters;
 
+use crate::coordination::redis::{ServerError, Servers};
 use crate::metrics::Metrics;
-use crate::redis::{ServerError, Servers};
 pub use assignment::Assignment;
 pub use keys::{IntoKeys, Scope};
 pub use lock::{Held, Signal};

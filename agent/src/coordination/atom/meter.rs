@@ -7,8 +7,8 @@
 
 use super::keys::Scope;
 use super::AtomError;
+use crate::coordination::redis::{ServerError, Servers};
 use crate::metrics::ComponentMetrics;
-use crate::redis::{ServerError, Servers};
 use redis::Script;
 use std::sync::{Arc, LazyLock};
 

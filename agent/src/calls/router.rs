@@ -1,13 +1,13 @@
-//! Calls between components: the request contract ([`crate::contract`]) checked before anything
-//! is sent, then the route to the callee: over RabbitMQ when the context names a broker
-//! ([`crate::broker`]), else in-process to the components of this process (a local run).
+//! Calls between components: the request contract ([`crate::calls::contract`]) checked before
+//! anything is sent, then the route to the callee: over RabbitMQ when the context names a broker
+//! ([`crate::calls::broker`]), else in-process to the components of this process (a local run).
 
-use crate::activity::Activity;
-use crate::catalog::Catalog;
+use crate::calls::activity::Activity;
+use crate::calls::catalog::Catalog;
+use crate::calls::contract::{check_contract, CallError, Request};
+use crate::calls::once::Once;
 use crate::component::client::{CallMeta, Outcome, ProgramClient, ProgramError};
 use crate::component::Component;
-use crate::contract::{check_contract, CallError, Request};
-use crate::once::Once;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,7 +19,7 @@ pub struct Callee {
     pub component: Arc<Component>,
     pub client: ProgramClient,
     /// The records of calls given a key.
-    pub repeats: Arc<crate::atom::repeats::Repeats>,
+    pub repeats: Arc<crate::coordination::atom::repeats::Repeats>,
 }
 
 /// The in-process router.
@@ -27,7 +27,7 @@ pub struct Calls {
     callees: HashMap<String, Callee>,
     /// Every component whose declarations this process knows (its own and the others').
     catalog: Arc<Catalog>,
-    broker: Option<Arc<crate::broker::Broker>>,
+    broker: Option<Arc<crate::calls::broker::Broker>>,
     instance: String,
     default_timeout: Duration,
     /// How long the program may take to answer an ordinary call (`limits.operation`).
@@ -70,7 +70,7 @@ impl Calls {
     /// Routes over `broker`; `catalog` knows the declarations of components other processes run.
     pub fn over_broker(
         mut self,
-        broker: Arc<crate::broker::Broker>,
+        broker: Arc<crate::calls::broker::Broker>,
         catalog: Arc<Catalog>,
     ) -> Self {
         self.catalog = catalog;
@@ -78,8 +78,8 @@ impl Calls {
         self
     }
 
-    /// Stops taking calls over the broker (see [`crate::broker::Broker::drain`]) and waits for
-    /// the calls running here, up to `budget`: how many still run.
+    /// Stops taking calls over the broker (see [`crate::calls::broker::Broker::drain`]) and waits
+    /// for the calls running here, up to `budget`: how many still run.
     pub async fn drain(&self, budget: Duration) -> u64 {
         match &self.broker {
             Some(broker) => broker.drain(&self.activity, budget).await,
@@ -113,7 +113,7 @@ impl Calls {
                 .timeout
                 .map_or(self.default_timeout, Duration::from_millis)
         });
-        let call = crate::broker::Call {
+        let call = crate::calls::broker::Call {
             component,
             operation,
             input: &request.input,
@@ -143,7 +143,7 @@ impl Calls {
     async fn in_process(
         &self,
         call: Local<'_>,
-        in_flight: crate::activity::InFlight,
+        in_flight: crate::calls::activity::InFlight,
     ) -> Result<Outcome, CallError> {
         let Local {
             component,
@@ -156,20 +156,7 @@ impl Calls {
             .callees
             .get(component)
             .ok_or_else(|| CallError::UnknownComponent(component.to_owned()))?;
-        let limit = if stateful {
-            let instance = request.instance.as_deref().unwrap_or_default();
-            if instance != self.instance {
-                return Err(CallError::Addressee {
-                    component: component.to_owned(),
-                    instance: instance.to_owned(),
-                });
-            }
-            request
-                .timeout
-                .map_or(self.default_timeout, Duration::from_millis)
-        } else {
-            self.operation_limit
-        };
+        let limit = self.limit(component, &request, stateful)?;
         let deadline = tokio::time::Instant::now() + limit;
         let abandoned = || CallError::Abandoned {
             component: component.to_owned(),
@@ -203,6 +190,29 @@ impl Calls {
             other => other,
         })
     }
+
+    /// How long an in-process call may take: a stateful call, named to this process, its own
+    /// timeout (or the default); any other the operation limit.
+    fn limit(
+        &self,
+        component: &str,
+        request: &Request,
+        stateful: bool,
+    ) -> Result<Duration, CallError> {
+        if !stateful {
+            return Ok(self.operation_limit);
+        }
+        let instance = request.instance.as_deref().unwrap_or_default();
+        if instance != self.instance {
+            return Err(CallError::Addressee {
+                component: component.to_owned(),
+                instance: instance.to_owned(),
+            });
+        }
+        Ok(request
+            .timeout
+            .map_or(self.default_timeout, Duration::from_millis))
+    }
 }
 
 /// A call to run in this process.
@@ -228,13 +238,15 @@ fn run_here(
     let repeats = callee.repeats.clone();
     let Request { input, key, .. } = request;
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-    let meta = CallMeta::new(stateful.then(|| crate::broker::now_ms() + left.as_millis() as i64));
+    let meta =
+        CallMeta::new(stateful.then(|| crate::calls::broker::now_ms() + left.as_millis() as i64));
     async move {
         let program = client.operate(&operation, &input, &meta, left);
         let key = key.as_deref();
-        let once =
-            crate::once::run_once(&repeats, &operation, key, &input, deadline, window, program)
-                .await;
+        let once = crate::calls::once::run_once(
+            &repeats, &operation, key, &input, deadline, window, program,
+        )
+        .await;
         match once {
             Once::Ran(result) => result.map_err(|e| match e {
                 ProgramError::TimedOut { .. } if stateful => abandoned_error(&operation, left),

@@ -139,7 +139,7 @@ pub fn check_contract(
     }
     check_timeout(&target, declaration.stateful, request.timeout)?;
     if let Some(key) = &request.key {
-        crate::once::check_key(key)
+        crate::calls::once::check_key(key)
             .map_err(|e| CallError::RequestContract(format!("{target}: {e}")))?;
     }
     if let Some(instance) = &request.instance {

@@ -11,7 +11,7 @@
 
 use super::keys::Scope;
 use super::AtomError;
-use crate::redis::Servers;
+use crate::coordination::redis::Servers;
 use redis::Script;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -4,9 +4,9 @@
 use crate::component::client::ProgramClient;
 use crate::component::program::Program;
 use crate::component::{Component, ComponentError};
-use crate::component_tokens::ComponentTokens;
+use crate::control::component_tokens::ComponentTokens;
 use crate::instance::Instance;
-use crate::lifecycle::{self, Member};
+use crate::process::lifecycle::{self, Member};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;

@@ -2,10 +2,10 @@
 //!
 //! An acquisition draws one random value and runs [`ACQUIRE`] on every server at once: per server,
 //! all keys of the call are taken atomically, or none. It succeeds as soon as a majority of the
-//! servers that may count (see [`crate::redis`]) granted it, and fails as soon as a majority is out
-//! of reach: it never waits for the slowest server. The lock is valid for TTL − elapsed − drift from
-//! the start of the attempt; a background task extends it every TTL/3 on a majority, and cancels
-//! the holder's [`Signal`] when it cannot before the validity ends.
+//! servers that may count (see [`crate::coordination::redis`]) granted it, and fails as soon as a
+//! majority is out of reach: it never waits for the slowest server. The lock is valid for
+//! TTL − elapsed − drift from the start of the attempt; a background task extends it every TTL/3
+//! on a majority, and cancels the holder's [`Signal`] when it cannot before the validity ends.
 //!
 //! Fencing tokens. Every server keeps one counter per component (`{prefix}fence`), incremented by
 //! [`ACQUIRE`]. The token is the maximum over the granting majority; when the granting servers
@@ -23,8 +23,8 @@
 use super::keys::Scope;
 use super::quorum::{one_holder_has_majority, quorum, to_release, Tally, Verdict, Vote};
 use super::waiters::Waiters;
+use crate::coordination::redis::{Server, ServerError, Servers};
 use crate::metrics::ComponentMetrics;
-use crate::redis::{Server, ServerError, Servers};
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
 use redis::Script;
@@ -627,8 +627,8 @@ impl Locks {
     }
 
     /// Releases queued behind an acquisition that timed out on each of `servers`
-    /// ([`crate::redis::Server::invoke_behind`]); nothing is published (nobody was told it
-    /// waits on these).
+    /// ([`crate::coordination::redis::Server::invoke_behind`]); nothing is published (nobody was
+    /// told it waits on these).
     fn releases_behind(
         self: &Arc<Self>,
         servers: Vec<usize>,

@@ -25,10 +25,10 @@
 //! ordinary calls wait for the connection. Once back, the agent declares its queues again and
 //! answers under its name (see [`session`]).
 
-use crate::activity::Activity;
+use crate::calls::activity::Activity;
+use crate::calls::contract::CallError;
 use crate::component::client::{Outcome, ProgramClient};
 use crate::component::Component;
-use crate::contract::CallError;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Confirmation};
@@ -103,7 +103,7 @@ pub struct Offer {
     /// `toa_calls_dead_lettered_total` of the component.
     pub dead_lettered: prometheus_client::metrics::counter::Counter,
     /// The records of calls given a key.
-    pub repeats: Arc<crate::atom::repeats::Repeats>,
+    pub repeats: Arc<crate::coordination::atom::repeats::Repeats>,
 }
 
 /// A component served by this process: replayed on every session.
@@ -125,7 +125,7 @@ struct Served {
     deliveries: u32,
     /// Calls dead-lettered: `toa_calls_dead_lettered_total`.
     dead_lettered: prometheus_client::metrics::counter::Counter,
-    repeats: Arc<crate::atom::repeats::Repeats>,
+    repeats: Arc<crate::coordination::atom::repeats::Repeats>,
     /// How long a key's outcome answers repeats.
     idempotency: Duration,
     /// Where calls at the delivery limit go.

@@ -8,8 +8,8 @@
 
 use super::assignment::{Assignment, Assignor, View};
 use super::keys::Scope;
+use crate::coordination::redis::{ServerError, Servers};
 use crate::metrics::ComponentMetrics;
-use crate::redis::Servers;
 use rand::Rng;
 use redis::Script;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -339,7 +339,7 @@ impl Shared {
         let received = Instant::now();
         let mut assignor = self.assignor.lock().expect("assignor");
         match reply
-            .map_err(|e| e.to_string())
+            .map_err(HeartbeatError::from)
             .and_then(|values| parse_view(&values))
         {
             Ok(view) => {
@@ -355,17 +355,26 @@ impl Shared {
     }
 }
 
-fn parse_view(values: &[redis::Value]) -> Result<View, String> {
+/// Why a heartbeat told nothing (logged; the assignment lapses).
+#[derive(Debug, thiserror::Error)]
+enum HeartbeatError {
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error("short heartbeat reply")]
+    Short,
+    #[error(transparent)]
+    Reply(#[from] redis::ParsingError),
+}
+
+fn parse_view(values: &[redis::Value]) -> Result<View, HeartbeatError> {
     use redis::FromRedisValue;
-    let number = |index: usize| -> Result<u64, String> {
-        values
-            .get(index)
-            .ok_or_else(|| "short heartbeat reply".to_owned())
-            .and_then(|v| u64::from_redis_value_ref(v).map_err(|e| e.to_string()))
+    let number = |index: usize| -> Result<u64, HeartbeatError> {
+        let value = values.get(index).ok_or(HeartbeatError::Short)?;
+        Ok(u64::from_redis_value_ref(value)?)
     };
     let members = values[3.min(values.len())..]
         .iter()
-        .map(|v| String::from_redis_value_ref(v).map_err(|e| e.to_string()))
+        .map(String::from_redis_value_ref)
         .collect::<Result<_, _>>()?;
     Ok(View {
         epoch: number(0)?,

@@ -1,5 +1,5 @@
 //! The process's phase and what changes it: the halt and resume the operator asks for (through
-//! [`crate::control`]), and the drain. Pulses run only while the process runs.
+//! [`crate::control::endpoint`]), and the drain. Pulses run only while the process runs.
 //!
 //! Phases: `starting` (the lifecycle runs) → `running` ⇄ `pausing` → `paused` ⇄ `resuming`, and
 //! `draining` at the end. The status is read without waiting for a halt or resume in progress:
@@ -12,10 +12,10 @@
 //! is not tried again. A `resume` that fails leaves the process paused, reporting the failure; the
 //! operator asks again.
 
-use crate::activity::Activity;
-use crate::calls::Calls;
-use crate::control::{Reply, Supervisor};
-use crate::lifecycle::{self, Member};
+use crate::calls::activity::Activity;
+use crate::calls::router::Calls;
+use crate::control::endpoint::{ActionError, Reply, Supervisor};
+use crate::process::lifecycle::{self, Member};
 use std::sync::Arc;
 use std::time::Duration;
 use toa_context::control::{Failure, Phase as Reported, Status};
@@ -90,12 +90,8 @@ impl Process {
         }
     }
 
-    pub fn phase(&self) -> Phase {
-        self.view().phase
-    }
-
     /// Pauses for `halt`: stops pulses, runs `pause`. Idempotent by halt id.
-    pub async fn halt(&self, halt: String) -> Result<Status, String> {
+    pub async fn halt(&self, halt: String) -> Result<Status, ActionError> {
         // A halt already under way answers at once, not after it.
         if self.view().phase == (Phase::Pausing { halt: halt.clone() }) {
             return Ok(self.status());
@@ -106,13 +102,13 @@ impl Process {
             .failure
             .filter(|f| f.halt == halt && f.command == "pause")
         {
-            return Err(format!(
-                "pause for halt {halt:?} failed ({}); it is not tried again",
-                failure.message
-            ));
+            return Err(ActionError::PauseFailed {
+                halt,
+                message: failure.message,
+            });
         }
         match view.phase {
-            Phase::Draining => return Err("the process is draining".into()),
+            Phase::Draining => return Err(ActionError::Draining),
             Phase::Starting => self.set(|view| view.pending = Some(halt)),
             Phase::Paused { halt: current } if current == halt => {}
             Phase::Paused { .. } | Phase::Pausing { .. } | Phase::Resuming { .. } => {
@@ -126,7 +122,7 @@ impl Process {
     }
 
     /// Resumes from `halt`: runs `resume`, starts pulses. Idempotent.
-    pub async fn resume(&self, halt: String) -> Result<Status, String> {
+    pub async fn resume(&self, halt: String) -> Result<Status, ActionError> {
         if self.view().phase == (Phase::Resuming { halt: halt.clone() }) {
             return Ok(self.status());
         }
@@ -138,9 +134,9 @@ impl Process {
                     view.pending = None;
                 }
             }),
-            Phase::Draining => return Err("the process is draining".into()),
+            Phase::Draining => return Err(ActionError::Draining),
             Phase::Paused { halt: current } if current != halt => {
-                return Err(format!("paused for halt {current:?}, not {halt:?}"))
+                return Err(ActionError::OtherHalt { current, halt })
             }
             Phase::Paused { .. } | Phase::Pausing { .. } | Phase::Resuming { .. } => {
                 self.set(|view| view.phase = Phase::Resuming { halt: halt.clone() });
@@ -155,7 +151,7 @@ impl Process {
                             message: message.clone(),
                         });
                     });
-                    return Err(message);
+                    return Err(ActionError::Command(message));
                 }
                 work.pulses = start_pulses(&work);
                 self.set(|view| {
@@ -179,7 +175,7 @@ impl Process {
     }
 
     /// Stops pulses and runs `pause` on every member; on a failure, undoes it (see the module).
-    async fn pause(&self, work: &mut Work, halt: String) -> Result<(), String> {
+    async fn pause(&self, work: &mut Work, halt: String) -> Result<(), ActionError> {
         self.set(|view| view.phase = Phase::Pausing { halt: halt.clone() });
         for pulse in work.pulses.drain(..) {
             pulse.abort();
@@ -215,7 +211,7 @@ impl Process {
                 message: message.clone(),
             });
         });
-        Err(message)
+        Err(ActionError::Command(message))
     }
 
     fn view(&self) -> View {
@@ -289,7 +285,7 @@ fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tick.tick().await;
-                    let request = crate::contract::Request {
+                    let request = crate::calls::contract::Request {
                         input: serde_json::Value::Null,
                         instance: None,
                         timeout: None,

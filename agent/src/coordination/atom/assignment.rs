@@ -126,10 +126,6 @@ impl Assignor {
         self.withdrawn = true;
     }
 
-    pub fn withdrawn(&self) -> bool {
-        self.withdrawn
-    }
-
     /// The assignment at `now`.
     pub fn current(&self, now: Instant) -> Option<Assignment> {
         if self.withdrawn || self.lease_until.is_none_or(|until| now >= until) {

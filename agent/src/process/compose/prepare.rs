@@ -6,16 +6,16 @@
 //! asked for meanwhile is kept for when the lifecycle is done).
 
 use super::servers::Servers;
-use super::{ComposeError, Composition, Options, CONTROL, PROBES};
-use crate::activity::Activity;
+use super::{ComposeError, Composition, Control, Options, CONTROL, PROBES};
 use crate::api;
-use crate::atom::{Atom, AtomConfig, Mode, Scope};
-use crate::catalog::Source;
+use crate::calls::activity::Activity;
+use crate::calls::catalog::Source;
 use crate::component::Component;
-use crate::component_tokens::ComponentTokens;
-use crate::drain;
+use crate::control::component_tokens::ComponentTokens;
+use crate::coordination::atom::{Atom, AtomConfig, Mode, Scope};
 use crate::metrics::Metrics;
-use crate::supervisor::Process;
+use crate::process::drain;
+use crate::process::supervisor::Process;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,11 +37,7 @@ impl Composition {
         let address = local
             .local_addr()
             .map_err(|e| ComposeError::Setup(e.to_string()))?;
-        let control = match options.control {
-            Some(control) => Some((bind(control.address, CONTROL).await?, control)),
-            None => None,
-        };
-        let probe = bind_if(options.probe, PROBES).await?;
+        let (control, probe) = bind_control_and_probes(options.control, options.probe).await?;
         let activity = Activity::new();
         let process = Process::new(options.instance.to_string(), activity.clone());
         let (trigger, asked) =
@@ -52,7 +48,7 @@ impl Composition {
         let mut servers = Servers::default();
         if let Some((listener, control)) = control {
             control.tokens.keep_reading(control.file);
-            let app = crate::control::router(control.tokens, process.clone());
+            let app = crate::control::endpoint::router(control.tokens, process.clone());
             servers.serve(CONTROL, listener, app);
         }
         if let Some(listener) = probe {
@@ -99,7 +95,7 @@ fn component_tokens(
 ) -> Result<ComponentTokens, ComposeError> {
     let names: Vec<String> = loaded.iter().map(|c| c.name.clone()).collect();
     match (&options.component_tokens, options.mode) {
-        (Some(dir), Mode::Pod) => ComponentTokens::in_pod(dir, &names).map_err(ComposeError::Setup),
+        (Some(dir), Mode::Pod) => Ok(ComponentTokens::in_pod(dir, &names)?),
         (None, Mode::Pod) => {
             tracing::warn!(
                 "no --component-tokens: any program in the pod may use every component's routes"
@@ -205,6 +201,19 @@ async fn bind(address: SocketAddr, what: &str) -> Result<TcpListener, ComposeErr
 }
 
 /// [`bind`] when there is an address.
+/// The control endpoint's listener with its tokens, then the probes' listener (bound last: the
+/// startupProbe asks it), each when asked for.
+async fn bind_control_and_probes(
+    control: Option<Control>,
+    probe: Option<SocketAddr>,
+) -> Result<(Option<(TcpListener, Control)>, Option<TcpListener>), ComposeError> {
+    let control = match control {
+        Some(control) => Some((bind(control.address, CONTROL).await?, control)),
+        None => None,
+    };
+    Ok((control, bind_if(probe, PROBES).await?))
+}
+
 async fn bind_if(
     address: Option<SocketAddr>,
     what: &str,

@@ -15,7 +15,7 @@
 //! | `POST /control/resume` `{"halt": "id"}` | runs `resume`, starts pulses again; answers the status |
 //! | `GET /control/status` | `{"phase", "halt", "instance", "calls": {"since_pause", "last_at_ms", "in_flight"}, "failure"}` |
 
-use crate::tokens::Tokens;
+use crate::control::tokens::Tokens;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -28,7 +28,48 @@ use std::pin::Pin;
 use std::sync::Arc;
 use toa_context::control::{HaltRequest, Signed, Status, HALT_PATH, RESUME_PATH, STATUS_PATH};
 
-pub type Reply = Pin<Box<dyn Future<Output = Result<Status, String>> + Send>>;
+pub type Reply = Pin<Box<dyn Future<Output = Result<Status, ActionError>> + Send>>;
+
+/// Why a halt or resume was not done (answered 409 with the message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ActionError {
+    #[error("the process is draining")]
+    Draining,
+    /// The same halt's `pause` failed before: it is not tried again.
+    #[error("pause for halt {halt:?} failed ({message}); it is not tried again")]
+    PauseFailed { halt: String, message: String },
+    #[error("paused for halt {current:?}, not {halt:?}")]
+    OtherHalt { current: String, halt: String },
+    /// A lifecycle command failed: the components' messages.
+    #[error("{0}")]
+    Command(String),
+    /// The task running the action ended without an answer (it panicked).
+    #[error("the action failed: {0}")]
+    Ended(String),
+}
+
+/// Why a control request is not taken (401, after "expected a request signed with the
+/// composition's token: ").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Unauthorized {
+    #[error("too many control requests in the last minute")]
+    TooMany,
+    #[error("this signed request was taken already (a replay)")]
+    Replay,
+    /// The signature's check, as [`Signed::verify`] words it.
+    #[error("{0}")]
+    Signature(String),
+}
+
+/// Why a request names no halt (400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum BadHalt {
+    #[error("expected a halt id of 1 to 128 characters")]
+    Length,
+    /// The body is not a halt request, as axum words it.
+    #[error("{0}")]
+    Body(String),
+}
 
 /// What the endpoint drives: the process's supervisor.
 pub trait Supervisor: Send + Sync + 'static {
@@ -50,16 +91,16 @@ struct Seen(std::sync::Mutex<std::collections::HashMap<String, u64>>);
 
 impl Seen {
     /// Takes `nonce` at `now` (unix seconds), or refuses it as already used.
-    fn take(&self, nonce: String, now: u64) -> Result<(), String> {
+    fn take(&self, nonce: String, now: u64) -> Result<(), Unauthorized> {
         let mut seen = self.0.lock().expect("seen nonces");
         let keep = 2 * toa_context::control::SIGNATURE_WINDOW_S;
         seen.retain(|_, at| now.saturating_sub(*at) <= keep);
         if seen.len() >= MAX_SEEN {
-            return Err("too many control requests in the last minute".to_owned());
+            return Err(Unauthorized::TooMany);
         }
         match seen.insert(nonce, now) {
             None => Ok(()),
-            Some(_) => Err("this signed request was taken already (a replay)".to_owned()),
+            Some(_) => Err(Unauthorized::Replay),
         }
     }
 }
@@ -142,34 +183,34 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response {
 }
 
 /// The halt id of a request, or what was wrong with the request.
-fn halt_id(body: Result<Json<HaltRequest>, JsonRejection>) -> Result<String, String> {
+fn halt_id(body: Result<Json<HaltRequest>, JsonRejection>) -> Result<String, BadHalt> {
     match body {
         Ok(Json(HaltRequest { halt })) if !halt.is_empty() && halt.len() <= 128 => Ok(halt),
-        Ok(_) => Err("expected a halt id of 1 to 128 characters".to_owned()),
-        Err(rejection) => Err(rejection.body_text()),
+        Ok(_) => Err(BadHalt::Length),
+        Err(rejection) => Err(BadHalt::Body(rejection.body_text())),
     }
 }
 
 /// Runs `action` on a task of its own: a request dropped midway (the caller gave up) does not
 /// cut a `pause` or `resume` in half.
-async fn to_the_end(action: Reply) -> Result<Status, String> {
+async fn to_the_end(action: Reply) -> Result<Status, ActionError> {
     tokio::spawn(action)
         .await
-        .unwrap_or_else(|error| Err(format!("the action failed: {error}")))
+        .unwrap_or_else(|error| Err(ActionError::Ended(error.to_string())))
 }
 
 /// The status, with the key id of the token this agent has now.
-fn answer(control: &Control, result: Result<Status, String>) -> Response {
+fn answer(control: &Control, result: Result<Status, ActionError>) -> Response {
     match result {
         Ok(status) => Json(control.keyed(status)).into_response(),
-        Err(message) => error(StatusCode::CONFLICT, "CONFLICT", &message),
+        Err(refused) => error(StatusCode::CONFLICT, "CONFLICT", &refused.to_string()),
     }
 }
 
 impl Control {
     /// Signed with a token this agent accepts, and not seen before; or the token itself as a
     /// bearer token, as operators before signing sent it (taken for one version).
-    fn authenticated(&self, signed: &Signed<'_>, given: &str) -> Result<(), String> {
+    fn authenticated(&self, signed: &Signed<'_>, given: &str) -> Result<(), Unauthorized> {
         let bearer = given.strip_prefix("Bearer ").is_some_and(|presented| {
             self.tokens
                 .any(|token| toa_context::control::same_key(presented, token))
@@ -191,7 +232,7 @@ impl Control {
                 false
             }
         });
-        let nonce = nonce.ok_or(why)?;
+        let nonce = nonce.ok_or(Unauthorized::Signature(why))?;
         self.seen.take(nonce, signed.ts)
     }
 
@@ -212,7 +253,7 @@ async fn halt(
             &control,
             to_the_end(control.supervisor.clone().halt(id)).await,
         ),
-        Err(message) => error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &message),
+        Err(refused) => error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &refused.to_string()),
     }
 }
 
@@ -225,7 +266,7 @@ async fn resume(
             &control,
             to_the_end(control.supervisor.clone().resume(id)).await,
         ),
-        Err(message) => error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &message),
+        Err(refused) => error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &refused.to_string()),
     }
 }
 

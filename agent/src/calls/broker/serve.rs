@@ -4,8 +4,8 @@
 use super::queues::Declared;
 use super::session::{Consuming, Session};
 use super::{now_ms, Served, DEADLINE};
+use crate::calls::once::{run_once, Once};
 use crate::component::client::{CallMeta, Outcome, ProgramError};
-use crate::once::{run_once, Once};
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -177,18 +177,7 @@ async fn consume(
             let stepped_back = loop {
                 tokio::select! {
                     delivery = consumer.next() => match delivery {
-                        Some(Ok(delivery)) => {
-                            let (session, served) = (session.clone(), served.clone());
-                            tokio::spawn(async move {
-                                // In flight until the caller is answered or the call given back,
-                                // so the drain waits for that too.
-                                let mut in_flight = None;
-                                let handled = handle(&delivery, &served, own, &mut in_flight).await;
-                                let handled = give_back(&session, &delivery, handled, &served, kind).await;
-                                finish(&session, &delivery, handled).await;
-                                drop(in_flight);
-                            });
-                        }
+                        Some(Ok(delivery)) => handle_apart(&session, &served, delivery, kind),
                         _ => break false,
                     },
                     _ = alive.wait_for(|alive| !*alive), if !own => break true,
@@ -198,13 +187,7 @@ async fn consume(
                 break;
             }
             tracing::warn!(%queue, "the program is down: its calls go to other replicas until it is back");
-            // Deliveries already here are handled as the stream ends: given back (not alive).
-            let _ = channel
-                .basic_cancel(consumer.tag(), Default::default())
-                .await;
-            while let Some(Ok(delivery)) = consumer.next().await {
-                finish(&session, &delivery, Handled::Requeue { started: false }).await;
-            }
+            step_back(&session, &channel, &mut consumer).await;
             tokio::select! {
                 _ = alive.wait_for(|alive| *alive) => {}
                 () = session.lost.cancelled() => return,
@@ -227,6 +210,30 @@ async fn consume(
         }
     });
     Ok(())
+}
+
+/// Handles `delivery` on a task of its own, in flight until the caller is answered or the call
+/// given back, so the drain waits for that too.
+fn handle_apart(session: &Arc<Session>, served: &Served, delivery: Delivery, kind: Kind) {
+    let (session, served) = (session.clone(), served.clone());
+    tokio::spawn(async move {
+        let mut in_flight = None;
+        let handled = handle(&delivery, &served, kind == Kind::Own, &mut in_flight).await;
+        let handled = give_back(&session, &delivery, handled, &served, kind).await;
+        finish(&session, &delivery, handled).await;
+        drop(in_flight);
+    });
+}
+
+/// Cancels the consumer of a queue whose program is down; the deliveries already here are
+/// handled as the stream ends: given back (not alive).
+async fn step_back(session: &Session, channel: &Channel, consumer: &mut lapin::Consumer) {
+    let _ = channel
+        .basic_cancel(consumer.tag(), Default::default())
+        .await;
+    while let Some(Ok(delivery)) = consumer.next().await {
+        finish(session, &delivery, Handled::Requeue { started: false }).await;
+    }
 }
 
 async fn start_consumer(
@@ -407,7 +414,7 @@ async fn handle(
     delivery: &Delivery,
     served: &Served,
     own: bool,
-    in_flight: &mut Option<crate::activity::InFlight>,
+    in_flight: &mut Option<crate::calls::activity::InFlight>,
 ) -> Handled {
     let call = match Call::read(delivery, served, own) {
         Ok(call) => call,
@@ -469,13 +476,13 @@ impl Call {
                 "expected a JSON call {{\"operation\": name, \"input\": ...}}: {error}"
             ))
         })?;
-        let contract = crate::contract::Request {
+        let contract = crate::calls::contract::Request {
             input: request.input.clone(),
             instance: own.then(|| served.instance.clone()),
             timeout: None,
             key: request.key.clone(),
         };
-        let checked = crate::contract::check_contract(
+        let checked = crate::calls::contract::check_contract(
             &served.component,
             &request.operation,
             &contract,
@@ -485,7 +492,7 @@ impl Call {
             let operation: String = request.operation.chars().take(64).collect();
             tracing::warn!(call = %id, operation = ?operation, "refused a call that breaks the component's declarations");
             return Err(refused(match error {
-                crate::contract::CallError::RequestContract(message) => message,
+                crate::calls::contract::CallError::RequestContract(message) => message,
                 other => other.to_string(),
             }));
         }
