@@ -12,11 +12,14 @@
 //! - [`control`]: the operator↔agent contract: ports, paths, the control status, and the
 //!   credentials both derive from a pod's control token;
 //! - [`program`]: the program's contract: its environment, the paths it serves, its answers;
+//! - [`answer`]: what a call answers (reply, the operation's error; between agents a failure or
+//!   a refusal), written and read in one place;
 //! - [`agent_args`]: the agent's command line, written by the operator and parsed by the agent.
 
 pub mod address;
 pub mod agent_args;
 pub mod annotations;
+pub mod answer;
 pub mod configuration;
 pub mod control;
 pub mod credentials;

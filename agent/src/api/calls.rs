@@ -10,7 +10,6 @@
 use super::body::{Object, Path};
 use super::{ApiError, Host};
 use crate::calls::contract::{CallError, Request};
-use crate::component::client::Outcome;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -63,10 +62,7 @@ async fn forward(
         .into_response();
     };
     match calls.call(&component, &operation, request, task).await {
-        Ok(Outcome::Reply(reply)) => Json(json!({"reply": reply})).into_response(),
-        Ok(Outcome::Error { code, message }) => {
-            Json(json!({"error": {"code": code, "message": message}})).into_response()
-        }
+        Ok(outcome) => Json(outcome.to_json()).into_response(),
         Err(error) => {
             let status = match &error {
                 CallError::RequestContract(_) => StatusCode::BAD_REQUEST,

@@ -6,7 +6,7 @@ use crate::calls::activity::Activity;
 use crate::calls::catalog::Catalog;
 use crate::calls::contract::{check_contract, CallError, Request};
 use crate::calls::once::Once;
-use crate::component::client::{CallMeta, Outcome, ProgramClient, ProgramError};
+use crate::component::client::{self, Outcome, ProgramClient, ProgramError};
 use crate::component::Component;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -238,8 +238,9 @@ fn run_here(
     let repeats = callee.repeats.clone();
     let Request { input, key, .. } = request;
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-    let meta =
-        CallMeta::new(stateful.then(|| crate::calls::broker::now_ms() + left.as_millis() as i64));
+    let meta = client::first_call(
+        stateful.then(|| crate::calls::broker::now_ms() + left.as_millis() as i64),
+    );
     async move {
         let program = client.operate(&operation, &input, &meta, left);
         let key = key.as_deref();

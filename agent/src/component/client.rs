@@ -3,16 +3,10 @@
 use serde_json::{json, Value};
 use std::time::Duration;
 
-/// What an operation answered.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    Reply(Value),
-    /// The operation's own error, e.g. `NOT_HELD`: passed to the caller unchanged.
-    Error {
-        code: String,
-        message: Option<String>,
-    },
-}
+use toa_context::answer::NotAnOutcome;
+pub use toa_context::answer::Outcome;
+use toa_context::program;
+pub use toa_context::program::{CallMeta, Description};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProgramError {
@@ -30,39 +24,18 @@ pub enum ProgramError {
     Malformed { component: String, body: String },
 }
 
-/// What the program is told about a call beside its input (`"call"` in the request body).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct CallMeta {
-    /// The call's id: the same on every delivery of one call.
-    pub id: String,
-    /// The broker delivered this call before: it may have run (in part) already.
-    pub redelivered: bool,
-    /// When the caller stops waiting (ms since the Unix epoch), for a call to one process.
-    pub deadline_ms: Option<i64>,
-}
-
-impl CallMeta {
-    /// A call made here, for the first time.
-    pub fn new(deadline_ms: Option<i64>) -> Self {
-        Self {
-            id: new_id(),
-            redelivered: false,
-            deadline_ms,
-        }
+/// A call made here, for the first time.
+pub fn first_call(deadline_ms: Option<i64>) -> CallMeta {
+    CallMeta {
+        id: new_id(),
+        redelivered: false,
+        deadline_ms,
     }
 }
 
 /// A random call id, 32 hex digits.
 pub fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
-}
-
-/// What a program says it serves: the run commands its modules export and its operations' names.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Description {
-    pub commands: Vec<String>,
-    pub operations: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -138,7 +111,7 @@ impl ProgramClient {
     pub async fn run(&self, command: &str) -> Result<(), ProgramError> {
         let response = self
             .post(
-                &format!("/lifecycle/{command}"),
+                &program::lifecycle_path(command),
                 &json!({}),
                 self.run_command_limit,
             )
@@ -165,7 +138,7 @@ impl ProgramClient {
         };
         let response = self
             .http
-            .get(format!("{}/program", self.base))
+            .get(format!("{}{}", self.base, program::PROGRAM_PATH))
             .timeout(Duration::from_secs(10))
             .send()
             .await
@@ -196,7 +169,7 @@ impl ProgramClient {
     ) -> Result<Outcome, ProgramError> {
         let response = self
             .post(
-                &format!("/operations/{operation}"),
+                &program::operation_path(operation),
                 &json!({"input": input, "call": call}),
                 limit,
             )
@@ -207,35 +180,21 @@ impl ProgramClient {
             component: self.component.clone(),
             body: body.clone(),
         })?;
-        if let Some(error) = value.get("error") {
-            let code = error.get("code").and_then(Value::as_str);
-            return match code {
-                Some(code) => Ok(Outcome::Error {
-                    code: code.to_owned(),
-                    message: error
-                        .get("message")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                }),
-                None => Err(ProgramError::Malformed {
-                    component: self.component.clone(),
-                    body,
-                }),
-            };
-        }
-        if !(200..300).contains(&status) {
-            return Err(ProgramError::Failed {
+        let malformed = || ProgramError::Malformed {
+            component: self.component.clone(),
+            body: body.clone(),
+        };
+        match Outcome::from_json(&value) {
+            // The operation's own error, whatever the status.
+            Ok(error @ Outcome::Error { .. }) => Ok(error),
+            Err(NotAnOutcome::ErrorWithoutCode) => Err(malformed()),
+            _ if !(200..300).contains(&status) => Err(ProgramError::Failed {
                 component: self.component.clone(),
                 status,
                 body,
-            });
-        }
-        match value.get("reply") {
-            Some(reply) => Ok(Outcome::Reply(reply.clone())),
-            None => Err(ProgramError::Malformed {
-                component: self.component.clone(),
-                body,
             }),
+            Ok(reply) => Ok(reply),
+            Err(NotAnOutcome::Neither) => Err(malformed()),
         }
     }
 

@@ -3,6 +3,7 @@
 use super::ComponentError;
 use std::path::Path;
 use std::time::Duration;
+use toa_context::program;
 use tokio::process::{Child, Command};
 
 /// How long a program may take to serve its port.
@@ -45,11 +46,19 @@ pub struct Environment<'a> {
 }
 
 impl Environment<'_> {
-    /// Sets the program's variables (the table in [`super`]).
+    /// Sets the program's variables ([`toa_context::program`]).
     fn apply(&self, command: &mut Command, name: &str, port: u16) {
-        if let Some(token) = self.token {
-            command.env("TOA_AGENT_TOKEN", token);
-        }
+        let environment = program::Environment {
+            port,
+            agent: self.agent.to_owned(),
+            component: name.to_owned(),
+            instance: program::Source::Text(self.instance.to_owned()),
+            token: match self.token {
+                Some(token) => program::Token::Value(token.to_owned()),
+                None => program::Token::None,
+            },
+            configuration: self.configuration.to_owned(),
+        };
         for (variable, secret) in self.secrets {
             command.env(variable, secret.expose());
             // Not also under the name the agent read it from: as in a pod, where only the
@@ -58,12 +67,12 @@ impl Environment<'_> {
                 command.env_remove(name);
             }
         }
-        command
-            .env("TOA_PORT", port.to_string())
-            .env("TOA_AGENT", self.agent)
-            .env("TOA_COMPONENT", name)
-            .env("TOA_INSTANCE", self.instance)
-            .env(toa_context::configuration::VARIABLE, self.configuration);
+        for (variable, source) in environment.vars() {
+            // A local run has no pod: its instance is always given as text.
+            if let program::Source::Text(value) = source {
+                command.env(variable, value);
+            }
+        }
     }
 }
 

@@ -36,6 +36,7 @@ use serde_json::{json, Value};
 use session::{Session, Settings};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+use toa_context::answer::{Refusal, Reply};
 use toa_context::{AmqpAddress, Credentials, Limits};
 use tokio::sync::watch;
 
@@ -173,19 +174,16 @@ fn properties(
 }
 
 /// A reply: refused by the receiving agent (the process was leaving, or the call broke the
-/// declarations), or the program's outcome.
+/// declarations), the program's outcome, or a failure.
 fn read_reply(reply: Value, addressee: impl Fn() -> CallError) -> Result<Outcome, CallError> {
-    match reply.get("refused").and_then(Value::as_str) {
+    match Reply::from_json(&reply) {
+        Reply::Outcome(outcome) => Ok(outcome),
         // The process was leaving when the call reached it: the call did not run.
-        Some("Addressee") => Err(addressee()),
-        Some("RequestContract") => Err(CallError::RequestContract(
-            reply
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("refused by the receiving agent")
-                .to_owned(),
-        )),
-        _ => decode_reply(reply),
+        Reply::Refused(Refusal::Addressee) => Err(addressee()),
+        Reply::Refused(Refusal::RequestContract(message)) => {
+            Err(CallError::RequestContract(message))
+        }
+        Reply::Failure(failure) => Err(CallError::Failed(failure)),
     }
 }
 
@@ -744,31 +742,6 @@ async fn answer_leftovers(session: &Session, channel: &lapin::Channel, queue: &s
             }
         }
     }
-}
-
-fn decode_reply(reply: Value) -> Result<Outcome, CallError> {
-    if let Some(value) = reply.get("reply") {
-        return Ok(Outcome::Reply(value.clone()));
-    }
-    if let Some(error) = reply.get("error") {
-        if let Some(code) = error.get("code").and_then(Value::as_str) {
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            return Ok(Outcome::Error {
-                code: code.to_owned(),
-                message,
-            });
-        }
-    }
-    Err(CallError::Failed(
-        reply
-            .get("failure")
-            .and_then(Value::as_str)
-            .unwrap_or("a malformed reply")
-            .to_owned(),
-    ))
 }
 
 /// Removes a call's waiter however the call ends (also when the caller gives up).

@@ -14,9 +14,10 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
+use toa_context::answer::{Refusal, Reply};
 
 /// The queues one served component takes calls from (see [`super::queues`]).
 pub(super) struct Queues {
@@ -289,12 +290,7 @@ async fn answer_dead(
                  its process stopped under it); it is not tried again",
                 served.component.name, served.deliveries
             );
-            finish(
-                &session,
-                &delivery,
-                Handled::Reply(json!({ "failure": failure })),
-            )
-            .await;
+            finish(&session, &delivery, Handled::Reply(Reply::Failure(failure))).await;
         }
     });
     Ok(())
@@ -303,7 +299,7 @@ async fn answer_dead(
 /// What becomes of a delivery.
 pub(super) enum Handled {
     /// Send this reply (if the caller waits for one), then acknowledge.
-    Reply(Value),
+    Reply(Reply),
     /// Acknowledge without a reply: the call must not run (its deadline passed).
     Drop,
     /// Give it back to the broker, for another replica; `started`: the program went away under
@@ -371,8 +367,8 @@ async fn give_back(
 /// Replies and acknowledges (or gives back) a delivery as `handled` says.
 pub(super) async fn finish(session: &Session, delivery: &Delivery, handled: Handled) {
     let reply = match handled {
-        Handled::Reply(reply) => Some(reply),
-        Handled::Addressee => Some(json!({"refused": "Addressee"})),
+        Handled::Reply(reply) => Some(reply.to_json()),
+        Handled::Addressee => Some(Reply::Refused(Refusal::Addressee).to_json()),
         Handled::Drop => None,
         Handled::Requeue { .. } => {
             let requeue = BasicNackOptions {
@@ -540,10 +536,11 @@ impl Call {
             Once::Refused(message) => Err(refused(message)),
             // The caller of a call to one process has its `Abandoned` at the same time.
             Once::StillRunning if own => Err(Handled::Drop),
-            Once::StillRunning => Err(Handled::Reply(json!({"failure": format!(
-                "{}: the first call with this key still runs", request.operation
-            )}))),
-            Once::Unavailable(message) => Err(Handled::Reply(json!({ "failure": message }))),
+            Once::StillRunning => Err(Handled::Reply(Reply::Failure(format!(
+                "{}: the first call with this key still runs",
+                request.operation
+            )))),
+            Once::Unavailable(message) => Err(Handled::Reply(Reply::Failure(message))),
         }
     }
 
@@ -555,10 +552,7 @@ impl Call {
         own: bool,
     ) -> Handled {
         match result {
-            Ok(Outcome::Reply(reply)) => Handled::Reply(json!({"reply": reply})),
-            Ok(Outcome::Error { code, message }) => {
-                Handled::Reply(json!({"error": {"code": code, "message": message}}))
-            }
+            Ok(outcome) => Handled::Reply(Reply::Outcome(outcome)),
             // The program went away under the call (it crashed, its container restarts, or the
             // drain's budget ran out and it was stopped): an ordinary call is given back, and
             // another replica runs it (it may have run in part here: at least once; the delivery
@@ -576,7 +570,7 @@ impl Call {
             }
             Err(error) => {
                 tracing::warn!(call = %self.id, %error, "a call failed in the program");
-                Handled::Reply(json!({"failure": error.to_string()}))
+                Handled::Reply(Reply::Failure(error.to_string()))
             }
         }
     }
@@ -606,9 +600,10 @@ async fn admit(served: &Served, own: bool) -> Option<Handled> {
     }
     if !*served.alive.borrow() {
         if own {
-            return Some(Handled::Reply(json!({"failure": format!(
-                "the program of {} is not running", served.component.name
-            )})));
+            return Some(Handled::Reply(Reply::Failure(format!(
+                "the program of {} is not running",
+                served.component.name
+            ))));
         }
         return Some(Handled::Requeue { started: false });
     }
@@ -626,5 +621,5 @@ struct Request {
 }
 
 fn refused(message: String) -> Handled {
-    Handled::Reply(json!({"refused": "RequestContract", "message": message}))
+    Handled::Reply(Reply::Refused(Refusal::RequestContract(message)))
 }

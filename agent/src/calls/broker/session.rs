@@ -8,9 +8,10 @@ use futures::StreamExt;
 use lapin::options::{BasicConsumeOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, Event};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use toa_context::answer::Reply;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -196,7 +197,7 @@ async fn answer_callers(
             continue;
         };
         let reply = serde_json::from_slice(&delivery.data)
-            .unwrap_or_else(|_| json!({"failure": "a reply that is not JSON"}));
+            .unwrap_or_else(|_| Reply::Failure("a reply that is not JSON".to_owned()).to_json());
         if let Some(caller) = session.forget(id.as_str()) {
             let _ = caller.send(reply);
         }
