@@ -3,19 +3,22 @@
 //! logged, shown in status and written into manifests safely.
 
 use crate::ContextError;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use url::Url;
 
-/// `redis://host[:port][/db]`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// `redis://host[:port][/db]`; serialized as that text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub struct RedisAddress {
     pub host: String,
     pub port: u16,
     pub db: i64,
 }
 
-/// `amqp://host[:port][/vhost]`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// `amqp://host[:port][/vhost]`; serialized as that text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub struct AmqpAddress {
     pub host: String,
     pub port: u16,
@@ -147,6 +150,34 @@ pub fn redact(text: &str) -> String {
             format!("{}://***{}", &text[..start], &text[at..])
         }
         _ => text.to_owned(),
+    }
+}
+
+impl TryFrom<String> for RedisAddress {
+    type Error = ContextError;
+
+    fn try_from(text: String) -> Result<Self, ContextError> {
+        Self::parse(&text, "address")
+    }
+}
+
+impl From<RedisAddress> for String {
+    fn from(address: RedisAddress) -> Self {
+        address.to_string()
+    }
+}
+
+impl TryFrom<String> for AmqpAddress {
+    type Error = ContextError;
+
+    fn try_from(text: String) -> Result<Self, ContextError> {
+        Self::parse(&text, "amqp")
+    }
+}
+
+impl From<AmqpAddress> for String {
+    fn from(address: AmqpAddress) -> Self {
+        address.to_string()
     }
 }
 

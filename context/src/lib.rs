@@ -4,7 +4,9 @@
 //! Layout:
 //! - [`environment`]: environment chains (`staging:production`) and the resolution of `key@env` keys;
 //! - [`address`]: Redis and broker addresses, which never carry credentials;
-//! - [`annotations`]: the typed model ([`Context`]) read from YAML or from environment variables;
+//! - [`annotations`]: the typed model ([`Context`]) and the table of its settings
+//!   ([`annotations::SETTINGS`]), read from YAML or from environment variables;
+//! - [`spec`]: the annotations' wire form, which a Composition's `spec.context` carries;
 //! - [`credentials`]: secrets read from the environment or from mounted files, never printed;
 //! - [`manifest`]: a component's manifest;
 //! - [`configuration`]: a component's configuration, its manifest's schema and the context's values;
@@ -27,6 +29,7 @@ pub mod environment;
 pub mod manifest;
 pub mod placeholders;
 pub mod program;
+pub mod spec;
 
 pub use address::{AmqpAddress, RedisAddress};
 pub use annotations::{Addressed, Atomicity, Context, Limits, ProcessVars, Vars};

@@ -144,7 +144,21 @@ impl Manifest {
         self.lifecycle.contains(&command)
     }
 
+    /// Checks the manifest part by part: names, the configuration's schema, the run commands and
+    /// program, the operations, the pulses.
     fn validate(&self) -> Result<(), String> {
+        self.validate_names()?;
+        if let Some(schema) = &self.configuration {
+            jsonschema::validator_for(schema).map_err(|error| {
+                format!("`configuration`: expected a JSON Schema with defaults: {error}")
+            })?;
+        }
+        self.validate_program()?;
+        self.validate_operations()?;
+        self.validate_pulses()
+    }
+
+    fn validate_names(&self) -> Result<(), String> {
         let label = |text: &str| {
             !text.is_empty()
                 && text.len() <= 63
@@ -166,11 +180,10 @@ impl Manifest {
                 ));
             }
         }
-        if let Some(schema) = &self.configuration {
-            jsonschema::validator_for(schema).map_err(|error| {
-                format!("`configuration`: expected a JSON Schema with defaults: {error}")
-            })?;
-        }
+        Ok(())
+    }
+
+    fn validate_program(&self) -> Result<(), String> {
         if self.exports(RunCommand::Pause) && !self.exports(RunCommand::Resume) {
             return Err(format!(
                 "component {} exports pause and no resume: a component that pauses must take back in resume what pause released",
@@ -184,6 +197,10 @@ impl Manifest {
                 );
             }
         }
+        Ok(())
+    }
+
+    fn validate_operations(&self) -> Result<(), String> {
         for (name, operation) in &self.operations {
             if !name.starts_with(|c: char| c.is_ascii_lowercase())
                 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
@@ -196,6 +213,10 @@ impl Manifest {
                 }
             }
         }
+        Ok(())
+    }
+
+    fn validate_pulses(&self) -> Result<(), String> {
         for (name, interval) in &self.pulses {
             match self.operations.get(name) {
                 None => return Err(format!("`pulses.{name}`: expected the name of one of the component's operations")),

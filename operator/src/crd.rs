@@ -14,6 +14,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// The context annotations the spec embeds: toa-context owns them, with their schema.
+pub use toa_context::spec::{AddressedSpec, AtomicitySpec, ContextSpec, LimitsSpec};
+
 /// Condition types written to `status.conditions`.
 pub mod conditions {
     /// Whether the composition runs as its spec says; `False` with [`super::reasons`] otherwise.
@@ -175,105 +178,6 @@ pub struct ComponentSpec {
 /// reference, applied again at reconcile time.
 pub const COMPONENT_NAME_PATTERN: &str = r"^[a-z][a-z0-9-]{0,62}(\.[a-z][a-z0-9-]{0,62})?$";
 
-/// The context annotations of context.toa.yaml, with values for one environment.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ContextSpec {
-    /// Coordination across replicas (locks, slots, meter); absent: none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub atomicity: Option<AtomicitySpec>,
-    /// Calls to one named process.
-    #[serde(default)]
-    pub addressed: AddressedSpec,
-    /// The broker, `amqp://host[:port][/vhost]`; absent: no broker.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub amqp: Option<String>,
-    /// Limits every process keeps (docs/calls.md, "Limits"); each absent one has its default.
-    #[serde(default)]
-    pub limits: LimitsSpec,
-}
-
-/// `limits` of the context; durations in milliseconds.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct LimitsSpec {
-    /// How long a program may take to answer an ordinary call or a task (default 60000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub operation: Option<i64>,
-    /// How long one run command may take (default 60000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub run_command: Option<i64>,
-    /// How long the drain waits for calls in flight (default 25000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub drain: Option<i64>,
-    /// The most calls a shared queue holds (default 100000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 4294967295u32))]
-    pub queue: Option<i64>,
-    /// Deliveries of one call before it is dead-lettered (default 5).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 4294967295u32))]
-    pub deliveries: Option<i64>,
-    /// How long a call's idempotency key is remembered (default 600000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub idempotency: Option<i64>,
-}
-
-/// The odd-address rule as the API server checks it at admission. Its message matches the
-/// reconcile-time and agent refusals. The message is built with `format` (new CRDs may use it from
-/// Kubernetes 1.30): the cost estimator prices `string(size(self))` as unbounded, which made every
-/// server from 1.27 refuse the whole CRD, while `format` over an integer is priced as small.
-pub const ODD_ADDRESSES_RULE: &str = "size(self) % 2 == 1";
-pub const ODD_ADDRESSES_MESSAGE_EXPRESSION: &str =
-    "'Atomicity takes an odd number of addresses, %d given.'.format([size(self)])";
-/// What the API server says should the message expression fail to evaluate.
-pub const ODD_ADDRESSES_MESSAGE: &str = "Atomicity takes an odd number of addresses.";
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AtomicitySpec {
-    /// One or an odd number of independent Redis servers, `redis://host[:port][/db]`, without
-    /// credentials. Slots and meter use the first.
-    #[schemars(
-        length(min = 1),
-        extend("x-kubernetes-validations" = [{
-            "rule": ODD_ADDRESSES_RULE,
-            "messageExpression": ODD_ADDRESSES_MESSAGE_EXPRESSION,
-            "message": ODD_ADDRESSES_MESSAGE,
-        }])
-    )]
-    pub redis: Vec<String>,
-    /// The heartbeat interval of slots, in milliseconds.
-    #[serde(default = "default_interval")]
-    #[schemars(range(min = 1))]
-    pub interval: i64,
-    /// How long a lock outlives a holder that stopped extending it, in milliseconds.
-    #[serde(default = "default_ttl")]
-    #[schemars(range(min = 1))]
-    pub ttl: i64,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AddressedSpec {
-    /// How long a call to one named process waits for its reply by default, in milliseconds.
-    #[serde(default = "default_timeout")]
-    #[schemars(range(min = 1))]
-    pub timeout: i64,
-}
-
-impl Default for AddressedSpec {
-    fn default() -> Self {
-        Self {
-            timeout: default_timeout(),
-        }
-    }
-}
-
 /// Keys read from the Secret: `redis-username`, `redis-password`, `amqp-username`,
 /// `amqp-password`, each optional.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -345,28 +249,12 @@ fn default_replicas() -> i32 {
     DEFAULT_REPLICAS
 }
 
-fn default_interval() -> i64 {
-    millis(toa_context::annotations::DEFAULT_INTERVAL)
-}
-
-fn default_ttl() -> i64 {
-    millis(toa_context::annotations::DEFAULT_TTL)
-}
-
-fn default_timeout() -> i64 {
-    millis(toa_context::annotations::DEFAULT_ADDRESSED_TIMEOUT)
-}
-
 fn default_quiet_window() -> i64 {
     30
 }
 
 fn default_grace() -> i64 {
     60
-}
-
-fn millis(duration: std::time::Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 fn is_false(value: &bool) -> bool {

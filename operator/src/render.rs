@@ -2,14 +2,10 @@
 //! environment chain (`key@env`, with toa-context) and each component's `manifest.toa.yaml`. The
 //! result is checked exactly as the operator checks it at reconcile time, so what renders applies.
 
-use crate::crd::{
-    AddressedSpec, AtomicitySpec, ComponentSpec, Composition, CompositionSpec, ContextSpec,
-    CredentialsSpec, LimitsSpec,
-};
+use crate::crd::{ComponentSpec, Composition, CompositionSpec, ContextSpec, CredentialsSpec};
 use crate::manifest::{self, ReadError};
 use crate::validate::{validate, InvalidSpec};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 use toa_context::{Context, ContextError, Environment};
 
 /// What to render.
@@ -91,7 +87,7 @@ pub fn render(options: &Options) -> Result<Composition, RenderError> {
         replicas: options.replicas,
         resources: None,
         components,
-        context: context_spec(&context),
+        context: ContextSpec::from(&context),
         credentials: options
             .credentials
             .as_ref()
@@ -148,34 +144,6 @@ fn read_configuration(
         path: path.to_owned(),
         source,
     })
-}
-
-/// The spec's form of a validated context: addresses as toa-context prints them (with their
-/// ports, never with credentials), durations in milliseconds.
-fn context_spec(context: &Context) -> ContextSpec {
-    ContextSpec {
-        atomicity: context.atomicity.as_ref().map(|atomicity| AtomicitySpec {
-            redis: atomicity.redis.iter().map(ToString::to_string).collect(),
-            interval: millis(atomicity.interval),
-            ttl: millis(atomicity.ttl),
-        }),
-        addressed: AddressedSpec {
-            timeout: millis(context.addressed.timeout),
-        },
-        amqp: context.amqp.as_ref().map(ToString::to_string),
-        limits: LimitsSpec {
-            operation: Some(millis(context.limits.operation)),
-            run_command: Some(millis(context.limits.run_command)),
-            drain: Some(millis(context.limits.drain)),
-            queue: Some(i64::from(context.limits.queue)),
-            deliveries: Some(i64::from(context.limits.deliveries)),
-            idempotency: Some(millis(context.limits.idempotency)),
-        },
-    }
-}
-
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Kubernetes' rules for object names (subdomains) and namespaces (labels).

@@ -8,10 +8,10 @@
 //! Pure: no I/O, so the controller can call it on every reconcile and write the message into a
 //! `Ready=False` condition with reason [`crate::crd::reasons::INVALID_SPEC`].
 
-use crate::crd::{AtomicitySpec, CompositionSpec, ContextSpec, HaltSpec, LimitsSpec, SecuritySpec};
+use crate::crd::{CompositionSpec, HaltSpec, SecuritySpec};
 use crate::manifest;
 use std::time::Duration;
-use toa_context::{Addressed, AmqpAddress, Atomicity, Context, ContextError, Limits, Manifest};
+use toa_context::{Context, ContextError, Manifest};
 
 /// Why a spec was refused: one message naming the field and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -78,7 +78,10 @@ pub fn validate(spec: &CompositionSpec) -> Result<Valid, InvalidSpec> {
         .map(|credentials| secret_name(&credentials.secret_name))
         .transpose()?;
     let (configurations, secrets) = configurations(spec, &components, credentials.is_some())?;
-    let context = context(&spec.application, &spec.context)?;
+    let context = spec
+        .context
+        .validate(&spec.application)
+        .map_err(in_context)?;
     let halt = halt(spec.halt.as_ref().unwrap_or(&HaltSpec::default()))?;
     let security = security(
         spec.security_context
@@ -244,56 +247,6 @@ fn configurations(
     Ok((configurations, secrets))
 }
 
-fn context(application: &str, spec: &ContextSpec) -> Result<Context, InvalidSpec> {
-    let atomicity = spec.atomicity.as_ref().map(atomicity).transpose()?;
-    let addressed = Addressed {
-        timeout: millis(spec.addressed.timeout, "addressed.timeout")?,
-    };
-    let amqp = spec
-        .amqp
-        .as_deref()
-        .map(|text| AmqpAddress::parse(text, "amqp"))
-        .transpose()
-        .map_err(in_context)?;
-    Ok(Context {
-        name: application.to_owned(),
-        atomicity,
-        addressed,
-        amqp,
-        limits: limits(&spec.limits)?,
-    })
-}
-
-fn limits(spec: &LimitsSpec) -> Result<Limits, InvalidSpec> {
-    let defaults = Limits::default();
-    let duration = |value: Option<i64>, key: &str, default: Duration| {
-        value.map_or(Ok(default), |ms| millis(ms, key))
-    };
-    let count = |value: Option<i64>, key: &str, default: u32| match value {
-        None => Ok(default),
-        Some(n) => u32::try_from(n).ok().filter(|n| *n > 0).ok_or_else(|| {
-            invalid(
-                &format!("spec.context.{key}"),
-                format!("expected a whole number from 1 to {}, got {n}", u32::MAX),
-            )
-        }),
-    };
-    Ok(Limits {
-        operation: duration(spec.operation, "limits.operation", defaults.operation)?,
-        run_command: duration(spec.run_command, "limits.runCommand", defaults.run_command)?,
-        drain: duration(spec.drain, "limits.drain", defaults.drain)?,
-        queue: count(spec.queue, "limits.queue", defaults.queue)?,
-        deliveries: count(spec.deliveries, "limits.deliveries", defaults.deliveries)?,
-        idempotency: duration(spec.idempotency, "limits.idempotency", defaults.idempotency)?,
-    })
-}
-
-fn atomicity(spec: &AtomicitySpec) -> Result<Atomicity, InvalidSpec> {
-    let interval = millis(spec.interval, "atomicity.interval")?;
-    let ttl = millis(spec.ttl, "atomicity.ttl")?;
-    Atomicity::new(&spec.redis, Some(interval), Some(ttl)).map_err(in_context)
-}
-
 fn secret_name(name: &str) -> Result<String, InvalidSpec> {
     let subdomain = !name.is_empty()
         && name.len() <= 253
@@ -335,17 +288,6 @@ fn halt(spec: &HaltSpec) -> Result<Halt, InvalidSpec> {
         quiet_window,
         grace,
     })
-}
-
-/// `key` is relative to `spec.context`, as toa-context names keys.
-fn millis(value: i64, key: &str) -> Result<Duration, InvalidSpec> {
-    match u64::try_from(value) {
-        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
-        _ => Err(invalid(
-            &format!("spec.context.{key}"),
-            format!("expected a positive whole number of milliseconds, got {value}"),
-        )),
-    }
 }
 
 /// toa-context names keys from the context's root (`atomicity.redis[1]`); here they sit under
