@@ -13,7 +13,7 @@
 //! - [`placeholders`]: secrets in a configuration (`$NAME`), whose values it never holds;
 //! - [`control`]: the operator↔agent contract: ports, paths, the control status, and the
 //!   credentials both derive from a pod's control token;
-//! - [`program`]: the program's contract: its environment, the paths it serves, its answers;
+//! - [`program`]: the program's contract: its environment, the paths it serves, the call's metadata;
 //! - [`answer`]: what a call answers (reply, the operation's error; between agents a failure or
 //!   a refusal), written and read in one place;
 //! - [`agent_args`]: the agent's command line, written by the operator and parsed by the agent.

@@ -7,7 +7,7 @@
 //! | `Ready` | the Deployment has rolled out this generation and is not stopped by a halt | `RolledOut`; `False`: `InvalidSpec`, `RollingOut`, `Halted` |
 //! | `Progressing` | a rollout of this generation is under way | `RollingOut`, `RolledOut`, `InvalidSpec` |
 //! | `Halted` | a halt stopped the composition (0 replicas, none left) | the halt's phase ([`crate::halt::Phase::reason`]) |
-//! | `Degraded` | the Deployment cannot create pods (admission refused them: Pod Security, a quota, a policy; its `ReplicaFailure` condition), a pod's container fails (crash loop, cannot start, evicted: from the pods' own statuses, see [`crate::pods`]), an agent does not answer the control endpoint or a pod has no IP yet, or the spec is refused | `PodsRefused`, `PodsFailing`, `AgentsUnreachable`, `InvalidSpec`; `False`: `AsExpected` |
+//! | `Degraded` | the Deployment cannot create pods (admission refused them: Pod Security, a quota, a policy; its `ReplicaFailure` condition), a pod's container fails (crash loop, cannot start, evicted: from the pods' own statuses, see [`crate::observed::pods`]), an agent does not answer the control endpoint or a pod has no IP yet, or the spec is refused | `PodsRefused`, `PodsFailing`, `AgentsUnreachable`, `InvalidSpec`; `False`: `AsExpected` |
 
 use crate::crd::{conditions, reasons, CompositionStatus};
 use crate::halt::{Decision, Phase};
