@@ -58,6 +58,9 @@ BOTH = (
     | {f"POST /control/resume {field}" for field in STATUS + ERROR}
     | {f"POST /v1/drain {field}" for field in ERROR}
     | {f"POST /v1/{{component}}/onassigned/{{listener}}/failed {field}" for field in ERROR}
+    # The running call's id on the calls a program makes while serving one (toa-context's
+    # `program::CallHeaders`): the seed-DX issue passes it on.
+    | {"POST /v1/call/{component}/{operation} header toa-call"}
 )
 
 # What each SDK does not speak (yet). Keep these exact: the test fails either way.
@@ -66,6 +69,7 @@ LACKING = {
         # Tasks are the one-file style's (`context.agent.task`): they never name a process.
         "POST /v1/task/{component}/{operation} request instance",
         "POST /v1/task/{component}/{operation} request timeout",
+        "POST /v1/task/{component}/{operation} header toa-call",
     },
     "typescript": BOTH | {
         # `slots` answers from the onassigned stream, not from this route.
@@ -74,7 +78,8 @@ LACKING = {
         # No idempotency keys, no tasks.
         "POST /v1/call/{component}/{operation} request key",
         *route("POST /v1/task/{component}/{operation}", "path component", "path operation",
-               "request input", "request instance", "request timeout", "request key", *ERROR),
+               "request input", "request instance", "request timeout", "request key",
+               "header toa-call", *ERROR),
         # What the agent says of a call is not passed on to the operation.
         "POST /operations/{name} request call",
         "POST /operations/{name} request call.id",

@@ -2,7 +2,7 @@
 //! coordination primitives, so a Rust component (and the tests and examples) can use them
 //! in-process.
 //!
-//! Layout, by concern (`agent/tests/layers.rs` checks that no module reaches back to one that
+//! Layout, by concern (`tests/tests/source.rs` checks that no module reaches back to one that
 //! uses it):
 //! - `calls/`: calls between components: `router` (the route, in-process or over the broker),
 //!   `contract` (the request contract and how a call fails; a leaf), `broker` (calls over

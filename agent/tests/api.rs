@@ -836,3 +836,33 @@ async fn every_refusal_has_the_documented_shape() {
         );
     }
 }
+
+/// A call's `toa-call` header (the id of the call the program serves) is read with every call
+/// and task: a malformed one is refused, naming the header, before anything else is looked at;
+/// a well-formed one passes on to the routing (here: a process that routes no calls).
+#[tokio::test]
+async fn a_malformed_call_header_is_refused_naming_it() {
+    let served = serve().await;
+    let post = |path: &str, call: &str| {
+        served
+            .client
+            .post(format!("{}{path}", served.base))
+            .header("content-type", "application/json")
+            .header("toa-call", call.to_owned())
+            .body(r#"{"input": {}}"#)
+            .send()
+    };
+    for path in ["/v1/call/local.embedded/x", "/v1/task/local.embedded/x"] {
+        let (status, error) = error_of(post(path, "not an id").await.unwrap()).await;
+        assert_eq!(status, 400, "{path}: {error}");
+        assert_eq!(error["code"], "BAD_REQUEST");
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("header `toa-call`: expected"),
+            "{message}"
+        );
+        assert!(message.contains("\"not an id\""), "{message}");
+        let (status, error) = error_of(post(path, "0123456789abcdef").await.unwrap()).await;
+        assert_ne!(status, 400, "{path}: {error}");
+    }
+}

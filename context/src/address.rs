@@ -77,6 +77,19 @@ impl AmqpAddress {
     }
 }
 
+/// Encodes what [`percent_decode`] decodes: every byte but the unreserved ones as `%XX` (a space
+/// as `%20`, not the `+` of forms, which the decoding keeps as it is).
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// Decodes `%XX` escapes (a vhost `/` is written `%2F`).
 fn percent_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
@@ -195,11 +208,7 @@ impl fmt::Display for AmqpAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "amqp://{}:{}", self.host, self.port)?;
         if self.vhost != "/" {
-            write!(
-                f,
-                "/{}",
-                url::form_urlencoded::byte_serialize(self.vhost.as_bytes()).collect::<String>()
-            )?;
+            write!(f, "/{}", percent_encode(&self.vhost))?;
         }
         Ok(())
     }
@@ -248,6 +257,19 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(error.contains(expected), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_vhost_reads_back_as_printed() {
+        for vhost in ["shop", "my vhost", "a/b", "x+y", "ü"] {
+            let address = AmqpAddress {
+                host: "h".to_owned(),
+                port: 5672,
+                vhost: vhost.to_owned(),
+            };
+            let again = AmqpAddress::parse(&address.to_string(), "amqp").unwrap();
+            assert_eq!(again.vhost, vhost, "{address}");
         }
     }
 

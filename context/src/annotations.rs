@@ -198,13 +198,19 @@ impl Atomicity {
     }
 }
 
-/// A duration as a whole number of milliseconds, the settings' wire form.
+/// A duration as the settings' wire form writes it: whole milliseconds, at most `i64::MAX` (what
+/// a Composition's integer fields hold; longer is forever all the same).
+pub(crate) fn wire_millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A duration as a whole number of milliseconds, the settings' wire form ([`wire_millis`]).
 mod millis {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
     pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_u64(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+        serializer.serialize_i64(super::wire_millis(*duration))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {

@@ -15,9 +15,12 @@ pub struct Placeholder {
     pub name: String,
 }
 
+/// What the environment variable of a secret starts with.
+pub const PREFIX: &str = "TOA_SECRET_";
+
 /// The environment variable a program reads the secret `name` from.
 pub fn variable(name: &str) -> String {
-    format!("TOA_SECRET_{name}")
+    format!("{PREFIX}{name}")
 }
 
 /// The secret's name if `text` is a placeholder.

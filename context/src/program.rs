@@ -50,10 +50,10 @@ pub struct Description {
 }
 
 /// The body of an operation's request: its input and the call it serves.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OperationCall {
-    pub input: Value,
-    pub call: CallMeta,
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OperationCall<'a> {
+    pub input: &'a Value,
+    pub call: &'a CallMeta,
 }
 
 /// What the program is told about a call beside its input (`"call"` in the request body).
@@ -65,6 +65,63 @@ pub struct CallMeta {
     pub redelivered: bool,
     /// When the caller stops waiting (ms since the Unix epoch), for a call to one process.
     pub deadline_ms: Option<i64>,
+}
+
+/// The header naming the call a program is serving when it makes a call to the local API
+/// (`/v1/call`, `/v1/task`): that call's `call.id`. Absent outside a call (in `settle`, a timer).
+/// The agent reads it with every call; what it links the new call to (a transition, a trace)
+/// comes with the issues that need it.
+pub const CALL_HEADER: &str = "toa-call";
+
+/// The longest call id taken: the agent's are 32 hex digits; a little room for other makers.
+const MAX_CALL_ID: usize = 64;
+
+/// The headers a program puts on its calls to the local API, beside its token. One place for
+/// both who write them (the SDKs, Rust clients) and the agent, which reads them; a trace context
+/// and a per-component credential take their place here when they come.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallHeaders {
+    /// The running call's id ([`CALL_HEADER`]).
+    pub call: Option<String>,
+}
+
+/// A call header that was refused: which, what was expected, what came.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("header `{header}`: expected {expected}, got {given:?}")]
+pub struct BadHeader {
+    pub header: &'static str,
+    pub expected: &'static str,
+    pub given: String,
+}
+
+impl CallHeaders {
+    /// Reads them; `header` gives a header's raw value by its (lowercase) name.
+    pub fn read<'a>(header: impl Fn(&str) -> Option<&'a [u8]>) -> Result<Self, BadHeader> {
+        let call = header(CALL_HEADER)
+            .map(|value| {
+                let id = std::str::from_utf8(value).ok().filter(|id| is_call_id(id));
+                id.map(str::to_owned).ok_or_else(|| BadHeader {
+                    header: CALL_HEADER,
+                    expected: "the running call's id (call.id: 1 to 64 letters, digits or '-')",
+                    given: String::from_utf8_lossy(value).chars().take(80).collect(),
+                })
+            })
+            .transpose()?;
+        Ok(Self { call })
+    }
+
+    /// The headers to send, by name.
+    pub fn write(&self) -> Vec<(&'static str, String)> {
+        self.call
+            .iter()
+            .map(|call| (CALL_HEADER, call.clone()))
+            .collect()
+    }
+}
+
+fn is_call_id(id: &str) -> bool {
+    (1..=MAX_CALL_ID).contains(&id.len())
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 /// Where one value of a program's environment comes from.
@@ -164,6 +221,32 @@ mod tests {
         assert!(vars.contains(&(AGENT_TOKEN, Source::Text("t".to_owned()))));
         assert!(!vars.iter().any(|(name, _)| *name == AGENT_TOKEN_FILE));
         assert!(vars.contains(&(PORT, Source::Text("4000".to_owned()))));
+    }
+
+    #[test]
+    fn call_headers_read_back_as_written_and_a_bad_one_is_named() {
+        let headers = CallHeaders {
+            call: Some("0123456789abcdef0123456789abcdef".to_owned()),
+        };
+        let written = headers.write();
+        let read = CallHeaders::read(|name| {
+            written
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, value)| value.as_bytes())
+        });
+        assert_eq!(read, Ok(headers));
+        assert_eq!(CallHeaders::read(|_| None), Ok(CallHeaders::default()));
+        for bad in [&b""[..], &b"a b"[..], &b"\xff"[..], &[b'a'; 65][..]] {
+            let error = CallHeaders::read(|_| Some(bad)).unwrap_err();
+            assert_eq!(error.header, "toa-call");
+            assert!(
+                error
+                    .to_string()
+                    .starts_with("header `toa-call`: expected the running call's id"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

@@ -135,19 +135,15 @@ impl From<&Context> for ContextSpec {
 }
 
 fn default_interval() -> i64 {
-    millis(crate::annotations::DEFAULT_INTERVAL)
+    crate::annotations::wire_millis(crate::annotations::DEFAULT_INTERVAL)
 }
 
 fn default_ttl() -> i64 {
-    millis(crate::annotations::DEFAULT_TTL)
+    crate::annotations::wire_millis(crate::annotations::DEFAULT_TTL)
 }
 
 fn default_timeout() -> i64 {
-    millis(crate::annotations::DEFAULT_ADDRESSED_TIMEOUT)
-}
-
-fn millis(duration: std::time::Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+    crate::annotations::wire_millis(crate::annotations::DEFAULT_ADDRESSED_TIMEOUT)
 }
 
 #[cfg(test)]

@@ -126,11 +126,11 @@ impl RunArgs {
             key_namespace,
             watch_namespaces,
         } = self;
-        let agent_image = image(agent_image)?;
-        let agent_resources = agent_resources_of(agent_resources)?;
+        let agent_image = image_of(agent_image)?;
+        let agent_resources = resources_of(agent_resources)?;
         let lease = match leader_election {
             OnOff::Off => None,
-            OnOff::On => Some(lease(lease_name, lease_namespace, lease_identity, vars)?),
+            OnOff::On => Some(lease_of(lease_name, lease_namespace, lease_identity, vars)?),
         };
         let control_from = control_from.map(control_from_of).transpose()?;
         let key = run::KeySettings {
@@ -144,13 +144,13 @@ impl RunArgs {
             lease,
             control_from,
             key,
-            watch_namespaces: namespaces(watch_namespaces)?,
+            watch_namespaces: namespaces_of(watch_namespaces)?,
         })
     }
 }
 
 /// `--agent-image`: an image reference (no blanks).
-fn image(given: String) -> Result<String, RunArgsError> {
+fn image_of(given: String) -> Result<String, RunArgsError> {
     if given.is_empty() || given.chars().any(char::is_whitespace) {
         return Err(RunArgsError {
             option: "--agent-image",
@@ -162,7 +162,7 @@ fn image(given: String) -> Result<String, RunArgsError> {
 }
 
 /// `--agent-resources`: requests and limits as JSON.
-fn agent_resources_of(given: String) -> Result<ResourceRequirements, RunArgsError> {
+fn resources_of(given: String) -> Result<ResourceRequirements, RunArgsError> {
     resources(&given).ok_or(RunArgsError {
         option: "--agent-resources",
         expected: r#"requests and limits as JSON, e.g. {"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"128Mi"}}"#,
@@ -172,7 +172,7 @@ fn agent_resources_of(given: String) -> Result<ResourceRequirements, RunArgsErro
 
 /// The Lease, with leader election on: its name, and this replica's identity (`--lease-identity`,
 /// else `$POD_NAME`, else `$HOSTNAME`).
-fn lease(
+fn lease_of(
     name: String,
     namespace: Option<String>,
     identity: Option<String>,
@@ -224,7 +224,7 @@ fn key_secret_of(given: String) -> Result<String, RunArgsError> {
 
 /// `--watch-namespaces`: namespace names, each once (a namespace named twice would get two
 /// controllers reconciling the same objects).
-fn namespaces(given: Vec<String>) -> Result<Vec<String>, RunArgsError> {
+fn namespaces_of(given: Vec<String>) -> Result<Vec<String>, RunArgsError> {
     let mut seen = std::collections::BTreeSet::new();
     if let Some(bad) = given
         .iter()

@@ -29,7 +29,11 @@
 
 use crate::agent_client::Keys;
 use crate::crd::Composition;
-use crate::names::*;
+use crate::names::{
+    components_name, control_name, labels, AGENT_CONTAINER, COMPONENTS_DIR, COMPONENT_CONTAINER,
+    COMPONENT_TOKEN_DIR, CONTROL_DIR, CONTROL_PORT, DECLARATIONS, DECLARATIONS_DIR, DRAIN_KEY,
+    LABEL_COMPOSITION, MANAGER, PREVIOUS_KEY, PROBE_PORT, TOKENS_DIR, TOKEN_KEY,
+};
 use crate::validate::{Security, Valid, NONROOT};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{

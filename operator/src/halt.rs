@@ -266,10 +266,10 @@ pub fn decide(observation: &Observation<'_>) -> Decision {
         if halted {
             return decision(Phase::Requested, Step::Record(Record::start(now)));
         }
-        return decision(Phase::Running, resume_or(pods, None, Step::Nothing));
+        return decision(Phase::Running, resume_or(pods, Step::Nothing));
     };
     if !halted {
-        return decision(Phase::Resuming, resume_or(pods, None, Step::Clear));
+        return decision(Phase::Resuming, resume_or(pods, Step::Clear));
     }
     match record.outcome {
         Outcome::Stopped => {
@@ -324,9 +324,9 @@ fn stale(pods: &[Pod], active: Option<&str>) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Resuming the stale pods when there are any, else `otherwise`.
-fn resume_or(pods: &[Pod], active: Option<&str>, otherwise: Step) -> Step {
-    let stale = stale(pods, active);
+/// Resuming the pods paused for any halt when there are some, else `otherwise`.
+fn resume_or(pods: &[Pod], otherwise: Step) -> Step {
+    let stale = stale(pods, None);
     if stale.is_empty() {
         otherwise
     } else {

@@ -1,6 +1,7 @@
 //! toa-operator: turns `Composition` resources into running replicas with the agent beside each.
 //!
-//! Layout, bottom up (no module uses one above it; `tests/layers.rs` keeps it):
+//! Layout (no module uses one that uses it, and [`names`] uses none; `tests/tests/source.rs` keeps
+//! both):
 //! - [`names`]: the operator's vocabulary: names, labels, annotations, containers and mount paths
 //!   of the objects it applies;
 //! - [`crd`]: the `Composition` resource, its status and condition names; the CRD is generated
@@ -22,6 +23,8 @@
 //! - [`status`]: observations → the Composition's conditions (pure);
 //! - [`halt`]: the halt's state machine (pure);
 //! - [`agent_client`]: the agents' control endpoint (halt, resume, status) behind a trait;
+//! - [`key_ring`]: the operator's key, read and kept from its Secret, and the control tokens
+//!   derived from it;
 //! - [`controller`]: the kube-runtime controller: reconcile and error policy, wiring only;
 //! - [`kube_io`]: the requests to the API server (apply, token Secret, pods, halt record, status);
 //! - [`metrics`]: reconcile counters and durations;

@@ -242,7 +242,7 @@ struct Tasks<E, S, C, G, K> {
 /// rather than leaving an operator without its lease, endpoint or controller unnoticed. After
 /// the shutdown, the controller finishes, then the election gives up the lease, then the
 /// endpoint ends.
-async fn supervise<S, E, C, G, K>(
+async fn supervise<E, S, C, G, K>(
     tasks: Tasks<E, S, C, G, K>,
     shutdown: futures::future::Shared<impl Future<Output = ()>>,
     controller_done: tokio::sync::oneshot::Sender<()>,

@@ -70,7 +70,7 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
                 degraded(decision, observed.refused, observed.pods, &condition),
             ]
         }
-        (invalid, _) => refused(invalid, previous, &condition),
+        (invalid, _) => spec_refused(invalid, previous, &condition),
     };
     // A condition whose status is unchanged keeps the time it last changed.
     if let Some(previous) = previous {
@@ -90,7 +90,7 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
 
 /// A refused spec: not ready, not progressing, degraded, all for the refusal's reason; the
 /// `Halted` condition kept as it was.
-fn refused(
+fn spec_refused(
     invalid: Option<(&'static str, &str)>,
     previous: Option<&CompositionStatus>,
     condition: &impl Fn(&str, bool, &str, String) -> Condition,

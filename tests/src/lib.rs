@@ -4,6 +4,8 @@
 //! Records carry `CLOCK_MONOTONIC` nanoseconds, which all processes of one machine share, so
 //! intervals from different processes can be compared.
 
+pub mod source;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;

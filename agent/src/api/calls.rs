@@ -4,6 +4,9 @@
 //! |---|---|
 //! | `POST /v1/call/{component}/{operation}` `{"input", "instance"?, "timeout"?}` | `{"reply": ...}` or the operation's own `{"error": {"code"}}`; failures of the call itself with 4xx/5xx and `code` `RequestContract` (202), `Addressee` (403), `Abandoned` (404) |
 //! | `POST /v1/task/{component}/{operation}` `{"input"}` | `{"reply": null}` at once; the operation runs without a caller waiting |
+//!
+//! Both take the header `toa-call`, the id of the call the program is serving
+//! ([`toa_context::program::CallHeaders`]); a malformed one is refused, naming it.
 //! | `GET /v1/instance` | `{"instance": "..."}`, this process's name |
 //! | `GET /healthz`, `GET /readyz` | 200 when alive; 200 once every component ran `ready`, else 503 |
 
@@ -11,12 +14,13 @@ use super::body::{Object, Path};
 use super::{ApiError, Host};
 use crate::calls::contract::{CallError, Request};
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use std::sync::Arc;
+use toa_context::program::CallHeaders;
 
 pub fn routes() -> Router<Arc<Host>> {
     Router::new()
@@ -34,25 +38,33 @@ pub const MAX_CALL_BODY: usize = 1024 * 1024;
 async fn call(
     state: State<Arc<Host>>,
     path: Path<(String, String)>,
+    headers: HeaderMap,
     body: Object<Request>,
 ) -> Response {
-    forward(state, path, body, false).await
+    forward(state, path, &headers, body, false).await
 }
 
 async fn task(
     state: State<Arc<Host>>,
     path: Path<(String, String)>,
+    headers: HeaderMap,
     body: Object<Request>,
 ) -> Response {
-    forward(state, path, body, true).await
+    forward(state, path, &headers, body, true).await
 }
 
 async fn forward(
     State(host): State<Arc<Host>>,
     Path((component, operation)): Path<(String, String)>,
+    headers: &HeaderMap,
     Object(request): Object<Request>,
     task: bool,
 ) -> Response {
+    let made_in = match CallHeaders::read(|name| headers.get(name).map(|v| v.as_bytes())) {
+        Ok(read) => read.call,
+        Err(bad) => return ApiError::bad_request(bad.to_string()).into_response(),
+    };
+    tracing::debug!(%component, %operation, made_in = made_in.as_deref(), "a call from the program");
     let Some(calls) = &host.calls else {
         return ApiError::new(
             StatusCode::NOT_FOUND,

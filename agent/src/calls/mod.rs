@@ -8,7 +8,7 @@
 //! - [`catalog`]: the declarations of every component this process may call;
 //! - [`activity`]: calls made and received, and in flight, for the halt.
 //!
-//! Nothing here uses the control endpoint (`agent/tests/layers.rs` checks both).
+//! Nothing here uses the control endpoint (`tests/tests/source.rs` checks both).
 
 pub(crate) mod activity;
 pub(crate) mod broker;

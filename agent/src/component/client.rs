@@ -170,7 +170,12 @@ impl ProgramClient {
         let response = self
             .post(
                 &program::operation_path(operation),
-                &json!({"input": input, "call": call}),
+                &serde_json::to_value(program::OperationCall { input, call }).map_err(|error| {
+                    ProgramError::Unreachable {
+                        component: self.component.clone(),
+                        message: error.to_string(),
+                    }
+                })?,
                 limit,
             )
             .await?;

@@ -1,21 +1,10 @@
 //! A component as the agent runs it: its manifest, its program (a process in any language that
 //! serves HTTP on loopback) and the checks made before anything reaches it.
 //!
-//! The program is started with:
-//!
-//! | variable | meaning |
-//! |---|---|
-//! | `TOA_PORT` | the port on 127.0.0.1 the program serves its HTTP on |
-//! | `TOA_AGENT` | the agent's local API, e.g. `http://127.0.0.1:7090` |
-//! | `TOA_COMPONENT` | the component's full name, e.g. `store.catalog` |
-//! | `TOA_INSTANCE` | the process's name |
-//! | `TOA_AGENT_TOKEN` | the component's token for its routes on the local API (in a pod, the file `TOA_AGENT_TOKEN_FILE` names holds it) |
-//! | `TOA_CONFIGURATION` | the component's configuration, JSON ([`toa_context::configuration`]) |
-//! | `TOA_SECRET_{NAME}` | the value of each secret its configuration holds as `"$NAME"` ([`toa_context::placeholders`]) |
-//!
-//! and serves `POST /lifecycle/{command}` for the run commands its manifest exports, and
-//! `POST /operations/{name}` with `{"input": ...}`, answering `{"reply": ...}` or
-//! `{"error": {"code": "...", "message": "..."}}`. See docs/component-protocol.md.
+//! The program is started with the environment of [`toa_context::program`] (its table is the one
+//! list of the variables), serves `POST /lifecycle/{command}` for the run commands its manifest
+//! exports, and `POST /operations/{name}` with `{"input": ..., "call": {...}}`, answering as
+//! [`toa_context::answer`] says. See docs/component-protocol.md.
 
 pub mod client;
 pub mod program;

@@ -63,7 +63,7 @@ impl Environment<'_> {
             command.env(variable, secret.expose());
             // Not also under the name the agent read it from: as in a pod, where only the
             // component's `TOA_SECRET_…` exists.
-            if let Some(name) = variable.strip_prefix("TOA_SECRET_") {
+            if let Some(name) = variable.strip_prefix(toa_context::placeholders::PREFIX) {
                 command.env_remove(name);
             }
         }

@@ -107,7 +107,7 @@ impl Setting {
     fn default_value(&self) -> Option<Json> {
         match self.if_absent {
             IfAbsent::Required | IfAbsent::Off => None,
-            IfAbsent::Millis(duration) => Some(millis(duration).into()),
+            IfAbsent::Millis(duration) => Some(super::wire_millis(duration).into()),
             IfAbsent::Count(count) => Some(count.into()),
         }
     }
@@ -425,10 +425,6 @@ pub(super) fn redis_addresses(
         }
     }
     Ok(addresses)
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn parse_millis(text: &str, key: &str) -> Result<u64, ContextError> {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::crd::{ComponentSpec, CompositionSpec, CredentialsSpec};
+use crate::names::pod_selector;
 use crate::observed::rollout::drain_key_of;
 use crate::validate::validate;
 use k8s_openapi::api::core::v1::PodSpec;

@@ -200,7 +200,6 @@ async fn bind(address: SocketAddr, what: &str) -> Result<TcpListener, ComposeErr
         .map_err(|e| ComposeError::Setup(format!("{what} {address}: {e}")))
 }
 
-/// [`bind`] when there is an address.
 /// The control endpoint's listener with its tokens, then the probes' listener (bound last: the
 /// startupProbe asks it), each when asked for.
 async fn bind_control_and_probes(
@@ -214,6 +213,7 @@ async fn bind_control_and_probes(
     Ok((control, bind_if(probe, PROBES).await?))
 }
 
+/// [`bind`] when there is an address.
 async fn bind_if(
     address: Option<SocketAddr>,
     what: &str,
