@@ -21,6 +21,12 @@ fn default_agent() -> String {
     format!("http://127.0.0.1:{LOCAL_PORT}")
 }
 
+/// The port component `index` (in the order of the agent's component arguments) serves when the
+/// agent attaches from `first` (`--attach`): `first + index`, at most 65535.
+pub fn attach_port(first: u16, index: usize) -> u16 {
+    first.saturating_add(u16::try_from(index).unwrap_or(u16::MAX))
+}
+
 /// `toa-agent compose`: run components, start their programs (or attach to them), run their
 /// lifecycle, route their calls.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
@@ -44,7 +50,8 @@ pub struct ComposeArgs {
     #[arg(long, env = "TOA_CONTROL_TOKEN_FILE")]
     pub control_token_file: Option<PathBuf>,
     /// Attach to programs started by someone else (a pod's component containers): component
-    /// i (in the order given) serves 127.0.0.1:(PORT + i). Without it, compose starts them.
+    /// i (in the order given) serves 127.0.0.1:(PORT + i) ([`attach_port`]). Without it, compose
+    /// starts them.
     #[arg(long, value_name = "PORT", env = "TOA_ATTACH")]
     pub attach: Option<u16>,
     /// Where the probes and metrics (/healthz, /readyz, /metrics; no token) listen on the pod

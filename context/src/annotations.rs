@@ -167,19 +167,25 @@ impl Context {
 
     /// Refuses a name that is not a DNS label.
     fn with_valid_name(self) -> Result<Self, ContextError> {
-        let name = &self.name;
-        let valid_name = !name.is_empty()
-            && name.len() <= 63
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !valid_name {
-            return Err(ContextError::invalid(
-                "name",
-                format!("expected 1 to 63 lowercase letters, digits or '-', got {name:?}"),
-            ));
-        }
+        check_name(&self.name).map_err(|message| ContextError::invalid("name", message))?;
         Ok(self)
+    }
+}
+
+/// The application's name is a DNS label (1 to 63 lowercase letters, digits or `-`): it names
+/// the Deployments, Redis keys and queues. The error says what was expected and what came.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "expected 1 to 63 lowercase letters, digits or '-', got {name:?}"
+        ))
     }
 }
 

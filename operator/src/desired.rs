@@ -468,7 +468,7 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
 /// gives, its instance the pod's name and its token in its own volume, then its secrets.
 fn program_env(valid: &Valid, index: usize, component: String) -> Vec<EnvVar> {
     let environment = program::Environment {
-        port: ATTACH_PORT.saturating_add(u16::try_from(index).unwrap_or(u16::MAX)),
+        port: toa_context::agent_args::attach_port(ATTACH_PORT, index),
         agent: format!("http://127.0.0.1:{LOCAL_PORT}"),
         component,
         instance: program::Source::PodName,

@@ -136,21 +136,9 @@ fn security(spec: &SecuritySpec) -> Result<Security, InvalidSpec> {
 }
 
 fn application(name: &str) -> Result<(), InvalidSpec> {
-    // The same DNS-label rule as `name` in context.toa.yaml; toa-context's `Context` has no
-    // public constructor that checks the name alone.
-    let label = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if label {
-        Ok(())
-    } else {
-        Err(invalid(
-            "spec.application",
-            format!("expected 1 to 63 lowercase letters, digits or '-', got {name:?}"),
-        ))
-    }
+    // The same rule as `name` in context.toa.yaml.
+    toa_context::annotations::check_name(name)
+        .map_err(|message| invalid("spec.application", message))
 }
 
 fn image(image: &str) -> Result<(), InvalidSpec> {

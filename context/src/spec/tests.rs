@@ -46,3 +46,16 @@ fn the_schema_says_each_setting_and_its_default() {
         );
     }
 }
+
+/// A duration past what the wire's integers hold is written as the longest they hold: `render`
+/// of such a context does not fail (it once panicked).
+#[test]
+fn a_duration_past_the_wires_integers_is_written_as_the_longest() {
+    let context = crate::Context::parse(
+        "name: a\nlimits:\n  drain: 18446744073709551615\n",
+        &crate::Environment::local(),
+    )
+    .unwrap();
+    let spec = ContextSpec::from(&context);
+    assert_eq!(spec.limits.drain, Some(i64::MAX));
+}

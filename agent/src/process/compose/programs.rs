@@ -33,7 +33,11 @@ pub async fn start(
         .enumerate()
         .map(|(index, component)| async move {
             match attach {
-                Some(first_port) => component.attach(first_port + index as u16).await,
+                Some(first_port) => {
+                    component
+                        .attach(toa_context::agent_args::attach_port(first_port, index))
+                        .await
+                }
                 None => {
                     let token = tokens.token(&component.name);
                     component.start(agent_url, instance.as_str(), token).await
