@@ -541,30 +541,42 @@ impl Halting<'_> {
                 Ok(None)
             }
             Step::Halt { id, pods } => {
-                let sends = pods.iter().filter_map(|pod| {
-                    let target = self.target(pod)?;
-                    Some(async move { (pod, context.agents.halt(target, self.keys, id).await) })
-                });
-                for (pod, result) in futures::future::join_all(sends).await {
-                    if let Err(error) = result {
-                        tracing::warn!(composition = %name, pod, %error, "halt not taken");
-                    }
-                }
+                let asks = pods.iter().map(|pod| (pod.as_str(), id.as_str()));
+                self.send(asks, "halt", |target, id| {
+                    context.agents.halt(target, self.keys, id)
+                })
+                .await;
                 Ok(record)
             }
             Step::Resume(pods) => {
-                let sends = pods.iter().filter_map(|(pod, id)| {
-                    let target = self.target(pod)?;
-                    Some(async move { (pod, context.agents.resume(target, self.keys, id).await) })
-                });
-                for (pod, result) in futures::future::join_all(sends).await {
-                    if let Err(error) = result {
-                        tracing::warn!(composition = %name, pod, %error, "resume not taken");
-                    }
-                }
+                let asks = pods.iter().map(|(pod, id)| (pod.as_str(), id.as_str()));
+                self.send(asks, "resume", |target, id| {
+                    context.agents.resume(target, self.keys, id)
+                })
+                .await;
                 Ok(record)
             }
             Step::WaitUntil(_) | Step::Nothing => Ok(record),
+        }
+    }
+
+    /// Sends each pod with a control endpoint its request (`halt` or `resume`, for its halt id)
+    /// at once; one not taken is logged, and the next reconcile sees where the pod is.
+    async fn send<'s>(
+        &'s self,
+        asks: impl Iterator<Item = (&'s str, &'s str)>,
+        what: &str,
+        request: impl Fn(agent_client::Target<'s>, &'s str) -> agent_client::Reply<'s>,
+    ) {
+        let sends = asks.filter_map(|(pod, id)| {
+            let reply = request(self.target(pod)?, id);
+            Some(async move { (pod, reply.await) })
+        });
+        for (pod, result) in futures::future::join_all(sends).await {
+            if let Err(error) = result {
+                let composition = self.composition.name_any();
+                tracing::warn!(%composition, pod, %error, "{what} not taken");
+            }
         }
     }
 
