@@ -25,6 +25,7 @@ use crate::key_ring::KeyRing;
 use crate::kube_io;
 use crate::metrics::Metrics;
 use crate::names;
+use crate::observed::ownership;
 use crate::observed::pods::Seen;
 use crate::observed::rollout::{self, Rollout};
 use crate::status::{self, Observed};
@@ -306,16 +307,8 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     }
     let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
     let existing = deployments.get_opt(&name).await?;
-    let keys = configure(context, composition, &owner, existing.as_ref()).await;
-    let keys = match keys {
-        // Said in the status, and tried again with the backoff: someone may rename or delete it.
-        Err(Error::Conflict(message)) => {
-            let refusal = (reasons::CONFLICT, message.as_str());
-            refuse(composition, &compositions, refusal, now).await?;
-            return Err(Error::Conflict(message));
-        }
-        other => other?,
-    };
+    let configured = configure(context, composition, &owner, existing.as_ref()).await;
+    let keys = report_conflict(configured, context, composition, &compositions, now).await?;
     let pods = kube_io::pods(&Api::<Pod>::namespaced(client.clone(), &namespace), &name).await?;
     let halt = Halting {
         context,
@@ -341,6 +334,25 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     };
     let status = write_status(&compositions, composition, &observed).await?;
     Ok(next(&decision, &status, now))
+}
+
+/// `configured` as it is, but a [`Error::Conflict`] said first, in the status and a Warning
+/// event; it is then tried again with the backoff (someone may rename or delete the object).
+async fn report_conflict<T>(
+    configured: Result<T, Error>,
+    context: &Context,
+    composition: &Composition,
+    compositions: &Api<Composition>,
+    now: Timestamp,
+) -> Result<T, Error> {
+    let Err(Error::Conflict(message)) = configured else {
+        return configured;
+    };
+    let refusal = (reasons::CONFLICT, message.as_str());
+    refuse(composition, compositions, refusal, now).await?;
+    let event = (EventType::Warning, reasons::CONFLICT, "Reconcile");
+    publish(context, composition, event, message.clone()).await;
+    Err(Error::Conflict(message))
 }
 
 /// The Deployment to apply: the pods' drain key kept (or a new one for a new Deployment), and
@@ -405,7 +417,8 @@ async fn write_status(
 
 /// Applies what the pods read (the ConfigMap of manifests, this Composition's part of the
 /// namespace's declarations, the control Secret, the NetworkPolicy) and returns the control
-/// tokens, derived from the operator's key.
+/// tokens, derived from the operator's key. Each object is applied only if it is the
+/// Composition's own ([`ownership`]), the Deployment (read already) included.
 async fn configure(
     context: &Context,
     composition: &Composition,
@@ -413,17 +426,24 @@ async fn configure(
     existing: Option<&Deployment>,
 ) -> Result<Keys, Error> {
     let ring = context.keys.borrow().clone().ok_or(Error::NoKey)?;
-    let keys = ring.keys_for(owner.reference.uid.as_str());
+    let uid = owner.reference.uid.as_str();
+    let keys = ring.keys_for(uid);
+    if let Some(why) = existing.and_then(|d| ownership::foreign("Deployment", &d.metadata, uid)) {
+        return Err(Error::Conflict(why));
+    }
     let config_maps = Api::<ConfigMap>::namespaced(context.client.clone(), &owner.namespace);
-    kube_io::apply(&config_maps, &desired::components(owner, composition)).await?;
+    let components = desired::components(owner, composition);
+    kube_io::apply_own(&config_maps, &components, uid).await?;
     declarations::reconcile(&config_maps, &context.declarations, composition, owner).await?;
     if rollout::tokens_due(existing) {
         let secrets = Api::<Secret>::namespaced(context.client.clone(), &owner.namespace);
-        kube_io::apply_unforced(&secrets, &desired::control_secret(owner, &keys)).await?;
+        let secret = desired::control_secret(owner, &keys);
+        kube_io::write_own_secret(&secrets, &secret, uid).await?;
     }
     if let Some(from) = &context.settings.control_from {
         let policies = Api::<NetworkPolicy>::namespaced(context.client.clone(), &owner.namespace);
-        kube_io::apply(&policies, &desired::network_policy(owner, from)).await?;
+        let policy = desired::network_policy(owner, from);
+        kube_io::apply_own(&policies, &policy, uid).await?;
     }
     Ok(keys)
 }
@@ -531,13 +551,20 @@ impl Halting<'_> {
             Step::Record(new) => {
                 kube_io::record_halt(self.compositions, &name, Some(new)).await?;
                 let note = format!("halt {new}");
-                publish(context, composition, decision.phase.reason(), note).await;
+                let event = (EventType::Normal, decision.phase.reason(), "Halt");
+                publish(context, composition, event, note).await;
                 Ok(Some(new.clone()))
             }
             Step::Clear => {
                 kube_io::record_halt(self.compositions, &name, None).await?;
                 let note = "the halt record is removed".to_owned();
-                publish(context, composition, "HaltOver", note).await;
+                publish(
+                    context,
+                    composition,
+                    (EventType::Normal, "HaltOver", "Halt"),
+                    note,
+                )
+                .await;
                 Ok(None)
             }
             Step::Halt { id, pods } => {
@@ -589,15 +616,20 @@ impl Halting<'_> {
 }
 
 /// Publishes an event on the Composition; a failure is logged, never fatal.
-async fn publish(context: &Context, composition: &Composition, reason: &str, note: String) {
+async fn publish(
+    context: &Context,
+    composition: &Composition,
+    (type_, reason, action): (EventType, &str, &str),
+    note: String,
+) {
     let Some(recorder) = &context.recorder else {
         return;
     };
     let event = Event {
-        type_: EventType::Normal,
+        type_,
         reason: reason.to_owned(),
         note: Some(note),
-        action: "Halt".to_owned(),
+        action: action.to_owned(),
         secondary: None,
     };
     if let Err(error) = recorder.publish(&event, &composition.object_ref(&())).await {

@@ -54,8 +54,9 @@ records events. Reading the server version needs no grant. */}}
 - apiGroups: ["toa.io"]
   resources: ["compositions/finalizers"]
   verbs: ["update"]
-# Owned, applied server-side; create is granted for an apply that creates the object. A
-# Deployment is read for its drain key, the declarations ConfigMap for its parts.
+# Owned, applied server-side; create is granted for an apply that creates the object. Each is
+# read first (one under the derived name that the Composition does not control is never
+# changed); a Deployment is read for its drain key too, the declarations ConfigMap for its parts.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -63,14 +64,15 @@ records events. Reading the server version needs no grant. */}}
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]
 # The control token's Secret: written (its tokens are derived from the operator's key), never
-# read, listed or watched (that would be reading every Secret there).
+# read, listed or watched (that would be reading every Secret there); a JSON Patch that tests
+# its owner keeps a Secret of that name someone else made unchanged.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create", "patch"]
-# Each composition's NetworkPolicy (networkPolicy.enabled), applied like the rest.
+# Each composition's NetworkPolicy (networkPolicy.enabled), read and applied like the rest.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["create", "patch"]
+  verbs: ["get", "create", "patch"]
 # A composition's pods: their IPs, for halts, and their statuses, for Degraded (watched, by the
 # operator's label, so a failing pod is reported at once).
 - apiGroups: [""]

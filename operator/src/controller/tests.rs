@@ -172,11 +172,54 @@ async fn deployment_read(handle: &mut Handle, existing: Option<Value>) {
     .await;
 }
 
+const SECRET: &str = "/api/v1/namespaces/shop/secrets/shop-control";
+
+/// The control Secret written without a read: a JSON Patch that tests the Secret's owner is the
+/// Composition, then replaces its data (answered as taken); returns the data.
+async fn secret_written(handle: &mut Handle) -> Value {
+    let uid = Composition::test(CompositionSpec::test())
+        .metadata
+        .uid
+        .unwrap();
+    let (query, body) = expect(handle, "PATCH", SECRET, |_| {
+        (
+            StatusCode::OK,
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "shop-control"}}),
+        )
+    })
+    .await;
+    assert!(query.contains("fieldManager=toa-operator"), "{query}");
+    assert_eq!(
+        body[0],
+        json!({"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": uid})
+    );
+    assert_eq!(
+        (&body[1]["op"], &body[1]["path"]),
+        (&json!("replace"), &json!("/data"))
+    );
+    body[1]["value"].clone()
+}
+
+/// The read before an apply of one of the Composition's own objects: none there yet.
+async fn absent(handle: &mut Handle, path: &str) {
+    expect(handle, "GET", path, |_| {
+        (StatusCode::NOT_FOUND, not_found())
+    })
+    .await;
+}
+
 /// A Deployment as an operator wrote it: with the drain key `key` when given, its rollout done
 /// when `rolled_over`.
 fn existing_deployment(key: Option<&str>, rolled_over: bool) -> Value {
+    let uid = Composition::test(CompositionSpec::test())
+        .metadata
+        .uid
+        .unwrap();
+    let owner = json!({"apiVersion": "toa.io/v1alpha1", "kind": "Composition", "name": "shop",
+        "uid": uid, "controller": true});
     let mut deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "shop", "namespace": "shop", "generation": 2},
+        "metadata": {"name": "shop", "namespace": "shop", "generation": 2,
+            "ownerReferences": [owner]},
         "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2}});
     if let Some(key) = key {
         deployment["metadata"]["annotations"] = json!({names::DRAIN_KEY: key});
@@ -230,13 +273,10 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
 async fn up_to_pods(handle: &mut Handle, pods: Value) {
     deployment_read(handle, None).await;
     config_maps(handle).await;
-    // The control Secret: the derived token, applied without taking over another's fields.
-    let secret = "/api/v1/namespaces/shop/secrets/shop-control";
-    let (query, body) = expect(handle, "PATCH", secret, echo).await;
-    assert!(query.contains("fieldManager=toa-operator"), "{query}");
-    assert!(!query.contains("force"), "{query}");
-    assert_eq!(body["data"]["token"], base64(&token()));
-    assert!(body["data"].get("previous").is_none(), "{body}");
+    // The control Secret: the derived token, written only into the Composition's own Secret.
+    let data = secret_written(handle).await;
+    assert_eq!(data["token"], base64(&token()));
+    assert!(data.get("previous").is_none(), "{data}");
     pods_listed(handle, pods).await;
 }
 
@@ -257,6 +297,7 @@ async fn pods_listed(handle: &mut Handle, pods: Value) {
 
 /// The ConfigMap of manifests and the namespace's declarations, applied.
 async fn config_maps(handle: &mut Handle) {
+    absent(handle, "/api/v1/namespaces/shop/configmaps/shop-components").await;
     let (query, body) = expect(
         handle,
         "PATCH",
@@ -565,6 +606,11 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
         let composition = Arc::new(stored);
         let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
         deployment_read(&mut handle, None).await;
+        absent(
+            &mut handle,
+            "/api/v1/namespaces/shop/configmaps/shop-components",
+        )
+        .await;
         expect(
             &mut handle,
             "PATCH",
@@ -588,13 +634,7 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
             assert!(query.contains("fieldManager=toa-operator.shop"), "{query}");
         }
         // Then the Secret, as always.
-        expect(
-            &mut handle,
-            "PATCH",
-            "/api/v1/namespaces/shop/secrets/shop-control",
-            echo,
-        )
-        .await;
+        secret_written(&mut handle).await;
         task.abort();
     }
 }
@@ -640,31 +680,109 @@ async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
     assert!(agents.told.lock().unwrap().is_empty());
 }
 
-/// A Secret of the control Secret's name that another manager wrote (a user's, or another
-/// tool's) is not taken over: the apply is not forced, the conflict is the status, and nothing
-/// after it (pods, Deployment) is touched.
+/// A Secret of the control Secret's name that the Composition does not own (a user's, or another
+/// tool's): the operator, which reads no Secret, finds it when the API server refuses the patch's
+/// test of its owner; the conflict is the status, and nothing after it (pods, Deployment) is
+/// touched.
 #[tokio::test]
-async fn a_secret_another_manager_wrote_is_not_taken_over() {
+async fn a_secret_the_composition_does_not_own_is_not_changed() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
     deployment_read(&mut handle, None).await;
     config_maps(&mut handle).await;
-    let secret = "/api/v1/namespaces/shop/secrets/shop-control";
-    let (query, _) = expect(&mut handle, "PATCH", secret, |_| {
-        let conflict = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "code": 409, "reason": "Conflict",
-            "message": "Apply failed with 1 conflict: conflict with \"kubectl-create\": .data.token"});
-        (StatusCode::CONFLICT, conflict)
+    let (_, body) = expect(&mut handle, "PATCH", SECRET, |_| {
+        let invalid = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "code": 422, "reason": "Invalid",
+            "message": "the server rejected our request due to an error in our request"});
+        (StatusCode::UNPROCESSABLE_ENTITY, invalid)
     })
     .await;
-    assert!(!query.contains("force"), "{query}");
+    assert_eq!(body[0]["op"], "test");
     let status = status_written(&mut handle, &composition).await;
     let ready = condition(&status, conditions::READY);
     assert_eq!(ready["reason"], reasons::CONFLICT);
     let message = ready["message"].as_str().unwrap();
-    assert!(message.contains("Secret shop-control"), "{message}");
-    assert!(message.contains("kubectl-create"), "{message}");
+    assert!(
+        message.starts_with("the Secret shop-control exists and is not this Composition's"),
+        "{message}"
+    );
+    assert!(matches!(task.await.unwrap(), Err(Error::Conflict(_))));
+    expect_nothing_more(handle, context).await;
+}
+
+/// A control Secret that does not exist yet is created, owned by the Composition.
+#[tokio::test]
+async fn a_missing_secret_is_created_owned_by_the_composition() {
+    let (context, mut handle) = context(Arc::default(), true);
+    let composition = composition(CompositionSpec::test());
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    deployment_read(&mut handle, None).await;
+    config_maps(&mut handle).await;
+    expect(&mut handle, "PATCH", SECRET, |_| {
+        (StatusCode::NOT_FOUND, not_found())
+    })
+    .await;
+    let (query, body) = expect(&mut handle, "POST", "/api/v1/namespaces/shop/secrets", echo).await;
+    assert!(query.contains("fieldManager=toa-operator"), "{query}");
+    assert_eq!(body["metadata"]["name"], "shop-control");
+    assert_eq!(body["data"]["token"], base64(&token()));
+    assert_eq!(
+        body["metadata"]["ownerReferences"][0]["uid"],
+        json!(composition.metadata.uid)
+    );
+    pods_listed(&mut handle, json!([])).await;
+    task.abort();
+}
+
+/// A ConfigMap under the name the operator derives for the manifests (`<name>-components`) that
+/// the Composition does not control (a user's, here) is never changed: the reconcile reads it,
+/// says `Conflict` naming it and who wrote it, and writes nothing else (no apply of it, no
+/// declarations, Secret or Deployment).
+#[tokio::test]
+async fn a_foreign_object_under_a_derived_name_is_not_changed() {
+    let (context, mut handle) = context(Arc::default(), true);
+    let composition = composition(CompositionSpec::test());
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    deployment_read(&mut handle, None).await;
+    let users = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "shop-components", "namespace": "shop",
+            "managedFields": [{"manager": "kubectl-create", "operation": "Update"}]},
+        "data": {"mine": "keep"}});
+    let path = "/api/v1/namespaces/shop/configmaps/shop-components";
+    expect(&mut handle, "GET", path, |_| (StatusCode::OK, users)).await;
+    let status = status_written(&mut handle, &composition).await;
+    let ready = condition(&status, conditions::READY);
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], reasons::CONFLICT);
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("the ConfigMap shop-components exists and is not this Composition's (no controller; written by kubectl-create)"),
+        "{message}"
+    );
+    assert!(matches!(task.await.unwrap(), Err(Error::Conflict(_))));
+    expect_nothing_more(handle, context).await;
+}
+
+/// A Deployment of the Composition's name that another object controls (a Composition of the
+/// same name deleted and made again, or anything else) is not taken over either.
+#[tokio::test]
+async fn a_deployment_another_object_controls_is_not_taken_over() {
+    let (context, mut handle) = context(Arc::default(), true);
+    let composition = composition(CompositionSpec::test());
+    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let mut theirs = existing_deployment(Some(&"ab".repeat(32)), true);
+    theirs["metadata"]["ownerReferences"][0]["uid"] = json!("another-uid");
+    theirs["metadata"]["ownerReferences"][0]["kind"] = json!("Application");
+    deployment_read(&mut handle, Some(theirs)).await;
+    let status = status_written(&mut handle, &composition).await;
+    let ready = condition(&status, conditions::READY);
+    assert_eq!(ready["reason"], reasons::CONFLICT);
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains("the Deployment shop exists and is not this Composition's (controlled by the Application shop)"),
+        "{message}"
+    );
     assert!(matches!(task.await.unwrap(), Err(Error::Conflict(_))));
     expect_nothing_more(handle, context).await;
 }
@@ -678,18 +796,10 @@ async fn during_a_rotation_the_secret_holds_the_new_and_the_previous_token() {
     let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
     deployment_read(&mut handle, None).await;
     config_maps(&mut handle).await;
-    let secret = "/api/v1/namespaces/shop/secrets/shop-control";
-    let (_, body) = expect(&mut handle, "PATCH", secret, echo).await;
+    let data = secret_written(&mut handle).await;
     let uid = composition.metadata.uid.clone().unwrap();
-    assert_eq!(
-        body["data"]["token"],
-        base64(&rotating.keys_for(&uid).current)
-    );
-    assert_eq!(
-        body["data"]["previous"],
-        base64(&token()),
-        "the old key's token"
-    );
+    assert_eq!(data["token"], base64(&rotating.keys_for(&uid).current));
+    assert_eq!(data["previous"], base64(&token()), "the old key's token");
     task.abort();
 }
 
@@ -712,8 +822,7 @@ async fn a_deployments_drain_key_is_kept() {
     let key = "0123456789abcdef".repeat(4);
     deployment_read(&mut handle, Some(existing_deployment(Some(&key), true))).await;
     config_maps(&mut handle).await;
-    let secret = "/api/v1/namespaces/shop/secrets/shop-control";
-    expect(&mut handle, "PATCH", secret, echo).await;
+    secret_written(&mut handle).await;
     pods_listed(&mut handle, json!([])).await;
     let (_, applied) = apply_deployment(&mut handle, json!({})).await;
     assert_eq!(applied["metadata"]["annotations"][names::DRAIN_KEY], key);

@@ -45,6 +45,7 @@ mod keys;
 mod leader;
 mod node;
 mod operator;
+mod ownership;
 mod pods;
 mod rollout;
 mod services;
@@ -269,6 +270,9 @@ fn batches() -> Vec<Vec<(&'static str, Scenario)>> {
         }),
         ("deletion_cleans_up", |s| {
             Box::pin(deletion::deletion_cleans_up(s))
+        }),
+        ("foreign_objects_are_not_taken_over", |s| {
+            Box::pin(ownership::foreign_objects_are_not_taken_over(s))
         }),
     ];
     vec![
