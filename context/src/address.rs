@@ -155,15 +155,18 @@ fn parse_url(text: &str, key: &str, scheme: &str, example: &str) -> Result<Url, 
     Ok(url)
 }
 
-/// The text with anything between `://` and `@` replaced, so a refused address never leaks a
-/// password into an error or a log.
+/// The text with what may be credentials replaced: anything before the last `@`, after the
+/// scheme's `://` when there is one (`redis://***@host`, and `***@host` for `user:pw@host` written
+/// without a scheme), so a refused address never leaks a password into an error or a log.
 pub fn redact(text: &str) -> String {
-    match (text.find("://"), text.rfind('@')) {
-        (Some(start), Some(at)) if at > start => {
-            format!("{}://***{}", &text[..start], &text[at..])
-        }
-        _ => text.to_owned(),
+    let Some(at) = text.rfind('@') else {
+        return text.to_owned();
+    };
+    let start = text.find("://").map_or(0, |scheme| scheme + 3);
+    if at < start {
+        return text.to_owned();
     }
+    format!("{}***{}", &text[..start], &text[at..])
 }
 
 impl TryFrom<String> for RedisAddress {
@@ -257,6 +260,20 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(error.contains(expected), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn credentials_are_redacted_with_a_scheme_or_without() {
+        let cases = [
+            ("redis://admin:s3cret@redis:6379", "redis://***@redis:6379"),
+            ("admin:s3cret@redis:6379", "***@redis:6379"),
+            ("amqp://u:p@w@broker/vh", "amqp://***@broker/vh"),
+            ("redis://redis:6379", "redis://redis:6379"),
+            ("localhost", "localhost"),
+        ];
+        for (text, redacted) in cases {
+            assert_eq!(redact(text), redacted, "{text}");
         }
     }
 
