@@ -17,7 +17,7 @@
 //! 7. write the status when it changed.
 
 use crate::agent_client::{self, AgentControl, Keys};
-use crate::crd::{reasons, Composition};
+use crate::crd::{reasons, Composition, Stored, Undecodable};
 use crate::declarations;
 use crate::desired::{self, Owner, Settings};
 use crate::halt::{self, Decision, Observation, Record, Report, Step};
@@ -87,7 +87,7 @@ pub struct Context {
     /// The clock, injected so tests fix the time.
     pub now: fn() -> Timestamp,
     /// Failures in a row per Composition, for the backoff.
-    failures: Mutex<HashMap<ObjectRef<Composition>, u32>>,
+    failures: Mutex<HashMap<ObjectRef<Stored>, u32>>,
     /// One writer at a time per namespace for the shared declarations ConfigMap.
     declarations: declarations::Writers,
 }
@@ -156,7 +156,8 @@ async fn run_in(
 ) {
     let client = context.client.clone();
     let namespace = namespace.as_deref();
-    let compositions = scoped::<Composition>(&client, namespace);
+    // Each decoded on its own ([`Stored`]): one that cannot be fails neither list nor watch.
+    let compositions = scoped::<Stored>(&client, namespace);
     // Reconcile everything when this replica becomes the leader: it skipped them until now.
     let mut leader = context.leader.clone();
     let became_leader = async_stream_leader(&mut leader);
@@ -174,8 +175,8 @@ async fn run_in(
         .reflect(writer)
         .applied_objects()
         .predicate_filter(
-            (predicates::generation as fn(&Composition) -> Option<u64>)
-                .combine(predicates::annotations as fn(&Composition) -> Option<u64>),
+            (predicates::generation as fn(&Stored) -> Option<u64>)
+                .combine(predicates::annotations as fn(&Stored) -> Option<u64>),
             Default::default(),
         );
     Controller::for_stream(changes, store)
@@ -245,7 +246,7 @@ fn key_changes(
 }
 
 /// Backs off per Composition: 5 s, 10 s, 20 s … up to 5 min, reset by a success.
-pub fn error_policy(composition: Arc<Composition>, error: &Error, context: Arc<Context>) -> Action {
+pub fn error_policy(composition: Arc<Stored>, error: &Error, context: Arc<Context>) -> Action {
     context.metrics.error(error.metric_label());
     let key = ObjectRef::from_obj(composition.as_ref());
     let mut failures = context.failures.lock().unwrap_or_else(|e| e.into_inner());
@@ -264,24 +265,44 @@ pub fn error_policy(composition: Arc<Composition>, error: &Error, context: Arc<C
     Action::requeue(delay)
 }
 
-/// Brings one Composition's objects, halt and status in line with its spec.
-pub async fn reconcile(
-    composition: Arc<Composition>,
-    context: Arc<Context>,
-) -> Result<Action, Error> {
+/// Brings one Composition's objects, halt and status in line with its spec; one whose spec
+/// cannot be decoded only has its status say so.
+pub async fn reconcile(stored: Arc<Stored>, context: Arc<Context>) -> Result<Action, Error> {
+    let key = ObjectRef::from_obj(stored.as_ref());
     if !*context.leader.borrow() {
-        tracing::debug!(composition = %ObjectRef::from_obj(composition.as_ref()), "not the leader: skipped");
+        tracing::debug!(composition = %key, "not the leader: skipped");
         return Ok(Action::requeue(NOT_LEADER));
     }
     let _measure = context.metrics.reconcile();
-    let action = reconcile_inner(&composition, &context).await?;
-    tracing::debug!(composition = %ObjectRef::from_obj(composition.as_ref()), "reconciled");
+    let action = match stored.decode() {
+        Ok(composition) => reconcile_inner(&composition, &context).await?,
+        Err(undecodable) => refuse_undecodable(&stored, &context, &undecodable).await?,
+    };
+    tracing::debug!(composition = %key, "reconciled");
     context
         .failures
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .remove(&ObjectRef::from_obj(composition.as_ref()));
+        .remove(&key);
     Ok(action)
+}
+
+/// A Composition whose spec cannot be decoded: `InvalidSpec` saying why, in its status (which
+/// the patch's answer, a [`Stored`], can carry), and nothing else touched.
+async fn refuse_undecodable(
+    stored: &Stored,
+    context: &Context,
+    undecodable: &Undecodable,
+) -> Result<Action, Error> {
+    let name = stored.name_any();
+    let namespace = stored
+        .namespace()
+        .ok_or_else(|| desired::NotStored(name.clone()))?;
+    tracing::warn!(composition = %name, %namespace, error = %undecodable, "spec refused");
+    let compositions = Api::<Stored>::namespaced(context.client.clone(), &namespace);
+    let message = undecodable.to_string();
+    let refusal = (reasons::INVALID_SPEC, message.as_str());
+    refuse(stored, &compositions, refusal, (context.now)()).await
 }
 
 /// The reconcile proper, on the leader: steps 2 to 7 of the module's list.
@@ -291,13 +312,13 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
         .namespace()
         .ok_or_else(|| desired::NotStored(name.clone()))?;
     let client = &context.client;
-    let compositions = Api::<Composition>::namespaced(client.clone(), &namespace);
+    let compositions = Api::<Stored>::namespaced(client.clone(), &namespace);
     let now = (context.now)();
     let valid = match validate(&composition.spec) {
         Ok(valid) => valid,
         Err(invalid) => {
             let refusal = (reasons::INVALID_SPEC, invalid.0.as_str());
-            return refuse(composition, &compositions, refusal, now).await;
+            return refuse(&Stored::from(composition), &compositions, refusal, now).await;
         }
     };
     let owner = Owner::of(composition)?;
@@ -332,7 +353,8 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
         pods: &pods,
         now,
     };
-    let status = write_status(&compositions, composition, &observed).await?;
+    let written = (composition.name_any(), composition.status.as_ref());
+    let status = write_status(&compositions, written, &observed).await?;
     Ok(next(&decision, &status, now))
 }
 
@@ -342,14 +364,14 @@ async fn report_conflict<T>(
     configured: Result<T, Error>,
     context: &Context,
     composition: &Composition,
-    compositions: &Api<Composition>,
+    compositions: &Api<Stored>,
     now: Timestamp,
 ) -> Result<T, Error> {
     let Err(Error::Conflict(message)) = configured else {
         return configured;
     };
     let refusal = (reasons::CONFLICT, message.as_str());
-    refuse(composition, compositions, refusal, now).await?;
+    refuse(&Stored::from(composition), compositions, refusal, now).await?;
     let event = (EventType::Warning, reasons::CONFLICT, "Reconcile");
     publish(context, composition, event, message.clone()).await;
     Err(Error::Conflict(message))
@@ -382,8 +404,8 @@ fn deployment(
 /// A spec refused at reconcile time: its status says so, and what runs is left as it was (no
 /// apply, no halt step).
 async fn refuse(
-    composition: &Composition,
-    compositions: &Api<Composition>,
+    composition: &Stored,
+    compositions: &Api<Stored>,
     (reason, message): (&'static str, &str),
     now: Timestamp,
 ) -> Result<Action, Error> {
@@ -392,25 +414,27 @@ async fn refuse(
         invalid: Some((reason, message)),
         rollout: None,
         refused: None,
-        replicas: composition.spec.replicas,
+        // A refused spec's conditions say nothing of replicas.
+        replicas: 0,
         halt: None,
         pods: &[],
         now,
     };
-    write_status(compositions, composition, &observed).await?;
+    let written = (composition.name_any(), composition.status());
+    write_status(compositions, written, &observed).await?;
     Ok(Action::requeue(RESYNC))
 }
 
-/// The status `observed` makes of the Composition's, written when it changed.
+/// The status `observed` makes of the Composition's (its name, and its status as read), written
+/// when it changed.
 async fn write_status(
-    compositions: &Api<Composition>,
-    composition: &Composition,
+    compositions: &Api<Stored>,
+    (name, previous): (String, Option<&CompositionStatus>),
     observed: &Observed<'_>,
 ) -> Result<CompositionStatus, Error> {
-    let previous = composition.status.as_ref();
     let status = status::status(observed, previous);
     if status::changed(previous, &status) {
-        kube_io::patch_status(compositions, &composition.name_any(), &status).await?;
+        kube_io::patch_status(compositions, &name, &status).await?;
     }
     Ok(status)
 }
@@ -513,7 +537,7 @@ async fn reports(context: &Context, pods: &[Seen], keys: &Keys) -> Vec<halt::Pod
 struct Halting<'a> {
     context: &'a Context,
     composition: &'a Composition,
-    compositions: &'a Api<Composition>,
+    compositions: &'a Api<Stored>,
     pods: &'a [Seen],
     keys: &'a Keys,
 }

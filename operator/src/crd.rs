@@ -17,6 +17,9 @@ use serde_json::{Map, Value};
 /// The context annotations the spec embeds: toa-context owns them, with their schema.
 pub use toa_context::spec::{AddressedSpec, AtomicitySpec, ContextSpec, LimitsSpec};
 
+mod stored;
+pub use stored::{Stored, Undecodable};
+
 /// Condition types written to `status.conditions`.
 pub mod conditions {
     /// Whether the composition runs as its spec says; `False` with [`super::reasons`] otherwise.

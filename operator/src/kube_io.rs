@@ -4,7 +4,7 @@
 //! operator does not read, by a JSON Patch that tests its owner, [`write_own_secret`]), the
 //! composition's pods, the halt annotation and the status subresource.
 
-use crate::crd::{Composition, CompositionStatus};
+use crate::crd::{CompositionStatus, Stored};
 use crate::halt::{Record, ANNOTATION};
 use crate::names::{pod_selector, MANAGER};
 use crate::observed::ownership;
@@ -108,7 +108,7 @@ pub async fn pods(api: &Api<Pod>, composition: &str) -> Result<Vec<Seen>, kube::
 
 /// Writes the halt record into the annotation, or removes it.
 pub async fn record_halt(
-    api: &Api<Composition>,
+    api: &Api<Stored>,
     name: &str,
     record: Option<&Record>,
 ) -> Result<(), kube::Error> {
@@ -121,7 +121,7 @@ pub async fn record_halt(
 
 /// Replaces `status` (a merge patch of the status subresource; the conditions are written whole).
 pub async fn patch_status(
-    api: &Api<Composition>,
+    api: &Api<Stored>,
     name: &str,
     status: &CompositionStatus,
 ) -> Result<(), kube::Error> {

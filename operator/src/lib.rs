@@ -5,7 +5,7 @@
 //! - [`names`]: the operator's vocabulary: names, labels, annotations, containers and mount paths
 //!   of the objects it applies;
 //! - [`crd`]: the `Composition` resource, its status and condition names; the CRD is generated
-//!   from it;
+//!   from it; [`crd::Stored`] is a Composition as watched, each decoded on its own;
 //! - [`validate`]: the reconcile-time check of a spec (the schema's checks again, plus what a
 //!   schema cannot say), into the settings the pods receive;
 //! - [`manifest`]: component manifests (`manifest.toa.yaml`) and component names;

@@ -235,6 +235,12 @@ fn not_found() -> Value {
            "reason": "NotFound", "message": "not found"})
 }
 
+/// `composition` as the controller receives it: through its JSON, as the API server sends it.
+fn held(composition: &Composition) -> Arc<Stored> {
+    let json = serde_json::to_string(composition).unwrap();
+    Arc::new(serde_json::from_str(&json).unwrap())
+}
+
 fn composition(spec: CompositionSpec) -> Arc<Composition> {
     Arc::new(Composition::test(spec))
 }
@@ -382,7 +388,7 @@ async fn an_invalid_spec_writes_ready_false_and_touches_nothing_else() {
     let (context, mut handle) = context(Arc::default(), true);
     let spec = CompositionSpec::test().with_redis(&["redis://a:6379", "redis://b:6379"]);
     let composition = composition(spec);
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     let body = status_written(&mut handle, &composition).await;
     let ready = condition(&body, conditions::READY);
     assert_eq!(ready["status"], "False");
@@ -393,6 +399,36 @@ async fn an_invalid_spec_writes_ready_false_and_touches_nothing_else() {
     );
     assert_eq!(ready["observedGeneration"], 1);
     assert_eq!(body["status"]["observedGeneration"], 1);
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(RESYNC));
+    expect_nothing_more(handle, context).await;
+}
+
+/// A stored Composition whose configuration nests 200 levels (the API server keeps it): its
+/// status says why it cannot be read, the patch's answer (the whole object again) is read, and
+/// nothing else is touched.
+#[tokio::test]
+async fn a_spec_too_deep_to_decode_is_refused_on_its_own_status() {
+    let (context, mut handle) = context(Arc::default(), true);
+    let mut poison = serde_json::to_value(Composition::test(CompositionSpec::test())).unwrap();
+    let deep = (0..200).fold(json!({}), |inner, _| json!({ "a": inner }));
+    poison["spec"]["components"][0]["configuration"] = deep;
+    // As the API server sends it: text, read as `Stored` (a `Composition` would not decode).
+    let held: Arc<Stored> = Arc::new(serde_json::from_str(&poison.to_string()).unwrap());
+    let task = tokio::spawn(reconcile(held, context.clone()));
+    let path = format!("{COMPOSITIONS}/status");
+    let answer = poison.clone();
+    let (_, body) = expect(&mut handle, "PATCH", &path, move |_| {
+        (StatusCode::OK, answer)
+    })
+    .await;
+    let ready = condition(&body, conditions::READY);
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], reasons::INVALID_SPEC);
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("the spec cannot be read: recursion limit exceeded"),
+        "{message}"
+    );
     assert_eq!(task.await.unwrap().unwrap(), Action::requeue(RESYNC));
     expect_nothing_more(handle, context).await;
 }
@@ -418,7 +454,7 @@ async fn an_invalid_spec_whose_status_is_written_makes_no_request() {
         },
         None,
     ));
-    let action = reconcile(Arc::new(stored), context.clone()).await.unwrap();
+    let action = reconcile(held(&stored), context.clone()).await.unwrap();
     assert_eq!(action, Action::requeue(RESYNC));
     expect_nothing_more(handle, context).await;
 }
@@ -427,7 +463,7 @@ async fn an_invalid_spec_whose_status_is_written_makes_no_request() {
 async fn a_valid_spec_applies_configmap_secret_deployment_then_status() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     up_to_pods(&mut handle, json!([])).await;
     let (query, deployment) = apply_deployment(&mut handle, json!({})).await;
     assert!(query.contains("fieldManager=toa-operator"), "{query}");
@@ -453,7 +489,7 @@ async fn a_valid_spec_applies_configmap_secret_deployment_then_status() {
 async fn a_rolled_out_deployment_is_ready() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     up_to_pods(&mut handle, json!([])).await;
     apply_deployment(&mut handle, rolled_out(2)).await;
     let status = status_written(&mut handle, &composition).await;
@@ -478,7 +514,7 @@ async fn a_requested_halt_is_recorded_on_the_composition() {
     let mut spec = CompositionSpec::test();
     spec.halted = true;
     let composition = composition(spec);
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     up_to_pods(&mut handle, json!([pod("shop-a", "10.0.0.7")])).await;
     let (_, patch) = expect(&mut handle, "PATCH", COMPOSITIONS, stored(&composition)).await;
     let expected = format!("h{}@2027-01-15T08:00:00Z", now().as_millisecond());
@@ -508,7 +544,7 @@ async fn a_recorded_halt_tells_running_pods_to_halt_with_the_token() {
     });
     let (context, mut handle) = context(agents.clone(), true);
     let composition = halting("h1@2027-01-15T07:59:50Z");
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     // Two pods; the second one's agent does not answer.
     up_to_pods(
         &mut handle,
@@ -539,7 +575,7 @@ async fn a_recorded_halt_tells_running_pods_to_halt_with_the_token() {
 #[tokio::test]
 async fn a_replica_without_the_lease_makes_no_request() {
     let (context, handle) = context(Arc::default(), false);
-    let action = reconcile(composition(CompositionSpec::test()), context.clone())
+    let action = reconcile(held(&composition(CompositionSpec::test())), context.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::requeue(NOT_LEADER));
@@ -552,7 +588,7 @@ async fn failures_back_off_doubling_up_to_five_minutes() {
     let composition = composition(CompositionSpec::test());
     let error = Error::NotStored(desired::NotStored("shop".into()));
     let delays: Vec<_> = (0..8)
-        .map(|_| error_policy(composition.clone(), &error, context.clone()))
+        .map(|_| error_policy(held(&composition), &error, context.clone()))
         .collect();
     let expected: Vec<_> = [5, 10, 20, 40, 80, 160, 300, 300]
         .map(|s| Action::requeue(Duration::from_secs(s)))
@@ -604,7 +640,7 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
             conditions: vec![],
         });
         let composition = Arc::new(stored);
-        let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+        let task = tokio::spawn(reconcile(held(&composition), context.clone()));
         deployment_read(&mut handle, None).await;
         absent(
             &mut handle,
@@ -652,7 +688,7 @@ async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
     });
     let (context, mut handle) = context(agents.clone(), true);
     let composition = halting("h1@2027-01-15T07:59:50Z");
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     up_to_pods(
         &mut handle,
         json!([
@@ -688,7 +724,7 @@ async fn an_evicted_pod_is_not_asked_and_does_not_hold_a_halt_back() {
 async fn a_secret_the_composition_does_not_own_is_not_changed() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     deployment_read(&mut handle, None).await;
     config_maps(&mut handle).await;
     let (_, body) = expect(&mut handle, "PATCH", SECRET, |_| {
@@ -716,7 +752,7 @@ async fn a_secret_the_composition_does_not_own_is_not_changed() {
 async fn a_missing_secret_is_created_owned_by_the_composition() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     deployment_read(&mut handle, None).await;
     config_maps(&mut handle).await;
     expect(&mut handle, "PATCH", SECRET, |_| {
@@ -743,7 +779,7 @@ async fn a_missing_secret_is_created_owned_by_the_composition() {
 async fn a_foreign_object_under_a_derived_name_is_not_changed() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     deployment_read(&mut handle, None).await;
     let users = json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "shop-components", "namespace": "shop",
@@ -770,7 +806,7 @@ async fn a_foreign_object_under_a_derived_name_is_not_changed() {
 async fn a_deployment_another_object_controls_is_not_taken_over() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     let mut theirs = existing_deployment(Some(&"ab".repeat(32)), true);
     theirs["metadata"]["ownerReferences"][0]["uid"] = json!("another-uid");
     theirs["metadata"]["ownerReferences"][0]["kind"] = json!("Application");
@@ -793,7 +829,7 @@ async fn during_a_rotation_the_secret_holds_the_new_and_the_previous_token() {
     let rotating = KeyRing::new(&[8u8; 32], Some(&[7u8; 32]));
     let (context, mut handle) = context_with(Arc::default(), true, Some(rotating.clone()));
     let composition = composition(CompositionSpec::test());
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     deployment_read(&mut handle, None).await;
     config_maps(&mut handle).await;
     let data = secret_written(&mut handle).await;
@@ -807,7 +843,7 @@ async fn during_a_rotation_the_secret_holds_the_new_and_the_previous_token() {
 #[tokio::test]
 async fn without_the_operators_key_nothing_is_written() {
     let (context, handle) = context_with(Arc::default(), true, None);
-    let result = reconcile(composition(CompositionSpec::test()), context.clone()).await;
+    let result = reconcile(held(&composition(CompositionSpec::test())), context.clone()).await;
     assert!(matches!(result, Err(Error::NoKey)), "{result:?}");
     expect_nothing_more(handle, context).await;
 }
@@ -818,7 +854,7 @@ async fn without_the_operators_key_nothing_is_written() {
 async fn a_deployments_drain_key_is_kept() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
-    let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     let key = "0123456789abcdef".repeat(4);
     deployment_read(&mut handle, Some(existing_deployment(Some(&key), true))).await;
     config_maps(&mut handle).await;
@@ -848,7 +884,7 @@ async fn the_tokens_wait_until_no_pod_of_an_older_template_is_left() {
     ] {
         let (context, mut handle) = context(Arc::default(), true);
         let composition = composition(CompositionSpec::test());
-        let task = tokio::spawn(reconcile(composition.clone(), context.clone()));
+        let task = tokio::spawn(reconcile(held(&composition), context.clone()));
         let upgraded = existing["metadata"]["annotations"].is_null();
         deployment_read(&mut handle, Some(existing)).await;
         config_maps(&mut handle).await;

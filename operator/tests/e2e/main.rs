@@ -28,7 +28,8 @@
 //! intent: [`deploy`] (a Composition deployed, or refused by the operator), [`admission`] (what
 //! the API server refuses: the CEL rule, Pod Security, a pod refused by admission), [`halt`],
 //! [`rollout`], [`atomicity`], [`pods`] (pods in trouble), [`leader`] (two replicas), [`image`]
-//! (the operator's own image) and [`deletion`]; [`support`] holds the suite's shared parts and the
+//! (the operator's own image), [`deletion`], [`ownership`] (names the operator derives) and
+//! [`poison`] (a Composition it cannot decode, stored through the whole run); [`support`] holds the suite's shared parts and the
 //! helpers they share. The machinery: [`cluster`] (the control plane and the chart), [`node`],
 //! [`operator`] (the operator as a process), [`harness`], [`services`] (a Redis and a RabbitMQ of
 //! the suite's own) and [`wait`].
@@ -47,6 +48,7 @@ mod node;
 mod operator;
 mod ownership;
 mod pods;
+mod poison;
 mod rollout;
 mod services;
 mod support;
@@ -74,12 +76,13 @@ async fn end_to_end() {
 }
 
 /// The scenarios that run on the floor of the supported range as well: the CRD and what the API
-/// server refuses, a deploy and a halt.
-const ON_THE_FLOOR: [&str; 6] = [
+/// server refuses or stores (the poison), a deploy and a halt.
+const ON_THE_FLOOR: [&str; 7] = [
     "the_crd_installs_without_a_warning",
     "two_addresses_are_refused_at_admission",
     "pod_security_admits_what_the_operator_and_chart_make",
     "pods_refused_at_admission_are_degraded",
+    "a_composition_that_cannot_be_decoded_is_refused_on_itself",
     "ready",
     "halt_quiet_then_unhalt",
 ];
@@ -208,6 +211,11 @@ fn batches() -> Vec<Vec<(&'static str, Scenario)>> {
         ("pods_refused_at_admission_are_degraded", |s| {
             Box::pin(admission::pods_refused_at_admission_are_degraded(s))
         }),
+        // First, so that every later scenario runs with it stored.
+        (
+            "a_composition_that_cannot_be_decoded_is_refused_on_itself",
+            |s| Box::pin(poison::a_composition_that_cannot_be_decoded_is_refused_on_itself(s)),
+        ),
     ];
     let concurrent: Vec<(&str, Scenario)> = vec![
         ("ready", |s| Box::pin(deploy::ready(s))),
@@ -315,7 +323,10 @@ async fn after_all(suite: &Suite) -> Vec<String> {
     // resync (5 min) or while something is pending (every 5 s). One pass over every composition
     // is no loop: the operator restarted by the last scenarios reconciles them all once when it
     // becomes the leader, which may fall in this window. More than two per composition is.
-    let compositions = kube::Api::<toa_operator::Composition>::all(suite.admin.clone())
+    if let Err(error) = poison::still_refused(suite).await {
+        failures.push(format!("the poison at the end: {error}"));
+    }
+    let compositions = kube::Api::<toa_operator::crd::Stored>::all(suite.admin.clone())
         .list(&Default::default())
         .await
         .map_or(0, |list| list.items.len() as u64);
