@@ -7,7 +7,8 @@ it ships for the floor and the newest supported release, and checks what the cha
 Deployment runs `toa-operator run` with the agent image, two replicas, as non-root on a read-only
 root; RBAC grants no wildcards; the Lease is granted by a namespaced Role only; Helm itself
 (scripts/helm, the real command: the library does not check it) installs the chart on 1.33 and
-later only, providers' suffixed versions included.
+later only, providers' suffixed versions included; the aggregated roles for people render as
+configured.
 
 Needs: python3 -m pip install helm-python-sdk kubernetes-validate; scripts/helm build
 Prints `N passed, 0 failed` at the end and exits 1 when anything failed.
@@ -31,6 +32,7 @@ NAMESPACE = "toa-system"
 # The supported range's ends (docs/testing.md): the floor and the newest release tested.
 KUBE_VERSIONS = ["1.33.0", "1.37.0"]
 HELM = CHART.parent.parent / "scripts" / "helm"
+CRD = yaml.safe_load((CHART.parent.parent / "crds" / "composition.yaml").read_text())
 
 results = {"passed": 0, "failed": 0}
 
@@ -105,6 +107,14 @@ WATCHED = ["shop", "billing"]
 NAMESPACED = render({"watchNamespaces": WATCHED})
 
 
+def operator_role(objects):
+    """The operator's own ClusterRole (the release's full name), not the aggregated ones."""
+    found = [o for o in objects
+             if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "toa-toa-operator"]
+    assert len(found) == 1, f"expected the ClusterRole toa-toa-operator, got {len(found)}"
+    return found[0]
+
+
 def named(objects, kind, suffix):
     found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(suffix)]
     assert len(found) == 1, f"expected one {kind} named *{suffix}, got {len(found)}"
@@ -158,6 +168,8 @@ def _():
     kinds = sorted(o["kind"] for o in DEFAULT)
     assert kinds == sorted(
         [
+            "ClusterRole",
+            "ClusterRole",
             "ClusterRole",
             "ClusterRoleBinding",
             "Deployment",
@@ -273,7 +285,7 @@ def _():
 
 @check("RBAC grants no wildcard verbs, resources or groups")
 def _():
-    for objects in (DEFAULT, SINGLE):
+    for objects in (DEFAULT, SINGLE, NAMESPACED):
         for role in (o for o in objects if o["kind"] in ("ClusterRole", "Role")):
             for rule in role["rules"]:
                 for key in ("verbs", "resources", "apiGroups"):
@@ -283,7 +295,7 @@ def _():
 
 @check("the ClusterRole grants what the controller uses and never delete")
 def _():
-    granted = grants(one(DEFAULT, "ClusterRole"))
+    granted = grants(operator_role(DEFAULT))
     needed = {
         ("toa.io", "compositions", "list"),
         ("toa.io", "compositions", "watch"),
@@ -343,11 +355,16 @@ def _():
     assert custom["rules"][0]["resourceNames"] == ["op-key"], custom
 
 
-@check("watchNamespaces: a Role and RoleBinding per namespace, nothing cluster-wide")
+@check("watchNamespaces: a Role and RoleBinding per namespace, no cluster-wide grant")
 def _():
     kinds = [o["kind"] for o in NAMESPACED]
-    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds, kinds
-    cluster = grants(one(DEFAULT, "ClusterRole"))
+    assert "ClusterRoleBinding" not in kinds, kinds
+    # The only ClusterRoles are the aggregated ones for people, which nothing here binds.
+    cluster_roles = [o["metadata"]["name"] for o in NAMESPACED if o["kind"] == "ClusterRole"]
+    assert sorted(cluster_roles) == [
+        "toa-toa-operator-composition-edit", "toa-toa-operator-composition-view"
+    ], cluster_roles
+    cluster = grants(operator_role(DEFAULT))
     roles = [o for o in NAMESPACED
              if o["kind"] == "Role" and o["metadata"]["namespace"] in WATCHED]
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(WATCHED), roles
@@ -395,7 +412,7 @@ def _():
 def _():
     binding = one(DEFAULT, "ClusterRoleBinding")
     assert binding["roleRef"]["kind"] == "ClusterRole", binding["roleRef"]
-    assert binding["roleRef"]["name"] == one(DEFAULT, "ClusterRole")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == operator_role(DEFAULT)["metadata"]["name"]
     account = one(DEFAULT, "ServiceAccount")["metadata"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}
@@ -437,6 +454,51 @@ def _():
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "custom"
     assert one(objects, "ServiceAccount")["metadata"]["name"] == "custom"
     validate(objects)
+
+
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+@check("aggregated roles: edit (into edit and admin) writes Compositions, view reads them")
+def _():
+    edit = named(DEFAULT, "ClusterRole", "-composition-edit")
+    view = named(DEFAULT, "ClusterRole", "-composition-view")
+    assert edit["metadata"]["name"] == "toa-toa-operator-composition-edit", edit["metadata"]
+    assert view["metadata"]["name"] == "toa-toa-operator-composition-view", view["metadata"]
+
+    def aggregates(role):
+        return sorted(k[len(AGGREGATE):] for k, v in role["metadata"]["labels"].items()
+                      if k.startswith(AGGREGATE) and v == "true")
+
+    assert aggregates(edit) == ["admin", "edit"], edit["metadata"]["labels"]
+    assert aggregates(view) == ["view"], view["metadata"]["labels"]
+    group = CRD["spec"]["group"]
+    plural = CRD["spec"]["names"]["plural"]
+    assert grants(edit) == {
+        (group, plural, verb)
+        for verb in ("get", "list", "watch", "create", "update", "patch", "delete")
+    }, grants(edit)
+    assert grants(view) == {
+        (group, resource, verb)
+        for resource in (plural, f"{plural}/status")
+        for verb in ("get", "list", "watch")
+    }, grants(view)
+    # People never write the status (the operator's) and get no Secret through these.
+    for role in (edit, view):
+        for _, resource, verb in grants(role):
+            assert resource != "secrets", role
+            assert resource != f"{plural}/status" or verb in ("get", "list", "watch"), role
+    # Nothing binds them but the built-in roles' aggregation.
+    for objects in (DEFAULT, NAMESPACED):
+        bound = {o["roleRef"]["name"] for o in objects if o["kind"].endswith("Binding")}
+        assert not bound & {edit["metadata"]["name"], view["metadata"]["name"]}, bound
+
+
+@check("aggregatedRoles.enabled=false: no role for people")
+def _():
+    objects = render({"aggregatedRoles": {"enabled": False}})
+    names = [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"]
+    assert names == ["toa-toa-operator"], names
 
 
 def helm_template(kube_version):
