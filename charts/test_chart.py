@@ -7,7 +7,15 @@ it ships for the floor and the newest supported release, and checks what the cha
 Deployment runs `toa-operator run` with the agent image, two replicas, as non-root on a read-only
 root; RBAC grants no wildcards; the Lease is granted by a namespaced Role only; Helm itself
 (scripts/helm, the real command: the library does not check it) installs the chart on 1.33 and
-later only, providers' suffixed versions included.
+later only, providers' suffixed versions included; the aggregated roles for people and the
+admission policy render as configured, the policy only where the API server offers it.
+
+helm-python-sdk's render cannot fake the server's API versions: its default capabilities list
+groups and versions but no kinds, so `.Capabilities.APIVersions.Has
+"admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"` is false there and the policy is never
+rendered (the library's C layer takes `api_versions`; Chart.render does not pass them on). What a
+server offering it renders is taken from the real `helm template --api-versions` (scripts/helm), as
+a user without a cluster runs it; charts/test_admission.py checks a real server's own answer.
 
 Needs: python3 -m pip install helm-python-sdk kubernetes-validate; scripts/helm build
 Prints `N passed, 0 failed` at the end and exits 1 when anything failed.
@@ -18,6 +26,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -31,6 +40,9 @@ NAMESPACE = "toa-system"
 # The supported range's ends (docs/testing.md): the floor and the newest release tested.
 KUBE_VERSIONS = ["1.33.0", "1.37.0"]
 HELM = CHART.parent.parent / "scripts" / "helm"
+CRD = yaml.safe_load((CHART.parent.parent / "crds" / "composition.yaml").read_text())
+# What an API server offering the admission policy reports (discovery), as `--api-versions`.
+POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 
 results = {"passed": 0, "failed": 0}
 
@@ -65,6 +77,22 @@ def render(values=None):
             if document:
                 objects.append(document)
     return objects
+
+
+def helm_render(values=None, api_versions=(POLICY_API,)):
+    """The objects the real `helm template` renders with `values`, the server offering
+    `api_versions` (beside Helm's default ones); NOTES.txt is not rendered by it."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+        json.dump(values or {}, file)
+        file.flush()
+        run = subprocess.run(
+            [str(HELM), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", file.name]
+            + [f"--api-versions={api}" for api in api_versions],
+            capture_output=True, text=True, check=False,
+        )
+    if run.returncode != 0:
+        raise helm.HelmError(run.stderr)
+    return [document for document in yaml.safe_load_all(run.stdout) if document]
 
 
 def one(objects, kind):
@@ -103,6 +131,16 @@ DEFAULT = render()
 SINGLE = render({"leaderElection": False, "replicas": 1})
 WATCHED = ["shop", "billing"]
 NAMESPACED = render({"watchNamespaces": WATCHED})
+# Where the API server offers ValidatingAdmissionPolicy (every supported release does).
+POLICY = helm_render()
+
+
+def operator_role(objects):
+    """The operator's own ClusterRole (the release's full name), not the aggregated ones."""
+    found = [o for o in objects
+             if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "toa-toa-operator"]
+    assert len(found) == 1, f"expected the ClusterRole toa-toa-operator, got {len(found)}"
+    return found[0]
 
 
 def named(objects, kind, suffix):
@@ -158,6 +196,8 @@ def _():
     kinds = sorted(o["kind"] for o in DEFAULT)
     assert kinds == sorted(
         [
+            "ClusterRole",
+            "ClusterRole",
             "ClusterRole",
             "ClusterRoleBinding",
             "Deployment",
@@ -273,7 +313,7 @@ def _():
 
 @check("RBAC grants no wildcard verbs, resources or groups")
 def _():
-    for objects in (DEFAULT, SINGLE):
+    for objects in (DEFAULT, SINGLE, NAMESPACED, POLICY):
         for role in (o for o in objects if o["kind"] in ("ClusterRole", "Role")):
             for rule in role["rules"]:
                 for key in ("verbs", "resources", "apiGroups"):
@@ -283,7 +323,7 @@ def _():
 
 @check("the ClusterRole grants what the controller uses and never delete")
 def _():
-    granted = grants(one(DEFAULT, "ClusterRole"))
+    granted = grants(operator_role(DEFAULT))
     needed = {
         ("toa.io", "compositions", "list"),
         ("toa.io", "compositions", "watch"),
@@ -343,11 +383,16 @@ def _():
     assert custom["rules"][0]["resourceNames"] == ["op-key"], custom
 
 
-@check("watchNamespaces: a Role and RoleBinding per namespace, nothing cluster-wide")
+@check("watchNamespaces: a Role and RoleBinding per namespace, no cluster-wide grant")
 def _():
     kinds = [o["kind"] for o in NAMESPACED]
-    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds, kinds
-    cluster = grants(one(DEFAULT, "ClusterRole"))
+    assert "ClusterRoleBinding" not in kinds, kinds
+    # The only ClusterRoles are the aggregated ones for people, which nothing here binds.
+    cluster_roles = [o["metadata"]["name"] for o in NAMESPACED if o["kind"] == "ClusterRole"]
+    assert sorted(cluster_roles) == [
+        "toa-toa-operator-composition-edit", "toa-toa-operator-composition-view"
+    ], cluster_roles
+    cluster = grants(operator_role(DEFAULT))
     roles = [o for o in NAMESPACED
              if o["kind"] == "Role" and o["metadata"]["namespace"] in WATCHED]
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(WATCHED), roles
@@ -395,7 +440,7 @@ def _():
 def _():
     binding = one(DEFAULT, "ClusterRoleBinding")
     assert binding["roleRef"]["kind"] == "ClusterRole", binding["roleRef"]
-    assert binding["roleRef"]["name"] == one(DEFAULT, "ClusterRole")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == operator_role(DEFAULT)["metadata"]["name"]
     account = one(DEFAULT, "ServiceAccount")["metadata"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}
@@ -437,6 +482,191 @@ def _():
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "custom"
     assert one(objects, "ServiceAccount")["metadata"]["name"] == "custom"
     validate(objects)
+
+
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+@check("aggregated roles: edit (into edit and admin) writes Compositions, view reads them")
+def _():
+    edit = named(DEFAULT, "ClusterRole", "-composition-edit")
+    view = named(DEFAULT, "ClusterRole", "-composition-view")
+    assert edit["metadata"]["name"] == "toa-toa-operator-composition-edit", edit["metadata"]
+    assert view["metadata"]["name"] == "toa-toa-operator-composition-view", view["metadata"]
+
+    def aggregates(role):
+        return sorted(k[len(AGGREGATE):] for k, v in role["metadata"]["labels"].items()
+                      if k.startswith(AGGREGATE) and v == "true")
+
+    assert aggregates(edit) == ["admin", "edit"], edit["metadata"]["labels"]
+    assert aggregates(view) == ["view"], view["metadata"]["labels"]
+    group = CRD["spec"]["group"]
+    plural = CRD["spec"]["names"]["plural"]
+    assert grants(edit) == {
+        (group, plural, verb)
+        for verb in ("get", "list", "watch", "create", "update", "patch", "delete")
+    }, grants(edit)
+    assert grants(view) == {
+        (group, resource, verb)
+        for resource in (plural, f"{plural}/status")
+        for verb in ("get", "list", "watch")
+    }, grants(view)
+    # People never write the status (the operator's) and get no Secret through these.
+    for role in (edit, view):
+        for _, resource, verb in grants(role):
+            assert resource != "secrets", role
+            assert resource != f"{plural}/status" or verb in ("get", "list", "watch"), role
+    # Nothing binds them but the built-in roles' aggregation.
+    for objects in (DEFAULT, NAMESPACED):
+        bound = {o["roleRef"]["name"] for o in objects if o["kind"].endswith("Binding")}
+        assert not bound & {edit["metadata"]["name"], view["metadata"]["name"]}, bound
+
+
+@check("aggregatedRoles.enabled=false: no role for people")
+def _():
+    objects = render({"aggregatedRoles": {"enabled": False}})
+    names = [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"]
+    assert names == ["toa-toa-operator"], names
+
+
+@check("the admission policy: rendered where the server offers it and admissionPolicy.enabled")
+def _():
+    policy_kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    # helm-python-sdk: no kinds among its capabilities, so never (see the docstring).
+    assert not policy_kinds & {o["kind"] for o in DEFAULT}, "rendered without the capability"
+    # The real `helm template`, offline: only when told the server offers it.
+    assert not policy_kinds & {o["kind"] for o in helm_render(api_versions=())}
+    assert sorted(o["kind"] for o in POLICY if o["kind"] in policy_kinds) == sorted(policy_kinds)
+    off = helm_render({"admissionPolicy": {"enabled": False}})
+    assert not policy_kinds & {o["kind"] for o in off}, "rendered with enabled=false"
+    # Everything else renders the same either way.
+    offline = helm_render(api_versions=())
+    assert [o for o in POLICY if o["kind"] not in policy_kinds] == offline == off
+
+
+@check("NOTES.txt warns when the admission policy was not installed")
+def _():
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render({}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        quiet = chart.render({"admissionPolicy": {"enabled": False}}, name=RELEASE,
+                             namespace=NAMESPACE, is_install=True)
+    notes = next(text for path, text in manifests.items() if path.endswith("NOTES.txt"))
+    assert "WARNING: the admission policy was NOT installed" in notes, notes
+    assert "--api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" in notes
+    notes = next(text for path, text in quiet.items() if path.endswith("NOTES.txt"))
+    assert "admission policy" not in notes.lower(), notes
+    # With the policy installed, the notes name the hosts: `helm template` renders no notes and
+    # `helm install --dry-run=client` takes no --api-versions; charts/test_admission.py reads them
+    # from `helm install --dry-run=server` against a real API server.
+
+
+@check("the admission policy: Fail, Deny, CREATE and UPDATE of the CRD's compositions, no params")
+def _():
+    policy = one(POLICY, "ValidatingAdmissionPolicy")
+    binding = one(POLICY, "ValidatingAdmissionPolicyBinding")
+    assert policy["metadata"]["name"] == "toa-toa-operator-compositions", policy["metadata"]
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail", spec
+    assert "paramKind" not in spec, spec
+    assert spec["matchConstraints"]["matchPolicy"] == "Equivalent", spec["matchConstraints"]
+    assert spec["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": [CRD["spec"]["group"]],
+        "apiVersions": [v["name"] for v in CRD["spec"]["versions"]],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": [CRD["spec"]["names"]["plural"]],
+    }], spec["matchConstraints"]
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }, binding["spec"]
+    expressions = [v["expression"] for v in spec["validations"]]
+    secret = [e for e in expressions if "authorizer" in e]
+    assert len(secret) == 1, expressions
+    assert "authorizer.group('').resource('secrets').namespace(request.namespace)" in secret[0]
+    assert ".name(variables.secretName).check('get').allowed()" in secret[0], secret
+    # A message for every refusal, and one to fall back on should the expression fail.
+    for validation in spec["validations"]:
+        assert validation["message"] and validation["messageExpression"], validation
+        assert validation["reason"] == "Forbidden", validation
+    # The spec fields left out of the update's comparison exist, and are the operating ones.
+    condition = spec["matchConditions"]
+    assert [c["name"] for c in condition] == ["reconfigures"], condition
+    properties = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for field in ("replicas", "halted", "halt"):
+        assert field in properties["properties"], field
+        assert f"'{field}'" in condition[0]["expression"], condition
+    # A CEL string literal never spans two lines (a newline in one does not compile).
+    for text in [v["expression"] for v in spec["variables"]] + expressions + [
+        v["messageExpression"] for v in spec["validations"]
+    ]:
+        for line in text.splitlines():
+            assert line.count("'") % 2 == 0, line
+
+
+def hosts(objects):
+    """The policy's allowedHosts variables: (any host, suffixes, exact hosts)."""
+    variables = {v["name"]: v["expression"]
+                 for v in one(objects, "ValidatingAdmissionPolicy")["spec"]["variables"]}
+    return (json.loads(variables["anyHost"]), json.loads(variables["hostSuffixes"]),
+            json.loads(variables["exactHosts"]))
+
+
+@check("admissionPolicy.allowedHosts: in-cluster Services by default; suffixes, exact hosts, *")
+def _():
+    assert hosts(POLICY) == (False, [".svc", ".svc.cluster.local"], []), hosts(POLICY)
+    message = next(v["messageExpression"]
+                   for v in one(POLICY, "ValidatingAdmissionPolicy")["spec"]["validations"]
+                   if "variables.refused" in v["messageExpression"])
+    assert "'*.svc, *.svc.cluster.local'" in message, message
+    assert "admissionPolicy.allowedHosts" in message, message
+    custom = helm_render({"admissionPolicy": {"allowedHosts": [
+        "*.svc", "redis.example.com", "10.0.0.7", "*.corp.example"]}})
+    assert hosts(custom) == (False, [".svc", ".corp.example"], ["redis.example.com", "10.0.0.7"])
+    assert hosts(helm_render({"admissionPolicy": {"allowedHosts": ["*"]}})) == (True, [], [])
+    assert hosts(helm_render({"admissionPolicy": {"allowedHosts": []}})) == (False, [], [])
+    validate(custom)
+
+
+@check("admissionPolicy.allowedHosts: an entry that is no host nor suffix is refused by name")
+def _():
+    for entry in ["*evil.com", "Redis.svc", "redis://redis.svc", "a b", "", "*.", "host:6379",
+                  "x'.svc", "*.*.svc", "[::1]"]:
+        try:
+            helm_render({"admissionPolicy": {"allowedHosts": [entry]}})
+        except helm.HelmError as error:
+            assert "admissionPolicy.allowedHosts" in str(error), error
+            assert json.dumps(entry) in str(error), (entry, str(error))
+        else:
+            raise AssertionError(f"rendered with allowedHosts [{entry!r}]")
+    try:
+        helm_render({"admissionPolicy": {"allowedHosts": [5]}})
+    except helm.HelmError as error:
+        assert "is not a string" in str(error), error
+    else:
+        raise AssertionError("rendered with allowedHosts [5]")
+    # Checked where the policy is not installed too (the library: no capability).
+    try:
+        render({"admissionPolicy": {"allowedHosts": ["Redis.svc"]}})
+    except helm.HelmError as error:
+        assert '"Redis.svc"' in str(error), error
+    else:
+        raise AssertionError("rendered allowedHosts [Redis.svc] without the capability")
+
+
+@check("the admission policy's binding: scoped to watchNamespaces when they are listed")
+def _():
+    binding = one(helm_render({"watchNamespaces": WATCHED}), "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["matchResources"] == {"namespaceSelector": {"matchExpressions": [{
+        "key": "kubernetes.io/metadata.name", "operator": "In", "values": WATCHED,
+    }]}}, binding["spec"]
+    assert "matchResources" not in one(POLICY, "ValidatingAdmissionPolicyBinding")["spec"]
+
+
+@check("every object rendered with the admission policy is valid Kubernetes, and lints")
+def _():
+    validate(POLICY)
+    validate(helm_render({"watchNamespaces": WATCHED}))
+    lint({"admissionPolicy": {"allowedHosts": ["*", "redis.example.com"]}})
 
 
 def helm_template(kube_version):

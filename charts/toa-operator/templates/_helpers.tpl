@@ -87,3 +87,10 @@ records events. Reading the server version needs no grant. */}}
 {{- define "toa-operator.keySecret" -}}
 {{- default (printf "%s-key" (include "toa-operator.fullname" .)) .Values.keySecret }}
 {{- end }}
+
+{{/* "true" where the API server offers admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy
+(every supported release; an offline `helm template` says so only with `--api-versions
+admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy`), else empty. */}}
+{{- define "toa-operator.admissionPolicyOffered" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" }}true{{ end }}
+{{- end }}
