@@ -94,9 +94,8 @@ pub fn configure(
             )),
         };
     };
-    let validator = jsonschema::validator_for(schema).map_err(|error| {
-        format!("{name}: `configuration` in the manifest is not a valid JSON Schema: {error}")
-    })?;
+    let validator = crate::schema::compile(schema)
+        .map_err(|error| format!("{name}: `configuration` in the manifest: {error}"))?;
     let mut value = given.cloned().unwrap_or_else(|| Value::Object(Map::new()));
     fill_defaults(schema, &mut value);
     let secret_at = placeholders(&value);

@@ -10,6 +10,7 @@
 //! - [`credentials`]: secrets read from the environment or from mounted files, never printed;
 //! - [`manifest`]: a component's manifest;
 //! - [`configuration`]: a component's configuration, its manifest's schema and the context's values;
+//! - [`schema`]: the JSON Schemas users declare, compiled within bounds of size, depth and regex;
 //! - [`placeholders`]: secrets in a configuration (`$NAME`), whose values it never holds;
 //! - [`control`]: the operator↔agent contract: ports, paths, the control status, and the
 //!   credentials both derive from a pod's control token;
@@ -29,6 +30,7 @@ pub mod environment;
 pub mod manifest;
 pub mod placeholders;
 pub mod program;
+pub mod schema;
 pub mod spec;
 
 pub use address::{AmqpAddress, RedisAddress};

@@ -149,9 +149,7 @@ impl Manifest {
     fn validate(&self) -> Result<(), String> {
         self.validate_names()?;
         if let Some(schema) = &self.configuration {
-            jsonschema::validator_for(schema).map_err(|error| {
-                format!("`configuration`: expected a JSON Schema with defaults: {error}")
-            })?;
+            crate::schema::compile(schema).map_err(|error| format!("`configuration`: {error}"))?;
         }
         self.validate_program()?;
         self.validate_operations()?;
@@ -211,6 +209,8 @@ impl Manifest {
                 if !schema.is_object() && !schema.is_boolean() {
                     return Err(format!("`operations.{name}.input`: expected a JSON Schema (an object), got {schema}"));
                 }
+                crate::schema::compile(schema)
+                    .map_err(|error| format!("`operations.{name}.input`: {error}"))?;
             }
         }
         Ok(())
@@ -265,6 +265,25 @@ pulses:
         assert_eq!(manifest.pulses["appraise"], 1000);
         assert!(manifest.state.is_some(), "`state: ~` declares state");
         assert!(Manifest::parse("name: c\n", "m").unwrap().state.is_none());
+    }
+
+    #[test]
+    fn declared_schemas_are_held_to_the_bounds_naming_the_field() {
+        let deep = (0..16).fold("{ type: string }".to_owned(), |inner, _| {
+            format!("{{ properties: {{ a: {inner} }} }}")
+        });
+        let yaml = format!("name: c\noperations:\n  echo:\n    input: {deep}\n");
+        let error = Manifest::parse(&yaml, "m.yaml").unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "m.yaml: `operations.echo.input`: the schema nests deeper than 32 levels"
+        );
+        let yaml = "name: c\nconfiguration: { pattern: '\\w{12000}' }\n";
+        let error = Manifest::parse(yaml, "m.yaml").unwrap_err().to_string();
+        assert!(
+            error.starts_with("m.yaml: `configuration`: not a valid JSON Schema:"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -29,7 +29,8 @@ use crate::observed::ownership;
 use crate::observed::pods::Seen;
 use crate::observed::rollout::{self, Rollout};
 use crate::status::{self, Observed};
-use crate::validate::{validate, Valid};
+use crate::validate::budget::Budget;
+use crate::validate::Valid;
 use crate::{CompositionStatus, Error};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -90,6 +91,8 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<Stored>, u32>>,
     /// One writer at a time per namespace for the shared declarations ConfigMap.
     declarations: declarations::Writers,
+    /// The spec checks' pool and time budget.
+    budget: Budget,
 }
 
 impl Context {
@@ -113,6 +116,7 @@ impl Context {
             now: Timestamp::now,
             failures: Mutex::default(),
             declarations: declarations::Writers::default(),
+            budget: Budget::default(),
         }
     }
 }
@@ -314,7 +318,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let client = &context.client;
     let compositions = Api::<Stored>::namespaced(client.clone(), &namespace);
     let now = (context.now)();
-    let valid = match validate(&composition.spec) {
+    let valid = match context.budget.check(&composition.spec).await? {
         Ok(valid) => valid,
         Err(invalid) => {
             let refusal = (reasons::INVALID_SPEC, invalid.0.as_str());

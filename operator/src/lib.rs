@@ -87,6 +87,9 @@ pub enum Error {
     /// taken over.
     #[error("{0}")]
     Conflict(String),
+    /// Every slot for spec checks is held by checks past their budget.
+    #[error(transparent)]
+    Busy(#[from] validate::budget::Busy),
 }
 
 impl Error {
@@ -99,6 +102,7 @@ impl Error {
             Self::NotStored(_) => "not_stored",
             Self::NoKey => "no_key",
             Self::Conflict(_) => "conflict",
+            Self::Busy(_) => "busy",
         }
     }
 }

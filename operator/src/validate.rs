@@ -6,12 +6,16 @@
 //! gives for the same input, `Atomicity takes an odd number of addresses, 2 given.` among them.
 //!
 //! Pure: no I/O, so the controller can call it on every reconcile and write the message into a
-//! `Ready=False` condition with reason [`crate::crd::reasons::INVALID_SPEC`].
+//! `Ready=False` condition with reason [`crate::crd::reasons::INVALID_SPEC`]. The controller runs
+//! it within a [`budget`]: the schemas it compiles and evaluates are users'.
 
 use crate::crd::{CompositionSpec, HaltSpec, SecuritySpec};
 use crate::manifest;
+use std::sync::Mutex;
 use std::time::Duration;
 use toa_context::{Context, ContextError, Manifest};
+
+pub mod budget;
 
 /// Why a spec was refused: one message naming the field and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,8 +65,35 @@ pub struct Halt {
     pub grace: Duration,
 }
 
+/// Where a check has got to: the field whose schemas it compiles or evaluates, for a budget that
+/// runs out to name.
+#[derive(Debug, Default)]
+pub struct Progress(Mutex<String>);
+
+impl Progress {
+    fn at(&self, field: String) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = field;
+    }
+
+    /// The field the check was last at, or `before` when it reached none.
+    pub fn last_or(&self, before: &str) -> String {
+        let last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_empty() {
+            before
+        } else {
+            last.as_str()
+        }
+        .to_owned()
+    }
+}
+
 /// Checks `spec` field by field, in the spec's order, and reports the first refusal.
 pub fn validate(spec: &CompositionSpec) -> Result<Valid, InvalidSpec> {
+    validate_noting(spec, &Progress::default())
+}
+
+/// [`validate`], noting in `progress` the field whose schemas it is at.
+pub fn validate_noting(spec: &CompositionSpec, progress: &Progress) -> Result<Valid, InvalidSpec> {
     application(&spec.application)?;
     image(&spec.image)?;
     if spec.replicas < 0 {
@@ -71,13 +102,14 @@ pub fn validate(spec: &CompositionSpec) -> Result<Valid, InvalidSpec> {
             format!("expected 0 or more, got {}", spec.replicas),
         ));
     }
-    let components = components(spec)?;
+    let components = components(spec, progress)?;
     let credentials = spec
         .credentials
         .as_ref()
         .map(|credentials| secret_name(&credentials.secret_name))
         .transpose()?;
-    let (configurations, secrets) = configurations(spec, &components, credentials.is_some())?;
+    let (configurations, secrets) =
+        configurations(spec, &components, credentials.is_some(), progress)?;
     let context = spec
         .context
         .validate(&spec.application)
@@ -153,7 +185,7 @@ fn image(image: &str) -> Result<(), InvalidSpec> {
     Ok(())
 }
 
-fn components(spec: &CompositionSpec) -> Result<Vec<Manifest>, InvalidSpec> {
+fn components(spec: &CompositionSpec, progress: &Progress) -> Result<Vec<Manifest>, InvalidSpec> {
     if spec.components.is_empty() {
         return Err(invalid(
             "spec.components",
@@ -163,6 +195,7 @@ fn components(spec: &CompositionSpec) -> Result<Vec<Manifest>, InvalidSpec> {
     let mut manifests: Vec<Manifest> = Vec::with_capacity(spec.components.len());
     for (index, component) in spec.components.iter().enumerate() {
         let origin = format!("spec.components[{index}].manifest");
+        progress.at(origin.clone());
         let manifest = manifest::check(&component.manifest, &origin)
             .map_err(|error| InvalidSpec(error.to_string()))?;
         let full_name = manifest.full_name();
@@ -203,11 +236,13 @@ fn configurations(
     spec: &CompositionSpec,
     manifests: &[Manifest],
     has_credentials: bool,
+    progress: &Progress,
 ) -> Result<(Vec<String>, Vec<Vec<String>>), InvalidSpec> {
     let mut configurations = Vec::new();
     let mut secrets = Vec::new();
     for (index, (component, manifest)) in spec.components.iter().zip(manifests).enumerate() {
         let key = format!("spec.components[{index}].configuration");
+        progress.at(key.clone());
         let given = component
             .configuration
             .clone()

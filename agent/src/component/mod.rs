@@ -23,11 +23,11 @@ pub enum ComponentError {
     Manifest(#[from] toa_context::ManifestError),
     #[error("{path}: cannot read the manifest: {error}")]
     Read { path: String, error: std::io::Error },
-    #[error("{component}: `operations.{operation}.input` is not a valid JSON Schema: {message}")]
+    #[error("{component}: `operations.{operation}.input`: {message}")]
     Schema {
         component: String,
         operation: String,
-        message: schema::InvalidSchema,
+        message: toa_context::schema::SchemaError,
     },
     #[error(
         "{component}: no `program` in the manifest: a local run needs the command that starts it"

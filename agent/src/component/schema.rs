@@ -1,15 +1,15 @@
 //! Input checks against an operation's declared JSON Schema (the `jsonschema` crate: a complete,
-//! maintained implementation; writing our own subset would refuse schemas users expect to work).
+//! maintained implementation; writing our own subset would refuse schemas users expect to work),
+//! compiled within toa-context's bounds ([`toa_context::schema`]).
 
 use serde_json::Value;
+use toa_context::schema::SchemaError;
 
 pub struct InputSchema(jsonschema::Validator);
 
 impl InputSchema {
-    pub fn compile(schema: &Value) -> Result<Self, InvalidSchema> {
-        jsonschema::validator_for(schema)
-            .map(Self)
-            .map_err(|error| InvalidSchema(error.to_string()))
+    pub fn compile(schema: &Value) -> Result<Self, SchemaError> {
+        toa_context::schema::compile(schema).map(Self)
     }
 
     /// `Err` with every violation, each naming where in the input it is.
@@ -33,12 +33,6 @@ impl InputSchema {
         }
     }
 }
-
-/// A declared schema `jsonschema` cannot use, with its reason (the validator's error borrows the
-/// schema, so only its message is kept).
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct InvalidSchema(String);
 
 /// Every violation of an input, each naming where in the input it is, in one line.
 #[derive(Debug, Clone, thiserror::Error)]

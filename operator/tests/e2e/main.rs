@@ -29,8 +29,8 @@
 //! the API server refuses: the CEL rule, Pod Security, a pod refused by admission), [`halt`],
 //! [`rollout`], [`atomicity`], [`pods`] (pods in trouble), [`leader`] (two replicas), [`image`]
 //! (the operator's own image), [`deletion`], [`ownership`] (names the operator derives) and
-//! [`poison`] (a Composition it cannot decode, stored through the whole run); [`support`] holds the suite's shared parts and the
-//! helpers they share. The machinery: [`cluster`] (the control plane and the chart), [`node`],
+//! [`poison`] (a Composition it cannot decode, stored through the whole run); [`support`] holds
+//! the suite's shared parts and the helpers they share. The machinery: [`cluster`] (the control plane and the chart), [`node`],
 //! [`operator`] (the operator as a process), [`harness`], [`services`] (a Redis and a RabbitMQ of
 //! the suite's own) and [`wait`].
 
