@@ -395,6 +395,36 @@ fn the_receiving_agent_refuses_what_the_component_does_not_declare_and_keeps_ser
         .unwrap();
     assert_eq!(echo["call"]["id"], "raw-1", "{echo}");
     assert_eq!(echo["call"]["redelivered"], false, "{echo}");
+    // Headers of the caller's choosing are read within what an agent writes: a deadline 290
+    // million years away (which overflowed the program's time limit and took the call down
+    // unanswered) is the longest timeout a call may state from now.
+    let before = now_ms();
+    let reply = support::rabbit::request_with(
+        "amqp://127.0.0.1:5672",
+        &queue,
+        r#"{"operation": "echo", "input": {"far": true}}"#,
+        &[("toa-deadline", i64::MAX), ("x-toa-delivery", i64::MIN)],
+    );
+    assert_eq!(reply["reply"], serde_json::json!({"far": true}), "{reply}");
+    let echo = support::events(&record)
+        .into_iter()
+        .rfind(|e| e["event"] == "echo")
+        .unwrap();
+    let deadline = echo["call"]["deadline_ms"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{echo}"));
+    let longest = i64::from(u32::MAX);
+    assert!(
+        (before + longest..=now_ms() + longest).contains(&deadline),
+        "{deadline}: at most u32::MAX ms from now"
+    );
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 #[test]

@@ -248,9 +248,23 @@ fn runtime() -> tokio::runtime::Runtime {
 /// A call as an agent of any version sends it: `body` published to `queue` with a reply queue,
 /// and the reply (within 10 s).
 pub fn request(url: &str, queue: &str, body: &str) -> serde_json::Value {
+    request_with(url, queue, body, &[])
+}
+
+/// [`request`] with integer `headers` of the caller's choosing, as any client of the broker may.
+pub fn request_with(
+    url: &str,
+    queue: &str,
+    body: &str,
+    headers: &[(&str, i64)],
+) -> serde_json::Value {
     use futures::StreamExt;
     use lapin::options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions};
-    use lapin::types::FieldTable;
+    use lapin::types::{AMQPValue, FieldTable};
+    let mut table = FieldTable::default();
+    for (name, value) in headers {
+        table.insert((*name).into(), AMQPValue::LongLongInt(*value));
+    }
     runtime().block_on(async {
         let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
             .await
@@ -279,7 +293,8 @@ pub fn request(url: &str, queue: &str, body: &str) -> serde_json::Value {
             .unwrap();
         let properties = lapin::BasicProperties::default()
             .with_correlation_id("raw-1".into())
-            .with_reply_to(replies.name().clone());
+            .with_reply_to(replies.name().clone())
+            .with_headers(table);
         channel
             .basic_publish(
                 "".into(),

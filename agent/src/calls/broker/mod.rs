@@ -40,6 +40,7 @@ use toa_context::answer::{Refusal, Reply};
 use toa_context::{AmqpAddress, Credentials, Limits};
 use tokio::sync::watch;
 
+mod headers;
 mod queues;
 mod serve;
 mod session;
@@ -48,7 +49,6 @@ mod session;
 pub const PREFETCH: u16 = 32;
 /// The AMQP heartbeat in seconds, unless `TOA_AMQP_HEARTBEAT` says otherwise.
 pub const HEARTBEAT_S: u16 = 10;
-const DEADLINE: &str = "toa-deadline";
 /// The largest AMQP frame, in bytes. lapin keeps 32 frames of buffer each way per connection:
 /// the broker's default (128 KiB) costs 8 MB of memory, this 2 MB. Larger messages are split.
 const FRAME_MAX: u32 = 32 * 1024;
@@ -162,7 +162,7 @@ fn properties(
     if let Some(deadline_ms) = deadline_ms {
         let mut headers = FieldTable::default();
         headers.insert(
-            ShortString::from(DEADLINE),
+            ShortString::from(headers::DEADLINE),
             AMQPValue::LongLongInt(deadline_ms),
         );
         let left = (deadline_ms - now_ms()).max(1);

@@ -1,9 +1,10 @@
 //! The callee's side: taking calls from a component's shared queue and from this process's own
 //! queue on one session, running them on the program, and replying.
 
+use super::headers::{self, DELIVERY};
 use super::queues::Declared;
 use super::session::{Consuming, Session};
-use super::{now_ms, Served, DEADLINE};
+use super::{now_ms, Served};
 use crate::calls::once::{run_once, Once};
 use crate::component::client::{CallMeta, Outcome, ProgramError};
 use futures::StreamExt;
@@ -38,10 +39,6 @@ enum Kind {
     /// The durable quorum queue of tasks: the broker counts their deliveries.
     Tasks,
 }
-
-/// The header that carries the number of an ordinary call's delivery, when the agent gave the
-/// call back after its program went away under it.
-const DELIVERY: &str = "x-toa-delivery";
 
 /// Serves `served` on `session` until the session ends: the shared queues and the dead letters
 /// at once, the instance queue as soon as no other process holds the name.
@@ -323,16 +320,11 @@ async fn give_back(
     if kind != Kind::Calls || !matches!(handled, Handled::Requeue { started: true }) {
         return handled;
     }
-    let number = delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|h| match h.inner().get(DELIVERY) {
-            Some(AMQPValue::LongLongInt(n)) => Some(*n),
-            _ => None,
-        })
-        .unwrap_or(1)
-        + i64::from(delivery.redelivered);
+    let number = headers::delivery(
+        delivery.properties.headers().as_ref(),
+        delivery.redelivered,
+        served.deliveries,
+    );
     let (queue, next) = if number >= i64::from(served.deliveries) {
         (served.dead_queue.as_str(), number)
     } else {
@@ -452,11 +444,7 @@ impl Call {
     /// not a call, or breaking the component's declarations (the receiving side checks too:
     /// only a declared operation, with an input its schema takes, on the queue its kind goes to).
     fn read(delivery: &Delivery, served: &Served, own: bool) -> Result<Self, Handled> {
-        let headers = delivery.properties.headers().as_ref();
-        let deadline = headers.and_then(|h| match h.inner().get(DEADLINE) {
-            Some(AMQPValue::LongLongInt(ms)) => Some(*ms),
-            _ => None,
-        });
+        let deadline = headers::deadline(delivery.properties.headers().as_ref(), now_ms());
         let id = delivery
             .properties
             .correlation_id()
