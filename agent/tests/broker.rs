@@ -336,7 +336,11 @@ fn calls_to_one_process_run_concurrently() {
 
 #[test]
 fn the_receiving_agent_refuses_what_the_component_does_not_declare_and_keeps_serving() {
-    let (context, application, _queues) = context("receiving");
+    let (context, application, _queues) = support::broker_context_with(
+        "receiving",
+        "amqp://127.0.0.1:5672",
+        "limits:\n  message: 4096\n",
+    );
     let record = record("receiving");
     let recorder = Composition::start(
         &[
@@ -363,6 +367,13 @@ fn the_receiving_agent_refuses_what_the_component_does_not_declare_and_keeps_ser
         (r#"{"operation": 7}"#, "expected a JSON call"),
         (r#"{"input": {}}"#, "expected a JSON call"),
         ("\u{ff} not json", "expected a JSON call"),
+        (
+            &format!(
+                r#"{{"operation": "echo", "input": {{"a": "{}"}}}}"#,
+                "x".repeat(5_000)
+            ),
+            "the call is 5041 bytes; a call is at most 4096 (limits.message)",
+        ),
     ] {
         let reply = support::rabbit::request("amqp://127.0.0.1:5672", &queue, body);
         assert_eq!(reply["refused"], "RequestContract", "{body}: {reply}");

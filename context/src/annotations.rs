@@ -18,6 +18,8 @@
 //! | `limits.queue`         | `TOA_LIMIT_QUEUE`        | 100000 calls in a shared queue |
 //! | `limits.deliveries`    | `TOA_LIMIT_DELIVERIES`   | 5 deliveries of one call, then dead-lettered |
 //! | `limits.idempotency`   | `TOA_LIMIT_IDEMPOTENCY`  | 600000 ms: how long a call's idempotency key is remembered |
+//! | `limits.inflight`      | `TOA_LIMIT_INFLIGHT`     | 256 calls a component's program has in flight at once |
+//! | `limits.message`       | `TOA_LIMIT_MESSAGE`      | 16777216 bytes (16 MiB) of a program's answer or a broker message |
 //!
 //! Adding a setting is one field in its typed section here (with its serde name), one field in
 //! its wire form ([`crate::spec`]) and one row of [`SETTINGS`] (and its line above).
@@ -90,6 +92,11 @@ pub struct Limits {
     /// How long the outcome of a call given an idempotency key answers its repeats.
     #[serde(with = "millis")]
     pub idempotency: Duration,
+    /// How many calls a component's program may have in flight through its agent at once; one
+    /// more waits for a slot, within its deadline.
+    pub inflight: u32,
+    /// The largest program answer or broker message, in bytes.
+    pub message: u32,
 }
 
 /// Each limit's default, from [`SETTINGS`].

@@ -59,6 +59,14 @@ pub struct LimitsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub idempotency: Option<i64>,
+    /// Calls a component's program may have in flight at once; one more waits (default 256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4294967295u32))]
+    pub inflight: Option<i64>,
+    /// The largest program answer or broker message, in bytes (default 16777216).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4294967295u32))]
+    pub message: Option<i64>,
 }
 
 /// The odd-address rule as the API server checks it at admission. Its message matches the

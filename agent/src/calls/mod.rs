@@ -6,6 +6,7 @@
 //! - [`broker`]: calls over RabbitMQ (queues, serving, the session); it never uses the router;
 //! - [`once`]: calls given an idempotency key run once;
 //! - [`catalog`]: the declarations of every component this process may call;
+//! - [`inflight`]: at most `limits.inflight` calls in flight per callee, the rest waiting;
 //! - [`activity`]: calls made and received, and in flight, for the halt.
 //!
 //! Nothing here uses the control endpoint (`tests/tests/source.rs` checks both).
@@ -14,5 +15,6 @@ pub(crate) mod activity;
 pub(crate) mod broker;
 pub(crate) mod catalog;
 pub(crate) mod contract;
+pub(crate) mod inflight;
 pub(crate) mod once;
 pub(crate) mod router;

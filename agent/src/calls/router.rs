@@ -5,6 +5,7 @@
 use crate::calls::activity::Activity;
 use crate::calls::catalog::Catalog;
 use crate::calls::contract::{check_contract, CallError, Request};
+use crate::calls::inflight::Inflight;
 use crate::calls::once::Once;
 use crate::component::client::{self, Outcome, ProgramClient, ProgramError};
 use crate::component::Component;
@@ -39,6 +40,8 @@ pub struct Calls {
     /// Calls made (and, in-process, received) count here; the broker's consumers count the
     /// calls received over it.
     activity: Arc<Activity>,
+    /// The calls made through this process at once, per callee (`limits.inflight`).
+    inflight: Inflight,
 }
 
 /// How long a call over the broker waits for the declarations of a component nobody declared yet.
@@ -64,6 +67,7 @@ impl Calls {
             idempotency: context.limits.idempotency,
             serving,
             activity,
+            inflight: Inflight::new(context.limits.inflight),
         }
     }
 
@@ -98,6 +102,25 @@ impl Calls {
         let in_flight = self.activity.begin();
         let declared = self.declared(component).await?;
         let stateful = check_contract(&declared, operation, &request, task)?;
+        let timeout = stateful.then(|| {
+            request
+                .timeout
+                .map_or(self.default_timeout, Duration::from_millis)
+        });
+        let waiting = tokio::time::Instant::now();
+        let _slot = self
+            .inflight
+            .enter(component, timeout.unwrap_or(self.operation_limit))
+            .await
+            .map_err(|full| match timeout {
+                Some(limit) => CallError::Abandoned {
+                    component: component.to_owned(),
+                    timeout_ms: limit.as_millis() as u64,
+                },
+                None => CallError::Unavailable(full.to_string()),
+            })?;
+        // The wait for a slot counts toward a deadline.
+        let timeout = timeout.map(|limit| limit.saturating_sub(waiting.elapsed()));
         let Some(broker) = &self.broker else {
             let call = Local {
                 component,
@@ -108,11 +131,6 @@ impl Calls {
             };
             return self.in_process(call, in_flight).await;
         };
-        let timeout = stateful.then(|| {
-            request
-                .timeout
-                .map_or(self.default_timeout, Duration::from_millis)
-        });
         let call = crate::calls::broker::Call {
             component,
             operation,

@@ -22,6 +22,26 @@ pub enum ProgramError {
     },
     #[error("{component} answered something that is not {{\"reply\"}} or {{\"error\": {{\"code\"}}}}: {body}")]
     Malformed { component: String, body: String },
+    #[error(
+        "{component} answered more than {limit} bytes (limits.message); the answer is dropped"
+    )]
+    TooLarge { component: String, limit: usize },
+}
+
+/// The most of a program's answer an error repeats (in logs, to callers, in a pod's status):
+/// enough to say what went wrong, never the whole of a large answer.
+pub const QUOTED: usize = 1024;
+
+/// `body`, cut to [`QUOTED`] bytes (at a character boundary) and marked when cut.
+pub fn quoted(body: &str) -> String {
+    if body.len() <= QUOTED {
+        return body.to_owned();
+    }
+    let mut end = QUOTED;
+    while !body.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes cut)", &body[..end], body.len() - end)
 }
 
 /// A call made here, for the first time.
@@ -44,6 +64,8 @@ pub struct ProgramClient {
     port: u16,
     /// How long one run command may take (`limits.runCommand`).
     run_command_limit: Duration,
+    /// The largest answer read, in bytes (`limits.message`).
+    answer_limit: usize,
     base: String,
     http: reqwest::Client,
 }
@@ -54,6 +76,7 @@ impl ProgramClient {
             component: component.to_owned(),
             port,
             run_command_limit: toa_context::Limits::default().run_command,
+            answer_limit: toa_context::Limits::default().message as usize,
             base: format!("http://127.0.0.1:{port}"),
             http: reqwest::Client::builder()
                 .no_proxy()
@@ -101,10 +124,43 @@ impl ProgramClient {
         receiver
     }
 
-    /// The same client, with run commands limited to `limit`.
-    pub fn with_run_command_limit(mut self, limit: Duration) -> Self {
-        self.run_command_limit = limit;
+    /// The same client, with run commands limited to `limits.runCommand` and answers to
+    /// `limits.message` bytes.
+    pub fn with_limits(mut self, limits: &toa_context::Limits) -> Self {
+        self.run_command_limit = limits.run_command;
+        self.answer_limit = limits.message as usize;
         self
+    }
+
+    /// The answer's body as text, read up to the limit: a longer one is refused with the rest
+    /// unread (a program answering 200 MB no longer takes the agent's memory with it).
+    async fn body(&self, mut response: reqwest::Response) -> Result<String, ProgramError> {
+        let too_large = || ProgramError::TooLarge {
+            component: self.component.clone(),
+            limit: self.answer_limit,
+        };
+        if response
+            .content_length()
+            .is_some_and(|length| length > self.answer_limit as u64)
+        {
+            return Err(too_large());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) =
+            response
+                .chunk()
+                .await
+                .map_err(|error| ProgramError::Unreachable {
+                    component: self.component.clone(),
+                    message: error.to_string(),
+                })?
+        {
+            if body.len() + chunk.len() > self.answer_limit {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
     }
 
     /// Runs a run command (within the client's limit); a non-2xx answer is its failure.
@@ -120,11 +176,11 @@ impl ProgramClient {
         if status.is_success() {
             return Ok(());
         }
-        let body = response.text().await.unwrap_or_default();
+        let body = self.body(response).await?;
         Err(ProgramError::Failed {
             component: self.component.clone(),
             status: status.as_u16(),
-            body,
+            body: quoted(&body),
         })
     }
 
@@ -147,7 +203,7 @@ impl ProgramClient {
         if !response.status().is_success() {
             return Ok(None);
         }
-        let body = response.text().await.map_err(unreachable)?;
+        let body = self.body(response).await?;
         // A program written to the raw protocol may answer every GET: what is not a description
         // is no description, and the manifest's word is taken.
         match serde_json::from_str(&body) {
@@ -180,15 +236,12 @@ impl ProgramClient {
             )
             .await?;
         let status = response.status().as_u16();
-        let body = response.text().await.unwrap_or_default();
-        let value: Value = serde_json::from_str(&body).map_err(|_| ProgramError::Malformed {
-            component: self.component.clone(),
-            body: body.clone(),
-        })?;
+        let body = self.body(response).await?;
         let malformed = || ProgramError::Malformed {
             component: self.component.clone(),
-            body: body.clone(),
+            body: quoted(&body),
         };
+        let value: Value = serde_json::from_str(&body).map_err(|_| malformed())?;
         match Outcome::from_json(&value) {
             // The operation's own error, whatever the status.
             Ok(error @ Outcome::Error { .. }) => Ok(error),
@@ -196,7 +249,7 @@ impl ProgramClient {
             _ if !(200..300).contains(&status) => Err(ProgramError::Failed {
                 component: self.component.clone(),
                 status,
-                body,
+                body: quoted(&body),
             }),
             Ok(reply) => Ok(reply),
             Err(NotAnOutcome::Neither) => Err(malformed()),
@@ -265,5 +318,81 @@ mod tests {
         assert_eq!(described(program("<html>hello</html>")).await, None);
         // A program without the route.
         assert_eq!(described(axum::Router::new()).await, None);
+    }
+
+    /// The client of a program serving `app`, its answers limited to `message` bytes.
+    async fn client(app: axum::Router, message: u32) -> ProgramClient {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let limits = toa_context::Limits {
+            message,
+            ..Default::default()
+        };
+        ProgramClient::new("shop.mail", port).with_limits(&limits)
+    }
+
+    async fn operate(client: &ProgramClient) -> Result<Outcome, ProgramError> {
+        let call = first_call(None);
+        let limit = Duration::from_secs(5);
+        client.operate("send", &json!({}), &call, limit).await
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_the_limit_is_refused_said_or_streamed() {
+        let big = format!(r#"{{"reply": "{}"}}"#, "x".repeat(2_000));
+        let said = big.clone();
+        let app = axum::Router::new().route(
+            "/operations/send",
+            axum::routing::post(move || async move { said }),
+        );
+        let error = operate(&client(app.clone(), 1_000).await)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, ProgramError::TooLarge { limit: 1_000, .. }),
+            "{error}"
+        );
+        assert_eq!(
+            error.to_string(),
+            "shop.mail answered more than 1000 bytes (limits.message); the answer is dropped"
+        );
+        assert!(operate(&client(app, 4_000).await).await.is_ok());
+        // Without a length: chunks counted as they come.
+        let chunks = move || {
+            let pieces = (0..20).map(|_| Ok::<_, std::io::Error>("x".repeat(100)));
+            axum::body::Body::from_stream(futures::stream::iter(pieces))
+        };
+        let streamed = axum::Router::new().route(
+            "/operations/send",
+            axum::routing::post(move || async move { chunks() }),
+        );
+        let error = operate(&client(streamed, 1_000).await).await.unwrap_err();
+        assert!(matches!(error, ProgramError::TooLarge { .. }), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_failure_repeats_at_most_a_kibibyte_of_the_answer_marked_as_cut() {
+        let failing = || async {
+            let text = "é".repeat(1_000);
+            (axum::http::StatusCode::INTERNAL_SERVER_ERROR, text)
+        };
+        let app = axum::Router::new()
+            .route("/operations/send", axum::routing::post(failing))
+            .route("/lifecycle/preflight", axum::routing::post(failing));
+        let client = client(app, 1 << 20).await;
+        let cut = |body: &str| {
+            assert!(body.starts_with(&"é".repeat(512)), "{body}");
+            assert!(body.ends_with("… (976 bytes cut)"), "{body}");
+        };
+        match operate(&client).await.unwrap_err() {
+            ProgramError::Malformed { body, .. } => cut(&body),
+            other => panic!("{other}"),
+        }
+        match client.run("preflight").await.unwrap_err() {
+            ProgramError::Failed { body, status, .. } => (assert_eq!(status, 500), cut(&body)).1,
+            other => panic!("{other}"),
+        }
+        assert_eq!(quoted("short"), "short");
     }
 }

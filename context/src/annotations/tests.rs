@@ -51,7 +51,7 @@ fn refused_annotations_name_the_key_and_what_was_expected() {
         ("name: a\nlimits:\n  queue: 0\n", "`limits.queue`: expected a whole number from 1 to 4294967295, got 0"),
         ("name: a\nlimits:\n  deliveries: many\n", "`limits.deliveries`: expected a positive whole number, got many"),
         ("name: a\nlimits:\n  drain: -1\n", "`limits.drain`: expected a positive whole number of milliseconds, got -1"),
-        ("name: a\nlimits:\n  run_command: 5\n", "`limits.run_command`: unknown key; expected one of: operation, runCommand, drain, queue, deliveries, idempotency"),
+        ("name: a\nlimits:\n  run_command: 5\n", "`limits.run_command`: unknown key; expected one of: operation, runCommand, drain, queue, deliveries, idempotency, inflight, message"),
         ("name: a\natomicity:\n  redis: redis://a\n  intervl: 5\n", "`atomicity.intervl`: unknown key; expected one of: redis, interval, ttl"),
         ("name: a\natomicity:\n  redis: redis://a\n  interval: 0\n", "`atomicity.interval`: expected a positive whole number of milliseconds, got 0"),
         ("name: a\natomicity:\n  redis: redis://a\n  interval: -5\n", "`atomicity.interval`: expected a positive whole number of milliseconds, got -5"),
@@ -121,7 +121,7 @@ fn limits_are_read_with_their_defaults() {
     assert_eq!(context.limits, Limits::default());
     assert_eq!(context.limits.stop(), Duration::from_secs(90));
     let context =
-        parse("name: a\nlimits:\n  operation: 1500\n  runCommand: 2000\n  drain: 3000\n  queue: 10\n  deliveries: 2\n")
+        parse("name: a\nlimits:\n  operation: 1500\n  runCommand: 2000\n  drain: 3000\n  queue: 10\n  deliveries: 2\n  inflight: 8\n  message: 1024\n")
             .unwrap();
     assert_eq!(
         context.limits,
@@ -132,6 +132,8 @@ fn limits_are_read_with_their_defaults() {
             queue: 10,
             deliveries: 2,
             idempotency: Duration::from_secs(600),
+            inflight: 8,
+            message: 1024,
         }
     );
     assert_eq!(context.limits.stop(), Duration::from_secs(10));
@@ -169,7 +171,10 @@ mod generated {
             .prop_flat_map(move |n| prop::collection::btree_set((host, 1u16..u16::MAX), n..=n));
         let atomicity = prop::option::of((redis, millis(), millis()));
         let amqp = prop::option::of((host, 1u16..u16::MAX, "[a-z]{0,6}"));
-        let limits = (millis(), millis(), millis(), 1u32.., 1u32.., millis());
+        let limits = (
+            (millis(), millis(), millis()),
+            (1u32.., 1u32.., millis(), 1u32.., 1u32..),
+        );
         (name, atomicity, millis(), amqp, limits).prop_map(
             |(name, atomicity, timeout, amqp, limits)| {
                 let atomicity = atomicity.map(|(servers, interval, ttl)| {
@@ -182,7 +187,10 @@ mod generated {
                 let amqp = amqp.map(|(host, port, vhost)| {
                     AmqpAddress::parse(&format!("amqp://{host}:{port}/{vhost}"), "amqp").unwrap()
                 });
-                let (operation, run_command, drain, queue, deliveries, idempotency) = limits;
+                let (
+                    (operation, run_command, drain),
+                    (queue, deliveries, idempotency, inflight, message),
+                ) = limits;
                 Context {
                     name,
                     atomicity,
@@ -195,6 +203,8 @@ mod generated {
                         queue,
                         deliveries,
                         idempotency,
+                        inflight,
+                        message,
                     },
                 }
             },

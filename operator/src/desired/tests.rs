@@ -344,6 +344,8 @@ fn without_atomicity_broker_or_credentials_their_variables_are_absent() {
             "TOA_LIMIT_DELIVERIES",
             "TOA_LIMIT_DRAIN",
             "TOA_LIMIT_IDEMPOTENCY",
+            "TOA_LIMIT_INFLIGHT",
+            "TOA_LIMIT_MESSAGE",
             "TOA_LIMIT_OPERATION",
             "TOA_LIMIT_QUEUE",
             "TOA_LIMIT_RUN_COMMAND",

@@ -124,6 +124,8 @@ struct Served {
     operation_limit: Duration,
     /// How many deliveries a call gets before it is dead-lettered.
     deliveries: u32,
+    /// The largest call taken, in bytes (`limits.message`).
+    message_limit: usize,
     /// Calls dead-lettered: `toa_calls_dead_lettered_total`.
     dead_lettered: prometheus_client::metrics::counter::Counter,
     repeats: Arc<crate::coordination::atom::repeats::Repeats>,
@@ -552,6 +554,7 @@ impl Broker {
             alive: offer.alive,
             operation_limit: self.limits.operation,
             deliveries: self.limits.deliveries,
+            message_limit: self.limits.message as usize,
             dead_lettered: offer.dead_lettered,
             repeats: offer.repeats,
             idempotency: self.limits.idempotency,

@@ -454,6 +454,15 @@ impl Call {
             tracing::info!(call = %id, "a call reached this process after its deadline: it does not run");
             return Err(Handled::Drop);
         }
+        // Refused before it is parsed (parsing makes several copies), answered, not requeued.
+        let size = delivery.data.len();
+        if size > served.message_limit {
+            tracing::warn!(call = %id, size, "refused a call larger than limits.message");
+            return Err(refused(format!(
+                "the call is {size} bytes; a call is at most {} (limits.message)",
+                served.message_limit
+            )));
+        }
         let request: Request = serde_json::from_slice(&delivery.data).map_err(|error| {
             tracing::warn!(call = %id, %error, "refused a call that is not {{\"operation\", \"input\"}}");
             refused(format!(

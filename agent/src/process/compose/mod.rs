@@ -292,7 +292,7 @@ impl Composition {
                     self.programs.push(program);
                     self.members.push(Member {
                         component: component.clone(),
-                        client: client.with_run_command_limit(self.context.limits.run_command),
+                        client: client.with_limits(&self.context.limits),
                         commands: component.manifest.lifecycle.clone(),
                     });
                 }
@@ -414,7 +414,8 @@ impl Composition {
         let app = api::router(host).merge(drain::local_route(self.trigger.clone()));
         let (stop, stopped) = oneshot::channel::<()>();
         self.local_stop = Some(stop);
-        servers.serve_until(LOCAL_API, listener, app, async {
+        let listening = (listener, servers::LOCAL_API_CONNECTIONS);
+        servers.serve_until(LOCAL_API, listening, app, async {
             let _ = stopped.await;
         });
     }

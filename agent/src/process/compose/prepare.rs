@@ -5,7 +5,7 @@
 //! the probes answer `/healthz` from here on and the control endpoint answers `starting` (a halt
 //! asked for meanwhile is kept for when the lifecycle is done).
 
-use super::servers::Servers;
+use super::servers::{Servers, CONTROL_CONNECTIONS, PROBE_CONNECTIONS};
 use super::{ComposeError, Composition, Control, Options, CONTROL, PROBES};
 use crate::api;
 use crate::calls::activity::Activity;
@@ -49,10 +49,11 @@ impl Composition {
         if let Some((listener, control)) = control {
             control.tokens.keep_reading(control.file);
             let app = crate::control::endpoint::router(control.tokens, process.clone());
-            servers.serve(CONTROL, listener, app);
+            servers.serve(CONTROL, (listener, CONTROL_CONNECTIONS), app);
         }
         if let Some(listener) = probe {
-            servers.serve(PROBES, listener, probes(&ready, &metrics, &trigger));
+            let app = probes(&ready, &metrics, &trigger);
+            servers.serve(PROBES, (listener, PROBE_CONNECTIONS), app);
         }
         let composition = Self {
             context: options.context,

@@ -2,16 +2,36 @@
 //! stops for any reason (its socket failed, its task panicked) stops the process with its name
 //! and error. A pod whose probe or control listener died looks alive and answers nothing; a
 //! process that exits is restarted by the kubelet.
+//!
+//! Each server holds at most a given number of connections at once (further clients wait in the
+//! listen backlog) and closes a connection that has not sent a request's headers within
+//! [`HEADER_READ`], a kept-alive one sitting idle included: a client that connects and sends
+//! nothing holds its slot for seconds, not for ever. (`axum::serve` sets neither: hyper's header
+//! timeout needs a timer, which it does not give.) HTTP/1.1 only, as every client speaks.
 
 use super::ComposeError;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use std::collections::HashMap;
-use std::future::IntoFuture;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 use tokio::task::{AbortHandle, Id, JoinSet};
+
+/// How long a connection may take to send a request's headers, or sit idle between requests.
+pub const HEADER_READ: Duration = Duration::from_secs(10);
+/// Connections at once to the local API: the programs' calls, streams and atoms, each call a
+/// connection at worst (an SDK that keeps none alive).
+pub const LOCAL_API_CONNECTIONS: usize = 4096;
+/// Connections at once to the control endpoint: the operator's leader asks one at a time.
+pub const CONTROL_CONNECTIONS: usize = 16;
+/// Connections at once to the probe port: the kubelet's probes and hooks, a metrics scraper.
+pub const PROBE_CONNECTIONS: usize = 32;
 
 /// The running servers. Dropping it aborts them.
 #[derive(Default)]
@@ -22,16 +42,22 @@ pub struct Servers {
 }
 
 impl Servers {
-    /// Serves `app` on `listener` until the process stops.
-    pub fn serve(&mut self, name: &'static str, listener: TcpListener, app: axum::Router) {
-        self.serve_until(name, listener, app, std::future::pending());
+    /// Serves `app` on `listener`, `connections` at a time, until the process stops.
+    pub fn serve(
+        &mut self,
+        name: &'static str,
+        (listener, connections): (TcpListener, usize),
+        app: axum::Router,
+    ) {
+        self.serve_until(name, (listener, connections), app, std::future::pending());
     }
 
-    /// Serves `app` until `until` completes, then lets requests in flight finish.
+    /// Serves `app`, `connections` at a time, until `until` completes, then lets requests in
+    /// flight finish.
     pub fn serve_until(
         &mut self,
         name: &'static str,
-        listener: TcpListener,
+        (listener, connections): (TcpListener, usize),
         app: axum::Router,
         until: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
@@ -40,13 +66,10 @@ impl Servers {
             listener,
             failed: Some(failed),
         };
-        let served = axum::serve(listener, app).with_graceful_shutdown(until);
+        let served = accept(listener, app, (connections, HEADER_READ), until);
         let handle = self.tasks.spawn(async move {
             let ended = tokio::select! {
-                served = served.into_future() => match served {
-                    Ok(()) => "stopped serving".to_owned(),
-                    Err(error) => error.to_string(),
-                },
+                () = served => "stopped serving".to_owned(),
                 Ok(error) = accept_failed => format!("accepting connections failed: {error}"),
             };
             (name, ended)
@@ -93,6 +116,47 @@ impl Servers {
     }
 }
 
+/// Accepts connections while a slot is free and serves each on a task of its own, until `until`
+/// completes; then waits for the requests in flight (each connection closes after its current
+/// request).
+async fn accept(
+    mut listener: Watched,
+    app: axum::Router,
+    (connections, header_read): (usize, Duration),
+    until: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let slots = Arc::new(Semaphore::new(connections));
+    let graceful = GracefulShutdown::new();
+    // HTTP/1.1 only: every client (the SDKs, the operator, the kubelet) speaks it, and a server
+    // that first reads to tell HTTP/2 from HTTP/1 (hyper-util's auto) has no header timeout
+    // running while it waits for those bytes.
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read);
+    let mut until = std::pin::pin!(until);
+    loop {
+        let next = async {
+            let slot = slots.clone().acquire_owned().await;
+            (slot, listener.accept().await)
+        };
+        let (slot, (stream, _)) = tokio::select! {
+            next = next => next,
+            () = &mut until => break,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _slot = slot;
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "a connection ended with an error");
+            }
+        });
+    }
+    graceful.shutdown().await;
+}
+
 /// A listener that reports the failure of its socket instead of retrying forever (what axum's
 /// own does): an error that says the listening socket itself is broken (shut down, closed, not a
 /// socket) ends the server; anything else — a peer's trouble, a network error passed on from the
@@ -102,10 +166,7 @@ struct Watched {
     failed: Option<oneshot::Sender<io::Error>>,
 }
 
-impl axum::serve::Listener for Watched {
-    type Io = TcpStream;
-    type Addr = SocketAddr;
-
+impl Watched {
     async fn accept(&mut self) -> (TcpStream, SocketAddr) {
         loop {
             match self.listener.accept().await {
@@ -123,10 +184,6 @@ impl axum::serve::Listener for Watched {
             }
         }
     }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
-    }
 }
 
 /// The listening socket itself is unusable: it was shut down or closed under the server.
@@ -141,6 +198,65 @@ fn broken(error: &io::Error) -> bool {
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server of `GET /` answering `ok`, `connections` at a time, with a header timeout of
+    /// `header_read`; its address.
+    async fn served(connections: usize, header_read: Duration) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let watched = Watched {
+            listener,
+            failed: None,
+        };
+        let limits = (connections, header_read);
+        tokio::spawn(accept(watched, app, limits, std::future::pending()));
+        address
+    }
+
+    /// `GET /` on `stream`: the answer's first line, or `None` when the server closed it first.
+    async fn get(stream: &mut TcpStream) -> Option<String> {
+        let request = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n";
+        stream.write_all(request).await.ok()?;
+        let mut answer = vec![0; 512];
+        let read = stream.read(&mut answer).await.ok()?;
+        let text = String::from_utf8_lossy(&answer[..read]).into_owned();
+        text.lines().next().map(str::to_owned)
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_no_headers_is_closed_after_the_header_timeout() {
+        let address = served(4, Duration::from_millis(200)).await;
+        let mut silent = TcpStream::connect(address).await.unwrap();
+        let mut byte = [0u8; 1];
+        let closed = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut byte)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0))),
+            "{closed:?}: not closed within 5 s"
+        );
+        // A client that sends its request is answered.
+        let mut client = TcpStream::connect(address).await.unwrap();
+        assert_eq!(get(&mut client).await.as_deref(), Some("HTTP/1.1 200 OK"));
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_cap_wait_for_a_slot() {
+        let address = served(2, Duration::from_secs(60)).await;
+        let first = TcpStream::connect(address).await.unwrap();
+        let mut second = TcpStream::connect(address).await.unwrap();
+        assert_eq!(get(&mut second).await.as_deref(), Some("HTTP/1.1 200 OK"));
+        // Both slots are held (kept alive): the third is not served while they are...
+        let mut third = TcpStream::connect(address).await.unwrap();
+        let waiting = tokio::time::timeout(Duration::from_millis(300), get(&mut third)).await;
+        assert!(waiting.is_err(), "served past the cap: {waiting:?}");
+        // ...and is once one of them goes.
+        drop(first);
+        let mut third = TcpStream::connect(address).await.unwrap();
+        drop(second);
+        let answer = tokio::time::timeout(Duration::from_secs(5), get(&mut third)).await;
+        assert_eq!(answer.unwrap().as_deref(), Some("HTTP/1.1 200 OK"));
+    }
 
     #[tokio::test]
     async fn a_server_whose_socket_is_shut_down_is_reported_by_name() {
@@ -148,8 +264,8 @@ mod tests {
         let kept = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let failing = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let fd = failing.as_raw_fd();
-        servers.serve("local API", kept, axum::Router::new());
-        servers.serve("probe endpoint", failing, axum::Router::new());
+        servers.serve("local API", (kept, 4), axum::Router::new());
+        servers.serve("probe endpoint", (failing, 4), axum::Router::new());
         // Served: nothing died.
         let quiet = tokio::time::timeout(Duration::from_millis(300), servers.died()).await;
         assert!(
