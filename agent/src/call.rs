@@ -1,7 +1,6 @@
 //! `toa-agent call`: one call to a running composition, printed as JSON.
 
 use std::process::ExitCode;
-use toa_context::agent_args::DrainArgs;
 
 /// A call, or with `task` a task (the answer once the broker took it).
 pub async fn run(target: &str, request: &str, agent: &str, task: bool) -> ExitCode {
@@ -49,27 +48,14 @@ pub async fn run(target: &str, request: &str, agent: &str, task: bool) -> ExitCo
     }
 }
 
-/// `toa-agent drain`: asks the agent to drain and waits until dispose ran.
-/// In a pod the agent asks for the drain key (`key`, derived from the control token).
-pub async fn drain(args: &DrainArgs) -> ExitCode {
+/// `toa-agent drain`: asks the agent of a local run to drain and waits until dispose ran.
+pub async fn drain(agent: &str) -> ExitCode {
     let client = reqwest::Client::builder()
         .no_proxy()
         .build()
         .expect("an HTTP client");
-    // In a pod, the probe port's hook route, as the component containers' hooks ask.
-    let (request, whom) = match (&args.probe, &args.key) {
-        (Some(probe), Some(key)) => (
-            client.get(format!(
-                "http://{probe}{}/{key}",
-                toa_context::control::DRAIN_PATH
-            )),
-            probe.to_string(),
-        ),
-        _ => (
-            client.post(format!("{}/v1/drain", args.agent.trim_end_matches('/'))),
-            args.agent.clone(),
-        ),
-    };
+    let whom = agent.trim_end_matches('/');
+    let request = client.post(format!("{whom}/v1/drain"));
     match request.send().await {
         Ok(response) if response.status().is_success() => ExitCode::SUCCESS,
         Ok(response) => {

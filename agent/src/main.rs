@@ -3,7 +3,7 @@
 //!   toa-agent compose DIR...            run components locally
 //!   toa-agent call COMPONENT.OPERATION '{ input: {...} }'
 //!   toa-agent demo                      the examples' flows, end to end
-//!   toa-agent drain                     drain the running composition (the agent's preStop)
+//!   toa-agent drain                     drain a local composition: dispose, then exit
 
 // Functions stay short (clippy.toml: at most 60 lines): each says one step.
 #![warn(clippy::too_many_lines)]
@@ -11,7 +11,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 use toa_agent::compose;
-use toa_context::agent_args::{ComposeArgs, DrainArgs};
+use toa_context::agent_args::ComposeArgs;
 use toa_context::control::LOCAL_PORT;
 
 mod call;
@@ -51,9 +51,13 @@ enum Command {
     },
     /// Compose the examples and run their flows: meter, lock, a pulse with slots, then drain.
     Demo,
-    /// Drain the running composition (the agent container's preStop hook): stop taking calls,
-    /// run dispose; returns when done.
-    Drain(DrainArgs),
+    /// Drain a composition running locally: stop taking calls, run dispose; returns when done.
+    /// (In a pod the kubelet's hooks drain it.)
+    Drain {
+        /// The agent's local API.
+        #[arg(long, default_value_t = format!("http://127.0.0.1:{LOCAL_PORT}"), env = "TOA_AGENT")]
+        agent: String,
+    },
 }
 
 #[tokio::main]
@@ -62,7 +66,7 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     match args.command {
         Command::Demo => demo::run().await,
-        Command::Drain(args) => call::drain(&args).await,
+        Command::Drain { agent } => call::drain(&agent).await,
         Command::Call {
             target,
             request,

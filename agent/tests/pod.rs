@@ -80,7 +80,12 @@ fn agent_of(component: &str, local: u16, attach: u16, name: &str) -> Pod {
             "--drain-key-sha256",
             &toa_context::control::drain_digest(key),
         ],
-        &[("TOA_APPLICATION", "pod-test"), ("TOA_INSTANCE", "pod-1")],
+        // The node, as this pod sees it, is 127.0.0.1: hooks from there are the kubelet's.
+        &[
+            ("TOA_APPLICATION", "pod-test"),
+            ("TOA_INSTANCE", "pod-1"),
+            ("TOA_HOST_IPS", "127.0.0.1"),
+        ],
     );
     Pod {
         agent,
@@ -110,8 +115,9 @@ fn request(port: u16, method: &str, path: &str, headers: &str) -> (u16, String) 
 }
 
 /// After a drain asked by a hook: the agent, a native sidecar, stays until the kubelet stops it
-/// after the component containers, and answers its own preStop hook (`toa-agent drain --probe`)
-/// at once, drained; then SIGTERM, as the kubelet sends it, and it exits 0.
+/// after the component containers, and answers its own preStop hook (the same `GET
+/// /drain/<key>` from the node) at once, drained; then SIGTERM, as the kubelet sends it, and it
+/// exits 0.
 fn stopped_by_the_kubelet(pod: &mut Pod) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !pod
@@ -130,15 +136,11 @@ fn stopped_by_the_kubelet(pod: &mut Pod) {
     }
     assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
     let asked = Instant::now();
-    let own = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
-        .args(["drain", "--probe", &format!("127.0.0.1:{}", pod.probe)])
-        .args(["--key", pod.key])
-        .output()
-        .unwrap();
-    assert!(
-        own.status.success(),
-        "the agent's own preStop hook after the drain: {}\n{}",
-        String::from_utf8_lossy(&own.stderr),
+    let (status, answer) = request(pod.probe, "GET", &format!("/drain/{}", pod.key), "");
+    assert_eq!(
+        status,
+        200,
+        "the agent's own preStop hook after the drain: {answer}\n{}",
         pod.agent.log()
     );
     assert!(
@@ -241,6 +243,15 @@ fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
     let (status, answer) = request(pod.probe, "GET", "/drain/", "");
     assert_eq!(status, 401);
     assert!(answer.contains("drain key"), "{answer}");
+    // From anywhere but the node, the key opens nothing: anyone who may read the pod spec has it.
+    for path in [format!("/drain/{key}"), format!("/started/0/{key}")] {
+        let (status, answer) = support::request_from("127.0.0.2", pod.probe, &path);
+        assert_eq!(status, 403, "{path}: {answer}");
+        assert!(
+            answer.contains("a kubelet hook comes from the node; 127.0.0.2 is not one"),
+            "{answer}"
+        );
+    }
     assert_eq!(request(pod.probe, "GET", "/elsewhere", "").0, 404);
     assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
     let (_, body) = support::control(pod.control, "GET", "/control/status", Some(pod.token), "");
@@ -261,10 +272,11 @@ fn a_pods_drain_needs_the_drain_key_and_answers_once_dispose_ran() {
     program.wait().unwrap();
 }
 
+/// `toa-agent drain` is for local runs: in a pod its local API refuses, and only the node's hooks
+/// drain (the agent's own `preStop` is one of them).
 #[test]
-fn the_agents_own_drain_asks_the_probe_port_with_the_key() {
+fn in_a_pod_toa_agent_drain_is_refused_and_the_nodes_hook_drains() {
     let (mut program, mut pod, record) = ready_pod("recorder.py", "own");
-    let probe = format!("127.0.0.1:{}", pod.probe);
     let drain = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_toa-agent"))
             .arg("drain")
@@ -278,14 +290,14 @@ fn the_agents_own_drain_asks_the_probe_port_with_the_key() {
     assert!(!refused.status.success());
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("403"), "{said}");
-    let guessed = drain(&["--probe", &probe, "--key", "guess"]);
-    assert!(String::from_utf8_lossy(&guessed.stderr).contains("401"));
-    let drained = drain(&["--probe", &probe, "--key", pod.key]);
-    assert!(
-        drained.status.success(),
-        "{}",
-        String::from_utf8_lossy(&drained.stderr)
+    let old = drain(&["--probe", &format!("127.0.0.1:{}", pod.probe), "--key", pod.key]);
+    assert!(!old.status.success(), "the pod form of `drain` is gone");
+    assert_ne!(
+        events(&record).last().map(|e| e["event"].clone()),
+        Some("dispose".into())
     );
+    let (status, answer) = request(pod.probe, "GET", &format!("/drain/{}", pod.key), "");
+    assert_eq!(status, 200, "{answer}");
     assert_eq!(
         events(&record).last().map(|e| e["event"].clone()),
         Some("dispose".into())

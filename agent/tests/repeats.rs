@@ -187,8 +187,10 @@ fn a_key_whose_first_process_died_is_free_again_after_that_calls_limit() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let _two = replica(&context, "till-2", &files);
+    // Killed while its program runs the call (it sleeps 1 s), before a second replica starts: a
+    // second started first could take longer than the run under load, and the run would end.
     one.kill();
+    let _two = replica(&context, "till-2", &files);
     // The redelivery waits for the dead process's claim (3 s, limits.operation), then runs.
     let answer = call.join().unwrap();
     assert!(answer["reply"]["pid"].is_u64(), "{answer}");

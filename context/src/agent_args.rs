@@ -17,10 +17,6 @@ fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], LOCAL_PORT))
 }
 
-fn default_agent() -> String {
-    format!("http://127.0.0.1:{LOCAL_PORT}")
-}
-
 /// The port component `index` (in the order of the agent's component arguments) serves when the
 /// agent attaches from `first` (`--attach`): `first + index`, at most 65535.
 pub fn attach_port(first: u16, index: usize) -> u16 {
@@ -117,55 +113,6 @@ impl ComposeArgs {
     }
 }
 
-/// `toa-agent drain`: drain the running composition and return once `dispose` ran. In a pod (the
-/// agent container's preStop hook) it asks the probe port with the drain key, as the component
-/// containers' hooks do; in a local run, the local API.
-#[derive(Args, Clone, PartialEq, Eq)]
-pub struct DrainArgs {
-    /// The agent's local API (local runs).
-    #[arg(long, default_value_t = default_agent(), env = "TOA_AGENT")]
-    pub agent: String,
-    /// The agent's probe port, asked instead of the local API (in a pod).
-    #[arg(long, requires = "key")]
-    pub probe: Option<SocketAddr>,
-    /// The pod's drain key.
-    #[arg(long, requires = "probe")]
-    pub key: Option<String>,
-}
-
-/// Never the key.
-impl std::fmt::Debug for DrainArgs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DrainArgs")
-            .field("agent", &self.agent)
-            .field("probe", &self.probe)
-            .field("key", &self.key.as_ref().map(|_| "…"))
-            .finish()
-    }
-}
-
-impl DrainArgs {
-    /// The pod's form: the probe port at `probe`, with `key`.
-    pub fn in_pod(probe: SocketAddr, key: &str) -> Self {
-        Self {
-            agent: default_agent(),
-            probe: Some(probe),
-            key: Some(key.to_owned()),
-        }
-    }
-
-    /// The command line, `toa-agent drain ...`.
-    pub fn command(&self) -> Vec<String> {
-        let mut line = vec![AGENT.to_owned(), "drain".to_owned()];
-        if self.agent != default_agent() {
-            flag(&mut line, "--agent", self.agent.clone());
-        }
-        optional(&mut line, "--probe", &self.probe);
-        optional(&mut line, "--key", &self.key);
-        line
-    }
-}
-
 fn text(path: &std::path::Path) -> String {
     path.to_string_lossy().into_owned()
 }
@@ -197,7 +144,6 @@ mod tests {
     #[derive(Subcommand, Debug, PartialEq)]
     enum Command {
         Compose(ComposeArgs),
-        Drain(DrainArgs),
     }
 
     fn parse(line: &[String]) -> Command {
@@ -259,16 +205,6 @@ mod tests {
         #[test]
         fn compose_reads_back_what_the_operator_writes(args in compose()) {
             prop_assert_eq!(parse(&args.command()), Command::Compose(args));
-        }
-
-        #[test]
-        fn drain_reads_back(agent in prop::option::of("http://[a-z]{1,8}:[0-9]{2,5}"), pod in prop::option::of((address(), "[0-9a-zA-Z]{1,64}"))) {
-            let mut args = match pod {
-                Some((probe, key)) => DrainArgs::in_pod(probe, &key),
-                None => DrainArgs { agent: super::default_agent(), probe: None, key: None },
-            };
-            args.agent = agent.unwrap_or(args.agent);
-            prop_assert_eq!(parse(&args.command()), Command::Drain(args));
         }
     }
 

@@ -96,6 +96,10 @@ pub struct Failure {
 /// this, a slash and the drain key.
 pub const DRAIN_PATH: &str = "/drain";
 
+/// The agent's variable holding the node's IPs (the downward API's `status.hostIPs`, comma
+/// separated): the kubelet's hooks come from the node.
+pub const HOST_IPS: &str = "TOA_HOST_IPS";
+
 /// Where each component container's `postStart` hook tells the agent it started, on its probe
 /// port: this, a slash, the container's index, a slash and the drain key. The first time is the
 /// pod's start; any later one, a container the kubelet restarted, whose new program gets the

@@ -38,9 +38,9 @@ use crate::validate::{Security, Valid, NONROOT};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    ExecAction, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, ObjectFieldSelector,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
-    Secret, SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret,
+    SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -53,7 +53,7 @@ use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use toa_context::agent_args::{ComposeArgs, DrainArgs};
+use toa_context::agent_args::ComposeArgs;
 
 use toa_context::control::LOCAL_PORT;
 use toa_context::program;
@@ -500,17 +500,18 @@ fn component_hooks(index: usize, drain: &str) -> Lifecycle {
             "{}/{index}/{drain}",
             toa_context::control::STARTED_PATH
         ))),
-        pre_stop: Some(probe_port_hook(format!(
-            "{}/{drain}",
-            toa_context::control::DRAIN_PATH
-        ))),
+        pre_stop: Some(drain_hook(drain)),
         ..Lifecycle::default()
     }
 }
 
+/// `GET /drain/<key>` on the agent's probe port.
+fn drain_hook(drain: &str) -> LifecycleHandler {
+    probe_port_hook(format!("{}/{drain}", toa_context::control::DRAIN_PATH))
+}
+
 fn agent(composition: &Composition, valid: &Valid, settings: &Settings, drain: &str) -> Container {
     let token_file = PathBuf::from(format!("{CONTROL_DIR}/{TOKEN_KEY}"));
-    let probe = SocketAddr::from(([127, 0, 0, 1], PROBE_PORT));
     Container {
         name: AGENT_CONTAINER.to_owned(),
         image: Some(settings.agent_image.clone()),
@@ -532,14 +533,10 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings, drain: &
         liveness_probe: Some(http_probe("/healthz", 10, 3)),
         // Ready once every component ran `ready`.
         readiness_probe: Some(http_probe("/readyz", 5, 3)),
-        // The agent's own drain, for when it stops before or without the components' hooks.
+        // The agent's own drain, for when it stops before or without the components' hooks: a
+        // kubelet hook like theirs, from the node (the agent takes hooks from nowhere else).
         lifecycle: Some(Lifecycle {
-            pre_stop: Some(LifecycleHandler {
-                exec: Some(ExecAction {
-                    command: Some(DrainArgs::in_pod(probe, drain).command()),
-                }),
-                ..LifecycleHandler::default()
-            }),
+            pre_stop: Some(drain_hook(drain)),
             ..Lifecycle::default()
         }),
         volume_mounts: Some(agent_mounts(composition.spec.components.len())),
@@ -624,6 +621,8 @@ fn agent_env(valid: &Valid) -> Vec<EnvVar> {
         .map(|(name, text)| value(name, text))
         .collect();
     env.push(pod_name(program::INSTANCE));
+    // The node's IPs: the kubelet's hooks come from the node.
+    env.push(field(toa_context::control::HOST_IPS, "status.hostIPs"));
     if let Some(secret) = &valid.credentials {
         for (variable, key) in [
             ("TOA_REDIS_USERNAME", "redis-username"),
@@ -676,12 +675,17 @@ fn configuration_secrets(valid: &Valid, index: usize) -> Vec<EnvVar> {
 /// The variable `name` holding the pod's name: the agent and the components of a pod share it as
 /// `TOA_INSTANCE`.
 fn pod_name(name: &str) -> EnvVar {
+    field(name, "metadata.name")
+}
+
+/// `name` from the downward API's `path`.
+fn field(name: &str, path: &str) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
         value: None,
         value_from: Some(EnvVarSource {
             field_ref: Some(ObjectFieldSelector {
-                field_path: "metadata.name".to_owned(),
+                field_path: path.to_owned(),
                 api_version: None,
             }),
             ..EnvVarSource::default()

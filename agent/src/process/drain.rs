@@ -4,17 +4,22 @@
 //! `GET /started/<index>/<key>`, each component container's `postStart`, tells the agent a
 //! container (re)started. In a local run, `POST /v1/drain` on the local API (`toa-agent drain`).
 //!
-//! In a pod every program can reach both ports, so the hooks carry the pod's drain key (random
-//! per Composition, made by the operator, in the pod spec's hooks only: a program does not have
-//! it) in the path (kubelets before 1.23 send hooks without headers, and with a doubled leading
-//! slash, which is taken too); the agent is given its digest ([`drain_digest`]) and compares
-//! digests. The local API does not drain a pod at all: a program cannot stop the pod it runs in.
+//! A hook is taken only from the node ([`crate::process::node`]: the kubelet connects from one of
+//! the node's addresses, which no other pod and no program in this one has) and only with the
+//! pod's drain key (random per Composition, made by the operator, in the pod spec's hooks: a
+//! program does not have it) in the path (kubelets before 1.23 send hooks without headers, and
+//! with a doubled leading slash, which is taken too); the agent is given its digest
+//! ([`drain_digest`]) and compares digests. The key alone is no longer enough: anyone who may
+//! read the pod spec (`view`) has it, but not the node's address. The local API does not drain a
+//! pod at all: a program cannot stop the pod it runs in.
 
-use axum::extract::State;
-use axum::http::{StatusCode, Uri};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use toa_context::control::{drain_digest, same_key, DRAIN_PATH, STARTED_PATH};
 use tokio::sync::{mpsc, watch};
 
@@ -26,6 +31,8 @@ pub struct Trigger {
     started: mpsc::UnboundedSender<usize>,
     /// The digest of the pod's drain key (`None`: no hook drains).
     digest: Option<String>,
+    /// The node's addresses, the only ones hooks are taken from.
+    node: Arc<[IpAddr]>,
     /// A pod: the local API does not drain it.
     in_pod: bool,
 }
@@ -38,9 +45,9 @@ pub struct Asked {
     pub started: mpsc::UnboundedReceiver<usize>,
 }
 
-/// A trigger and its other end. In a pod only the hooks carrying the key of `digest` drain; in a
-/// local run, the local API.
-pub fn channel(digest: Option<String>, in_pod: bool) -> (Trigger, Asked) {
+/// A trigger and its other end. In a pod only the hooks from `node` carrying the key of `digest`
+/// drain; in a local run, the local API.
+pub fn channel(digest: Option<String>, in_pod: bool, node: Vec<IpAddr>) -> (Trigger, Asked) {
     let (asked_tx, asked) = mpsc::channel(1);
     let (done_tx, done) = watch::channel(false);
     let (started_tx, started) = mpsc::unbounded_channel();
@@ -49,6 +56,7 @@ pub fn channel(digest: Option<String>, in_pod: bool) -> (Trigger, Asked) {
         done,
         started: started_tx,
         digest,
+        node: node.into(),
         in_pod,
     };
     (
@@ -88,14 +96,36 @@ async fn by_header(State(trigger): State<Trigger>) -> Response {
 
 /// The probe port's fallback, the kubelet's hooks (with a doubled leading slash too): `GET
 /// /drain/<key>` drains; `GET /started/<index>/<key>` tells that component container `index`
-/// started. 401 with another key; any other path is 404.
-async fn by_path(State(trigger): State<Trigger>, uri: Uri) -> Response {
-    let path = uri.path().trim_start_matches('/');
-    let hook = |prefix: &str| match path.strip_prefix(prefix.trim_start_matches('/')) {
+/// started. 403 from anywhere but the node, 401 with another key; any other path is 404.
+async fn by_path(State(trigger): State<Trigger>, request: Request) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| peer.ip().to_canonical());
+    let path = request.uri().path().trim_start_matches('/');
+    let hooked = hook(path, DRAIN_PATH).is_some() || hook(path, STARTED_PATH).is_some();
+    if hooked && !peer.is_some_and(|peer| trigger.node.contains(&peer)) {
+        let peer = peer.map_or_else(|| "an unknown address".to_owned(), |p| p.to_string());
+        tracing::warn!(%peer, "refused a drain hook that did not come from the node");
+        let message =
+            format!("a kubelet hook comes from the node; {peer} is not one of its addresses");
+        return (StatusCode::FORBIDDEN, message).into_response();
+    }
+    hooks(&trigger, path).await
+}
+
+/// `path` past `prefix` and a slash (`Some("")` for `prefix` itself).
+fn hook<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
+    match path.strip_prefix(prefix.trim_start_matches('/')) {
         Some("") => Some(""),
         Some(rest) => rest.strip_prefix('/'),
         None => None,
-    };
+    }
+}
+
+/// A hook from the node: its key checked, then what it asks.
+async fn hooks(trigger: &Trigger, path: &str) -> Response {
+    let hook = |prefix: &str| hook(path, prefix);
     let keyed = |presented: &str| trigger.keyed(presented);
     let refused = || {
         (

@@ -180,8 +180,39 @@ pub fn http_get(url: &str) -> (u16, String) {
 /// A request with no body over a plain TCP socket, with extra header lines (each ending in
 /// CRLF): the status code and the whole response.
 pub fn request(ip: &str, port: u16, method: &str, path: &str, headers: &str) -> (u16, String) {
+    let stream = std::net::TcpStream::connect((ip, port)).unwrap();
+    request_on(stream, ip, method, path, headers)
+}
+
+/// [`request`] to loopback from the loopback address `source` (any of 127.0.0.0/8).
+pub fn request_from(source: &str, port: u16, path: &str) -> (u16, String) {
+    let socket = socket_from(source);
+    let address: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stream = runtime.block_on(socket.connect(address)).unwrap();
+    let stream = stream.into_std().unwrap();
+    stream.set_nonblocking(false).unwrap();
+    request_on(stream, "127.0.0.1", "GET", path, "")
+}
+
+fn socket_from(source: &str) -> tokio::net::TcpSocket {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    let source: std::net::IpAddr = source.parse().unwrap();
+    socket.bind((source, 0).into()).unwrap();
+    socket
+}
+
+fn request_on(
+    mut stream: std::net::TcpStream,
+    ip: &str,
+    method: &str,
+    path: &str,
+    headers: &str,
+) -> (u16, String) {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect((ip, port)).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();

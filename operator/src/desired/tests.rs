@@ -340,6 +340,7 @@ fn without_atomicity_broker_or_credentials_their_variables_are_absent() {
         [
             "TOA_ADDRESSED_TIMEOUT",
             "TOA_APPLICATION",
+            "TOA_HOST_IPS",
             "TOA_INSTANCE",
             "TOA_LIMIT_DELIVERIES",
             "TOA_LIMIT_DRAIN",
@@ -754,19 +755,22 @@ fn the_pod_stops_within_a_grace_period_that_covers_the_drain() {
         .termination_grace_period_seconds
         .unwrap();
     assert_eq!(grace, 10 + 121 + 5 + 5);
+    // The agent's own drain: the kubelet's `GET /drain/<key>`, from the node, as the
+    // components' hooks; and the node's addresses, which the agent takes hooks from.
     let agent = agent_of(&desired);
-    let pre_stop = agent.lifecycle.unwrap().pre_stop.unwrap().exec.unwrap();
-    assert_eq!(
-        pre_stop.command.unwrap(),
-        [
-            "toa-agent",
-            "drain",
-            "--probe",
-            "127.0.0.1:7092",
-            "--key",
-            DRAIN
-        ]
-    );
+    let pre_stop = agent.lifecycle.clone().unwrap().pre_stop.unwrap();
+    assert_eq!(pre_stop.exec, None);
+    let hook = pre_stop.http_get.unwrap();
+    assert_eq!(hook.path.unwrap(), format!("/drain/{DRAIN}"));
+    assert_eq!(hook.port, IntOrString::Int(7092));
+    let host_ips = agent
+        .env
+        .unwrap()
+        .into_iter()
+        .find(|var| var.name == "TOA_HOST_IPS")
+        .and_then(|var| var.value_from?.field_ref)
+        .unwrap();
+    assert_eq!(host_ips.field_path, "status.hostIPs");
 }
 
 #[test]

@@ -28,7 +28,8 @@
 //! intent: [`deploy`] (a Composition deployed, or refused by the operator), [`admission`] (what
 //! the API server refuses: the CEL rule, Pod Security, a pod refused by admission), [`halt`],
 //! [`rollout`], [`atomicity`], [`pods`] (pods in trouble), [`leader`] (two replicas), [`image`]
-//! (the operator's own image), [`deletion`], [`ownership`] (names the operator derives) and
+//! (the operator's own image), [`drain`] (who may drain a pod), [`deletion`], [`ownership`]
+//! (names the operator derives) and
 //! [`poison`] (a Composition it cannot decode, stored through the whole run); [`support`] holds
 //! the suite's shared parts and the helpers they share. The machinery: [`cluster`] (the control plane and the chart), [`node`],
 //! [`operator`] (the operator as a process), [`harness`], [`services`] (a Redis and a RabbitMQ of
@@ -39,6 +40,7 @@ mod atomicity;
 mod cluster;
 mod deletion;
 mod deploy;
+mod drain;
 mod halt;
 mod harness;
 mod image;
@@ -250,6 +252,10 @@ fn batches() -> Vec<Vec<(&'static str, Scenario)>> {
         ("a_typescript_composition_answers_as_the_seed_says", |s| {
             Box::pin(typescript::a_typescript_composition_answers_as_the_seed_says(s))
         }),
+        (
+            "another_pods_drain_is_refused_and_the_kubelets_drains",
+            |s| Box::pin(drain::another_pods_drain_is_refused_and_the_kubelets_drains(s)),
+        ),
     ];
     // Second, alone: a second replica, and the leader killed, which leaves no reconciling
     // operator for seconds; it ends with the suite's operator the leader again.

@@ -14,8 +14,8 @@ use crate::component::Component;
 use crate::control::component_tokens::ComponentTokens;
 use crate::coordination::atom::{Atom, AtomConfig, Mode, Scope};
 use crate::metrics::Metrics;
-use crate::process::drain;
 use crate::process::supervisor::Process;
+use crate::process::{drain, node};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,8 +40,9 @@ impl Composition {
         let (control, probe) = bind_control_and_probes(options.control, options.probe).await?;
         let activity = Activity::new();
         let process = Process::new(options.instance.to_string(), activity.clone());
-        let (trigger, asked) =
-            drain::channel(options.drain_digest.clone(), options.mode == Mode::Pod);
+        let in_pod = options.mode == Mode::Pod;
+        let node = if in_pod { node::seen() } else { Vec::new() };
+        let (trigger, asked) = drain::channel(options.drain_digest.clone(), in_pod, node);
         let (lifecycle_done, lifecycle_ready) = watch::channel(false);
         let (programs_up, up) = watch::channel(true);
         let ready = super::programs::all_true(vec![lifecycle_ready, up]);

@@ -10,7 +10,10 @@
 //! timeout needs a timer, which it does not give.) HTTP/1.1 only, as every client speaks.
 
 use super::ComposeError;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
+use hyper::Request;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -22,6 +25,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::{AbortHandle, Id, JoinSet};
+use tower::ServiceExt;
 
 /// How long a connection may take to send a request's headers, or sit idle between requests.
 pub const HEADER_READ: Duration = Duration::from_secs(10);
@@ -140,11 +144,18 @@ async fn accept(
             let slot = slots.clone().acquire_owned().await;
             (slot, listener.accept().await)
         };
-        let (slot, (stream, _)) = tokio::select! {
+        let (slot, (stream, peer)) = tokio::select! {
             next = next => next,
             () = &mut until => break,
         };
-        let service = TowerToHyperService::new(app.clone());
+        // Who connected, for the routes that care (the kubelet's hooks come from the node).
+        let app = app
+            .clone()
+            .map_request(move |mut request: Request<Incoming>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                request
+            });
+        let service = TowerToHyperService::new(app);
         let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

@@ -36,16 +36,20 @@ async fn a_check_within_its_budget_answers_as_the_check_itself() {
     );
 }
 
-/// 20 ms for a check that takes about 15 times as long: refused naming where it was, and its slot
-/// held until the thread is done.
+/// 200 ms for a check that takes about a second alone (more under load, never less): refused
+/// naming the component it was at, and its slot held until the thread is done.
 #[tokio::test]
 async fn a_check_past_its_budget_is_refused_naming_the_field_and_keeps_its_slot() {
-    let budget = Budget::new(2, Duration::from_millis(20));
-    let refused = budget.check(&costly(10_000)).await.unwrap().unwrap_err();
-    assert_eq!(
-        refused.0,
-        "`spec.components[0].configuration`: checking it took longer than 20 ms (its schemas and \
-         their patterns are compiled and evaluated within that budget); make its schemas cheaper"
+    let budget = Budget::new(2, Duration::from_millis(200));
+    let refused = budget.check(&costly(40_000)).await.unwrap().unwrap_err();
+    // At the manifest's schemas or at the configuration, as the machine's load has it.
+    assert!(refused.0.starts_with("`spec.components[0]."), "{refused}");
+    assert!(
+        refused.0.ends_with(
+            "`: checking it took longer than 200 ms (its schemas and their patterns are compiled \
+             and evaluated within that budget); make its schemas cheaper"
+        ),
+        "{refused}"
     );
     assert_eq!(budget.slots.available_permits(), 1, "still running");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -56,6 +60,15 @@ async fn a_check_past_its_budget_is_refused_naming_the_field_and_keeps_its_slot(
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// What a budget that runs out names: the last field the check reached.
+#[test]
+fn the_progress_is_the_field_whose_schemas_the_check_is_at() {
+    let progress = Progress::default();
+    assert_eq!(progress.last_or("spec"), "spec");
+    super::super::validate_noting(&costly(10), &progress).unwrap();
+    assert_eq!(progress.last_or("spec"), "spec.components[0].configuration");
 }
 
 #[tokio::test]
