@@ -35,6 +35,12 @@ pub enum ConfigError {
     Instance(#[from] InvalidInstance),
     #[error(transparent)]
     Broker(#[from] BrokerError),
+    #[error(
+        "`TOA_AMQP_USERNAME`, `TOA_AMQP_PASSWORD`: in a pod the broker takes the credentials \
+         Secret's `amqp-username` and `amqp-password` (spec.credentials.secretName), and one of \
+         them is missing; guest/guest is for local runs"
+    )]
+    BrokerCredentials,
 }
 
 /// `toa-agent compose`'s flags and the process's `TOA_*` variables, every one checked before
@@ -92,7 +98,7 @@ fn compose_options(
     };
     let credentials = Credentials::from_vars(&ProcessVars, "TOA_REDIS")?;
     let instance = Instance::from_env(std::env::var("TOA_INSTANCE").ok())?;
-    let broker = broker(&context)?;
+    let broker = broker(&context, mode)?;
     Ok(Options {
         broker,
         context,
@@ -142,13 +148,19 @@ fn context_file(
     Ok((context, configuration))
 }
 
-/// The broker's credentials and tuning, only when there is a broker.
-fn broker(context: &Context) -> Result<Option<BrokerConfig>, ConfigError> {
+/// The broker's credentials and tuning, only when there is a broker. In a pod both credentials
+/// are required: without them the client would log in as guest/guest, which a local RabbitMQ
+/// takes and a shared one must not (a local run keeps that default).
+fn broker(context: &Context, mode: Mode) -> Result<Option<BrokerConfig>, ConfigError> {
     let Some(_) = context.amqp else {
         return Ok(None);
     };
+    let credentials = Credentials::from_vars(&ProcessVars, "TOA_AMQP")?;
+    if mode == Mode::Pod && (credentials.username.is_none() || credentials.password.is_none()) {
+        return Err(ConfigError::BrokerCredentials);
+    }
     Ok(Some(BrokerConfig {
-        credentials: Credentials::from_vars(&ProcessVars, "TOA_AMQP")?,
+        credentials,
         tuning: Tuning::from_env()?,
     }))
 }

@@ -548,6 +548,23 @@ fn a_pods_context_comes_from_its_variables() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+
+    // A broker without both credentials: guest/guest is for local runs, not for a pod.
+    for password in [None, Some("p4ssw0rd-value")] {
+        let mut vars = vec![
+            ("TOA_APPLICATION", application.as_str()),
+            ("TOA_AMQP", "amqp://127.0.0.1:5672"),
+        ];
+        vars.extend(password.map(|p| ("TOA_AMQP_PASSWORD", p)));
+        let output = compose_once(&["agent/tests/components/recorder"], &vars);
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{said}");
+        assert!(
+            said.contains("`TOA_AMQP_USERNAME`, `TOA_AMQP_PASSWORD`: in a pod"),
+            "{said}"
+        );
+        assert!(!said.contains("p4ssw0rd-value"), "{said}");
+    }
 }
 
 #[test]

@@ -290,7 +290,12 @@ fn in_a_pod_toa_agent_drain_is_refused_and_the_nodes_hook_drains() {
     assert!(!refused.status.success());
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("403"), "{said}");
-    let old = drain(&["--probe", &format!("127.0.0.1:{}", pod.probe), "--key", pod.key]);
+    let old = drain(&[
+        "--probe",
+        &format!("127.0.0.1:{}", pod.probe),
+        "--key",
+        pod.key,
+    ]);
     assert!(!old.status.success(), "the pod form of `drain` is gone");
     assert_ne!(
         events(&record).last().map(|e| e["event"].clone()),

@@ -114,6 +114,14 @@ pub fn validate_noting(spec: &CompositionSpec, progress: &Progress) -> Result<Va
         .context
         .validate(&spec.application)
         .map_err(in_context)?;
+    if context.amqp.is_some() && credentials.is_none() {
+        return Err(invalid(
+            "spec.context.amqp",
+            "a pod's agent logs in to the broker with the credentials Secret's `amqp-username` \
+             and `amqp-password`, and `spec.credentials.secretName` names none (guest/guest is \
+             for local runs)",
+        ));
+    }
     let halt = halt(spec.halt.as_ref().unwrap_or(&HaltSpec::default()))?;
     let security = security(
         spec.security_context

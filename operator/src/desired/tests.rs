@@ -358,6 +358,9 @@ fn without_atomicity_broker_or_credentials_their_variables_are_absent() {
 fn the_agents_variables_read_back_into_the_validated_context() {
     let mut spec = CompositionSpec::test().with_redis(&["redis://r0", "redis://r1", "redis://r2"]);
     spec.context.amqp = Some("amqp://broker:5673/shop".into());
+    spec.credentials = Some(crate::crd::CredentialsSpec {
+        secret_name: "shop-backends".into(),
+    });
     spec.context.limits = crate::crd::LimitsSpec {
         queue: Some(500),
         drain: Some(4000),

@@ -61,7 +61,8 @@ fn application(context: &str) -> (TempDir, Options) {
         name: None,
         namespace: None,
         replicas: 3,
-        credentials: None,
+        // A broker in a pod needs its credentials (the context names one in production).
+        credentials: Some("shop-backends".into()),
     };
     (dir, options)
 }
@@ -160,6 +161,26 @@ fn an_even_number_of_addresses_is_refused_with_the_count() {
     assert!(
         message.ends_with("context.toa.yaml: Atomicity takes an odd number of addresses, 2 given."),
         "{message}"
+    );
+}
+
+#[test]
+fn a_broker_without_a_credentials_secret_is_refused_naming_both() {
+    let (_dir, mut options) = application(CONTEXT);
+    options.credentials = None;
+    let message = refused(&options);
+    assert!(
+        message.contains(
+            "`spec.context.amqp`: a pod's agent logs in to the broker with the \
+             credentials Secret's `amqp-username` and `amqp-password`, and \
+             `spec.credentials.secretName` names none"
+        ),
+        "{message}"
+    );
+    options.environment = "staging".into();
+    assert!(
+        render(&options).is_ok(),
+        "no broker in staging, nothing to log in to"
     );
 }
 

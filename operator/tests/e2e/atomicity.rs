@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::node::PodView;
 use crate::support::{
-    apply, composition, count, ready_pods, wait_no_pods, Suite, COMPONENT, PATIENCE,
+    apply, broker_credentials, composition, count, ready_pods, wait_no_pods, Suite, COMPONENT,
+    PATIENCE,
 };
 use crate::wait::eventually;
 use crate::{cluster, harness, node, services};
@@ -27,6 +28,7 @@ pub async fn atomicity_splits_slots(suite: Arc<Suite>) {
         .await
         .unwrap();
     cluster::restricted_namespace(&suite.admin, namespace).await;
+    let credentials = broker_credentials(&suite, namespace).await;
     let start = Instant::now();
     apply(
         &suite,
@@ -40,6 +42,7 @@ pub async fn atomicity_splits_slots(suite: Arc<Suite>) {
                     "atomicity": { "redis": [redis.url()], "interval": 300 },
                     "amqp": rabbit.url(),
                 },
+                "credentials": credentials,
             }),
         ),
     )
@@ -210,6 +213,7 @@ pub async fn atomicity_splits_slots(suite: Arc<Suite>) {
         "atomicity": { "redis": [redis.url()], "interval": 300 },
         "amqp": rabbit.url(),
     });
+    stopped["spec"]["credentials"] = credentials;
     apply(&suite, &stopped).await;
     wait_no_pods(&suite, namespace, name).await;
 }

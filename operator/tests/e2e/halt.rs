@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    agent_status, apply, assert_disposed_before_stopped, assert_no_failed_hooks, composition,
-    compositions, condition, control_tokens, count, deployment, describe, halting, lifecycle,
-    manifest_of, ready_pods, running_two, uids, wait_condition, wait_halted, wait_no_pods,
-    wait_pods, Suite, PATIENCE,
+    agent_status, apply, assert_disposed_before_stopped, assert_no_failed_hooks,
+    broker_credentials, composition, compositions, condition, control_tokens, count, deployment,
+    describe, halting, lifecycle, manifest_of, ready_pods, running_two, uids, wait_condition,
+    wait_halted, wait_no_pods, wait_pods, Suite, BROKER_CREDENTIALS, PATIENCE,
 };
 use crate::wait::eventually;
 use crate::{cluster, node, services, wait};
@@ -178,6 +178,7 @@ pub async fn halt_of_a_composition_called_by_another(suite: Arc<Suite>) {
         .await
         .unwrap();
     cluster::restricted_namespace(&suite.admin, namespace).await;
+    broker_credentials(&suite, namespace).await;
     let of = |name: &str, component: &str, halted: bool| {
         composition(
             namespace,
@@ -186,6 +187,7 @@ pub async fn halt_of_a_composition_called_by_another(suite: Arc<Suite>) {
                 "application": "e2e-calls",
                 "components": [{ "name": format!("e2e.{component}"), "manifest": manifest_of(component) }],
                 "context": { "amqp": rabbit.url() },
+                "credentials": { "secretName": BROKER_CREDENTIALS },
                 "halted": halted,
                 "halt": { "quietWindow": 3, "grace": 10 },
             }),

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use crate::node::PodView;
 use crate::support::{
-    agent_status, apply, composition, condition, control_tokens, lifecycle, manifest, manifest_of,
-    ready_pods, wait_condition, wait_pods, Suite, COMPONENT,
+    agent_status, apply, broker_credentials, composition, condition, control_tokens, lifecycle,
+    manifest, manifest_of, ready_pods, wait_condition, wait_pods, Suite, COMPONENT,
 };
 use crate::wait::eventually;
 use crate::{cluster, node};
@@ -58,6 +58,7 @@ pub async fn failing_pods_are_degraded(suite: Arc<Suite>) {
     let component = json!([{ "name": COMPONENT, "manifest": nodeless }]);
     // Nothing listens at this broker address (the node's bridge, port 1): the agent exits.
     let unreachable = json!({ "amqp": format!("amqp://{}:1", node::BRIDGE_IP) });
+    let credentials = broker_credentials(&suite, namespace).await;
     // What each says, from the kubelet: the runtime's error; the end of the agent's log (its
     // termination message, `FallbackToLogsOnError`).
     let broker = format!("the broker at amqp://{}:1 is unreachable", node::BRIDGE_IP);
@@ -70,7 +71,7 @@ pub async fn failing_pods_are_degraded(suite: Arc<Suite>) {
         ),
         (
             "agentless",
-            json!({ "context": unreachable }),
+            json!({ "context": unreachable, "credentials": credentials }),
             "agent",
             broker.as_str(),
         ),

@@ -120,6 +120,30 @@ pub async fn running_two(
     ready_pods(suite, namespace, name, 2).await
 }
 
+/// The name of the credentials Secret [`broker_credentials`] writes.
+pub const BROKER_CREDENTIALS: &str = "e2e-broker";
+
+/// Writes the Secret [`BROKER_CREDENTIALS`] into `namespace` with the suite's RabbitMQ's user
+/// (`guest`, which its configuration lets in from the pods' addresses): a pod's agent takes the
+/// broker's credentials from a Secret only. Returns the spec's `credentials`.
+pub async fn broker_credentials(suite: &Suite, namespace: &str) -> serde_json::Value {
+    let secret = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": { "name": BROKER_CREDENTIALS, "namespace": namespace },
+        "stringData": { "amqp-username": "guest", "amqp-password": "guest" },
+    });
+    Api::<Secret>::namespaced(suite.admin.clone(), namespace)
+        .patch(
+            BROKER_CREDENTIALS,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .unwrap_or_else(|error| panic!("the broker's credentials in {namespace}: {error}"));
+    json!({ "secretName": BROKER_CREDENTIALS })
+}
+
 /// Applies a Composition as a user would (server-side apply, field manager `e2e`).
 pub async fn apply(suite: &Suite, object: &serde_json::Value) -> Composition {
     let namespace = object["metadata"]["namespace"].as_str().unwrap();
