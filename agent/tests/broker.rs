@@ -16,7 +16,7 @@ fn context(name: &str) -> (PathBuf, String, support::rabbit::Queues) {
 fn terminals(context: &Path, instance: &str, record: &Path, extra: &[(&str, &str)]) -> Composition {
     let mut env = vec![
         ("TOA_INSTANCE", instance),
-        ("TOA_RECORD", record.to_str().unwrap()),
+        ("TEST_RECORD", record.to_str().unwrap()),
     ];
     env.extend_from_slice(extra);
     Composition::start(
@@ -275,7 +275,7 @@ fn dispose_during_the_drain_can_still_call_another_process() {
             context.to_str().unwrap(),
         ],
         &[
-            ("TOA_RECORD", events_file.to_str().unwrap()),
+            ("TEST_RECORD", events_file.to_str().unwrap()),
             ("RECORDER_DISPOSE_CALL", "test.terminals.connect"),
         ],
     );
@@ -348,7 +348,7 @@ fn the_receiving_agent_refuses_what_the_component_does_not_declare_and_keeps_ser
             "--context",
             context.to_str().unwrap(),
         ],
-        &[("TOA_RECORD", record.to_str().unwrap())],
+        &[("TEST_RECORD", record.to_str().unwrap())],
     );
     recorder.wait_ready();
     // settle echoes once.
@@ -445,7 +445,7 @@ fn a_dead_program_makes_its_agent_unready_and_its_calls_go_to_the_other_replica(
     let notes = record("dead-program-notes");
     let probe = support::free_port();
     let probe_listen = format!("127.0.0.1:{probe}");
-    let notes_env = ("TOA_NOTES", notes.to_str().unwrap());
+    let notes_env = ("TEST_NOTES", notes.to_str().unwrap());
     let one = terminals(
         &context,
         "till-1",

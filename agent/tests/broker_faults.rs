@@ -13,7 +13,7 @@ use support::{broker_context, Composition};
 fn terminals(context: &Path, instance: &str, extra: &[(&str, &str)]) -> Composition {
     let record = std::env::temp_dir().join(format!("toa-charges-faults-{}", std::process::id()));
     let record = record.to_str().unwrap().to_owned();
-    let mut env = vec![("TOA_INSTANCE", instance), ("TOA_RECORD", record.as_str())];
+    let mut env = vec![("TOA_INSTANCE", instance), ("TEST_RECORD", record.as_str())];
     env.extend_from_slice(extra);
     let composition = Composition::start(
         &[

@@ -39,7 +39,7 @@ fn setup(name: &str) -> Setup {
 fn terminals(setup: &Setup, instance: &str, extra: &[(&str, &str)]) -> Composition {
     let mut env = vec![
         ("TOA_INSTANCE", instance),
-        ("TOA_RECORD", setup.record.to_str().unwrap()),
+        ("TEST_RECORD", setup.record.to_str().unwrap()),
         ("TOA_DECLARATIONS", setup.declarations.to_str().unwrap()),
     ];
     env.extend_from_slice(extra);

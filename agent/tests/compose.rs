@@ -149,7 +149,7 @@ fn lifecycle_runs_in_order_and_settle_can_call_its_own_operations() {
     let record_path = record.to_str().unwrap();
     let composition = Composition::start(
         &["agent/tests/components/recorder"],
-        &[("TOA_RECORD", record_path), ("TOA_INSTANCE", "till-7")],
+        &[("TEST_RECORD", record_path), ("TOA_INSTANCE", "till-7")],
     );
     composition.wait_ready();
     let (ok, answer) = composition.call("test.recorder.echo", "{ input: { from: cli } }");
@@ -222,7 +222,7 @@ fn halt_pauses_and_resume_takes_back_in_the_same_process_only_with_the_token() {
             "--control-token-file",
             token_file.to_str().unwrap(),
         ],
-        &[("TOA_RECORD", record.to_str().unwrap())],
+        &[("TEST_RECORD", record.to_str().unwrap())],
     );
     composition.wait_ready();
     let token = Some("s3cret-token");
@@ -351,7 +351,7 @@ fn the_run_commands_of_one_phase_run_at_once() {
             "agent/tests/components/sleepers/a",
             "agent/tests/components/sleepers/b",
         ],
-        &[("TOA_RECORD", record.to_str().unwrap())],
+        &[("TEST_RECORD", record.to_str().unwrap())],
     );
     composition.wait_ready();
     let runs = events(&record);
@@ -409,7 +409,7 @@ fn drain_returns_once_dispose_ran_and_the_composition_stops() {
     let _ = std::fs::remove_file(&record);
     let mut composition = Composition::start(
         &["agent/tests/components/recorder"],
-        &[("TOA_RECORD", record.to_str().unwrap())],
+        &[("TEST_RECORD", record.to_str().unwrap())],
     );
     composition.wait_ready();
     let drained = std::process::Command::new(env!("CARGO_BIN_EXE_toa-agent"))
@@ -501,7 +501,7 @@ fn a_pods_context_comes_from_its_variables() {
     let without = Composition::start(
         &["agent/tests/components/recorder"],
         &[
-            ("TOA_RECORD", record.to_str().unwrap()),
+            ("TEST_RECORD", record.to_str().unwrap()),
             ("TOA_APPLICATION", &application),
         ],
     );
@@ -514,7 +514,7 @@ fn a_pods_context_comes_from_its_variables() {
     let with = Composition::start(
         &["agent/tests/components/recorder"],
         &[
-            ("TOA_RECORD", record.to_str().unwrap()),
+            ("TEST_RECORD", record.to_str().unwrap()),
             ("TOA_APPLICATION", &application),
             ("TOA_ATOMICITY_REDIS", "redis://127.0.0.1:6379"),
         ],
@@ -603,7 +603,7 @@ fn the_python_helpers_onassigned_hears_the_assignment_until_off() {
     let _ = std::fs::remove_file(&record);
     let composition = Composition::start(
         &["agent/tests/components/assigned"],
-        &[("TOA_RECORD", record.to_str().unwrap())],
+        &[("TEST_RECORD", record.to_str().unwrap())],
     );
     composition.wait_ready();
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -43,8 +43,8 @@ fn sigterm_during_a_stream_of_calls_runs_each_once_elsewhere_and_gives_up_the_na
             &["agent/tests/components/terminals", "--context", &context],
             &[
                 ("TOA_INSTANCE", instance),
-                ("TOA_NOTES", notes.to_str().unwrap()),
-                ("TOA_RECORD", charges.to_str().unwrap()),
+                ("TEST_NOTES", notes.to_str().unwrap()),
+                ("TEST_RECORD", charges.to_str().unwrap()),
                 // A long dispose: the name must be gone long before the process is.
                 ("TERMINALS_DISPOSE_MS", "3000"),
             ],
@@ -155,8 +155,8 @@ fn a_call_still_running_when_the_drains_budget_ends_is_given_back_and_runs_elsew
             &["agent/tests/components/terminals", "--context", &context],
             &[
                 ("TOA_INSTANCE", instance),
-                ("TOA_NOTE_STARTS", starts.to_str().unwrap()),
-                ("TOA_NOTES", notes.to_str().unwrap()),
+                ("TEST_NOTE_STARTS", starts.to_str().unwrap()),
+                ("TEST_NOTES", notes.to_str().unwrap()),
             ],
         );
         composition.wait_ready();

@@ -99,7 +99,7 @@ fn calls_received_over_the_broker_count_and_a_running_one_is_in_flight() {
         &["agent/tests/components/terminals", "--context", &context],
         &[
             ("TOA_INSTANCE", "till-1"),
-            ("TOA_RECORD", charges.to_str().unwrap()),
+            ("TEST_RECORD", charges.to_str().unwrap()),
         ],
     );
     let b_record = temp("received-b");
@@ -169,7 +169,7 @@ fn a_failed_pause_is_undone_reported_and_not_tried_again() {
             "agent/tests/components/halters/b",
         ],
         &[
-            ("TOA_RECORD", record.to_str().unwrap()),
+            ("TEST_RECORD", record.to_str().unwrap()),
             ("HALTER_FAIL_PAUSE", "b"),
             ("HALTER_PAUSE_MS", "600"),
         ],
@@ -229,7 +229,7 @@ fn a_halt_runs_to_its_end_when_its_request_is_dropped() {
             "agent/tests/components/halters/b",
         ],
         &[
-            ("TOA_RECORD", record.to_str().unwrap()),
+            ("TEST_RECORD", record.to_str().unwrap()),
             ("HALTER_PAUSE_MS", "800"),
         ],
     );
@@ -262,7 +262,7 @@ fn a_halt_asked_for_while_starting_pauses_the_process_once_it_is_up() {
         "starting",
         &["agent/tests/components/halters/a"],
         &[
-            ("TOA_RECORD", record.to_str().unwrap()),
+            ("TEST_RECORD", record.to_str().unwrap()),
             ("HALTER_PREFLIGHT_MS", "1500"),
         ],
     );

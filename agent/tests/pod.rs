@@ -26,7 +26,7 @@ fn program_from(script: &str, port: u16, agent: u16, record: &std::path::Path) -
         .env("TOA_AGENT", format!("http://127.0.0.1:{agent}"))
         .env("TOA_COMPONENT", "test.recorder")
         .env("TOA_INSTANCE", "pod-1")
-        .env("TOA_RECORD", record)
+        .env("TEST_RECORD", record)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -55,7 +55,7 @@ fn the_poller_stops_on_halt_and_polls_again_after_resume_in_the_same_process() {
             token_file.to_str().unwrap(),
         ],
         &[
-            ("TOA_RECORD", record.to_str().unwrap()),
+            ("TEST_RECORD", record.to_str().unwrap()),
             ("POLLER_WATCH", watched.to_str().unwrap()),
             ("POLLER_INTERVAL_MS", &INTERVAL.as_millis().to_string()),
         ],

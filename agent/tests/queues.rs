@@ -84,7 +84,7 @@ fn tasks_confirmed_before_a_broker_restart_all_run_after_it_each_once() {
     let mut broker = RabbitNode::start();
     let (context, _, _queues) = broker_context("restart-tasks", &broker.url());
     let notes = temp("restart-notes");
-    let notes_env = [("TOA_NOTES", notes.to_str().unwrap())];
+    let notes_env = [("TEST_NOTES", notes.to_str().unwrap())];
     declared_and_left(&context, &notes_env);
     let record = temp("restart-caller");
     let caller = Composition::caller(&context, &record);
@@ -120,7 +120,7 @@ fn a_full_queue_refuses_a_call_unavailable_naming_it() {
     let (context, application, _queues) =
         broker_context_with("bounded", "amqp://127.0.0.1:5672", "limits:\n  queue: 5\n");
     let notes = temp("bounded-notes");
-    let notes_env = [("TOA_NOTES", notes.to_str().unwrap())];
+    let notes_env = [("TEST_NOTES", notes.to_str().unwrap())];
     declared_and_left(&context, &notes_env);
     let record = temp("bounded-caller");
     let caller = Composition::caller(&context, &record);
@@ -178,7 +178,7 @@ fn a_call_that_takes_its_program_down_each_time_is_dead_lettered_and_its_caller_
         "limits:\n  deliveries: 2\n",
     );
     let starts = temp("dead-call-starts");
-    let env = [("TOA_NOTE_STARTS", starts.to_str().unwrap())];
+    let env = [("TEST_NOTE_STARTS", starts.to_str().unwrap())];
     let (one, probe_one) = probed(&context, "till-1", &env);
     let (two, probe_two) = probed(&context, "till-2", &env);
     let caller = Composition::caller(&context, &temp("dead-call-caller"));
@@ -208,8 +208,8 @@ fn a_task_whose_process_dies_under_it_each_time_is_dead_lettered_by_the_broker()
     let starts = temp("dead-task-starts");
     let notes = temp("dead-task-notes");
     let env = [
-        ("TOA_NOTE_STARTS", starts.to_str().unwrap()),
-        ("TOA_NOTES", notes.to_str().unwrap()),
+        ("TEST_NOTE_STARTS", starts.to_str().unwrap()),
+        ("TEST_NOTES", notes.to_str().unwrap()),
     ];
     let replica = terminals(&context, "till-1", &env);
     let caller = Composition::caller(&context, &temp("dead-task-caller"));
@@ -266,7 +266,7 @@ fn agents_before_durable_queues_and_this_one_answer_each_others_calls_and_a_chan
 
     // A new replica: an old caller's call (to the old queue) reaches it too.
     let notes = temp("rollout-notes");
-    let notes_env = [("TOA_NOTES", notes.to_str().unwrap())];
+    let notes_env = [("TEST_NOTES", notes.to_str().unwrap())];
     let new = terminals(&context, "till-1", &notes_env);
     let reply = support::rabbit::request(
         broker,

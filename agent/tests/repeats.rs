@@ -40,8 +40,8 @@ fn replica(context: &Path, instance: &str, files: &Files) -> Composition {
         ],
         &[
             ("TOA_INSTANCE", instance),
-            ("TOA_NOTE_STARTS", files.starts.to_str().unwrap()),
-            ("TOA_NOTES", files.notes.to_str().unwrap()),
+            ("TEST_NOTE_STARTS", files.starts.to_str().unwrap()),
+            ("TEST_NOTES", files.notes.to_str().unwrap()),
         ],
     );
     composition.wait_ready();

@@ -66,6 +66,9 @@ pub struct ProgramClient {
     run_command_limit: Duration,
     /// The largest answer read, in bytes (`limits.message`).
     answer_limit: usize,
+    /// The component's token, sent with every request: a program that knows it (the SDKs)
+    /// answers no one else.
+    token: Option<String>,
     base: String,
     http: reqwest::Client,
 }
@@ -77,6 +80,7 @@ impl ProgramClient {
             port,
             run_command_limit: toa_context::Limits::default().run_command,
             answer_limit: toa_context::Limits::default().message as usize,
+            token: None,
             base: format!("http://127.0.0.1:{port}"),
             http: reqwest::Client::builder()
                 .no_proxy()
@@ -122,6 +126,20 @@ impl ProgramClient {
             }
         });
         receiver
+    }
+
+    /// The same client, sending `token` with every request.
+    pub fn with_token(mut self, token: Option<&str>) -> Self {
+        self.token = token.map(str::to_owned);
+        self
+    }
+
+    /// `request` with the component's token, when there is one.
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
     }
 
     /// The same client, with run commands limited to `limits.runCommand` and answers to
@@ -192,9 +210,11 @@ impl ProgramClient {
             component: self.component.clone(),
             message: error.to_string(),
         };
-        let response = self
+        let request = self
             .http
-            .get(format!("{}{}", self.base, program::PROGRAM_PATH))
+            .get(format!("{}{}", self.base, program::PROGRAM_PATH));
+        let response = self
+            .authorized(request)
             .timeout(Duration::from_secs(10))
             .send()
             .await
@@ -262,8 +282,8 @@ impl ProgramClient {
         body: &Value,
         limit: Duration,
     ) -> Result<reqwest::Response, ProgramError> {
-        self.http
-            .post(format!("{}{path}", self.base))
+        let request = self.http.post(format!("{}{path}", self.base));
+        self.authorized(request)
             .json(body)
             .timeout(limit)
             .send()
@@ -394,5 +414,34 @@ mod tests {
             other => panic!("{other}"),
         }
         assert_eq!(quoted("short"), "short");
+    }
+
+    #[tokio::test]
+    async fn every_request_carries_the_components_token() {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = |seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>| {
+            move |headers: axum::http::HeaderMap| async move {
+                let given = headers
+                    .get("authorization")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                seen.lock().unwrap().push(given.unwrap_or_default());
+                r#"{"reply": 1}"#
+            }
+        };
+        let app = axum::Router::new()
+            .route("/program", axum::routing::get(record(seen.clone())))
+            .route(
+                "/operations/send",
+                axum::routing::post(record(seen.clone())),
+            )
+            .route(
+                "/lifecycle/ready",
+                axum::routing::post(record(seen.clone())),
+            );
+        let client = client(app, 1 << 20).await.with_token(Some("t-1"));
+        let _ = client.describe().await;
+        operate(&client).await.unwrap();
+        client.run("ready").await.unwrap();
+        assert_eq!(*seen.lock().unwrap(), ["Bearer t-1"; 3]);
     }
 }

@@ -118,16 +118,24 @@ impl Component {
 
     /// Starts the program and waits until it serves.
     /// Attaches to the program serving 127.0.0.1:`port` (started by someone else).
-    pub async fn attach(&self, port: u16) -> Result<(Program, ProgramClient), ComponentError> {
+    pub async fn attach(
+        &self,
+        port: u16,
+        token: Option<&str>,
+    ) -> Result<(Program, ProgramClient), ComponentError> {
         let program = Program::attach(&self.name, port).await?;
-        Ok((program, ProgramClient::new(&self.name, port)))
+        Ok((
+            program,
+            ProgramClient::new(&self.name, port).with_token(token),
+        ))
     }
 
+    /// Starts the program, telling it `instance` and its `token`, and withholding the agent's
+    /// environment's variables named in `withheld` (every component's secrets).
     pub async fn start(
         &self,
         agent: &str,
-        instance: &str,
-        token: Option<&str>,
+        (instance, token, withheld): (&str, Option<&str>, &[String]),
     ) -> Result<(Program, ProgramClient), ComponentError> {
         let command = self
             .manifest
@@ -146,11 +154,20 @@ impl Component {
                 token,
                 configuration: &self.configuration,
                 secrets: &self.secrets,
+                withheld,
             },
         )
         .await?;
-        let client = ProgramClient::new(&self.name, program.port());
+        let client = ProgramClient::new(&self.name, program.port()).with_token(token);
         Ok((program, client))
+    }
+
+    /// The variables this component's secrets were read from (`NAME` for `TOA_SECRET_NAME`).
+    pub fn secret_sources(&self) -> impl Iterator<Item = String> + '_ {
+        self.secrets.iter().filter_map(|(variable, _)| {
+            let name = variable.strip_prefix(toa_context::placeholders::PREFIX)?;
+            Some(name.to_owned())
+        })
     }
 
     pub fn exports(&self, command: RunCommand) -> bool {

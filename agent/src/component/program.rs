@@ -43,11 +43,37 @@ pub struct Environment<'a> {
     pub configuration: &'a str,
     /// `TOA_SECRET_{NAME}` variables and their values.
     pub secrets: &'a [(String, toa_context::Secret)],
+    /// Variables of the agent's environment the program does not inherit: every component's
+    /// secrets, under the names the agent read them from.
+    pub withheld: &'a [String],
 }
 
 impl Environment<'_> {
-    /// Sets the program's variables ([`toa_context::program`]).
+    /// Sets the program's variables ([`toa_context::program`]). The program inherits the
+    /// environment the agent started with, minus what is the agent's: every `TOA_*` variable
+    /// (the context, the broker's and Redis's credentials, tuning; the program's own are set
+    /// below) and every component's secrets.
     fn apply(&self, command: &mut Command, name: &str, port: u16) {
+        let inherited = std::env::vars_os().map(|(variable, _)| variable);
+        self.apply_over(inherited, command, name, port);
+    }
+
+    /// [`Self::apply`] over the `inherited` variables' names.
+    fn apply_over(
+        &self,
+        inherited: impl Iterator<Item = std::ffi::OsString>,
+        command: &mut Command,
+        name: &str,
+        port: u16,
+    ) {
+        for variable in inherited {
+            let agents = variable
+                .to_str()
+                .is_some_and(|v| v.starts_with("TOA_") || self.withheld.iter().any(|w| w == v));
+            if agents {
+                command.env_remove(variable);
+            }
+        }
         let environment = program::Environment {
             port,
             agent: self.agent.to_owned(),
@@ -61,11 +87,6 @@ impl Environment<'_> {
         };
         for (variable, secret) in self.secrets {
             command.env(variable, secret.expose());
-            // Not also under the name the agent read it from: as in a pod, where only the
-            // component's `TOA_SECRET_…` exists.
-            if let Some(name) = variable.strip_prefix(toa_context::placeholders::PREFIX) {
-                command.env_remove(name);
-            }
         }
         for (variable, source) in environment.vars() {
             // A local run has no pod: its instance is always given as text.
@@ -193,24 +214,50 @@ mod tests {
     use std::ffi::OsStr;
 
     #[test]
-    fn a_secret_reaches_the_program_under_its_toa_secret_name_only() {
+    fn a_program_inherits_the_agents_environment_minus_the_agents_own() {
         let secrets = [(
             "TOA_SECRET_MAIL_KEY".to_owned(),
             toa_context::Secret::new("k-value"),
         )];
+        let withheld = ["MAIL_KEY".to_owned(), "ORDERS_KEY".to_owned()];
         let environment = Environment {
             agent: "http://127.0.0.1:7090",
             instance: "p1",
             token: None,
             configuration: r#"{"key":"$MAIL_KEY"}"#,
             secrets: &secrets,
+            withheld: &withheld,
         };
+        let inherited = [
+            "PATH",
+            "HOME",
+            "MAIL_KEY",
+            "ORDERS_KEY",
+            "TOA_AMQP_PASSWORD",
+            "TOA_APPLICATION",
+            "TOA_CONTROL_TOKEN",
+            "TOA_SECRET_ORDERS_KEY",
+        ]
+        .map(std::ffi::OsString::from);
         let mut command = Command::new("true");
-        environment.apply(&mut command, "shop.mail", 4000);
+        environment.apply_over(inherited.into_iter(), &mut command, "shop.mail", 4000);
         let envs: Vec<(&OsStr, Option<&OsStr>)> = command.as_std().get_envs().collect();
         let of = |name: &str| envs.iter().find(|(key, _)| *key == name).map(|(_, v)| *v);
         assert_eq!(of("TOA_SECRET_MAIL_KEY"), Some(Some(OsStr::new("k-value"))));
-        assert_eq!(of("MAIL_KEY"), Some(None), "removed, not inherited");
+        // Removed, not inherited: every component's secret under its own name, everything of
+        // the agent's (`TOA_*` but the program's own, set anew).
+        for gone in [
+            "MAIL_KEY",
+            "ORDERS_KEY",
+            "TOA_AMQP_PASSWORD",
+            "TOA_APPLICATION",
+            "TOA_CONTROL_TOKEN",
+            "TOA_SECRET_ORDERS_KEY",
+        ] {
+            assert_eq!(of(gone), Some(None), "{gone}");
+        }
+        assert_eq!(of("PATH"), None, "inherited as it is");
+        assert_eq!(of("TOA_PORT"), Some(Some(OsStr::new("4000"))));
         assert_eq!(
             of("TOA_CONFIGURATION"),
             Some(Some(OsStr::new(r#"{"key":"$MAIL_KEY"}"#)))

@@ -339,7 +339,7 @@ impl Composition {
             ],
             &[
                 ("TOA_INSTANCE", "caller"),
-                ("TOA_RECORD", record.to_str().unwrap()),
+                ("TEST_RECORD", record.to_str().unwrap()),
             ],
         );
         composition.wait_ready();

@@ -3,7 +3,7 @@
 #
 # Each poll looks at the file in $POLLER_WATCH (its size and modification time; without the
 # variable, a poll only counts) every $POLLER_INTERVAL_MS (1000). Every run command and poll is
-# printed, and appended as a JSON line to the file in $TOA_RECORD when it is set.
+# printed, and appended as a JSON line to the file in $TEST_RECORD when it is set.
 import json
 import os
 import sys
@@ -20,8 +20,8 @@ def record(event, **fields):
     line = json.dumps({"event": event, "pid": os.getpid(), "at": time.monotonic(), **fields})
     with writing:
         print(f"poller: {line}", flush=True)
-        if os.environ.get("TOA_RECORD"):
-            with open(os.environ["TOA_RECORD"], "a") as out:
+        if os.environ.get("TEST_RECORD"):
+            with open(os.environ["TEST_RECORD"], "a") as out:
                 out.write(line + "\n")
 
 

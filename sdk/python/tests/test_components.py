@@ -49,7 +49,7 @@ def free_port():
 class SeedComponents(unittest.TestCase):
     def setUp(self):
         self.record = Path(tempfile.mkdtemp(prefix="toa-sdk-record-")) / "record"
-        self.stage = stage(COMPONENTS / "shop.catalog", env={"TOA_TEST_RECORD": str(self.record)})
+        self.stage = stage(COMPONENTS / "shop.catalog", env={"TEST_RECORD": str(self.record)})
         self.addCleanup(self.stage.stop)
 
     def test_rc_modules_run_without_a_lifecycle_list_and_share_the_state(self):
@@ -132,7 +132,7 @@ class Faults(unittest.TestCase):
                            "  interval: 1000\n  ttl: 2000\n")
         record = scratch / "record"
         composition = stage(COMPONENTS / "shop.catalog", context=context,
-                            env={"TOA_TEST_RECORD": str(record)})
+                            env={"TEST_RECORD": str(record)})
         self.addCleanup(composition.stop, 10)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             settling = pool.submit(composition.call, "shop.catalog.settle", {"input": {"hold_ms": 8000}})

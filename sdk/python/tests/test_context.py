@@ -48,5 +48,56 @@ class WithoutAnAgent(unittest.TestCase):
             self.assertNotIn("Traceback", program.stderr)
 
 
+
+class OnlyTheAgent(unittest.TestCase):
+    """A program that knows its token answers only requests that carry it, as the agent's do: no
+    other process in the pod can run its run commands or operations."""
+
+    def test_requests_without_the_components_token_are_refused(self):
+        import http.client
+        import socket
+        import time
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("TOA_")}
+        environ.update({"PYTHONPATH": str(HERE.parent), "TOA_PORT": str(port),
+                        "TOA_AGENT": "http://127.0.0.1:1", "TOA_COMPONENT": "shop.catalog",
+                        "TOA_AGENT_TOKEN": "the-token"})
+        program = subprocess.Popen([sys.executable, "-m", "toa"], env=environ,
+                                   cwd=HERE / "components" / "shop.catalog",
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(program.wait)
+        self.addCleanup(program.kill)
+
+        def ask(method, path, token=None):
+            headers = {"content-type": "application/json"}
+            if token is not None:
+                headers["authorization"] = f"Bearer {token}"
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                connection.request(method, path, body=b"{}" if method == "POST" else None,
+                                   headers=headers)
+                return connection.getresponse().status
+            finally:
+                connection.close()
+
+        deadline = time.time() + 20
+        while True:
+            try:
+                ask("GET", "/program", "the-token")
+                break
+            except OSError:
+                self.assertLess(time.time(), deadline, "the program did not serve its port")
+                time.sleep(0.1)
+        self.assertEqual(ask("GET", "/program"), 401)
+        self.assertEqual(ask("POST", "/lifecycle/dispose"), 401)
+        self.assertEqual(ask("POST", "/operations/quote", "another-token"), 401)
+        self.assertEqual(ask("GET", "/program", "the-token"), 200)
+        # With the token the request reaches the operation (which fails here: no agent answers
+        # its calls), not the refusal.
+        self.assertEqual(ask("POST", "/operations/started", "the-token"), 500)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -18,6 +18,16 @@ from .errors import CallError, Error
 from .protocol import CallRequest, ErrorBody, ErrorDetail, LockEvent, LockRequest, Outcome, Route, TaskRequest
 
 
+def read_token(token: Optional[str], token_file: Optional[str]) -> Optional[str]:
+    """The component's token: `token` (TOA_AGENT_TOKEN), else the file `token_file`
+    (TOA_AGENT_TOKEN_FILE) names, read now (an agent container the kubelet restarted writes a new
+    one); None without either. The agent's requests to the program carry it too."""
+    if token is None and token_file:
+        with open(token_file) as file:
+            token = file.read().strip()
+    return token or None
+
+
 class Agent:
     def __init__(self, environ: Optional[Mapping[str, str]] = None) -> None:
         environ = os.environ if environ is None else environ
@@ -35,10 +45,7 @@ class Agent:
 
     def headers(self) -> dict[str, str]:
         headers = {"content-type": "application/json"}
-        token = self._token
-        if token is None and self._token_file:
-            with open(self._token_file) as file:
-                token = file.read().strip()
+        token = read_token(self._token, self._token_file)
         if token:
             headers["authorization"] = f"Bearer {token}"
         return headers

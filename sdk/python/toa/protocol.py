@@ -154,10 +154,11 @@ CALL = Route("POST", "/v1/call/{component}/{operation}", request=CallRequest, re
 TASK = Route("POST", "/v1/task/{component}/{operation}", request=TaskRequest, error=ErrorBody)
 READYZ = Route("GET", "/readyz")
 DRAIN = Route("POST", "/v1/drain")
-# The program's side.
-PROGRAM = Route("GET", "/program", response=Description)
-LIFECYCLE = Route("POST", "/lifecycle/{command}")
-OPERATIONS = Route("POST", "/operations/{name}", request=OperationRequest, response=Outcome)
+# The program's side, which takes only the agent's requests (`Authorization`: its token).
+PROGRAM = Route("GET", "/program", headers=("Authorization",), response=Description)
+LIFECYCLE = Route("POST", "/lifecycle/{command}", headers=("Authorization",))
+OPERATIONS = Route("POST", "/operations/{name}", headers=("Authorization",),
+                   request=OperationRequest, response=Outcome)
 # The control endpoint, as the stage uses it (the token itself, not a signature).
 HALT = Route("POST", "/control/halt", headers=("Authorization",), request=Halt)
 RESUME = Route("POST", "/control/resume", headers=("Authorization",), request=Halt)

@@ -11,6 +11,7 @@ and serves the agent's protocol on 127.0.0.1:$TOA_PORT:
 
 from __future__ import annotations
 
+import hmac
 import importlib.util
 import json
 import os
@@ -23,6 +24,7 @@ from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 from . import protocol
+from .agent import read_token
 from .context import Context, call_function
 from .errors import Error
 from .protocol import CallInfo, Description, OperationRequest, Outcome
@@ -117,13 +119,31 @@ def handler(component: Component) -> Type[BaseHTTPRequestHandler]:
                     f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
             self.wfile.write(head.encode() + body)
 
+        def _from_the_agent(self) -> bool:
+            """Whether the request carries the component's token, as the agent's do; a program
+            that knows no token (started by hand) takes every request. Refused: 401, and the
+            connection closed (its body is not read)."""
+            expected = read_token(os.environ.get("TOA_AGENT_TOKEN"),
+                                  os.environ.get("TOA_AGENT_TOKEN_FILE"))
+            given = self.headers.get("authorization") or ""
+            if expected is None or hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
+                return True
+            self.close_connection = True
+            self._answer(401, {"message": "only the agent asks this program: its requests carry "
+                                          "the component's token (Authorization: Bearer)"})
+            return False
+
         def do_GET(self) -> None:
+            if not self._from_the_agent():
+                return
             description = component.description()
             if self.path == protocol.PROGRAM.path and description is not None:
                 return self._answer(200, description)
             return self._answer(404, {"message": f"no route {self.path}"})
 
         def do_POST(self) -> None:
+            if not self._from_the_agent():
+                return
             length = int(self.headers.get("content-length") or 0)
             request: OperationRequest = json.loads(self.rfile.read(length) or b"{}")
             kind, _, name = self.path.strip("/").partition("/")

@@ -44,8 +44,7 @@ export class Agent {
   headers () {
     /** @type {Record<string, string>} */
     const headers = { 'content-type': 'application/json' }
-    let token = this.token
-    if (token === undefined && this.tokenFile) token = readFileSync(this.tokenFile, 'utf8').trim()
+    const token = readToken(this.token, this.tokenFile)
     if (token) headers.authorization = `Bearer ${token}`
     return headers
   }
@@ -149,6 +148,17 @@ export class Agent {
     request.on('close', end)
     return () => request.destroy()
   }
+}
+
+/** The component's token: `token` (TOA_AGENT_TOKEN), else the file `tokenFile`
+ * (TOA_AGENT_TOKEN_FILE) names, read now (an agent container the kubelet restarted writes a new
+ * one); undefined without either. The agent's requests to the program carry it too.
+ * @param {string | undefined} token @param {string | undefined} tokenFile
+ * @returns {string | undefined}
+ */
+export function readToken (token, tokenFile) {
+  if (token === undefined && tokenFile) token = readFileSync(tokenFile, 'utf8').trim()
+  return token || undefined
 }
 
 /** The agent's refusal in a 4xx or 5xx answer's body, or its status when it has none.

@@ -102,14 +102,16 @@ export const DRAIN = { method: 'POST', path: '/v1/drain' }
 export const PROGRAM = {
   method: 'GET',
   path: '/program',
+  headers: ['Authorization'],
   response: /** @satisfies {Fields<Description>} */ ({ commands: true, operations: true })
 }
 /** @satisfies {Route} */
-export const LIFECYCLE = { method: 'POST', path: '/lifecycle/{command}' }
+export const LIFECYCLE = { method: 'POST', path: '/lifecycle/{command}', headers: ['Authorization'] }
 /** @satisfies {Route} */
 export const OPERATIONS = {
   method: 'POST',
   path: '/operations/{name}',
+  headers: ['Authorization'],
   request: /** @satisfies {Fields<OperationRequest>} */ ({ input: true }),
   response: outcome
 }

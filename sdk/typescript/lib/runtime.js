@@ -11,6 +11,8 @@ import { readdirSync } from 'node:fs'
 import http from 'node:http'
 import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
+import { timingSafeEqual } from 'node:crypto'
+import { readToken } from './agent.js'
 import { Context } from './context.js'
 import { PROGRAM } from './protocol.js'
 
@@ -135,11 +137,27 @@ function describe (error) {
   }
 }
 
+/** Whether `request` carries the component's token, as the agent's do; a program that knows no
+ * token (started by hand) takes every request.
+ * @param {http.IncomingMessage} request
+ */
+function fromTheAgent (request) {
+  const expected = readToken(process.env.TOA_AGENT_TOKEN, process.env.TOA_AGENT_TOKEN_FILE)
+  if (expected === undefined) return true
+  const given = Buffer.from(request.headers.authorization ?? '')
+  const wanted = Buffer.from(`Bearer ${expected}`)
+  return given.length === wanted.length && timingSafeEqual(given, wanted)
+}
+
 /** @param {Component} component @param {string} [name] @returns {http.RequestListener} */
 export function handler (component, name = process.env.TOA_COMPONENT) {
   // Not an `error` body: the agent would take that for an operation's own error.
   const unknown = (/** @type {http.ServerResponse} */ response, /** @type {string} */ url) => answer(response, 404, { message: `no route ${url}` })
   return async (request, response) => {
+    if (!fromTheAgent(request)) {
+      response.setHeader('connection', 'close')
+      return answer(response, 401, { message: 'only the agent asks this program: its requests carry the component\'s token (Authorization: Bearer)' })
+    }
     const url = /** @type {string} */ (request.url)
     const [kind, operation] = url.split('/').filter(Boolean)
     if (request.method === 'GET') {

@@ -122,3 +122,34 @@ test("a secret's place in the configuration gets its value; one without a value 
   assert.equal(code, 1)
   assert.match(stderr, /TOA_SECRET_MAIL_KEY is not set/)
 })
+
+describe('only the agent', () => {
+  // A program that knows its token answers only requests that carry it, as the agent's do: no
+  // other process in the pod can run its run commands or operations.
+  test('requests without the component\'s token are refused', async () => {
+    const port = await freePort()
+    const program = spawn(process.execPath, ['../../../bin/toa-node.js'], {
+      cwd: `${FIXTURES}/shop.probe`,
+      env: {
+        ...process.env,
+        TOA_PORT: String(port),
+        TOA_AGENT: 'http://127.0.0.1:1',
+        TOA_COMPONENT: 'shop.probe',
+        TOA_AGENT_TOKEN: 'the-token'
+      },
+      stdio: 'ignore'
+    })
+    after(() => program.kill())
+    const ask = async (method, path, token) => {
+      const headers = { 'content-type': 'application/json' }
+      if (token !== undefined) headers.authorization = `Bearer ${token}`
+      const body = method === 'POST' ? '{}' : undefined
+      return (await fetch(`http://127.0.0.1:${port}${path}`, { method, headers, body })).status
+    }
+    await until(() => ask('GET', '/program', 'the-token').then((s) => s === 200, () => false), 20_000, 'the program serves')
+    assert.equal(await ask('GET', '/program'), 401)
+    assert.equal(await ask('POST', '/lifecycle/dispose'), 401)
+    assert.equal(await ask('POST', '/operations/echo', 'another-token'), 401)
+    assert.equal(await ask('POST', '/operations/echo', 'the-token'), 200)
+  })
+})

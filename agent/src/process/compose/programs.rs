@@ -28,19 +28,25 @@ pub async fn start(
     instance: &Instance,
     tokens: &ComponentTokens,
 ) -> Vec<Started> {
+    // Every component's secrets, read from the agent's environment: no program inherits another's.
+    let withheld: Vec<String> = loaded
+        .iter()
+        .flat_map(|component| component.secret_sources())
+        .collect();
+    let withheld = &withheld;
     let starts = loaded
         .iter()
         .enumerate()
         .map(|(index, component)| async move {
+            let token = tokens.token(&component.name);
             match attach {
                 Some(first_port) => {
-                    component
-                        .attach(toa_context::agent_args::attach_port(first_port, index))
-                        .await
+                    let port = toa_context::agent_args::attach_port(first_port, index);
+                    component.attach(port, token).await
                 }
                 None => {
-                    let token = tokens.token(&component.name);
-                    component.start(agent_url, instance.as_str(), token).await
+                    let told = (instance.as_str(), token, withheld.as_slice());
+                    component.start(agent_url, told).await
                 }
             }
         });
@@ -59,7 +65,7 @@ pub async fn again(
     tracing::warn!(component = %name, port, "the component's container restarted; running the lifecycle again for its new program");
     lifecycle_done.send_replace(false);
     serving.send_replace(false);
-    member.component.attach(port).await?;
+    Program::attach(name, port).await?;
     lifecycle::run_up(std::slice::from_ref(member), serving).await?;
     serving.send_replace(true);
     lifecycle_done.send_replace(true);

@@ -1,5 +1,5 @@
 # Listens to its assignments with toa.py's onassigned from preflight, recording each to the file in
-# $TOA_RECORD; dispose turns the listener off.
+# $TEST_RECORD; dispose turns the listener off.
 import json
 import os
 import sys
@@ -11,7 +11,7 @@ component = Component()
 
 
 def record(event, **details):
-    with open(os.environ["TOA_RECORD"], "a") as out:
+    with open(os.environ["TEST_RECORD"], "a") as out:
         out.write(json.dumps({"event": event, **details}) + "\n")
 
 

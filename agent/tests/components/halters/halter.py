@@ -1,4 +1,4 @@
-# Records its run commands and ticks (component, pid, time) to the file in $TOA_RECORD.
+# Records its run commands and ticks (component, pid, time) to the file in $TEST_RECORD.
 # HALTER_PREFLIGHT_MS: how long preflight takes; HALTER_PAUSE_MS: how long pause takes;
 # HALTER_FAIL_PAUSE: the component whose pause fails.
 import json
@@ -14,7 +14,7 @@ NAME = os.environ["TOA_COMPONENT"]
 
 
 def record(event):
-    with open(os.environ["TOA_RECORD"], "a") as out:
+    with open(os.environ["TEST_RECORD"], "a") as out:
         out.write(json.dumps({"event": event, "component": NAME, "pid": os.getpid(), "at": time.time()}) + "\n")
 
 

@@ -1,4 +1,4 @@
-# Records run commands and pulse ticks (with its pid) to the file in $TOA_RECORD.
+# Records run commands and pulse ticks (with its pid) to the file in $TEST_RECORD.
 import json
 import os
 import sys
@@ -11,7 +11,7 @@ component = Component()
 
 
 def record(event):
-    with open(os.environ["TOA_RECORD"], "a") as out:
+    with open(os.environ["TEST_RECORD"], "a") as out:
         out.write(json.dumps({"event": event, "pid": os.getpid(), "at": time.monotonic()}) + "\n")
 
 

@@ -1,4 +1,4 @@
-# Records its run commands (with what it could do in each) to the file in $TOA_RECORD.
+# Records its run commands (with what it could do in each) to the file in $TEST_RECORD.
 import json
 import os
 import sys
@@ -11,7 +11,7 @@ component = Component()
 
 
 def record(event, **details):
-    with open(os.environ["TOA_RECORD"], "a") as out:
+    with open(os.environ["TEST_RECORD"], "a") as out:
         out.write(json.dumps({"event": event, "at": time.monotonic(), **details}) + "\n")
 
 
@@ -54,7 +54,7 @@ def echo(input, context):
 
 @component.operation
 def events(input, context):
-    return open(os.environ["TOA_RECORD"]).read()
+    return open(os.environ["TEST_RECORD"]).read()
 
 
 component.run()

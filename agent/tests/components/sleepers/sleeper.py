@@ -1,4 +1,4 @@
-# preflight takes half a second and records when it ran, to the file in $TOA_RECORD.
+# preflight takes half a second and records when it ran, to the file in $TEST_RECORD.
 import json
 import os
 import sys
@@ -14,7 +14,7 @@ component = Component()
 def preflight(context):
     start = time.monotonic()
     time.sleep(0.5)
-    with open(os.environ["TOA_RECORD"], "a") as out:
+    with open(os.environ["TEST_RECORD"], "a") as out:
         out.write(json.dumps({"component": os.environ["TOA_COMPONENT"], "from": start, "to": time.monotonic()}) + "\n")
 
 

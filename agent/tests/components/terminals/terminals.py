@@ -1,5 +1,5 @@
-# Records each charge (amount, pid, when it ran) to the file in $TOA_RECORD, and each note to
-# $TOA_NOTES. TERMINALS_DISPOSE_MS: how long dispose takes.
+# Records each charge (amount, pid, when it ran) to the file in $TEST_RECORD, and each note to
+# $TEST_NOTES. TERMINALS_DISPOSE_MS: how long dispose takes.
 import json
 import os
 import sys
@@ -29,7 +29,7 @@ def charge(input, context):
     started = time.time()
     time.sleep(input.get("sleep_ms", 0) / 1000)
     record = {"amount": input["amount"], "pid": os.getpid(), "started": started, "ended": time.time()}
-    with open(os.environ["TOA_RECORD"], "a") as out:
+    with open(os.environ["TEST_RECORD"], "a") as out:
         out.write(json.dumps(record) + "\n")
     return {"charged": input["amount"]}
 
@@ -41,11 +41,11 @@ def dispose(context):
 
 @component.operation
 def note(input, context):
-    # An ordinary call that records where and when it ran, to $TOA_NOTES (and that it started, to
-    # $TOA_NOTE_STARTS if set).
+    # An ordinary call that records where and when it ran, to $TEST_NOTES (and that it started, to
+    # $TEST_NOTE_STARTS if set).
     started = time.time()
-    if os.environ.get("TOA_NOTE_STARTS"):
-        with open(os.environ["TOA_NOTE_STARTS"], "a") as out:
+    if os.environ.get("TEST_NOTE_STARTS"):
+        with open(os.environ["TEST_NOTE_STARTS"], "a") as out:
             out.write(json.dumps({"id": input["id"], "pid": os.getpid()}) + "\n")
     if input.get("fail"):
         raise RuntimeError("asked to fail")
@@ -53,7 +53,7 @@ def note(input, context):
         os._exit(3)
     time.sleep(input.get("sleep_ms", 0) / 1000)
     record = {"id": input["id"], "pid": os.getpid(), "started": started, "ended": time.time()}
-    with open(os.environ["TOA_NOTES"], "a") as out:
+    with open(os.environ["TEST_NOTES"], "a") as out:
         out.write(json.dumps(record) + "\n")
     return {"pid": os.getpid()}
 

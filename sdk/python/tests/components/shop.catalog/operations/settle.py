@@ -1,5 +1,5 @@
 # The seed's settle: the nightly settlement never runs twice at the same time. `hold_ms` (200 by
-# default) is how long it works under the lock; with $TOA_TEST_RECORD it records `held`.
+# default) is how long it works under the lock; with $TEST_RECORD it records `held`.
 import os
 import time
 
@@ -7,8 +7,8 @@ import time
 async def effect(input, context):
     def settle(signal):
         start = time.monotonic()
-        if os.environ.get("TOA_TEST_RECORD"):
-            with open(os.environ["TOA_TEST_RECORD"], "a") as file:
+        if os.environ.get("TEST_RECORD"):
+            with open(os.environ["TEST_RECORD"], "a") as file:
                 file.write("held\n")
         time.sleep((input or {}).get("hold_ms", 200) / 1000)
         if signal.aborted:

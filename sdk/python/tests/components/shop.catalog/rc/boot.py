@@ -7,7 +7,7 @@ def preflight(context):
 
 
 def dispose(context):
-    record = os.environ.get("TOA_TEST_RECORD")
+    record = os.environ.get("TEST_RECORD")
     if record:
         with open(record, "a") as file:
             file.write("dispose\n")
