@@ -258,6 +258,20 @@ def _():
     assert not any(a.startswith("--control-from") for a in c["args"]), c["args"]
 
 
+@check("networkPolicy.egress: none by default; given, passed as one JSON list of rules")
+def _():
+    _, c = container(DEFAULT)
+    assert not any(a.startswith("--egress-rules") for a in c["args"]), c["args"]
+    rules = [{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "db"}}}],
+              "ports": [{"port": 6379}, {"port": 5672}]}]
+    _, c = container(render({"networkPolicy": {"egress": rules}}))
+    given = [a for a in c["args"] if a.startswith("--egress-rules=")]
+    assert len(given) == 1, c["args"]
+    assert json.loads(given[0].split("=", 1)[1]) == rules, given
+    _, c = container(render({"networkPolicy": {"enabled": False, "egress": rules}}))
+    assert not any(a.startswith("--egress-rules") for a in c["args"]), "no policy, no rules"
+
+
 @check("the Deployment passes only flags that `toa-operator run` takes")
 def _():
     known = {

@@ -66,6 +66,12 @@ pub struct RunArgs {
     /// NetworkPolicy that lets only them reach its agents' control port. Without it, none.
     #[arg(long, env = "TOA_CONTROL_FROM", value_name = "NAMESPACE/LABELS")]
     pub control_from: Option<String>,
+    /// Where the Compositions' pods may connect, as a JSON list of NetworkPolicy egress rules
+    /// (`[{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": 5672}]}]`): with any,
+    /// the NetworkPolicy of `--control-from` restricts egress to them and DNS. Without, egress
+    /// is not restricted.
+    #[arg(long, env = "TOA_EGRESS_RULES", value_name = "JSON")]
+    pub egress_rules: Option<String>,
     /// The Secret holding the operator's key (`current`, and `previous` while it rotates), from
     /// which every Composition's control token is derived; created when missing.
     #[arg(long, env = "TOA_KEY_SECRET", default_value = "toa-operator-key")]
@@ -122,6 +128,7 @@ impl RunArgs {
             lease_namespace,
             lease_identity,
             control_from,
+            egress_rules,
             key_secret,
             key_namespace,
             watch_namespaces,
@@ -133,6 +140,7 @@ impl RunArgs {
             OnOff::On => Some(lease_of(lease_name, lease_namespace, lease_identity, vars)?),
         };
         let control_from = control_from.map(control_from_of).transpose()?;
+        let egress = egress_of(egress_rules, control_from.is_some())?;
         let key = run::KeySettings {
             secret: key_secret_of(key_secret)?,
             namespace: key_namespace,
@@ -143,6 +151,7 @@ impl RunArgs {
             metrics_listen,
             lease,
             control_from,
+            egress,
             key,
             watch_namespaces: namespaces_of(watch_namespaces)?,
         })
@@ -198,6 +207,30 @@ fn lease_of(
         name,
         namespace,
         identity,
+    })
+}
+
+/// `--egress-rules`: a JSON list of NetworkPolicy egress rules, for the policy `--control-from`
+/// makes (without it there is none to put them in).
+fn egress_of(
+    given: Option<String>,
+    policy: bool,
+) -> Result<Vec<k8s_openapi::api::networking::v1::NetworkPolicyEgressRule>, RunArgsError> {
+    let Some(given) = given else {
+        return Ok(Vec::new());
+    };
+    let refused = |expected| RunArgsError {
+        option: "--egress-rules",
+        expected,
+        given: given.clone(),
+    };
+    if !policy {
+        return Err(refused(
+            "rules only with --control-from, whose NetworkPolicy they go into",
+        ));
+    }
+    serde_json::from_str(&given).map_err(|_| {
+        refused("a JSON list of NetworkPolicy egress rules, [{\"to\": [...], \"ports\": [...]}]")
     })
 }
 
@@ -402,6 +435,7 @@ mod tests {
                     identity: "op-0".into(),
                 }),
                 control_from: None,
+                egress: vec![],
                 key: run::KeySettings {
                     secret: "toa-operator-key".into(),
                     namespace: None,
@@ -426,6 +460,35 @@ mod tests {
         assert_eq!(error.option, "--watch-namespaces");
         assert_eq!(error.given, "Billing!");
         assert_eq!(config("shop,billing,shop").unwrap_err().given, "shop");
+    }
+
+    #[test]
+    fn egress_rules_are_a_json_list_of_rules_for_the_control_from_policy() {
+        let config = |args: &[&str]| {
+            let mut all = vec!["--agent-image", "a:1"];
+            all.extend(args);
+            parse(&all).unwrap().into_config(|_| Some("op".to_owned()))
+        };
+        let rules = r#"[{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": 5672}]}]"#;
+        let policy = ["--control-from", "ops/app=toa"];
+        let egress = config(&[&policy[..], &["--egress-rules", rules]].concat())
+            .unwrap()
+            .egress;
+        assert_eq!(egress.len(), 1);
+        let to = egress[0].to.as_ref().unwrap();
+        assert_eq!(to[0].ip_block.as_ref().unwrap().cidr, "10.0.0.0/8");
+        let refused =
+            config(&[&policy[..], &["--egress-rules", "{\"to\": []}"]].concat()).unwrap_err();
+        assert_eq!(refused.option, "--egress-rules");
+        assert!(refused
+            .expected
+            .starts_with("a JSON list of NetworkPolicy egress rules"));
+        let alone = config(&["--egress-rules", rules]).unwrap_err();
+        assert_eq!(
+            alone.expected,
+            "rules only with --control-from, whose NetworkPolicy they go into"
+        );
+        assert!(config(&policy).unwrap().egress.is_empty());
     }
 
     #[test]

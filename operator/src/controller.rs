@@ -470,7 +470,7 @@ async fn configure(
     }
     if let Some(from) = &context.settings.control_from {
         let policies = Api::<NetworkPolicy>::namespaced(context.client.clone(), &owner.namespace);
-        let policy = desired::network_policy(owner, from);
+        let policy = desired::network_policy(owner, from, &context.settings.egress);
         kube_io::apply_own(&policies, &policy, uid).await?;
     }
     Ok(keys)

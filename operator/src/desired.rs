@@ -43,8 +43,8 @@ use k8s_openapi::api::core::v1::{
     SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
-    NetworkPolicySpec,
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -84,6 +84,8 @@ pub struct Settings {
     /// Who may reach the agents' control port: with it, each Composition gets a NetworkPolicy
     /// ([`network_policy`]); without it, none.
     pub control_from: Option<ControlFrom>,
+    /// With any, the NetworkPolicy restricts the pods' egress to these rules and DNS.
+    pub egress: Vec<NetworkPolicyEgressRule>,
 }
 
 /// The operator's pods, as a NetworkPolicy peer: their namespace and labels.
@@ -96,8 +98,14 @@ pub struct ControlFrom {
 /// The Composition's NetworkPolicy: its pods take the control port (7091) only from the
 /// operator's pods, the probe port (7092) from anywhere (the kubelet's probes come from the node,
 /// Prometheus from wherever it runs), and nothing else (their components listen on loopback).
-/// Enforced only where the cluster's network plugin enforces NetworkPolicies.
-pub fn network_policy(owner: &Owner, from: &ControlFrom) -> NetworkPolicy {
+/// With `egress` rules, the pods may connect only where they allow, and to DNS (port 53 anywhere:
+/// every address the context names is a name). Enforced only where the cluster's network plugin
+/// enforces NetworkPolicies.
+pub fn network_policy(
+    owner: &Owner,
+    from: &ControlFrom,
+    egress: &[NetworkPolicyEgressRule],
+) -> NetworkPolicy {
     let port = |number: u16| NetworkPolicyPort {
         port: Some(IntOrString::Int(i32::from(number))),
         protocol: Some("TCP".to_owned()),
@@ -125,7 +133,12 @@ pub fn network_policy(owner: &Owner, from: &ControlFrom) -> NetworkPolicy {
                 match_labels: Some(labels(&owner.name)),
                 ..LabelSelector::default()
             }),
-            policy_types: Some(vec!["Ingress".to_owned()]),
+            policy_types: Some(if egress.is_empty() {
+                vec!["Ingress".to_owned()]
+            } else {
+                vec!["Ingress".to_owned(), "Egress".to_owned()]
+            }),
+            egress: (!egress.is_empty()).then(|| with_dns(egress)),
             ingress: Some(vec![
                 NetworkPolicyIngressRule {
                     from: Some(vec![operator]),
@@ -139,6 +152,21 @@ pub fn network_policy(owner: &Owner, from: &ControlFrom) -> NetworkPolicy {
             ..NetworkPolicySpec::default()
         }),
     }
+}
+
+/// `rules` and DNS: UDP and TCP port 53, anywhere.
+fn with_dns(rules: &[NetworkPolicyEgressRule]) -> Vec<NetworkPolicyEgressRule> {
+    let dns = |protocol: &str| NetworkPolicyPort {
+        port: Some(IntOrString::Int(53)),
+        protocol: Some(protocol.to_owned()),
+        ..NetworkPolicyPort::default()
+    };
+    let mut all = vec![NetworkPolicyEgressRule {
+        to: None,
+        ports: Some(vec![dns("UDP"), dns("TCP")]),
+    }];
+    all.extend_from_slice(rules);
+    all
 }
 
 /// The objects for one Composition.

@@ -61,6 +61,7 @@ impl crate::desired::Settings {
             agent_resources: serde_json::from_str(crate::args::DEFAULT_AGENT_RESOURCES)
                 .expect("the default resources parse"),
             control_from: None,
+            egress: Vec::new(),
         }
     }
 }

@@ -27,6 +27,8 @@ pub struct Config {
     pub lease: Option<LeaseSettings>,
     /// `None`: no NetworkPolicy per Composition.
     pub control_from: Option<crate::desired::ControlFrom>,
+    /// The egress the NetworkPolicy allows besides DNS; empty: egress is not restricted.
+    pub egress: Vec<k8s_openapi::api::networking::v1::NetworkPolicyEgressRule>,
     /// Where the operator's key is.
     pub key: KeySettings,
     /// The namespaces watched; empty: all.
@@ -171,6 +173,7 @@ fn context(
         agent_image: config.agent_image.clone(),
         agent_resources: config.agent_resources.clone(),
         control_from: config.control_from.clone(),
+        egress: config.egress.clone(),
     };
     let mut context = Context::new(
         client.clone(),

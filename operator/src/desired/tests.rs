@@ -844,7 +844,7 @@ fn the_network_policy_lets_only_the_operator_reach_the_control_port() {
         )]
         .into(),
     };
-    let policy = serde_json::to_value(network_policy(&owner, &from)).unwrap();
+    let policy = serde_json::to_value(network_policy(&owner, &from, &[])).unwrap();
     assert_eq!(policy["metadata"]["name"], "shop");
     assert_eq!(policy["metadata"]["namespace"], "shop");
     assert_eq!(
@@ -875,6 +875,31 @@ fn the_network_policy_lets_only_the_operator_reach_the_control_port() {
         serde_json::json!([{"port": 7092, "protocol": "TCP"}])
     );
     assert!(ingress[1].get("from").is_none(), "{spec}");
+    assert!(
+        spec.get("egress").is_none(),
+        "egress is not restricted: {spec}"
+    );
+
+    // With egress rules: Egress too, DNS first, then the rules as given.
+    let rules: Vec<k8s_openapi::api::networking::v1::NetworkPolicyEgressRule> =
+        serde_json::from_value(serde_json::json!([
+            {"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": 5672, "protocol": "TCP"}]}
+        ]))
+        .unwrap();
+    let policy = serde_json::to_value(network_policy(&owner, &from, &rules)).unwrap();
+    let spec = &policy["spec"];
+    assert_eq!(
+        spec["policyTypes"],
+        serde_json::json!(["Ingress", "Egress"])
+    );
+    assert_eq!(
+        spec["egress"],
+        serde_json::json!([
+            {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+            {"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": 5672, "protocol": "TCP"}]}
+        ])
+    );
+    assert_eq!(spec["ingress"].as_array().unwrap().len(), 2);
 }
 
 #[test]
