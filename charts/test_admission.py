@@ -32,6 +32,7 @@ import traceback
 from pathlib import Path
 
 import yaml
+from checks import check, results  # charts/checks.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "toa-operator"
@@ -49,26 +50,7 @@ DENIED = f"ValidatingAdmissionPolicy '{POLICY}' with binding '{POLICY}' denied r
 # How long the API server may take to act on a new policy, binding or role (informers).
 PATIENCE = 30.0
 
-results = {"passed": 0, "failed": 0}
 kubeconfig: Path | None = None
-
-
-def check(name):
-    """Runs the decorated function as one test, counting it."""
-
-    def run(function):
-        try:
-            function()
-        except Exception:  # noqa: BLE001 - every failure is reported and counted
-            results["failed"] += 1
-            print(f"FAIL {name}")
-            traceback.print_exc(file=sys.stdout)
-        else:
-            results["passed"] += 1
-            print(f"ok   {name}")
-        return function
-
-    return run
 
 
 def kubectl(*args, stdin=None, user=None):

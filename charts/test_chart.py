@@ -27,12 +27,12 @@ import json
 import subprocess
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 
 import helm_python as helm
 import kubernetes_validate
 import yaml  # a dependency of kubernetes-validate
+from checks import check, results  # charts/checks.py, beside this script
 
 CHART = Path(__file__).resolve().parent / "toa-operator"
 RELEASE = "toa"
@@ -43,26 +43,6 @@ HELM = CHART.parent.parent / "scripts" / "helm"
 CRD = yaml.safe_load((CHART.parent.parent / "crds" / "composition.yaml").read_text())
 # What an API server offering the admission policy reports (discovery), as `--api-versions`.
 POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
-
-results = {"passed": 0, "failed": 0}
-
-
-def check(name):
-    """Runs the decorated function as one test, counting it."""
-
-    def run(function):
-        try:
-            function()
-        except Exception:  # noqa: BLE001 - every failure is reported and counted
-            results["failed"] += 1
-            print(f"FAIL {name}")
-            traceback.print_exc(file=sys.stdout)
-        else:
-            results["passed"] += 1
-            print(f"ok   {name}")
-        return function
-
-    return run
 
 
 def render(values=None):

@@ -446,6 +446,7 @@ async fn main() {
         agent_resources: serde_json::from_str(toa_operator::args::DEFAULT_AGENT_RESOURCES)
             .expect("the default resources parse"),
         control_from: None,
+        egress: Vec::new(),
     };
     let pid = operator.pid().unwrap();
     let (idle, _) = memory(pid);

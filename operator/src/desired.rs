@@ -149,7 +149,6 @@ pub fn network_policy(
                     ports: Some(vec![port(PROBE_PORT)]),
                 },
             ]),
-            ..NetworkPolicySpec::default()
         }),
     }
 }

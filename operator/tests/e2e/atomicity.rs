@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::node::PodView;
 use crate::support::{
-    apply, broker_credentials, composition, count, ready_pods, wait_no_pods, Suite, COMPONENT,
-    PATIENCE,
+    apply, asked_status, broker_credentials, composition, count, ready_pods, wait_no_pods, Suite,
+    COMPONENT, PATIENCE,
 };
 use crate::wait::eventually;
 use crate::{cluster, harness, node, services};
@@ -96,23 +96,8 @@ pub async fn atomicity_splits_slots(suite: Arc<Suite>) {
     );
     // The recorder's slots came with its token (the file its container alone mounts); the same
     // route asked without it, as any other process in the pod would, is refused.
-    suite
-        .harness
-        .ask(&pods[0].name, json!({ "do": "tokenless" }));
-    let status = eventually(
-        "the tokenless request's answer",
-        Duration::from_secs(10),
-        || async {
-            suite
-                .harness
-                .events(&pods[0].name)
-                .into_iter()
-                .find(|e| e.event == "tokenless")
-                .map(|e| e.details["status"].clone())
-                .ok_or_else(|| "no answer".to_owned())
-        },
-    )
-    .await;
+    let tokenless = json!({ "do": "tokenless" });
+    let status = asked_status(&suite, &pods[0].name, tokenless, "tokenless").await;
     assert_eq!(status, json!(401), "a component's route without its token");
 
     // Through Redis: the slots' keys of this application, both pods among the members.

@@ -5,14 +5,12 @@
 
 use serde_json::json;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::cluster;
 use crate::support::{
-    apply, assert_disposed_before_stopped, assert_no_failed_hooks, composition, deployment,
-    lifecycle, manifest_of, ready_pods, wait_no_pods, Suite,
+    apply, asked_status, assert_disposed_before_stopped, assert_no_failed_hooks, composition,
+    deployment, lifecycle, manifest_of, ready_pods, wait_no_pods, Suite,
 };
-use crate::wait::eventually;
 
 pub async fn another_pods_drain_is_refused_and_the_kubelets_drains(suite: Arc<Suite>) {
     let namespace = "e2e-drain";
@@ -34,23 +32,8 @@ pub async fn another_pods_drain_is_refused_and_the_kubelets_drains(suite: Arc<Su
         .and_then(|d| d.metadata.annotations?.get("toa.io/drain-key").cloned())
         .expect("the victim's drain key");
     let url = format!("http://{}:7092/drain/{key}", victims[0].ip);
-    suite
-        .harness
-        .ask(&attackers[0].name, json!({ "do": "fetch", "url": url }));
-    let status = eventually(
-        "the attacker's drain answered",
-        Duration::from_secs(20),
-        || async {
-            suite
-                .harness
-                .events(&attackers[0].name)
-                .into_iter()
-                .find(|e| e.event == "fetched")
-                .map(|e| e.details["status"].clone())
-                .ok_or_else(|| "no answer yet".to_owned())
-        },
-    )
-    .await;
+    let fetch = json!({ "do": "fetch", "url": url });
+    let status = asked_status(&suite, &attackers[0].name, fetch, "fetched").await;
     assert_eq!(status, json!(403), "another pod's drain, with the key");
     assert_eq!(
         lifecycle(&suite, &victims[0]),

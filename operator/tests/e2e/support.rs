@@ -120,6 +120,31 @@ pub async fn running_two(
     ready_pods(suite, namespace, name, 2).await
 }
 
+/// Asks `pod`'s recorder to do `command` and waits (10 s at most) for the `status` it tells with
+/// the event `told`.
+pub async fn asked_status(
+    suite: &Suite,
+    pod: &str,
+    command: serde_json::Value,
+    told: &str,
+) -> serde_json::Value {
+    suite.harness.ask(pod, command);
+    eventually(
+        &format!("{pod} told {told}"),
+        Duration::from_secs(10),
+        || async {
+            suite
+                .harness
+                .events(pod)
+                .into_iter()
+                .find(|e| e.event == told)
+                .map(|e| e.details["status"].clone())
+                .ok_or_else(|| "no answer yet".to_owned())
+        },
+    )
+    .await
+}
+
 /// The name of the credentials Secret [`broker_credentials`] writes.
 pub const BROKER_CREDENTIALS: &str = "e2e-broker";
 
