@@ -96,6 +96,11 @@ pub struct Failure {
 /// this, a slash and the drain key.
 pub const DRAIN_PATH: &str = "/drain";
 
+/// How long the agent's listeners wait for a request's headers, an idle kept-alive connection
+/// included: past it they close the connection. A client that keeps connections to an agent (the
+/// operator) lets them go sooner, so that it never sends on one the agent is closing.
+pub const HEADER_READ: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The agent's variable holding the node's IPs (the downward API's `status.hostIPs`, comma
 /// separated): the kubelet's hooks come from the node.
 pub const HOST_IPS: &str = "TOA_HOST_IPS";

@@ -112,6 +112,9 @@ impl HttpAgentControl {
         let client = reqwest::Client::builder()
             .timeout(TIMEOUT)
             .connect_timeout(TIMEOUT)
+            // Idle connections go before the agent closes them (reqwest keeps them 90 s): a
+            // request sent on one the agent is closing fails, and a halt then waits a poll.
+            .pool_idle_timeout(toa_context::control::HEADER_READ / 2)
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .build()?;

@@ -28,7 +28,7 @@ use tokio::task::{AbortHandle, Id, JoinSet};
 use tower::ServiceExt;
 
 /// How long a connection may take to send a request's headers, or sit idle between requests.
-pub const HEADER_READ: Duration = Duration::from_secs(10);
+pub use toa_context::control::HEADER_READ;
 /// Connections at once to the local API: the programs' calls, streams and atoms, each call a
 /// connection at worst (an SDK that keeps none alive).
 pub const LOCAL_API_CONNECTIONS: usize = 4096;
