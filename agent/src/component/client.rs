@@ -28,6 +28,9 @@ pub enum ProgramError {
     TooLarge { component: String, limit: usize },
 }
 
+/// How long `GET /program` may take.
+const DESCRIBE_LIMIT: Duration = Duration::from_secs(10);
+
 /// The most of a program's answer an error repeats (in logs, to callers, in a pod's status):
 /// enough to say what went wrong, never the whole of a large answer.
 pub const QUOTED: usize = 1024;
@@ -152,7 +155,12 @@ impl ProgramClient {
 
     /// The answer's body as text, read up to the limit: a longer one is refused with the rest
     /// unread (a program answering 200 MB no longer takes the agent's memory with it).
-    async fn body(&self, mut response: reqwest::Response) -> Result<String, ProgramError> {
+    /// `limit`: the request's time limit, past which reading it is the program's timeout.
+    async fn body(
+        &self,
+        mut response: reqwest::Response,
+        limit: Duration,
+    ) -> Result<String, ProgramError> {
         let too_large = || ProgramError::TooLarge {
             component: self.component.clone(),
             limit: self.answer_limit,
@@ -164,14 +172,10 @@ impl ProgramClient {
             return Err(too_large());
         }
         let mut body = Vec::new();
-        while let Some(chunk) =
-            response
-                .chunk()
-                .await
-                .map_err(|error| ProgramError::Unreachable {
-                    component: self.component.clone(),
-                    message: error.to_string(),
-                })?
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|error| self.failed(&error, limit))?
         {
             if body.len() + chunk.len() > self.answer_limit {
                 return Err(too_large());
@@ -194,7 +198,7 @@ impl ProgramClient {
         if status.is_success() {
             return Ok(());
         }
-        let body = self.body(response).await?;
+        let body = self.body(response, self.run_command_limit).await?;
         Err(ProgramError::Failed {
             component: self.component.clone(),
             status: status.as_u16(),
@@ -215,7 +219,7 @@ impl ProgramClient {
             .get(format!("{}{}", self.base, program::PROGRAM_PATH));
         let response = self
             .authorized(request)
-            .timeout(Duration::from_secs(10))
+            .timeout(DESCRIBE_LIMIT)
             .send()
             .await
             .map_err(unreachable)?;
@@ -223,7 +227,7 @@ impl ProgramClient {
         if !response.status().is_success() {
             return Ok(None);
         }
-        let body = self.body(response).await?;
+        let body = self.body(response, DESCRIBE_LIMIT).await?;
         // A program written to the raw protocol may answer every GET: what is not a description
         // is no description, and the manifest's word is taken.
         match serde_json::from_str(&body) {
@@ -256,7 +260,7 @@ impl ProgramClient {
             )
             .await?;
         let status = response.status().as_u16();
-        let body = self.body(response).await?;
+        let body = self.body(response, limit).await?;
         let malformed = || ProgramError::Malformed {
             component: self.component.clone(),
             body: quoted(&body),
@@ -276,6 +280,21 @@ impl ProgramClient {
         }
     }
 
+    /// What a request's failure means: past its time `limit`, or the program unreachable.
+    fn failed(&self, error: &reqwest::Error, limit: Duration) -> ProgramError {
+        if error.is_timeout() {
+            ProgramError::TimedOut {
+                component: self.component.clone(),
+                limit,
+            }
+        } else {
+            ProgramError::Unreachable {
+                component: self.component.clone(),
+                message: error.to_string(),
+            }
+        }
+    }
+
     async fn post(
         &self,
         path: &str,
@@ -288,19 +307,7 @@ impl ProgramClient {
             .timeout(limit)
             .send()
             .await
-            .map_err(|error| {
-                if error.is_timeout() {
-                    ProgramError::TimedOut {
-                        component: self.component.clone(),
-                        limit,
-                    }
-                } else {
-                    ProgramError::Unreachable {
-                        component: self.component.clone(),
-                        message: error.to_string(),
-                    }
-                }
-            })
+            .map_err(|error| self.failed(&error, limit))
     }
 }
 

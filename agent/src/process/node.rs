@@ -35,8 +35,8 @@ pub fn seen() -> Vec<IpAddr> {
     )
 }
 
-/// The gateways of the IPv4 default routes: destination and mask 0, a gateway that is not 0,
-/// each in the kernel's host-order hex.
+/// The gateways of the IPv4 default routes: destination and mask 0, a gateway that is not 0. The
+/// kernel prints the address's bytes as one integer in the machine's own order.
 fn gateways(route: &str) -> impl Iterator<Item = Ipv4Addr> + '_ {
     route.lines().skip(1).filter_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
@@ -45,7 +45,7 @@ fn gateways(route: &str) -> impl Iterator<Item = Ipv4Addr> + '_ {
             return None;
         }
         let gateway = u32::from_str_radix(gateway, 16).ok()?;
-        (gateway != 0).then(|| Ipv4Addr::from(gateway.swap_bytes()))
+        (gateway != 0).then(|| Ipv4Addr::from(gateway.to_ne_bytes()))
     })
 }
 

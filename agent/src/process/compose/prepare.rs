@@ -5,7 +5,7 @@
 //! the probes answer `/healthz` from here on and the control endpoint answers `starting` (a halt
 //! asked for meanwhile is kept for when the lifecycle is done).
 
-use super::servers::{Servers, CONTROL_CONNECTIONS, PROBE_CONNECTIONS};
+use super::servers::{Listening, Servers, CONTROL_CONNECTIONS, PROBE_CONNECTIONS};
 use super::{ComposeError, Composition, Control, Options, CONTROL, PROBES};
 use crate::api;
 use crate::calls::activity::Activity;
@@ -42,7 +42,7 @@ impl Composition {
         let process = Process::new(options.instance.to_string(), activity.clone());
         let in_pod = options.mode == Mode::Pod;
         let node = if in_pod { node::seen() } else { Vec::new() };
-        let (trigger, asked) = drain::channel(options.drain_digest.clone(), in_pod, node);
+        let (trigger, asked) = drain::channel(options.drain_digest.clone(), in_pod, node.clone());
         let (lifecycle_done, lifecycle_ready) = watch::channel(false);
         let (programs_up, up) = watch::channel(true);
         let ready = super::programs::all_true(vec![lifecycle_ready, up]);
@@ -50,11 +50,11 @@ impl Composition {
         if let Some((listener, control)) = control {
             control.tokens.keep_reading(control.file);
             let app = crate::control::endpoint::router(control.tokens, process.clone());
-            servers.serve(CONTROL, (listener, CONTROL_CONNECTIONS), app);
+            servers.serve(CONTROL, Listening::new(listener, CONTROL_CONNECTIONS), app);
         }
         if let Some(listener) = probe {
             let app = probes(&ready, &metrics, &trigger);
-            servers.serve(PROBES, (listener, PROBE_CONNECTIONS), app);
+            servers.serve(PROBES, probe_listening(listener, node), app);
         }
         let composition = Self {
             context: options.context,
@@ -176,6 +176,15 @@ fn atoms(
         atoms.insert(component.name.clone(), Arc::new(atom));
     }
     Ok(atoms)
+}
+
+/// The probe port's listening: the kubelet's probes and hooks come from the `node`, and are never
+/// closed for the cap (the port is open to the whole cluster).
+fn probe_listening(listener: TcpListener, node: Vec<std::net::IpAddr>) -> Listening {
+    Listening {
+        exempt: node,
+        ..Listening::new(listener, PROBE_CONNECTIONS)
+    }
 }
 
 /// The local API's listener. A local run serves on a free port when the address is taken; in a

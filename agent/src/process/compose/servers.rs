@@ -3,8 +3,10 @@
 //! and error. A pod whose probe or control listener died looks alive and answers nothing; a
 //! process that exits is restarted by the kubelet.
 //!
-//! Each server holds at most a given number of connections at once (further clients wait in the
-//! listen backlog) and closes a connection that has not sent a request's headers within
+//! Each server holds at most a given number of connections at once, a connection past them closed
+//! at once, except those from the addresses it exempts (the probe port: the node's, so that
+//! whoever fills the port the whole cluster may reach never starves the kubelet's probes and
+//! hooks); and it closes a connection that has not sent a request's headers within
 //! [`HEADER_READ`], a kept-alive one sitting idle included: a client that connects and sends
 //! nothing holds its slot for seconds, not for ever. (`axum::serve` sets neither: hyper's header
 //! timeout needs a timer, which it does not give.) HTTP/1.1 only, as every client speaks.
@@ -19,7 +21,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -46,31 +48,35 @@ pub struct Servers {
 }
 
 impl Servers {
-    /// Serves `app` on `listener`, `connections` at a time, until the process stops.
-    pub fn serve(
-        &mut self,
-        name: &'static str,
-        (listener, connections): (TcpListener, usize),
-        app: axum::Router,
-    ) {
-        self.serve_until(name, (listener, connections), app, std::future::pending());
+    /// Serves `app` on `listening` until the process stops.
+    pub fn serve(&mut self, name: &'static str, listening: Listening, app: axum::Router) {
+        self.serve_until(name, listening, app, std::future::pending());
     }
 
-    /// Serves `app`, `connections` at a time, until `until` completes, then lets requests in
-    /// flight finish.
+    /// Serves `app` on `listening` until `until` completes, then lets requests in flight finish.
     pub fn serve_until(
         &mut self,
         name: &'static str,
-        (listener, connections): (TcpListener, usize),
+        listening: Listening,
         app: axum::Router,
         until: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
         let (failed, accept_failed) = oneshot::channel();
+        let Listening {
+            listener,
+            connections,
+            exempt,
+        } = listening;
         let listener = Watched {
             listener,
             failed: Some(failed),
         };
-        let served = accept(listener, app, (connections, HEADER_READ), until);
+        let cap = Cap {
+            connections,
+            exempt,
+            header_read: HEADER_READ,
+        };
+        let served = accept(listener, app, cap, until);
         let handle = self.tasks.spawn(async move {
             let ended = tokio::select! {
                 () = served => "stopped serving".to_owned(),
@@ -120,15 +126,46 @@ impl Servers {
     }
 }
 
-/// Accepts connections while a slot is free and serves each on a task of its own, until `until`
-/// completes; then waits for the requests in flight (each connection closes after its current
-/// request).
+/// A server's socket and its connection cap.
+pub struct Listening {
+    pub listener: TcpListener,
+    /// Connections at once, besides the exempt ones.
+    pub connections: usize,
+    /// Peers whose connections the cap does not count or close.
+    pub exempt: Vec<IpAddr>,
+}
+
+impl Listening {
+    pub fn new(listener: TcpListener, connections: usize) -> Self {
+        Self {
+            listener,
+            connections,
+            exempt: Vec::new(),
+        }
+    }
+}
+
+/// How many connections, from whom, and how long each may take to send its headers.
+struct Cap {
+    connections: usize,
+    exempt: Vec<IpAddr>,
+    header_read: Duration,
+}
+
+/// Accepts every connection and serves each on a task of its own (one past the cap, from a peer
+/// not exempt, is closed at once), until `until` completes; then stops listening and waits for
+/// the requests in flight (each connection closes after its current request).
 async fn accept(
     mut listener: Watched,
     app: axum::Router,
-    (connections, header_read): (usize, Duration),
+    cap: Cap,
     until: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
+    let Cap {
+        connections,
+        exempt,
+        header_read,
+    } = cap;
     let slots = Arc::new(Semaphore::new(connections));
     let graceful = GracefulShutdown::new();
     // HTTP/1.1 only: every client (the SDKs, the operator, the kubelet) speaks it, and a server
@@ -140,14 +177,15 @@ async fn accept(
         .header_read_timeout(header_read);
     let mut until = std::pin::pin!(until);
     loop {
-        let next = async {
-            let slot = slots.clone().acquire_owned().await;
-            (slot, listener.accept().await)
-        };
-        let (slot, (stream, peer)) = tokio::select! {
-            next = next => next,
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => accepted,
             () = &mut until => break,
         };
+        let slot = slots.clone().try_acquire_owned().ok();
+        if slot.is_none() && !exempt.contains(&peer.ip().to_canonical()) {
+            tracing::debug!(%peer, connections, "closed a connection past the cap");
+            continue;
+        }
         // Who connected, for the routes that care (the kubelet's hooks come from the node).
         let app = app
             .clone()
@@ -165,6 +203,8 @@ async fn accept(
             }
         });
     }
+    // New clients are refused from now on, not left waiting in the backlog.
+    drop(listener);
     graceful.shutdown().await;
 }
 
@@ -211,8 +251,8 @@ mod tests {
     use std::os::fd::AsRawFd;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A server of `GET /` answering `ok`, `connections` at a time, with a header timeout of
-    /// `header_read`; its address.
+    /// A server of `GET /` answering `ok`, `connections` at a time (127.0.0.2 exempt), with a
+    /// header timeout of `header_read`; its address.
     async fn served(connections: usize, header_read: Duration) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
@@ -221,9 +261,22 @@ mod tests {
             listener,
             failed: None,
         };
-        let limits = (connections, header_read);
-        tokio::spawn(accept(watched, app, limits, std::future::pending()));
+        let cap = Cap {
+            connections,
+            exempt: vec!["127.0.0.2".parse().unwrap()],
+            header_read,
+        };
+        tokio::spawn(accept(watched, app, cap, std::future::pending()));
         address
+    }
+
+    /// A connection to `address` from the loopback address `source`.
+    async fn connect_from(source: &str, address: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind((source.parse::<IpAddr>().unwrap(), 0).into())
+            .unwrap();
+        socket.connect(address).await.unwrap()
     }
 
     /// `GET /` on `stream`: the answer's first line, or `None` when the server closed it first.
@@ -252,21 +305,32 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn connections_past_the_cap_wait_for_a_slot() {
+    async fn connections_past_the_cap_are_closed_but_the_exempt_are_served() {
+        let within = Duration::from_secs(5);
         let address = served(2, Duration::from_secs(60)).await;
         let first = TcpStream::connect(address).await.unwrap();
         let mut second = TcpStream::connect(address).await.unwrap();
         assert_eq!(get(&mut second).await.as_deref(), Some("HTTP/1.1 200 OK"));
-        // Both slots are held (kept alive): the third is not served while they are...
+        // Both slots are held (kept alive): a third is closed at once, unanswered...
         let mut third = TcpStream::connect(address).await.unwrap();
-        let waiting = tokio::time::timeout(Duration::from_millis(300), get(&mut third)).await;
-        assert!(waiting.is_err(), "served past the cap: {waiting:?}");
-        // ...and is once one of them goes.
-        drop(first);
-        let mut third = TcpStream::connect(address).await.unwrap();
-        drop(second);
-        let answer = tokio::time::timeout(Duration::from_secs(5), get(&mut third)).await;
+        let answer = tokio::time::timeout(within, get(&mut third)).await;
+        assert_eq!(answer.unwrap(), None, "closed past the cap");
+        // ...but one from an exempt address (the node's, on the probe port) is served...
+        let mut exempt = connect_from("127.0.0.2", address).await;
+        let answer = tokio::time::timeout(within, get(&mut exempt)).await;
         assert_eq!(answer.unwrap().as_deref(), Some("HTTP/1.1 200 OK"));
+        // ...and, once a slot is free, anyone again.
+        drop(first);
+        let served_again = tokio::time::timeout(within, async {
+            loop {
+                let mut next = TcpStream::connect(address).await.unwrap();
+                if let Some(line) = get(&mut next).await {
+                    return line;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        assert_eq!(served_again.await.unwrap(), "HTTP/1.1 200 OK");
     }
 
     #[tokio::test]
@@ -275,8 +339,9 @@ mod tests {
         let kept = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let failing = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let fd = failing.as_raw_fd();
-        servers.serve("local API", (kept, 4), axum::Router::new());
-        servers.serve("probe endpoint", (failing, 4), axum::Router::new());
+        servers.serve("local API", Listening::new(kept, 4), axum::Router::new());
+        let probes = Listening::new(failing, 4);
+        servers.serve("probe endpoint", probes, axum::Router::new());
         // Served: nothing died.
         let quiet = tokio::time::timeout(Duration::from_millis(300), servers.died()).await;
         assert!(
