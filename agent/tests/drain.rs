@@ -97,12 +97,15 @@ fn sigterm_during_a_stream_of_calls_runs_each_once_elsewhere_and_gives_up_the_na
 
     let began = now();
     one.signal_term();
-    // A call naming the draining process is refused at once, long before its dispose ends.
+    // A call naming the draining process is refused at once, long before its dispose ends. Each
+    // probe waits 300 ms at most: one published in the moment the name is being given up can be
+    // left unanswered (`Abandoned` at its deadline; under CI's load a 10 s probe did), and the
+    // next one must then be refused.
     let addressee = loop {
         let answer = call(
             &caller.agent,
             "test.terminals.pid",
-            "{ instance: till-1, timeout: 10000 }",
+            "{ instance: till-1, timeout: 300 }",
         );
         if answer["error"]["code"] == "Addressee" {
             break now() - began;
