@@ -55,9 +55,11 @@ fn composition(namespace: &str, name: &str, replicas: i32) -> serde_json::Value 
             "replicas": replicas,
             "halt": { "quietWindow": 1, "grace": 30 },
             "components": [{
-                "name": "e2e.recorder",
+                // One component is one Composition's in a namespace: each its own (the
+                // image holds the recorder as e2e.c000 … e2e.c127).
+                "name": format!("e2e.{name}"),
                 "manifest": {
-                    "name": "recorder",
+                    "name": name,
                     "namespace": "e2e",
                     "program": ["python3", "recorder.py"],
                     "lifecycle": ["preflight", "ready", "pause", "resume", "dispose"],

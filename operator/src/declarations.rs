@@ -14,6 +14,8 @@ use crate::crd::Composition;
 use crate::desired::{self, Owner};
 use crate::kube_io;
 use crate::names::{DECLARATIONS, MANAGER};
+use crate::observed::ownership;
+use crate::Error;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
@@ -45,41 +47,57 @@ pub async fn reconcile(
     writers: &Writers,
     composition: &Composition,
     owner: &Owner,
-) -> Result<(), kube::Error> {
+) -> Result<(), Error> {
     let writer = writers.of(&owner.namespace);
     let shared = apply_part(config_maps, &writer, composition, owner).await?;
-    take_back_orphans(config_maps, &writer, &owner.namespace, &shared).await
+    Ok(take_back_orphans(config_maps, &writer, &owner.namespace, &shared).await?)
 }
 
 /// Applies `composition`'s part unless the shared ConfigMap is known to hold it; returns the
-/// shared ConfigMap as read or as applied.
+/// shared ConfigMap as read or as applied. A component another Composition declares, or a
+/// ConfigMap of that name no Composition made, is a [`Error::Conflict`]
+/// ([`ownership::declared_elsewhere`]) and nothing is written.
 ///
 /// Every Composition of the namespace writes into this one ConfigMap, and the API server
 /// serialises those writes: with 100 Compositions reconciling at once, applying it on every
 /// reconcile made each reconcile take seconds (the benchmark). Once this generation was
-/// reconciled (so applied), a read that finds it holding this Composition's part is enough.
+/// reconciled (so applied), a read that finds it holding this Composition's part is enough;
+/// otherwise the read and the write are made by one writer at a time, so two Compositions that
+/// declare one component at once do not both find it free.
 async fn apply_part(
     config_maps: &Api<ConfigMap>,
     writer: &tokio::sync::Mutex<()>,
     composition: &Composition,
     owner: &Owner,
-) -> Result<ConfigMap, kube::Error> {
+) -> Result<ConfigMap, Error> {
     let part = desired::declarations(owner, composition);
+    let manager = manager(&owner.name);
     let previous = composition.status.as_ref();
     let reconciled = previous.and_then(|p| p.observed_generation).is_some()
         && previous.and_then(|p| p.observed_generation) == composition.metadata.generation;
-    let current = if reconciled {
-        config_maps.get_opt(DECLARATIONS).await?
-    } else {
-        None
+    let applied = |current: &ConfigMap| {
+        reconciled
+            && holds(current, &part)
+            && ownership::declared_elsewhere(current, &part, &manager).is_none()
     };
-    match current {
-        Some(current) if holds(&current, &part) => Ok(current),
-        _ => {
-            let _one_writer = writer.lock().await;
-            kube_io::apply_as(config_maps, &part, &manager(&owner.name)).await
+    if reconciled {
+        if let Some(current) = config_maps.get_opt(DECLARATIONS).await? {
+            if applied(&current) {
+                return Ok(current);
+            }
         }
     }
+    let _one_writer = writer.lock().await;
+    let current = config_maps.get_opt(DECLARATIONS).await?;
+    if let Some(current) = current {
+        if let Some(why) = ownership::declared_elsewhere(&current, &part, &manager) {
+            return Err(Error::Conflict(why));
+        }
+        if applied(&current) {
+            return Ok(current);
+        }
+    }
+    Ok(kube_io::apply_as(config_maps, &part, &manager).await?)
 }
 
 /// A deleted Composition's keys: taken back by whichever Composition of the namespace

@@ -315,7 +315,13 @@ async fn config_maps(handle: &mut Handle) {
     assert!(query.contains("force=true"), "{query}");
     assert_eq!(body["kind"], "ConfigMap");
     assert!(body["data"]["store.orders.yaml"].is_string(), "{body}");
-    // The namespace's declarations: this Composition's keys, under a manager of its own.
+    // The namespace's declarations: read (none yet), then this Composition's keys, under a
+    // manager of its own.
+    absent(
+        handle,
+        "/api/v1/namespaces/shop/configmaps/toa-declarations",
+    )
+    .await;
     let (query, body) = expect(
         handle,
         "PATCH",
@@ -661,11 +667,12 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
             current["data"]["store.orders.yaml"] = json!("name: orders\nold: true\n");
         }
         let declarations = "/api/v1/namespaces/shop/configmaps/toa-declarations";
-        expect(&mut handle, "GET", declarations, |_| {
-            (StatusCode::OK, current)
-        })
-        .await;
+        let answer = |_: &Value| (StatusCode::OK, current.clone());
+        expect(&mut handle, "GET", declarations, answer).await;
         if !holds {
+            // Read again by the one writer, who checks no other Composition declares its
+            // components before it writes.
+            expect(&mut handle, "GET", declarations, answer).await;
             let (query, _) = expect(&mut handle, "PATCH", declarations, echo).await;
             assert!(query.contains("fieldManager=toa-operator.shop"), "{query}");
         }
@@ -794,6 +801,44 @@ async fn a_foreign_object_under_a_derived_name_is_not_changed() {
     let message = ready["message"].as_str().unwrap();
     assert!(
         message.starts_with("the ConfigMap shop-components exists and is not this Composition's (no controller; written by kubectl-create)"),
+        "{message}"
+    );
+    assert!(matches!(task.await.unwrap(), Err(Error::Conflict(_))));
+    expect_nothing_more(handle, context).await;
+}
+
+/// A component another Composition of the namespace declares (`store.orders`, which `orders`
+/// declared first, declared again by `shop`) is refused: `Conflict` naming the component and
+/// the Composition that holds it, and the declarations are not written (nor the Secret or the
+/// Deployment).
+#[tokio::test]
+async fn a_component_another_composition_declares_is_not_taken_over() {
+    let (context, mut handle) = context(Arc::default(), true);
+    let composition = composition(CompositionSpec::test());
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
+    deployment_read(&mut handle, None).await;
+    let components = "/api/v1/namespaces/shop/configmaps/shop-components";
+    absent(&mut handle, components).await;
+    expect(&mut handle, "PATCH", components, echo).await;
+    let theirs = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "toa-declarations", "namespace": "shop",
+            "ownerReferences": [{"apiVersion": "toa.io/v1alpha1", "kind": "Composition",
+                "name": "orders", "uid": "orders-uid"}],
+            "managedFields": [{"manager": "toa-operator.orders", "operation": "Apply",
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:data": {"f:store.orders.yaml": {}}}}]},
+        "data": {"store.orders.yaml": "name: orders\n"}});
+    let declarations = "/api/v1/namespaces/shop/configmaps/toa-declarations";
+    expect(&mut handle, "GET", declarations, |_| {
+        (StatusCode::OK, theirs)
+    })
+    .await;
+    let status = status_written(&mut handle, &composition).await;
+    let ready = condition(&status, conditions::READY);
+    assert_eq!(ready["reason"], reasons::CONFLICT);
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("the component store.orders is declared in the namespace's ConfigMap toa-declarations by the Composition orders"),
         "{message}"
     );
     assert!(matches!(task.await.unwrap(), Err(Error::Conflict(_))));

@@ -10,7 +10,7 @@ use toa_operator::names::DECLARATIONS;
 
 use crate::cluster;
 use crate::support::{
-    apply, assert_disposed_before_stopped, composition, compositions, deployment, manifest_of,
+    apply, assert_disposed_before_stopped, components_of, composition, compositions, deployment,
     ready_pods, wait_condition, wait_no_pods, Suite, PATIENCE,
 };
 use crate::wait::eventually;
@@ -22,8 +22,7 @@ pub async fn deletion_cleans_up(suite: Arc<Suite>) {
     // A second Composition in the namespace, of another component, shares toa-declarations and
     // stays.
     let stays = "stays";
-    let keeper = json!({ "name": "e2e.keeper", "manifest": manifest_of("keeper") });
-    let spec = json!({ "replicas": 0, "components": [keeper] });
+    let spec = json!({ "replicas": 0, "components": components_of("keeper") });
     apply(&suite, &composition(namespace, stays, spec)).await;
     wait_condition(&suite, namespace, stays, "Ready", "True", None, PATIENCE).await;
     apply(&suite, &composition(namespace, name, json!({}))).await;

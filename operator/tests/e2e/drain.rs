@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use crate::cluster;
 use crate::support::{
-    apply, asked_status, assert_disposed_before_stopped, assert_no_failed_hooks, composition,
-    deployment, lifecycle, manifest_of, ready_pods, wait_no_pods, Suite,
+    apply, asked_status, assert_disposed_before_stopped, assert_no_failed_hooks, components_of,
+    composition, deployment, lifecycle, ready_pods, wait_no_pods, Suite,
 };
 
 pub async fn another_pods_drain_is_refused_and_the_kubelets_drains(suite: Arc<Suite>) {
@@ -19,7 +19,7 @@ pub async fn another_pods_drain_is_refused_and_the_kubelets_drains(suite: Arc<Su
     let attacker = composition(
         namespace,
         "attacker",
-        json!({ "components": [{ "name": "e2e.caller", "manifest": manifest_of("caller") }] }),
+        json!({ "components": components_of("caller") }),
     );
     apply(&suite, &victim).await;
     apply(&suite, &attacker).await;

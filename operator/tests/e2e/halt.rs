@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::{
     agent_status, apply, assert_disposed_before_stopped, assert_no_failed_hooks,
-    broker_credentials, composition, compositions, condition, control_tokens, count, deployment,
-    describe, halting, lifecycle, manifest_of, ready_pods, running_two, uids, wait_condition,
+    broker_credentials, components_of, composition, compositions, condition, control_tokens, count,
+    deployment, describe, halting, lifecycle, ready_pods, running_two, uids, wait_condition,
     wait_halted, wait_no_pods, wait_pods, Suite, BROKER_CREDENTIALS, PATIENCE,
 };
 use crate::wait::eventually;
@@ -185,7 +185,7 @@ pub async fn halt_of_a_composition_called_by_another(suite: Arc<Suite>) {
             name,
             json!({
                 "application": "e2e-calls",
-                "components": [{ "name": format!("e2e.{component}"), "manifest": manifest_of(component) }],
+                "components": components_of(component),
                 "context": { "amqp": rabbit.url() },
                 "credentials": { "secretName": BROKER_CREDENTIALS },
                 "halted": halted,

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use toa_operator::lease::{DURATION, RENEW};
 
 use crate::support::{
-    apply, composition, holder, lease_spec, wait_condition, wait_pods, Suite, PATIENCE,
+    apply, components_of, composition, holder, lease_spec, wait_condition, wait_pods, Suite,
+    PATIENCE,
 };
 use crate::wait::eventually;
 use crate::{cluster, wait};
@@ -127,7 +128,9 @@ pub async fn two_replicas_one_leader(suite: Arc<Suite>) {
     let last = lease_spec(&leases, &lease_name).await.unwrap();
     assert_eq!(holder(&last), leader, "still names the killed leader");
     let after = "after";
-    apply(&suite, &composition(namespace, after, json!({}))).await;
+    // A component of its own: `replicas` declares the recorder in this namespace.
+    let spec = json!({ "components": components_of("c001") });
+    apply(&suite, &composition(namespace, after, spec)).await;
     // The follower's clock starts when it sees the last renewal (at most RENEW after it), and it
     // looks every RENEW: DURATION + 2 RENEW at worst (a look a hair short of DURATION waits one
     // more), plus a margin.

@@ -288,6 +288,9 @@ fn batches() -> Vec<Vec<(&'static str, Scenario)>> {
         ("foreign_objects_are_not_taken_over", |s| {
             Box::pin(ownership::foreign_objects_are_not_taken_over(s))
         }),
+        ("a_declared_component_is_not_taken_over", |s| {
+            Box::pin(ownership::a_declared_component_is_not_taken_over(s))
+        }),
     ];
     vec![
         admission, concurrent, replicas, image, keys, namespaced, alone,

@@ -119,6 +119,64 @@ pub async fn foreign_objects_are_not_taken_over(suite: Arc<Suite>) {
     unchanged(&suite, namespace, &policy).await;
 }
 
+/// One component is one Composition's in a namespace: `rogue`, declaring the `e2e.recorder`
+/// that `first` declared, is refused with `Conflict` naming the component and `first`, and the
+/// namespace's declarations keep `first`'s manifest (a second declaration would have let
+/// `rogue`'s pods consume `first`'s queues). Once `first` is deleted, `rogue` may have it.
+pub async fn a_declared_component_is_not_taken_over(suite: Arc<Suite>) {
+    let namespace = "e2e-declared";
+    cluster::restricted_namespace(&suite.admin, namespace).await;
+    let idle = json!({ "replicas": 0 });
+    apply(&suite, &composition(namespace, "first", idle.clone())).await;
+    wait_condition(&suite, namespace, "first", "Ready", "True", None, PATIENCE).await;
+    let key = "e2e.recorder.yaml";
+    let firsts = declared(&suite, namespace, key).await;
+
+    let mut rogue = composition(namespace, "rogue", idle);
+    rogue["spec"]["components"][0]["manifest"]["operations"]["steal"] =
+        json!({ "input": { "type": "object" } });
+    apply(&suite, &rogue).await;
+    let says = "the component e2e.recorder is declared in the namespace's ConfigMap \
+        toa-declarations by the Composition first";
+    conflict(&suite, namespace, "rogue", says).await;
+    warned(&suite, namespace, "rogue", "e2e.recorder").await;
+    assert_eq!(declared(&suite, namespace, key).await, firsts);
+    assert!(crate::support::deployment(&suite, namespace, "rogue")
+        .await
+        .is_none());
+
+    // `first` deleted: once the garbage collector let go of its part, `rogue` declares it.
+    compositions(&suite, namespace)
+        .delete("first", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("first's declarations are let go", PATIENCE, || {
+        let suite = suite.clone();
+        async move {
+            let shared = get::<ConfigMap>(&suite, namespace, "toa-declarations").await;
+            let owners = shared.map(|map| map.owner_references().to_vec());
+            let named = owners.iter().flatten().any(|owner| owner.name == "first");
+            (!named).then_some(()).ok_or_else(|| format!("{owners:?}"))
+        }
+    })
+    .await;
+    // A change to `rogue` wakes its reconcile sooner than the backoff after its conflicts.
+    rogue["metadata"]["annotations"] = json!({ "e2e/again": "1" });
+    apply(&suite, &rogue).await;
+    wait_condition(&suite, namespace, "rogue", "Ready", "True", None, PATIENCE).await;
+    let rogues = declared(&suite, namespace, key).await;
+    assert!(rogues.contains("steal"), "{rogues}");
+}
+
+/// The namespace's declarations' `key`.
+async fn declared(suite: &Suite, namespace: &str, key: &str) -> String {
+    let shared = get::<ConfigMap>(suite, namespace, "toa-declarations").await;
+    let data = shared.and_then(|map| map.data).unwrap_or_default();
+    data.get(key)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {key}: {data:?}"))
+}
+
 async fn create<K>(suite: &Suite, namespace: &str, object: serde_json::Value) -> K
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use crate::node::PodView;
 use crate::support::{
-    agent_status, apply, broker_credentials, composition, condition, control_tokens, lifecycle,
-    manifest, manifest_of, ready_pods, wait_condition, wait_pods, Suite, COMPONENT,
+    agent_status, apply, broker_credentials, components_of, composition, condition, control_tokens,
+    lifecycle, ready_pods, wait_condition, wait_pods, Suite,
 };
 use crate::wait::eventually;
 use crate::{cluster, node};
@@ -52,10 +52,10 @@ async fn printed(suite: &Suite, namespace: &str, name: &str) -> BTreeMap<String,
 pub async fn failing_pods_are_degraded(suite: Arc<Suite>) {
     let namespace = "e2e-failing";
     cluster::restricted_namespace(&suite.admin, namespace).await;
-    // The image has no `node`: the container cannot start.
-    let mut nodeless = manifest();
-    nodeless["program"] = json!(["node", "server.js"]);
-    let component = json!([{ "name": COMPONENT, "manifest": nodeless }]);
+    // The image has no `node`: the container cannot start. A component of its own: the other
+    // Composition of the namespace declares the recorder.
+    let mut component = components_of("c000");
+    component[0]["manifest"]["program"] = json!(["node", "server.js"]);
     // Nothing listens at this broker address (the node's bridge, port 1): the agent exits.
     let unreachable = json!({ "amqp": format!("amqp://{}:1", node::BRIDGE_IP) });
     let credentials = broker_credentials(&suite, namespace).await;
@@ -136,7 +136,7 @@ pub async fn slow_preflight_is_not_killed(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-slow", "slow");
     let slow = "e2e.slow";
     cluster::restricted_namespace(&suite.admin, namespace).await;
-    let components = json!([{ "name": slow, "manifest": manifest_of("slow") }]);
+    let components = components_of("slow");
     let start = Instant::now();
     apply(
         &suite,

@@ -72,6 +72,13 @@ pub fn manifest_of(name: &str) -> serde_json::Value {
     })
 }
 
+/// `spec.components` of the recorder under the name `e2e.<name>`: a directory of that name
+/// holds it in the image (the fixtures', and `c000` … `c127`, scripts/images). One component
+/// is one Composition's in a namespace, so a second Composition of a namespace needs one.
+pub fn components_of(name: &str) -> serde_json::Value {
+    json!([{ "name": format!("e2e.{name}"), "manifest": manifest_of(name) }])
+}
+
 /// A Composition of the recorder, with `spec` merged over the defaults.
 pub fn composition(namespace: &str, name: &str, spec: serde_json::Value) -> serde_json::Value {
     let mut base = json!({

@@ -3,6 +3,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     FieldsV1, ManagedFieldsEntry, OwnerReference,
 };
 use serde_json::json;
+use std::collections::BTreeMap;
 
 fn reference(kind: &str, name: &str, uid: &str, controller: Option<bool>) -> OwnerReference {
     OwnerReference {
@@ -66,4 +67,101 @@ fn a_users_object_is_named_with_who_wrote_it() {
     assert!(foreign("Secret", &bare, "u1")
         .unwrap()
         .contains("(no controller)"));
+}
+
+fn declarations(
+    owners: Vec<OwnerReference>,
+    managed: Vec<ManagedFieldsEntry>,
+    keys: &[&str],
+) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("toa-declarations".to_owned()),
+            owner_references: Some(owners),
+            managed_fields: Some(managed),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            keys.iter()
+                .map(|k| (k.to_string(), "name: x\n".to_owned()))
+                .collect(),
+        ),
+        ..ConfigMap::default()
+    }
+}
+
+fn part(keys: &[&str]) -> ConfigMap {
+    ConfigMap {
+        data: Some(
+            keys.iter()
+                .map(|k| (k.to_string(), "name: x\n".to_owned()))
+                .collect::<BTreeMap<_, _>>(),
+        ),
+        ..ConfigMap::default()
+    }
+}
+
+#[test]
+fn a_component_another_composition_declares_is_refused_naming_it() {
+    let shared = declarations(
+        vec![reference("Composition", "orders", "u1", None)],
+        vec![written_by(
+            "toa-operator.orders",
+            json!({"f:data": {"f:store.orders.yaml": {}}}),
+        )],
+        &["store.orders.yaml"],
+    );
+    let why =
+        declared_elsewhere(&shared, &part(&["store.orders.yaml"]), "toa-operator.rogue").unwrap();
+    assert!(
+        why.starts_with("the component store.orders is declared in the namespace's ConfigMap toa-declarations by the Composition orders"),
+        "{why}"
+    );
+    // Its own keys, and keys nobody holds, are its to apply.
+    assert_eq!(
+        declared_elsewhere(
+            &shared,
+            &part(&["store.orders.yaml"]),
+            "toa-operator.orders"
+        ),
+        None
+    );
+    assert_eq!(
+        declared_elsewhere(
+            &shared,
+            &part(&["store.catalog.yaml"]),
+            "toa-operator.rogue"
+        ),
+        None
+    );
+}
+
+#[test]
+fn a_deleted_compositions_component_is_free_to_declare() {
+    // `orders` was deleted: the garbage collector removed its owner reference, its field
+    // manager's entry stays until someone takes its keys back.
+    let shared = declarations(
+        vec![reference("Composition", "shop", "u2", None)],
+        vec![written_by(
+            "toa-operator.orders",
+            json!({"f:data": {"f:store.orders.yaml": {}}}),
+        )],
+        &["store.orders.yaml"],
+    );
+    let part = part(&["store.orders.yaml"]);
+    assert_eq!(
+        declared_elsewhere(&shared, &part, "toa-operator.shop"),
+        None
+    );
+}
+
+#[test]
+fn declarations_no_composition_made_are_not_changed() {
+    let users = declarations(
+        Vec::new(),
+        vec![written_by("kubectl-create", json!({"f:data": {}}))],
+        &["a.b.yaml"],
+    );
+    let why = declared_elsewhere(&users, &part(&["c.d.yaml"]), "toa-operator.shop").unwrap();
+    assert!(why.starts_with("the ConfigMap toa-declarations exists and is not this Composition's (no controller; written by kubectl-create)"), "{why}");
 }
