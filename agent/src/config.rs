@@ -41,6 +41,12 @@ pub enum ConfigError {
          them is missing; guest/guest is for local runs"
     )]
     BrokerCredentials,
+    #[error(
+        "`TOA_KUBERNETES_NAMESPACE`: in a pod the operator sets it to the pod's namespace (the \
+         downward API), which the application's queues and Redis keys carry so that two \
+         namespaces never meet; it is missing or empty"
+    )]
+    KubernetesNamespace,
 }
 
 /// `toa-agent compose`'s flags and the process's `TOA_*` variables, every one checked before
@@ -99,6 +105,7 @@ fn compose_options(
     let credentials = Credentials::from_vars(&ProcessVars, "TOA_REDIS")?;
     let instance = Instance::from_env(std::env::var("TOA_INSTANCE").ok())?;
     let broker = broker(&context, mode)?;
+    let kubernetes_namespace = kubernetes_namespace(mode)?;
     Ok(Options {
         broker,
         context,
@@ -115,7 +122,20 @@ fn compose_options(
         component_tokens: None,
         mode,
         configuration,
+        kubernetes_namespace,
     })
+}
+
+/// In a pod, its Kubernetes namespace (required); in a local run, none.
+fn kubernetes_namespace(mode: Mode) -> Result<Option<String>, ConfigError> {
+    if mode == Mode::Local {
+        return Ok(None);
+    }
+    let namespace = std::env::var(toa_context::annotations::KUBERNETES_NAMESPACE).ok();
+    match namespace.filter(|namespace| !namespace.is_empty()) {
+        Some(namespace) => Ok(Some(namespace)),
+        None => Err(ConfigError::KubernetesNamespace),
+    }
 }
 
 /// A local run's context file: the context and its `configuration` section.

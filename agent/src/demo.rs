@@ -31,6 +31,7 @@ pub async fn run() -> ExitCode {
         drain_digest: None,
         component_tokens: None,
         configuration: Default::default(),
+        kubernetes_namespace: None,
         mode: Mode::Local,
         broker: None,
     };

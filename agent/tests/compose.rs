@@ -503,6 +503,7 @@ fn a_pods_context_comes_from_its_variables() {
         &[
             ("TEST_RECORD", record.to_str().unwrap()),
             ("TOA_APPLICATION", &application),
+            ("TOA_KUBERNETES_NAMESPACE", "test"),
         ],
     );
     without.wait_ready();
@@ -516,6 +517,7 @@ fn a_pods_context_comes_from_its_variables() {
         &[
             ("TEST_RECORD", record.to_str().unwrap()),
             ("TOA_APPLICATION", &application),
+            ("TOA_KUBERNETES_NAMESPACE", "test"),
             ("TOA_ATOMICITY_REDIS", "redis://127.0.0.1:6379"),
         ],
     );
@@ -528,8 +530,10 @@ fn a_pods_context_comes_from_its_variables() {
         .output()
         .unwrap();
     let keys = String::from_utf8_lossy(&keys.stdout);
+    // In a pod the application's keys carry its Kubernetes namespace.
+    let prefix = format!("toa:test/{application}:test.recorder:");
     assert!(
-        keys.lines().any(|k| k.contains("test.recorder")),
+        keys.lines().any(|k| k.starts_with(&prefix)),
         "no key of {application} in the shared Redis: {keys:?}"
     );
 
@@ -538,6 +542,7 @@ fn a_pods_context_comes_from_its_variables() {
         &["agent/tests/components/recorder"],
         &[
             ("TOA_APPLICATION", &application),
+            ("TOA_KUBERNETES_NAMESPACE", "test"),
             ("TOA_ATOMICITY_REDIS", "redis://a:6379,redis://b:6379"),
         ],
     );
@@ -553,6 +558,7 @@ fn a_pods_context_comes_from_its_variables() {
     for password in [None, Some("p4ssw0rd-value")] {
         let mut vars = vec![
             ("TOA_APPLICATION", application.as_str()),
+            ("TOA_KUBERNETES_NAMESPACE", "test"),
             ("TOA_AMQP", "amqp://127.0.0.1:5672"),
         ];
         vars.extend(password.map(|p| ("TOA_AMQP_PASSWORD", p)));
@@ -564,6 +570,19 @@ fn a_pods_context_comes_from_its_variables() {
             "{said}"
         );
         assert!(!said.contains("p4ssw0rd-value"), "{said}");
+    }
+
+    // Without its Kubernetes namespace a pod's names could meet another namespace's.
+    for namespace in [None, Some("")] {
+        let mut vars = vec![("TOA_APPLICATION", application.as_str())];
+        vars.extend(namespace.map(|n| ("TOA_KUBERNETES_NAMESPACE", n)));
+        let output = compose_once(&["agent/tests/components/recorder"], &vars);
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{said}");
+        assert!(
+            said.contains("`TOA_KUBERNETES_NAMESPACE`: in a pod"),
+            "{said}"
+        );
     }
 }
 

@@ -83,6 +83,7 @@ fn agent_of(component: &str, local: u16, attach: u16, name: &str) -> Pod {
         // The node, as this pod sees it, is 127.0.0.1: hooks from there are the kubelet's.
         &[
             ("TOA_APPLICATION", "pod-test"),
+            ("TOA_KUBERNETES_NAMESPACE", "pod-tests"),
             ("TOA_INSTANCE", "pod-1"),
             ("TOA_HOST_IPS", "127.0.0.1"),
         ],

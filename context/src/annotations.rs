@@ -179,6 +179,21 @@ impl Context {
     }
 }
 
+/// The variable the operator sets in a pod to the pod's Kubernetes namespace (the downward API).
+pub const KUBERNETES_NAMESPACE: &str = "TOA_KUBERNETES_NAMESPACE";
+
+/// How the application `name` is named on the servers it may share with others (its queues on
+/// the broker, its keys and channels in Redis): in a pod `<kubernetes namespace>/<name>`, so two
+/// namespaces running one application name on one broker or Redis never meet; in a local run
+/// (no namespace) the name alone. A `/` is in neither a DNS label nor a component's name, so no
+/// two of these names are alike.
+pub fn shared_name(name: &str, kubernetes_namespace: Option<&str>) -> String {
+    match kubernetes_namespace {
+        Some(namespace) => format!("{namespace}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
 /// The application's name is a DNS label (1 to 63 lowercase letters, digits or `-`): it names
 /// the Deployments, Redis keys and queues. The error says what was expected and what came.
 pub fn check_name(name: &str) -> Result<(), String> {

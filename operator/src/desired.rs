@@ -54,6 +54,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use toa_context::agent_args::ComposeArgs;
+use toa_context::annotations::KUBERNETES_NAMESPACE;
 
 use toa_context::control::LOCAL_PORT;
 use toa_context::program;
@@ -650,6 +651,9 @@ fn agent_env(valid: &Valid) -> Vec<EnvVar> {
     env.push(pod_name(program::INSTANCE));
     // The node's IPs: the kubelet's hooks come from the node.
     env.push(field(toa_context::control::HOST_IPS, "status.hostIPs"));
+    // The namespace, which the application's queues and Redis keys carry: two namespaces
+    // running one application name on one broker or Redis do not meet.
+    env.push(field(KUBERNETES_NAMESPACE, "metadata.namespace"));
     if let Some(secret) = &valid.credentials {
         for (variable, key) in [
             ("TOA_REDIS_USERNAME", "redis-username"),

@@ -342,6 +342,7 @@ fn without_atomicity_broker_or_credentials_their_variables_are_absent() {
             "TOA_APPLICATION",
             "TOA_HOST_IPS",
             "TOA_INSTANCE",
+            "TOA_KUBERNETES_NAMESPACE",
             "TOA_LIMIT_DELIVERIES",
             "TOA_LIMIT_DRAIN",
             "TOA_LIMIT_IDEMPOTENCY",
@@ -766,14 +767,18 @@ fn the_pod_stops_within_a_grace_period_that_covers_the_drain() {
     let hook = pre_stop.http_get.unwrap();
     assert_eq!(hook.path.unwrap(), format!("/drain/{DRAIN}"));
     assert_eq!(hook.port, IntOrString::Int(7092));
-    let host_ips = agent
-        .env
-        .unwrap()
-        .into_iter()
-        .find(|var| var.name == "TOA_HOST_IPS")
-        .and_then(|var| var.value_from?.field_ref)
-        .unwrap();
-    assert_eq!(host_ips.field_path, "status.hostIPs");
+    let from_the_pod = |name: &str| {
+        let env = agent.env.clone().unwrap().into_iter();
+        let var = env
+            .filter(|var| var.name == name)
+            .find_map(|var| var.value_from?.field_ref);
+        var.unwrap().field_path
+    };
+    assert_eq!(from_the_pod("TOA_HOST_IPS"), "status.hostIPs");
+    assert_eq!(
+        from_the_pod("TOA_KUBERNETES_NAMESPACE"),
+        "metadata.namespace"
+    );
 }
 
 #[test]

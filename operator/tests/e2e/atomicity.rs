@@ -12,7 +12,7 @@ use crate::support::{
     COMPONENT, PATIENCE,
 };
 use crate::wait::eventually;
-use crate::{cluster, harness, node, services};
+use crate::{cluster, harness, node, services, tenancy};
 
 /// Atomicity over a Redis and a broker the pods reach (the suite's own, on the node's bridge), 2
 /// replicas: the pods' agents coordinate through Redis (not in-process, where each would own
@@ -101,7 +101,8 @@ pub async fn atomicity_splits_slots(suite: Arc<Suite>) {
     assert_eq!(status, json!(401), "a component's route without its token");
 
     // Through Redis: the slots' keys of this application, both pods among the members.
-    let prefix = format!("toa:{application}:{COMPONENT}:slots:");
+    // In a pod the application's names carry its Kubernetes namespace.
+    let prefix = format!("toa:{namespace}/{application}:{COMPONENT}:slots:");
     eventually(
         "the Redis holds the slots' keys, both pods members",
         PATIENCE,
@@ -173,8 +174,8 @@ pub async fn atomicity_splits_slots(suite: Arc<Suite>) {
     );
     assert!(token(&second_locked) > token(&locked(first).unwrap()));
 
-    // The broker: the component's shared queue, under the application's name.
-    let queue = format!("toa.{application}.{COMPONENT}");
+    // The broker: the component's shared queue, under the namespace's and application's name.
+    let queue = format!("toa.{namespace}/{application}.{COMPONENT}");
     eventually(
         &format!("the broker has the queue {queue}"),
         PATIENCE,
@@ -191,6 +192,8 @@ pub async fn atomicity_splits_slots(suite: Arc<Suite>) {
         },
     )
     .await;
+    let servers = (&redis, &rabbit);
+    tenancy::apart(&suite, (namespace, application), servers, &pods).await;
     // Stop the pods before their Redis and broker go.
     let mut stopped = composition(namespace, name, json!({ "application": application }));
     stopped["spec"]["replicas"] = json!(0);

@@ -54,6 +54,7 @@ mod poison;
 mod rollout;
 mod services;
 mod support;
+mod tenancy;
 mod typescript;
 mod wait;
 

@@ -131,16 +131,27 @@ impl Rabbit {
         format!("amqp://{}:{}", self.ip, self.port)
     }
 
-    /// The names of its queues.
+    /// The names of its queues (in the default virtual host).
     pub fn queues(&self) -> Result<Vec<String>, String> {
+        self.queues_in("/")
+    }
+
+    /// The names of the queues in the virtual host `vhost`.
+    pub fn queues_in(&self, vhost: &str) -> Result<Vec<String>, String> {
+        let listed = self.ctl(&["-q", "list_queues", "-p", vhost, "name"])?;
+        Ok(listed.lines().map(|line| line.trim().to_owned()).collect())
+    }
+
+    /// `rabbitmqctl ARGS…` against this node.
+    pub fn ctl(&self, args: &[&str]) -> Result<String, String> {
         // Not /usr/sbin/rabbitmqctl, which runs as the rabbitmq user with that user's Erlang
         // cookie; this node's cookie is in its HOME.
-        let listed = crate::cluster::stdout_of(
+        crate::cluster::stdout_of(
             Command::new("/usr/lib/rabbitmq/bin/rabbitmqctl")
                 .env("HOME", &self.dir)
-                .args(["-n", &self.name, "-q", "list_queues", "name"]),
-        )?;
-        Ok(listed.lines().map(|line| line.trim().to_owned()).collect())
+                .args(["-n", &self.name])
+                .args(args),
+        )
     }
 }
 

@@ -159,11 +159,23 @@ pub const BROKER_CREDENTIALS: &str = "e2e-broker";
 /// (`guest`, which its configuration lets in from the pods' addresses): a pod's agent takes the
 /// broker's credentials from a Secret only. Returns the spec's `credentials`.
 pub async fn broker_credentials(suite: &Suite, namespace: &str) -> serde_json::Value {
+    let guest = json!({ "amqp-username": "guest", "amqp-password": "guest" });
+    credentials(suite, namespace, guest).await
+}
+
+/// Writes the Secret [`BROKER_CREDENTIALS`] into `namespace` holding `data` (its keys as the
+/// credentials Secret takes them: `amqp-username`, `redis-password`, …). Returns the spec's
+/// `credentials`.
+pub async fn credentials(
+    suite: &Suite,
+    namespace: &str,
+    data: serde_json::Value,
+) -> serde_json::Value {
     let secret = json!({
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": { "name": BROKER_CREDENTIALS, "namespace": namespace },
-        "stringData": { "amqp-username": "guest", "amqp-password": "guest" },
+        "stringData": data,
     });
     Api::<Secret>::namespaced(suite.admin.clone(), namespace)
         .patch(

@@ -244,6 +244,9 @@ fn setting(name: &'static str, default: u16, max: u16) -> Result<u16, BrokerErro
 }
 
 impl Broker {
+    /// Connects as `instance` of `application`, named as on shared servers
+    /// ([`toa_context::annotations::shared_name`]: in a pod with its Kubernetes namespace),
+    /// which its queues and its connection's name carry.
     pub async fn connect(
         address: &AmqpAddress,
         credentials: &Credentials,

@@ -1,8 +1,11 @@
 //! Keys belong to the application and the component: every Redis key the primitives touch starts
 //! with `toa:{application}:{component}:`, so two components, or two applications sharing one
-//! Redis, never meet.
+//! Redis, never meet. In a pod the application is named with its Kubernetes namespace
+//! (`toa:{namespace}/{application}:{component}:`, [`toa_context::annotations::shared_name`]), so
+//! two namespaces running one application name do not meet either.
 
 use super::AtomError;
+use toa_context::annotations::shared_name;
 
 /// Whose keys these are.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -10,6 +13,8 @@ pub struct Scope {
     pub application: String,
     /// The component's full name, `namespace.name` (or `name` without a namespace).
     pub component: String,
+    /// In a pod, its Kubernetes namespace.
+    pub kubernetes_namespace: Option<String>,
 }
 
 impl Scope {
@@ -17,12 +22,20 @@ impl Scope {
         Self {
             application: application.into(),
             component: component.into(),
+            kubernetes_namespace: None,
         }
+    }
+
+    /// This scope in a pod of the Kubernetes namespace `namespace` (none: a local run).
+    pub fn in_namespace(mut self, namespace: Option<String>) -> Self {
+        self.kubernetes_namespace = namespace;
+        self
     }
 
     /// The prefix of every Redis key of this scope.
     pub fn prefix(&self) -> String {
-        format!("toa:{}:{}:", self.application, self.component)
+        let application = shared_name(&self.application, self.kubernetes_namespace.as_deref());
+        format!("toa:{application}:{}:", self.component)
     }
 }
 
@@ -117,6 +130,18 @@ mod tests {
         let c = Scope::new("bank", "store.orders").prefix();
         assert_eq!(a, "toa:shop:store.orders:");
         assert!(a != b && a != c && b != c);
+    }
+
+    #[test]
+    fn in_a_pod_the_prefix_carries_the_kubernetes_namespace() {
+        let of = |namespace: &str| {
+            Scope::new("shop", "store.orders")
+                .in_namespace(Some(namespace.to_owned()))
+                .prefix()
+        };
+        assert_eq!(of("prod"), "toa:prod/shop:store.orders:");
+        assert_ne!(of("prod"), of("staging"));
+        assert_ne!(of("prod"), Scope::new("shop", "store.orders").prefix());
     }
 
     #[test]

@@ -74,6 +74,17 @@ pub struct Options {
     /// The context's `configuration` section: component → its values (local runs; in a pod the
     /// operator passes each component container its own).
     pub configuration: std::collections::BTreeMap<String, serde_json::Value>,
+    /// In a pod: its Kubernetes namespace, which the application's queues and Redis keys carry
+    /// ([`toa_context::annotations::shared_name`]).
+    pub kubernetes_namespace: Option<String>,
+}
+
+impl Options {
+    /// How the application is named on the broker and in Redis.
+    pub fn shared_name(&self) -> String {
+        let namespace = self.kubernetes_namespace.as_deref();
+        toa_context::annotations::shared_name(&self.context.name, namespace)
+    }
 }
 
 /// The control endpoint: its address, and the tokens from the mounted Secret (read again when
@@ -194,6 +205,8 @@ impl Watch<'_> {
 /// One process's composition: what every stage reads and what it started.
 pub struct Composition {
     context: Context,
+    /// The application as named on the broker and in Redis ([`Options::shared_name`]).
+    shared_name: String,
     instance: Instance,
     components: Vec<PathBuf>,
     loaded: Vec<Arc<Component>>,
@@ -379,7 +392,8 @@ impl Composition {
         };
         let (application, instance) = (&self.context.name, self.instance.as_str());
         let limits = &self.context.limits;
-        let broker = Broker::connect(address, &credentials, application, instance, limits, tuning)
+        let shared = &self.shared_name;
+        let broker = Broker::connect(address, &credentials, shared, instance, limits, tuning)
             .await
             .map_err(|e| setup(&e))?;
         for (member, alive) in self.members.iter().zip(&self.alive) {

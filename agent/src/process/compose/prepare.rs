@@ -33,6 +33,7 @@ impl Composition {
         let tokens = Arc::new(component_tokens(&options, &loaded)?);
         let metrics = Metrics::new();
         let atoms = atoms(&options, &loaded, &metrics)?;
+        let shared_name = options.shared_name();
         let local = bind_local(options.listen, options.mode).await?;
         let address = local
             .local_addr()
@@ -57,6 +58,7 @@ impl Composition {
             servers.serve(PROBES, probe_listening(listener, node), app);
         }
         let composition = Self {
+            shared_name,
             context: options.context,
             instance: options.instance,
             components: options.components,
@@ -165,7 +167,8 @@ fn atoms(
     let mut atoms = HashMap::new();
     for component in loaded {
         let config = AtomConfig {
-            scope: Scope::new(options.context.name.clone(), component.name.clone()),
+            scope: Scope::new(options.context.name.clone(), component.name.clone())
+                .in_namespace(options.kubernetes_namespace.clone()),
             mode: options.mode,
             atomicity: options.context.atomicity.clone(),
             credentials: options.credentials.clone(),
