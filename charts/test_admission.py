@@ -280,23 +280,26 @@ def checks():
         ok, output = create(composition("c", amqp="amqp://u:hunter2@rabbit.shop.svc"))
         assert "hunter2" not in output, output
         for address, form in [
-            ("amqps://rabbit.shop.svc", "amqp://host[:port][/vhost]"),
-            ("amqp://rabbit.shop.svc?heartbeat=5", "amqp://host[:port][/vhost]"),
-            ("amqp://rabbit.shop.svc/%zz", "amqp://host[:port][/vhost]"),
-            ("amqp://Rabbit.shop.svc", "amqp://host[:port][/vhost]"),
-            ("amqp://[::1]:5672", "amqp://host[:port][/vhost]"),
-            ("amqp://", "amqp://host[:port][/vhost]"),
-            ("not an address", "amqp://host[:port][/vhost]"),
+            ("amqpx://rabbit.shop.svc", "amqp[s]://host[:port][/vhost]"),
+            ("amqp://rabbit.shop.svc?heartbeat=5", "amqp[s]://host[:port][/vhost]"),
+            ("amqp://rabbit.shop.svc/%zz", "amqp[s]://host[:port][/vhost]"),
+            ("amqp://Rabbit.shop.svc", "amqp[s]://host[:port][/vhost]"),
+            ("amqp://[::1]:5672", "amqp[s]://host[:port][/vhost]"),
+            ("amqp://", "amqp[s]://host[:port][/vhost]"),
+            ("not an address", "amqp[s]://host[:port][/vhost]"),
         ]:
             refused(create(composition("c", amqp=address)),
                     f"spec.context.amqp: {address} is not of the form {form}")
-        for address in ("rediss://redis.shop.svc", "redis://redis.shop.svc/x",
+        for address in ("redisx://redis.shop.svc", "redis://redis.shop.svc/x",
                         "redis://redis.shop.svc#0", "redis://evil.example.com\\redis.svc",
                         "redis://redis.shop.svc:port"):
             refused(create(composition("c", redis=[address])),
-                    "is not of the form redis://host[:port][/db]")
+                    "is not of the form redis[s]://host[:port][/db]")
         refused(create(composition("c", redis=["redis://evil.example.com\\@redis.shop.svc"])),
                 "an address with credentials in it (not shown)")
+        # TLS: the same forms, the same hosts.
+        allowed(create(composition("c", redis=["rediss://redis.shop.svc:6380/1"],
+                                   amqp="amqps://rabbit.shop.svc/shop")))
         # Null and absent parts are nothing to judge.
         allowed(create(composition("c", amqp=None)))
         allowed(create(json.dumps({**json.loads(composition("c")), "spec": {

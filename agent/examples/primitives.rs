@@ -51,6 +51,7 @@ async fn main() -> ExitCode {
                 mode: Mode::Local,
                 atomicity: atomicity.clone(),
                 credentials: credentials.clone(),
+                roots: Default::default(),
                 instance: format!("demo-{}", std::process::id()),
             },
             metrics.clone(),

@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use toa_context::agent_args::ComposeArgs;
+use toa_context::annotations::shared_name;
+use toa_context::tls::Roots;
 use toa_context::{Context, ContextError, Credentials, Environment, ProcessVars};
 
 /// What is wrong with `compose`'s configuration: printed as it is, and the process exits 64.
@@ -104,8 +106,11 @@ fn compose_options(
     };
     let credentials = Credentials::from_vars(&ProcessVars, "TOA_REDIS")?;
     let instance = Instance::from_env(std::env::var("TOA_INSTANCE").ok())?;
-    let broker = broker(&context, mode)?;
+    // What `rediss://` and `amqps://` trust.
+    let roots = Roots::from_vars(&ProcessVars)?;
     let kubernetes_namespace = kubernetes_namespace(mode)?;
+    let shared = shared_name(&context.name, kubernetes_namespace.as_deref());
+    let broker = broker(&context, mode, (shared, &roots))?;
     Ok(Options {
         broker,
         context,
@@ -123,6 +128,7 @@ fn compose_options(
         mode,
         configuration,
         kubernetes_namespace,
+        roots,
     })
 }
 
@@ -171,7 +177,11 @@ fn context_file(
 /// The broker's credentials and tuning, only when there is a broker. In a pod both credentials
 /// are required: without them the client would log in as guest/guest, which a local RabbitMQ
 /// takes and a shared one must not (a local run keeps that default).
-fn broker(context: &Context, mode: Mode) -> Result<Option<BrokerConfig>, ConfigError> {
+fn broker(
+    context: &Context,
+    mode: Mode,
+    (application, roots): (String, &Roots),
+) -> Result<Option<BrokerConfig>, ConfigError> {
     let Some(_) = context.amqp else {
         return Ok(None);
     };
@@ -180,7 +190,9 @@ fn broker(context: &Context, mode: Mode) -> Result<Option<BrokerConfig>, ConfigE
         return Err(ConfigError::BrokerCredentials);
     }
     Ok(Some(BrokerConfig {
+        application,
         credentials,
+        roots: roots.clone(),
         tuning: Tuning::from_env()?,
     }))
 }

@@ -32,6 +32,7 @@ pub async fn run() -> ExitCode {
         component_tokens: None,
         configuration: Default::default(),
         kubernetes_namespace: None,
+        roots: Default::default(),
         mode: Mode::Local,
         broker: None,
     };

@@ -31,6 +31,7 @@ async fn serve_with(tokens: toa_agent::component_tokens::ComponentTokens) -> Ser
             mode,
             atomicity,
             credentials: Credentials::default(),
+            roots: Default::default(),
             instance: "api-test".into(),
         };
         Arc::new(Atom::start(config, metrics.clone()).unwrap())

@@ -7,19 +7,23 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use url::Url;
 
-/// `redis://host[:port][/db]`; serialized as that text.
+/// `redis://host[:port][/db]`, or `rediss://` for TLS; serialized as that text.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub struct RedisAddress {
+    /// `rediss://`: the connection is TLS, the server's certificate checked ([`crate::tls`]).
+    pub tls: bool,
     pub host: String,
     pub port: u16,
     pub db: i64,
 }
 
-/// `amqp://host[:port][/vhost]`; serialized as that text.
+/// `amqp://host[:port][/vhost]`, or `amqps://` for TLS; serialized as that text.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub struct AmqpAddress {
+    /// `amqps://`: the connection is TLS, the server's certificate checked ([`crate::tls`]).
+    pub tls: bool,
     pub host: String,
     pub port: u16,
     /// The virtual host, `/` when the address names none.
@@ -29,7 +33,7 @@ pub struct AmqpAddress {
 impl RedisAddress {
     /// Parses one address; `key` names where it came from, for the error.
     pub fn parse(text: &str, key: &str) -> Result<Self, ContextError> {
-        let url = parse_url(text, key, "redis", "redis://host:6379")?;
+        let url = parse_url(text, key, ["redis", "rediss"], "redis://host:6379")?;
         let db = match url.path().trim_start_matches('/') {
             "" => 0,
             db => db
@@ -47,6 +51,7 @@ impl RedisAddress {
                 })?,
         };
         Ok(Self {
+            tls: url.scheme() == "rediss",
             host: host(&url),
             port: url.port().unwrap_or(6379),
             db,
@@ -56,7 +61,7 @@ impl RedisAddress {
 
 impl AmqpAddress {
     pub fn parse(text: &str, key: &str) -> Result<Self, ContextError> {
-        let url = parse_url(text, key, "amqp", "amqp://host:5672")?;
+        let url = parse_url(text, key, ["amqp", "amqps"], "amqp://host:5672")?;
         let vhost = match url.path() {
             "" | "/" => "/".to_owned(),
             path => percent_decode(&path[1..]).ok_or_else(|| {
@@ -69,9 +74,12 @@ impl AmqpAddress {
                 )
             })?,
         };
+        let tls = url.scheme() == "amqps";
         Ok(Self {
+            tls,
             host: host(&url),
-            port: url.port().unwrap_or(5672),
+            // The IANA ports: 5671 for AMQP over TLS.
+            port: url.port().unwrap_or(if tls { 5671 } else { 5672 }),
             vhost,
         })
     }
@@ -112,18 +120,25 @@ fn host(url: &Url) -> String {
     url.host_str().unwrap_or_default().to_owned()
 }
 
-fn parse_url(text: &str, key: &str, scheme: &str, example: &str) -> Result<Url, ContextError> {
+/// `text` as a URL of one of the two `schemes` (plain, then TLS).
+fn parse_url(
+    text: &str,
+    key: &str,
+    schemes: [&str; 2],
+    example: &str,
+) -> Result<Url, ContextError> {
     let url = Url::parse(text).map_err(|_| {
         ContextError::invalid(
             key,
             format!("expected an address like {example}, got {:?}", redact(text)),
         )
     })?;
-    if url.scheme() != scheme {
+    if !schemes.contains(&url.scheme()) {
+        let [plain, tls] = schemes;
         return Err(ContextError::invalid(
             key,
             format!(
-                "expected the scheme {scheme}:// (as in {example}), got {:?}",
+                "expected the scheme {plain}:// or {tls}:// (as in {example}), got {:?}",
                 redact(text)
             ),
         ));
@@ -199,7 +214,8 @@ impl From<AmqpAddress> for String {
 
 impl fmt::Display for RedisAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "redis://{}:{}", self.host, self.port)?;
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        write!(f, "{scheme}://{}:{}", self.host, self.port)?;
         if self.db != 0 {
             write!(f, "/{}", self.db)?;
         }
@@ -209,7 +225,8 @@ impl fmt::Display for RedisAddress {
 
 impl fmt::Display for AmqpAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "amqp://{}:{}", self.host, self.port)?;
+        let scheme = if self.tls { "amqps" } else { "amqp" };
+        write!(f, "{scheme}://{}:{}", self.host, self.port)?;
         if self.vhost != "/" {
             write!(f, "/{}", percent_encode(&self.vhost))?;
         }
@@ -228,6 +245,21 @@ mod tests {
         assert_eq!(a.to_string(), "redis://localhost:6379");
         let b = RedisAddress::parse("redis://10.0.0.1:7000/3", "k").unwrap();
         assert_eq!(b.to_string(), "redis://10.0.0.1:7000/3");
+    }
+
+    #[test]
+    fn tls_schemes_read_back_as_printed() {
+        let redis = RedisAddress::parse("rediss://cache.infra.svc", "k").unwrap();
+        assert!(redis.tls);
+        assert_eq!(redis.to_string(), "rediss://cache.infra.svc:6379");
+        let amqp = AmqpAddress::parse("amqps://rabbit/shop", "amqp").unwrap();
+        assert!(amqp.tls);
+        assert_eq!(
+            (amqp.port, amqp.to_string().as_str()),
+            (5671, "amqps://rabbit:5671/shop")
+        );
+        let plain = AmqpAddress::parse("amqp://rabbit", "amqp").unwrap();
+        assert_eq!((plain.tls, plain.port), (false, 5672));
     }
 
     #[test]
@@ -250,8 +282,11 @@ mod tests {
     #[test]
     fn refuses_malformed_addresses() {
         for (text, expected) in [
-            ("localhost:6379", "expected the scheme redis://"),
-            ("http://host", "expected the scheme redis://"),
+            (
+                "localhost:6379",
+                "expected the scheme redis:// or rediss://",
+            ),
+            ("http://host", "expected the scheme redis:// or rediss://"),
             ("not a url", "expected an address like redis://host:6379"),
             ("redis://host/x", "expected a database number"),
             ("redis://host?db=1", "expected no query"),
@@ -281,6 +316,7 @@ mod tests {
     fn a_vhost_reads_back_as_printed() {
         for vhost in ["shop", "my vhost", "a/b", "x+y", "ü"] {
             let address = AmqpAddress {
+                tls: false,
                 host: "h".to_owned(),
                 port: 5672,
                 vhost: vhost.to_owned(),

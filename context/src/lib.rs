@@ -17,7 +17,8 @@
 //! - [`program`]: the program's contract: its environment, the paths it serves, the call's metadata;
 //! - [`answer`]: what a call answers (reply, the operation's error; between agents a failure or
 //!   a refusal), written and read in one place;
-//! - [`agent_args`]: the agent's command line, written by the operator and parsed by the agent.
+//! - [`agent_args`]: the agent's command line, written by the operator and parsed by the agent;
+//! - [`tls`]: what TLS connections to Redis and the broker trust.
 
 pub mod address;
 pub mod agent_args;
@@ -32,6 +33,7 @@ pub mod placeholders;
 pub mod program;
 pub mod schema;
 pub mod spec;
+pub mod tls;
 
 pub use address::{AmqpAddress, RedisAddress};
 pub use annotations::{Addressed, Atomicity, Context, Limits, ProcessVars, Vars};

@@ -23,7 +23,7 @@ pub struct ContextSpec {
     /// Calls to one named process.
     #[serde(default)]
     pub addressed: AddressedSpec,
-    /// The broker, `amqp://host[:port][/vhost]`; absent: no broker.
+    /// The broker, `amqp://host[:port][/vhost]` (`amqps://` for TLS); absent: no broker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amqp: Option<String>,
     /// Limits every process keeps (docs/calls.md, "Limits"); each absent one has its default.
@@ -82,7 +82,7 @@ pub const ODD_ADDRESSES_MESSAGE: &str = "Atomicity takes an odd number of addres
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AtomicitySpec {
-    /// One or an odd number of independent Redis servers, `redis://host[:port][/db]`, without
+    /// One or an odd number of independent Redis servers, `redis[s]://host[:port][/db]`, without
     /// credentials. Slots and meter use the first.
     #[schemars(
         length(min = 1),

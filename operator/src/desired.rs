@@ -660,6 +660,9 @@ fn agent_env(valid: &Valid) -> Vec<EnvVar> {
             ("TOA_REDIS_PASSWORD", "redis-password"),
             ("TOA_AMQP_USERNAME", "amqp-username"),
             ("TOA_AMQP_PASSWORD", "amqp-password"),
+            // The CA that signed the servers' certificates (`rediss://`, `amqps://`); without
+            // it, the public roots.
+            (toa_context::tls::CA, "ca.crt"),
         ] {
             env.push(EnvVar {
                 name: variable.to_owned(),

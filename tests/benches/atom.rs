@@ -141,6 +141,7 @@ fn atom(servers: &[&RedisServer], component: &str, interval: Duration) -> Arc<At
         mode: Mode::Pod,
         atomicity: Some(Atomicity::new(&addresses, Some(interval), Some(TTL)).unwrap()),
         credentials: Credentials::default(),
+        roots: Default::default(),
         instance: "bench".into(),
     };
     Arc::new(Atom::start(config, Metrics::new()).unwrap())

@@ -418,6 +418,7 @@ pub fn replica_at(
         mode: toa_agent::Mode::Pod,
         atomicity: Some(toa_context::Atomicity::new(addresses, interval, ttl).unwrap()),
         credentials: toa_context::Credentials::default(),
+        roots: Default::default(),
         instance: format!("replica-{}", std::process::id()),
     };
     Arc::new(toa_agent::Atom::start(config, toa_agent::Metrics::new()).unwrap())

@@ -16,6 +16,7 @@ fn atom(server: &RedisServer, component: &str) -> Arc<Atom> {
         mode: Mode::Pod,
         atomicity: Some(atomicity),
         credentials: Credentials::default(),
+        roots: Default::default(),
         instance: "meter-test".into(),
     };
     Arc::new(Atom::start(config, Metrics::new()).unwrap())

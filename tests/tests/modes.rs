@@ -12,6 +12,7 @@ fn atom(mode: Mode, atomicity: Option<Atomicity>) -> Atom {
         mode,
         atomicity,
         credentials: Credentials::default(),
+        roots: Default::default(),
         instance: "modes".into(),
     };
     Atom::start(config, Metrics::new()).unwrap()

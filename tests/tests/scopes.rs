@@ -14,6 +14,7 @@ fn atom(server: &RedisServer, application: &str, component: &str) -> Arc<Atom> {
         mode: Mode::Pod,
         atomicity: Some(atomicity),
         credentials: Credentials::default(),
+        roots: Default::default(),
         instance: "scopes".into(),
     };
     Arc::new(Atom::start(config, Metrics::new()).unwrap())

@@ -317,6 +317,7 @@ fn the_agent_gets_the_context_and_credentials_from_the_environment() {
         ("TOA_REDIS_PASSWORD", "redis-password"),
         ("TOA_AMQP_USERNAME", "amqp-username"),
         ("TOA_AMQP_PASSWORD", "amqp-password"),
+        ("TOA_TLS_CA", "ca.crt"),
     ] {
         let reference = env[variable]
             .value_from

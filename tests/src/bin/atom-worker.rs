@@ -28,6 +28,7 @@ fn start(component: &str) -> Arc<Atom> {
         mode: Mode::Local,
         atomicity: context.atomicity,
         credentials: Credentials::default(),
+        roots: Default::default(),
         instance: format!("worker-{}", std::process::id()),
     };
     Arc::new(Atom::start(config, Metrics::new()).expect("atom starts"))

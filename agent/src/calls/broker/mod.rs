@@ -37,6 +37,7 @@ use session::{Session, Settings};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use toa_context::answer::{Refusal, Reply};
+use toa_context::tls::Roots;
 use toa_context::{AmqpAddress, Credentials, Limits};
 use tokio::sync::watch;
 
@@ -249,7 +250,7 @@ impl Broker {
     /// which its queues and its connection's name carry.
     pub async fn connect(
         address: &AmqpAddress,
-        credentials: &Credentials,
+        (credentials, roots): (&Credentials, &Roots),
         application: &str,
         instance: &str,
         limits: &Limits,
@@ -266,7 +267,8 @@ impl Broker {
             .map_or("guest", |p| p.expose());
         let settings = Settings {
             uri: format!(
-                "amqp://{}:{}@{}:{}/{}?heartbeat={heartbeat}&frame_max={FRAME_MAX}",
+                "{}://{}:{}@{}:{}/{}?heartbeat={heartbeat}&frame_max={FRAME_MAX}",
+                if address.tls { "amqps" } else { "amqp" },
                 encode(user),
                 encode(password),
                 address.host,
@@ -275,6 +277,7 @@ impl Broker {
             ),
             shown: address.to_string(),
             name: format!("toa-agent {application} {instance}"),
+            roots: roots.clone(),
         };
         let session = Session::open(&settings)
             .await

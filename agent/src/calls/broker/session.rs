@@ -12,6 +12,7 @@ use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use toa_context::answer::Reply;
+use toa_context::tls::Roots;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -20,6 +21,8 @@ pub(super) struct Settings {
     /// Holds the password: never logged (errors name `shown`).
     pub uri: String,
     pub shown: String,
+    /// What an `amqps://` connection trusts.
+    pub roots: Roots,
     /// The connection's name on the broker (`toa-agent <application> <instance>`): operators
     /// find a process's connection by it.
     pub name: String,
@@ -52,11 +55,25 @@ pub(super) struct Consuming {
     pub own: bool,
 }
 
+/// Connects to the broker. `amqps://` checks the broker's certificate against the CA file
+/// (added to the public roots); `amqp://` ignores the TLS configuration.
+async fn connect(
+    settings: &Settings,
+    properties: ConnectionProperties,
+) -> Result<Connection, lapin::Error> {
+    let tls = lapin::tcp::OwnedTLSConfig {
+        identity: None,
+        cert_chain: settings.roots.pem().map(str::to_owned),
+    };
+    let runtime = lapin::runtime::default_runtime()?;
+    Connection::connect_with_config(settings.uri.as_str(), properties, tls, runtime).await
+}
+
 impl Session {
     pub async fn open(settings: &Settings) -> Result<Arc<Self>, lapin::Error> {
         let properties =
             ConnectionProperties::default().with_connection_name(settings.name.as_str().into());
-        let connection = Connection::connect(&settings.uri, properties).await?;
+        let connection = connect(settings, properties).await?;
         let lost = CancellationToken::new();
         watch_connection(&connection, lost.clone());
         let channel = connection.create_channel().await?;

@@ -27,6 +27,7 @@ pub use lock::{Held, Signal};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use toa_context::tls::Roots;
 use toa_context::{Atomicity, Credentials};
 
 /// Why a primitive refused or failed.
@@ -62,6 +63,8 @@ pub struct AtomConfig {
     pub mode: Mode,
     pub atomicity: Option<Atomicity>,
     pub credentials: Credentials,
+    /// What `rediss://` connections trust.
+    pub roots: Roots,
     /// The process's name, shown in logs; membership uses it plus a random suffix, so two
     /// processes given one name never share slots.
     pub instance: String,
@@ -100,7 +103,7 @@ impl Atom {
                 let timeout = server_timeout(atomicity);
                 let servers = Arc::new(Servers::new(
                     &atomicity.redis,
-                    &config.credentials,
+                    (&config.credentials, &config.roots),
                     timeout,
                     atomicity.ttl,
                 )?);

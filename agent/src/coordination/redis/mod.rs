@@ -19,6 +19,7 @@ use redis::{
 use silence::{Before, Silence};
 use std::sync::Mutex;
 use std::time::Duration;
+use toa_context::tls::Roots;
 use toa_context::{Credentials, RedisAddress};
 use tokio::time::Instant;
 
@@ -77,7 +78,7 @@ impl Server {
     /// Prepares the client; connects lazily, so an unreachable server never prevents a start.
     pub fn new(
         address: &RedisAddress,
-        credentials: &Credentials,
+        (credentials, roots): (&Credentials, &Roots),
         timeout: Duration,
         quarantine: Duration,
     ) -> Result<Self, ServerError> {
@@ -95,9 +96,20 @@ impl Server {
             settings = settings.set_password(password.expose());
         }
         info = info.set_redis_settings(settings);
+        // `rediss://` checks the server's certificate against the CA file, or the public roots.
+        let client = match roots.pem().filter(|_| address.tls) {
+            Some(pem) => {
+                let certificates = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.as_bytes().to_vec()),
+                };
+                Client::build_with_tls(info, certificates)
+            }
+            None => Client::open(info),
+        };
         Ok(Self {
             address: address.clone(),
-            client: Client::open(info).map_err(refused)?,
+            client: client.map_err(refused)?,
             timeout,
             quarantine,
             state: Mutex::new(State::default()),
@@ -342,15 +354,17 @@ pub struct Servers {
 }
 
 impl Servers {
+    /// The servers at `addresses`, logged in with `login` (credentials, and what `rediss://`
+    /// trusts).
     pub fn new(
         addresses: &[RedisAddress],
-        credentials: &Credentials,
+        login: (&Credentials, &Roots),
         timeout: Duration,
         quarantine: Duration,
     ) -> Result<Self, ServerError> {
         let list = addresses
             .iter()
-            .map(|address| Server::new(address, credentials, timeout, quarantine))
+            .map(|address| Server::new(address, login, timeout, quarantine))
             .collect::<Result<_, _>>()?;
         Ok(Self { list })
     }

@@ -39,6 +39,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use toa_context::tls::Roots;
 use toa_context::{Context, Credentials, RunCommand};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -77,14 +78,8 @@ pub struct Options {
     /// In a pod: its Kubernetes namespace, which the application's queues and Redis keys carry
     /// ([`toa_context::annotations::shared_name`]).
     pub kubernetes_namespace: Option<String>,
-}
-
-impl Options {
-    /// How the application is named on the broker and in Redis.
-    pub fn shared_name(&self) -> String {
-        let namespace = self.kubernetes_namespace.as_deref();
-        toa_context::annotations::shared_name(&self.context.name, namespace)
-    }
+    /// What `rediss://` and `amqps://` connections trust (`TOA_TLS_CA_FILE`).
+    pub roots: Roots,
 }
 
 /// The control endpoint: its address, and the tokens from the mounted Secret (read again when
@@ -98,7 +93,11 @@ pub struct Control {
 /// The broker's credentials (`TOA_AMQP_USERNAME`, `TOA_AMQP_PASSWORD`) and tuning.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
+    /// The application as named on the broker: in a pod with its Kubernetes namespace
+    /// ([`toa_context::annotations::shared_name`]).
+    pub application: String,
     pub credentials: Credentials,
+    pub roots: Roots,
     pub tuning: crate::calls::broker::Tuning,
 }
 
@@ -205,8 +204,6 @@ impl Watch<'_> {
 /// One process's composition: what every stage reads and what it started.
 pub struct Composition {
     context: Context,
-    /// The application as named on the broker and in Redis ([`Options::shared_name`]).
-    shared_name: String,
     instance: Instance,
     components: Vec<PathBuf>,
     loaded: Vec<Arc<Component>>,
@@ -383,7 +380,9 @@ impl Composition {
         let (
             Some(address),
             Some(BrokerConfig {
+                application: shared,
                 credentials,
+                roots,
                 tuning,
             }),
         ) = (&self.context.amqp, self.broker.clone())
@@ -392,8 +391,8 @@ impl Composition {
         };
         let (application, instance) = (&self.context.name, self.instance.as_str());
         let limits = &self.context.limits;
-        let shared = &self.shared_name;
-        let broker = Broker::connect(address, &credentials, shared, instance, limits, tuning)
+        let login = (&credentials, &roots);
+        let broker = Broker::connect(address, login, &shared, instance, limits, tuning)
             .await
             .map_err(|e| setup(&e))?;
         for (member, alive) in self.members.iter().zip(&self.alive) {

@@ -33,7 +33,6 @@ impl Composition {
         let tokens = Arc::new(component_tokens(&options, &loaded)?);
         let metrics = Metrics::new();
         let atoms = atoms(&options, &loaded, &metrics)?;
-        let shared_name = options.shared_name();
         let local = bind_local(options.listen, options.mode).await?;
         let address = local
             .local_addr()
@@ -58,7 +57,6 @@ impl Composition {
             servers.serve(PROBES, probe_listening(listener, node), app);
         }
         let composition = Self {
-            shared_name,
             context: options.context,
             instance: options.instance,
             components: options.components,
@@ -172,6 +170,7 @@ fn atoms(
             mode: options.mode,
             atomicity: options.context.atomicity.clone(),
             credentials: options.credentials.clone(),
+            roots: options.roots.clone(),
             instance: options.instance.to_string(),
         };
         let atom =
