@@ -235,6 +235,53 @@ fn a_task_whose_process_dies_under_it_each_time_is_dead_lettered_by_the_broker()
     assert!(events(&notes).is_empty());
 }
 
+/// An ordinary call whose agents die under it (SIGKILL: the classic calls queue redelivers it
+/// with only the `redelivered` flag) is counted on Redis: its second delivery runs, its third is
+/// dead-lettered without running, and its caller is told. Without the count it went round the
+/// replicas without end.
+#[test]
+fn an_ordinary_call_whose_agents_die_under_it_is_counted_on_redis_and_dead_lettered() {
+    let (context, _, _queues) = broker_context_with(
+        "dead-agents",
+        "amqp://127.0.0.1:5672",
+        "atomicity:\n  redis: redis://127.0.0.1:6379\nlimits:\n  deliveries: 2\n",
+    );
+    let starts = temp("dead-agents-starts");
+    let notes = temp("dead-agents-notes");
+    let env = [
+        ("TEST_NOTE_STARTS", starts.to_str().unwrap()),
+        ("TEST_NOTES", notes.to_str().unwrap()),
+    ];
+    let replica = terminals(&context, "till-1", &env);
+    let caller = Composition::caller(&context, &temp("dead-agents-caller"));
+    let agent = caller.agent.clone();
+    let waiting = std::thread::spawn(move || {
+        let request = "{ input: { id: 1, sleep_ms: 20000 } }";
+        let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+            .args(["call", "test.terminals.note", request, "--agent", &agent])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&output.stdout).unwrap_or(Value::Null)
+    });
+    wait_lines(&starts, 1, Duration::from_secs(15));
+    replica.kill();
+    let replica = terminals(&context, "till-2", &env);
+    wait_lines(&starts, 2, Duration::from_secs(15));
+    replica.kill();
+    let (_replica, probe) = probed(&context, "till-3", &env);
+    let answer = waiting.join().unwrap();
+    assert_eq!(answer["error"]["code"], "FAILED", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("delivered 2 times"), "{message}");
+    assert_eq!(dead_lettered(probe), 1);
+    assert_eq!(
+        events(&starts).len(),
+        2,
+        "the call did not start a third time"
+    );
+    assert!(events(&notes).is_empty());
+}
+
 #[test]
 fn agents_before_durable_queues_and_this_one_answer_each_others_calls_and_a_changed_bound_loses_nothing(
 ) {

@@ -19,11 +19,10 @@ pub fn deadline(headers: Option<&FieldTable>, now_ms: i64) -> Option<i64> {
     integer(headers, DEADLINE).map(|deadline| deadline.min(latest))
 }
 
-/// The number of this delivery: the count an agent wrote (1 without one), from 1 to `limit`, and
-/// one more when the broker redelivered it.
-pub fn delivery(headers: Option<&FieldTable>, redelivered: bool, limit: u32) -> i64 {
+/// The number an agent published the call with (1 without one), from 1 to `limit`.
+pub fn published(headers: Option<&FieldTable>, limit: u32) -> i64 {
     let counted = integer(headers, DELIVERY).unwrap_or(1);
-    counted.clamp(1, i64::from(limit.max(1))) + i64::from(redelivered)
+    counted.clamp(1, i64::from(limit.max(1)))
 }
 
 /// The header `name` as agents write integers; any other type counts as absent.
@@ -59,20 +58,14 @@ mod tests {
     }
 
     #[test]
-    fn a_delivery_count_is_at_least_one_and_at_most_the_limit() {
-        let count = |value: i64, redelivered| {
+    fn a_published_number_is_at_least_one_and_at_most_the_limit() {
+        let count = |value: i64| {
             let headers = with(DELIVERY, AMQPValue::LongLongInt(value));
-            delivery(Some(&headers), redelivered, 5)
+            published(Some(&headers), 5)
         };
-        assert_eq!(count(i64::MIN, false), 1);
-        assert_eq!(count(-1_000_000, true), 2);
-        assert_eq!(count(3, false), 3);
-        assert_eq!(
-            count(i64::MAX, true),
-            6,
-            "the limit, then dead-lettered; no overflow"
-        );
-        assert_eq!(delivery(None, false, 5), 1);
-        assert_eq!(delivery(None, true, 5), 2);
+        assert_eq!(count(i64::MIN), 1);
+        assert_eq!(count(3), 3);
+        assert_eq!(count(i64::MAX), 5, "the limit; no overflow");
+        assert_eq!(published(None, 5), 1);
     }
 }

@@ -106,6 +106,8 @@ pub struct Offer {
     pub dead_lettered: prometheus_client::metrics::counter::Counter,
     /// The records of calls given a key.
     pub repeats: Arc<crate::coordination::atom::repeats::Repeats>,
+    /// The counts of redelivered calls.
+    pub redeliveries: Arc<crate::coordination::atom::redeliveries::Redeliveries>,
 }
 
 /// A component served by this process: replayed on every session.
@@ -130,6 +132,7 @@ struct Served {
     /// Calls dead-lettered: `toa_calls_dead_lettered_total`.
     dead_lettered: prometheus_client::metrics::counter::Counter,
     repeats: Arc<crate::coordination::atom::repeats::Repeats>,
+    redeliveries: Arc<crate::coordination::atom::redeliveries::Redeliveries>,
     /// How long a key's outcome answers repeats.
     idempotency: Duration,
     /// Where calls at the delivery limit go.
@@ -563,6 +566,7 @@ impl Broker {
             message_limit: self.limits.message as usize,
             dead_lettered: offer.dead_lettered,
             repeats: offer.repeats,
+            redeliveries: offer.redeliveries,
             idempotency: self.limits.idempotency,
             draining: self.draining.subscribe(),
         };

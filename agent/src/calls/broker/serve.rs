@@ -215,12 +215,43 @@ async fn consume(
 fn handle_apart(session: &Arc<Session>, served: &Served, delivery: Delivery, kind: Kind) {
     let (session, served) = (session.clone(), served.clone());
     tokio::spawn(async move {
+        let number = delivery_number(&delivery, &served, kind).await;
+        if kind == Kind::Calls && number > i64::from(served.deliveries) {
+            // Redelivered past the limit (its agents died under it): it does not run again.
+            let handled = publish_counted(&session, &delivery, &served.dead_queue, number).await;
+            return finish(&session, &delivery, handled).await;
+        }
         let mut in_flight = None;
         let handled = handle(&delivery, &served, kind == Kind::Own, &mut in_flight).await;
-        let handled = give_back(&session, &delivery, handled, &served, kind).await;
+        let handled = give_back(&session, &delivery, handled, &served, (kind, number)).await;
         finish(&session, &delivery, handled).await;
         drop(in_flight);
     });
+}
+
+/// The number of this delivery of an ordinary call: the number it was published with, plus the
+/// broker's redeliveries of that publication, counted on Redis where there is one (see
+/// [`crate::coordination::atom::redeliveries`]), else one for a redelivery.
+async fn delivery_number(delivery: &Delivery, served: &Served, kind: Kind) -> i64 {
+    let published = headers::published(delivery.properties.headers().as_ref(), served.deliveries);
+    if kind != Kind::Calls || !delivery.redelivered {
+        return published + i64::from(delivery.redelivered);
+    }
+    let id = delivery
+        .properties
+        .correlation_id()
+        .as_ref()
+        .map_or("", |id| id.as_str());
+    // Kept while the call may still go round: each delivery may take the operation's limit.
+    let ttl = served.operation_limit * (served.deliveries + 1);
+    match served.redeliveries.count(id, published, ttl).await {
+        Ok(Some(redeliveries)) => published + redeliveries,
+        Ok(None) => published + 1,
+        Err(error) => {
+            tracing::warn!(call = %id, %error, "a redelivery could not be counted on Redis: counted as one");
+            published + 1
+        }
+    }
 }
 
 /// Cancels the consumer of a queue whose program is down; the deliveries already here are
@@ -315,21 +346,27 @@ async fn give_back(
     delivery: &Delivery,
     handled: Handled,
     served: &Served,
-    kind: Kind,
+    (kind, number): (Kind, i64),
 ) -> Handled {
     if kind != Kind::Calls || !matches!(handled, Handled::Requeue { started: true }) {
         return handled;
     }
-    let number = headers::delivery(
-        delivery.properties.headers().as_ref(),
-        delivery.redelivered,
-        served.deliveries,
-    );
     let (queue, next) = if number >= i64::from(served.deliveries) {
         (served.dead_queue.as_str(), number)
     } else {
         (delivery.routing_key.as_str(), number + 1)
     };
+    publish_counted(session, delivery, queue, next).await
+}
+
+/// Publishes `delivery`'s call to `queue` numbered `next` ([`DELIVERY`]); `Drop` once it is (this
+/// delivery is done with), else `Requeue`: returned as it is.
+async fn publish_counted(
+    session: &Session,
+    delivery: &Delivery,
+    queue: &str,
+    next: i64,
+) -> Handled {
     let mut headers = delivery.properties.headers().clone().unwrap_or_default();
     headers.insert(DELIVERY.into(), AMQPValue::LongLongInt(next));
     let properties = delivery.properties.clone().with_headers(headers);

@@ -15,6 +15,7 @@ pub(crate) mod local;
 pub(crate) mod lock;
 pub mod meter;
 pub(crate) mod quorum;
+pub(crate) mod redeliveries;
 pub(crate) mod repeats;
 pub(crate) mod slots;
 mod waiters;
@@ -74,6 +75,7 @@ pub struct AtomConfig {
 pub struct Atom {
     backend: Backend,
     repeats: Arc<repeats::Repeats>,
+    redeliveries: Arc<redeliveries::Redeliveries>,
 }
 
 enum Backend {
@@ -98,6 +100,7 @@ impl Atom {
     pub fn start(config: AtomConfig, metrics: Arc<Metrics>) -> Result<Self, AtomError> {
         let labels = metrics.component(&config.scope.application, &config.scope.component);
         let mut repeats = repeats::Repeats::Disabled;
+        let mut redeliveries = redeliveries::Redeliveries::Unshared;
         let backend = match (&config.atomicity, config.mode) {
             (Some(atomicity), _) => {
                 let timeout = server_timeout(atomicity);
@@ -121,6 +124,7 @@ impl Atom {
                     labels.clone(),
                 );
                 repeats = repeats::Repeats::redis(servers.clone(), &config.scope);
+                redeliveries = redeliveries::Redeliveries::redis(servers.clone(), &config.scope);
                 let meter = meter::Meter::new(servers, &config.scope, labels);
                 Backend::Redis {
                     locks,
@@ -143,7 +147,13 @@ impl Atom {
         Ok(Self {
             backend,
             repeats: Arc::new(repeats),
+            redeliveries: Arc::new(redeliveries),
         })
+    }
+
+    /// The counts of redelivered ordinary calls (see [`redeliveries`]).
+    pub fn redeliveries(&self) -> Arc<redeliveries::Redeliveries> {
+        self.redeliveries.clone()
     }
 
     /// The records of calls given an idempotency key (see [`repeats`]).

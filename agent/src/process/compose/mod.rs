@@ -406,6 +406,7 @@ impl Composition {
                 activity: self.activity.clone(),
                 dead_lettered: self.metrics.dead_lettered(application, name),
                 repeats: self.atoms[name].repeats(),
+                redeliveries: self.atoms[name].redeliveries(),
             };
             broker.serve(offer).await.map_err(|e| setup(&e))?;
         }
