@@ -47,6 +47,7 @@ mod image;
 mod keys;
 mod leader;
 mod node;
+mod odd;
 mod operator;
 mod ownership;
 mod pods;
@@ -80,8 +81,9 @@ async fn end_to_end() {
 
 /// The scenarios that run on the floor of the supported range as well: the CRD and what the API
 /// server refuses or stores (the poison), a deploy and a halt.
-const ON_THE_FLOOR: [&str; 7] = [
+const ON_THE_FLOOR: [&str; 8] = [
     "the_crd_installs_without_a_warning",
+    "odd_compositions_are_refused_or_reconciled",
     "two_addresses_are_refused_at_admission",
     "pod_security_admits_what_the_operator_and_chart_make",
     "pods_refused_at_admission_are_degraded",
@@ -213,6 +215,9 @@ fn batches() -> Vec<Vec<(&'static str, Scenario)>> {
         ),
         ("pods_refused_at_admission_are_degraded", |s| {
             Box::pin(admission::pods_refused_at_admission_are_degraded(s))
+        }),
+        ("odd_compositions_are_refused_or_reconciled", |s| {
+            Box::pin(odd::odd_compositions_are_refused_or_reconciled(s))
         }),
         // First, so that every later scenario runs with it stored.
         (
