@@ -252,6 +252,14 @@ def _():
     assert not any(a.startswith("--egress-rules") for a in c["args"]), "no policy, no rules"
 
 
+@check("nodeNetworks: none by default; given, one comma-separated --node-networks")
+def _():
+    _, c = container(DEFAULT)
+    assert not any(a.startswith("--node-networks") for a in c["args"]), c["args"]
+    _, c = container(render({"nodeNetworks": ["100.64.0.0/16", "fd98::/64"]}))
+    assert "--node-networks=100.64.0.0/16,fd98::/64" in c["args"], c["args"]
+
+
 @check("the Deployment passes only flags that `toa-operator run` takes")
 def _():
     known = {

@@ -18,7 +18,8 @@
 //! - [`answer`]: what a call answers (reply, the operation's error; between agents a failure or
 //!   a refusal), written and read in one place;
 //! - [`agent_args`]: the agent's command line, written by the operator and parsed by the agent;
-//! - [`tls`]: what TLS connections to Redis and the broker trust.
+//! - [`tls`]: what TLS connections to Redis and the broker trust;
+//! - [`network`]: address ranges the kubelet's hooks may come from.
 
 pub mod address;
 pub mod agent_args;
@@ -29,6 +30,7 @@ pub mod control;
 pub mod credentials;
 pub mod environment;
 pub mod manifest;
+pub mod network;
 pub mod placeholders;
 pub mod program;
 pub mod schema;

@@ -449,6 +449,7 @@ async fn main() {
             .expect("the default resources parse"),
         control_from: None,
         egress: Vec::new(),
+        node_networks: Vec::new(),
     };
     let pid = operator.pid().unwrap();
     let (idle, _) = memory(pid);

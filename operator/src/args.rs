@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use toa_context::network::{networks, Network};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -72,6 +73,11 @@ pub struct RunArgs {
     /// is not restricted.
     #[arg(long, env = "TOA_EGRESS_RULES", value_name = "JSON")]
     pub egress_rules: Option<String>,
+    /// Address ranges the kubelet connects to pods from besides the node's own addresses and
+    /// the pod's gateway (`CIDR,CIDR`: OVN-Kubernetes' join subnet, a second network card): the
+    /// agents take drain hooks from them too.
+    #[arg(long, env = "TOA_NODE_NETWORKS", value_name = "CIDR,CIDR")]
+    pub node_networks: Option<String>,
     /// The Secret holding the operator's key (`current`, and `previous` while it rotates), from
     /// which every Composition's control token is derived; created when missing.
     #[arg(long, env = "TOA_KEY_SECRET", default_value = "toa-operator-key")]
@@ -129,6 +135,7 @@ impl RunArgs {
             lease_identity,
             control_from,
             egress_rules,
+            node_networks,
             key_secret,
             key_namespace,
             watch_namespaces,
@@ -141,6 +148,7 @@ impl RunArgs {
         };
         let control_from = control_from.map(control_from_of).transpose()?;
         let egress = egress_of(egress_rules, control_from.is_some())?;
+        let node_networks = node_networks_of(node_networks.unwrap_or_default())?;
         let key = run::KeySettings {
             secret: key_secret_of(key_secret)?,
             namespace: key_namespace,
@@ -152,6 +160,7 @@ impl RunArgs {
             lease,
             control_from,
             egress,
+            node_networks,
             key,
             watch_namespaces: namespaces_of(watch_namespaces)?,
         })
@@ -231,6 +240,15 @@ fn egress_of(
     }
     serde_json::from_str(&given).map_err(|_| {
         refused("a JSON list of NetworkPolicy egress rules, [{\"to\": [...], \"ports\": [...]}]")
+    })
+}
+
+/// `--node-networks`: comma-separated address ranges.
+fn node_networks_of(given: String) -> Result<Vec<Network>, RunArgsError> {
+    networks(&given).map_err(|_| RunArgsError {
+        option: "--node-networks",
+        expected: "address ranges such as 100.64.0.0/16,fd98::/64",
+        given,
     })
 }
 
@@ -436,6 +454,7 @@ mod tests {
                 }),
                 control_from: None,
                 egress: vec![],
+                node_networks: vec![],
                 key: run::KeySettings {
                     secret: "toa-operator-key".into(),
                     namespace: None,
@@ -460,6 +479,20 @@ mod tests {
         assert_eq!(error.option, "--watch-namespaces");
         assert_eq!(error.given, "Billing!");
         assert_eq!(config("shop,billing,shop").unwrap_err().given, "shop");
+    }
+
+    #[test]
+    fn node_networks_are_address_ranges() {
+        let config = |value: &str| {
+            let all = ["--agent-image", "a:1", "--node-networks", value];
+            parse(&all).unwrap().into_config(|_| Some("op".to_owned()))
+        };
+        let networks = config("100.64.0.0/16,fd98::/64").unwrap().node_networks;
+        let shown: Vec<String> = networks.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["100.64.0.0/16", "fd98::/64"]);
+        let refused = config("100.64.0.0").unwrap_err();
+        assert_eq!(refused.option, "--node-networks");
+        assert_eq!(refused.given, "100.64.0.0");
     }
 
     #[test]

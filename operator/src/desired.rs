@@ -87,6 +87,9 @@ pub struct Settings {
     pub control_from: Option<ControlFrom>,
     /// With any, the NetworkPolicy restricts the pods' egress to these rules and DNS.
     pub egress: Vec<NetworkPolicyEgressRule>,
+    /// Where the kubelet connects to pods from besides the node's addresses: the agents take
+    /// drain hooks from there too.
+    pub node_networks: Vec<toa_context::network::Network>,
 }
 
 /// The operator's pods, as a NetworkPolicy peer: their namespace and labels.
@@ -544,7 +547,7 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings, drain: &
         name: AGENT_CONTAINER.to_owned(),
         image: Some(settings.agent_image.clone()),
         command: Some(agent_command(composition, &token_file, drain)),
-        env: Some(agent_env(valid)),
+        env: Some(agent_env(valid, settings)),
         ports: Some(agent_ports()),
         resources: Some(settings.agent_resources.clone()),
         termination_message_policy: Some(LOG_TAIL.to_owned()),
@@ -635,7 +638,7 @@ pub fn grace_seconds(valid: &Valid) -> i64 {
     stop.saturating_add(GRACE_MARGIN_SECONDS)
 }
 
-fn agent_env(valid: &Valid) -> Vec<EnvVar> {
+fn agent_env(valid: &Valid, settings: &Settings) -> Vec<EnvVar> {
     let context = &valid.context;
     let value = |name: &str, value: String| EnvVar {
         name: name.to_owned(),
@@ -654,6 +657,17 @@ fn agent_env(valid: &Valid) -> Vec<EnvVar> {
     // The namespace, which the application's queues and Redis keys carry: two namespaces
     // running one application name on one broker or Redis do not meet.
     env.push(field(KUBERNETES_NAMESPACE, "metadata.namespace"));
+    if !settings.node_networks.is_empty() {
+        let networks: Vec<String> = settings
+            .node_networks
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        env.push(value(
+            toa_context::network::NODE_NETWORKS,
+            networks.join(","),
+        ));
+    }
     if let Some(secret) = &valid.credentials {
         for (variable, key) in [
             ("TOA_REDIS_USERNAME", "redis-username"),

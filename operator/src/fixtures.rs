@@ -62,6 +62,7 @@ impl crate::desired::Settings {
                 .expect("the default resources parse"),
             control_from: None,
             egress: Vec::new(),
+            node_networks: Vec::new(),
         }
     }
 }

@@ -29,6 +29,8 @@ pub struct Config {
     pub control_from: Option<crate::desired::ControlFrom>,
     /// The egress the NetworkPolicy allows besides DNS; empty: egress is not restricted.
     pub egress: Vec<k8s_openapi::api::networking::v1::NetworkPolicyEgressRule>,
+    /// Where the kubelet connects from besides the node's addresses (`--node-networks`).
+    pub node_networks: Vec<toa_context::network::Network>,
     /// Where the operator's key is.
     pub key: KeySettings,
     /// The namespaces watched; empty: all.
@@ -174,6 +176,7 @@ fn context(
         agent_resources: config.agent_resources.clone(),
         control_from: config.control_from.clone(),
         egress: config.egress.clone(),
+        node_networks: config.node_networks.clone(),
     };
     let mut context = Context::new(
         client.clone(),

@@ -13,12 +13,13 @@
 //! read the pod spec (`view`) has it, but not the node's address. The local API does not drain a
 //! pod at all: a program cannot stop the pod it runs in.
 
+use crate::process::node::Node;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use toa_context::control::{drain_digest, same_key, DRAIN_PATH, STARTED_PATH};
 use tokio::sync::{mpsc, watch};
@@ -31,8 +32,8 @@ pub struct Trigger {
     started: mpsc::UnboundedSender<usize>,
     /// The digest of the pod's drain key (`None`: no hook drains).
     digest: Option<String>,
-    /// The node's addresses, the only ones hooks are taken from.
-    node: Arc<[IpAddr]>,
+    /// Where the node connects from, the only place hooks are taken from.
+    node: Arc<Node>,
     /// A pod: the local API does not drain it.
     in_pod: bool,
 }
@@ -47,7 +48,7 @@ pub struct Asked {
 
 /// A trigger and its other end. In a pod only the hooks from `node` carrying the key of `digest`
 /// drain; in a local run, the local API.
-pub fn channel(digest: Option<String>, in_pod: bool, node: Vec<IpAddr>) -> (Trigger, Asked) {
+pub fn channel(digest: Option<String>, in_pod: bool, node: Node) -> (Trigger, Asked) {
     let (asked_tx, asked) = mpsc::channel(1);
     let (done_tx, done) = watch::channel(false);
     let (started_tx, started) = mpsc::unbounded_channel();
@@ -56,7 +57,7 @@ pub fn channel(digest: Option<String>, in_pod: bool, node: Vec<IpAddr>) -> (Trig
         done,
         started: started_tx,
         digest,
-        node: node.into(),
+        node: Arc::new(node),
         in_pod,
     };
     (
@@ -104,7 +105,7 @@ async fn by_path(State(trigger): State<Trigger>, request: Request) -> Response {
         .map(|ConnectInfo(peer)| peer.ip().to_canonical());
     let path = request.uri().path().trim_start_matches('/');
     let hooked = hook(path, DRAIN_PATH).is_some() || hook(path, STARTED_PATH).is_some();
-    if hooked && !peer.is_some_and(|peer| trigger.node.contains(&peer)) {
+    if hooked && !peer.is_some_and(|peer| trigger.node.contains(peer)) {
         let peer = peer.map_or_else(|| "an unknown address".to_owned(), |p| p.to_string());
         tracing::warn!(%peer, "refused a drain hook that did not come from the node");
         let message =

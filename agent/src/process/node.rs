@@ -4,11 +4,37 @@
 //! (`status.hostIPs`, given as [`HOST_IPS`], with Calico and most routed CNIs) or the pod's
 //! default gateway (the bridge plugin's and flannel's `cni0`, Cilium's `cilium_host`). Another
 //! pod's connection comes from that pod's own IP, which is neither; restricted pods cannot spoof
-//! a source address (they have no `NET_RAW`).
+//! a source address (they have no `NET_RAW`). Where the kubelet connects from elsewhere
+//! (OVN-Kubernetes' join subnet, a second network card), the operator's `--node-networks` names
+//! those ranges ([`NODE_NETWORKS`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use toa_context::network::{networks, Network};
 
 pub use toa_context::control::HOST_IPS;
+pub use toa_context::network::NODE_NETWORKS;
+
+/// Where the node's connections come from: its addresses, and the ranges named for it.
+#[derive(Debug, Clone, Default)]
+pub struct Node {
+    addresses: Vec<IpAddr>,
+    networks: Vec<Network>,
+}
+
+impl Node {
+    pub fn new(addresses: Vec<IpAddr>, networks: Vec<Network>) -> Self {
+        Self {
+            addresses,
+            networks,
+        }
+    }
+
+    /// Whether a connection from `peer` comes from the node.
+    pub fn contains(&self, peer: IpAddr) -> bool {
+        let peer = peer.to_canonical();
+        self.addresses.contains(&peer) || self.networks.iter().any(|n| n.contains(peer))
+    }
+}
 
 /// The node's addresses: `host_ips` (comma-separated, as the downward API writes
 /// `status.hostIPs`) and the default gateways in `route` (`/proc/net/route`) and `route6`
@@ -25,14 +51,19 @@ pub fn addresses(host_ips: &str, route: &str, route6: &str) -> Vec<IpAddr> {
     found
 }
 
-/// This process's view: [`HOST_IPS`] from its environment and its network namespace's routes.
-pub fn seen() -> Vec<IpAddr> {
+/// This process's view: [`HOST_IPS`] from its environment and its network namespace's routes,
+/// and the ranges [`NODE_NETWORKS`] names; a range that is not one is refused naming the
+/// variable.
+pub fn seen() -> Result<Node, String> {
     let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
-    addresses(
+    let addresses = addresses(
         &std::env::var(HOST_IPS).unwrap_or_default(),
         &read("/proc/net/route"),
         &read("/proc/net/ipv6_route"),
-    )
+    );
+    let named = std::env::var(NODE_NETWORKS).unwrap_or_default();
+    let networks = networks(&named).map_err(|error| format!("`{NODE_NETWORKS}`: {error}"))?;
+    Ok(Node::new(addresses, networks))
 }
 
 /// The gateways of the IPv4 default routes: destination and mask 0, a gateway that is not 0. The
@@ -85,6 +116,25 @@ fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000
             .map(|ip| ip.parse().unwrap())
             .collect();
         assert_eq!(found, expected);
+    }
+
+    #[test]
+    fn the_node_is_also_the_ranges_named_for_it() {
+        let join = toa_context::network::Network::parse("100.64.0.0/16").unwrap();
+        let node = Node::new(vec!["192.168.1.7".parse().unwrap()], vec![join]);
+        for (peer, from_the_node) in [
+            ("192.168.1.7", true),
+            ("100.64.0.3", true),
+            ("::ffff:100.64.0.3", true),
+            ("10.244.0.9", false),
+        ] {
+            assert_eq!(
+                node.contains(peer.parse().unwrap()),
+                from_the_node,
+                "{peer}"
+            );
+        }
+        assert!(!Node::default().contains("127.0.0.1".parse().unwrap()));
     }
 
     #[test]

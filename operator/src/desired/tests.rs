@@ -780,6 +780,31 @@ fn the_pod_stops_within_a_grace_period_that_covers_the_drain() {
         from_the_pod("TOA_KUBERNETES_NAMESPACE"),
         "metadata.namespace"
     );
+    // No `--node-networks`: no ranges besides the node's addresses.
+    let env = agent.env.clone().unwrap();
+    assert!(env.iter().all(|var| var.name != "TOA_NODE_NETWORKS"));
+}
+
+#[test]
+fn node_networks_reach_the_agent() {
+    let composition = Composition::test(CompositionSpec::test());
+    let valid = validate(&composition.spec).unwrap();
+    let mut settings = Settings::test();
+    settings.node_networks = toa_context::network::networks("100.64.0.0/16,fd98::/64").unwrap();
+    let desired = desired(
+        &composition,
+        &valid,
+        &settings,
+        &Keys::one("s3cret"),
+        DRAIN,
+        1,
+    );
+    let env = agent_of(&desired.unwrap()).env.clone().unwrap();
+    let networks = env
+        .iter()
+        .find(|var| var.name == "TOA_NODE_NETWORKS")
+        .unwrap();
+    assert_eq!(networks.value.as_deref(), Some("100.64.0.0/16,fd98::/64"));
 }
 
 #[test]

@@ -14,8 +14,9 @@ use crate::component::Component;
 use crate::control::component_tokens::ComponentTokens;
 use crate::coordination::atom::{Atom, AtomConfig, Mode, Scope};
 use crate::metrics::Metrics;
+use crate::process::drain;
+use crate::process::node::{self, Node};
 use crate::process::supervisor::Process;
-use crate::process::{drain, node};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -41,7 +42,7 @@ impl Composition {
         let activity = Activity::new();
         let process = Process::new(options.instance.to_string(), activity.clone());
         let in_pod = options.mode == Mode::Pod;
-        let node = if in_pod { node::seen() } else { Vec::new() };
+        let node = node_of(in_pod)?;
         let (trigger, asked) = drain::channel(options.drain_digest.clone(), in_pod, node.clone());
         let (lifecycle_done, lifecycle_ready) = watch::channel(false);
         let (programs_up, up) = watch::channel(true);
@@ -182,7 +183,16 @@ fn atoms(
 
 /// The probe port's listening: the kubelet's probes and hooks come from the `node`, and are never
 /// closed for the cap (the port is open to the whole cluster).
-fn probe_listening(listener: TcpListener, node: Vec<std::net::IpAddr>) -> Listening {
+/// In a pod, where the node connects from (the kubelet's hooks); in a local run, nowhere.
+fn node_of(in_pod: bool) -> Result<Node, ComposeError> {
+    if in_pod {
+        node::seen().map_err(ComposeError::Setup)
+    } else {
+        Ok(Node::default())
+    }
+}
+
+fn probe_listening(listener: TcpListener, node: Node) -> Listening {
     Listening {
         exempt: node,
         ..Listening::new(listener, PROBE_CONNECTIONS)

@@ -12,6 +12,7 @@
 //! timeout needs a timer, which it does not give.) HTTP/1.1 only, as every client speaks.
 
 use super::ComposeError;
+use crate::process::node::Node;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -21,7 +22,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -132,7 +133,7 @@ pub struct Listening {
     /// Connections at once, besides the exempt ones.
     pub connections: usize,
     /// Peers whose connections the cap does not count or close.
-    pub exempt: Vec<IpAddr>,
+    pub exempt: Node,
 }
 
 impl Listening {
@@ -140,7 +141,7 @@ impl Listening {
         Self {
             listener,
             connections,
-            exempt: Vec::new(),
+            exempt: Node::default(),
         }
     }
 }
@@ -148,7 +149,7 @@ impl Listening {
 /// How many connections, from whom, and how long each may take to send its headers.
 struct Cap {
     connections: usize,
-    exempt: Vec<IpAddr>,
+    exempt: Node,
     header_read: Duration,
 }
 
@@ -182,7 +183,7 @@ async fn accept(
             () = &mut until => break,
         };
         let slot = slots.clone().try_acquire_owned().ok();
-        if slot.is_none() && !exempt.contains(&peer.ip().to_canonical()) {
+        if slot.is_none() && !exempt.contains(peer.ip()) {
             tracing::debug!(%peer, connections, "closed a connection past the cap");
             continue;
         }
@@ -263,7 +264,7 @@ mod tests {
         };
         let cap = Cap {
             connections,
-            exempt: vec!["127.0.0.2".parse().unwrap()],
+            exempt: Node::new(vec!["127.0.0.2".parse().unwrap()], Vec::new()),
             header_read,
         };
         tokio::spawn(accept(watched, app, cap, std::future::pending()));
@@ -274,7 +275,7 @@ mod tests {
     async fn connect_from(source: &str, address: SocketAddr) -> TcpStream {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket
-            .bind((source.parse::<IpAddr>().unwrap(), 0).into())
+            .bind((source.parse::<std::net::IpAddr>().unwrap(), 0).into())
             .unwrap();
         socket.connect(address).await.unwrap()
     }
