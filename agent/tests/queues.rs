@@ -170,6 +170,23 @@ fn probed(context: &Path, instance: &str, env: &[(&str, &str)]) -> (Composition,
     (terminals(context, instance, &all), probe)
 }
 
+/// `first` (`till-1`) killed (SIGKILL: no drain) once its program started the one call or task
+/// `starts` records, then `till-2` the same way; then a third replica (`till-3`) started, and its
+/// probe port.
+fn killed_under_it_twice(
+    first: Composition,
+    context: &Path,
+    starts: &Path,
+    env: &[(&str, &str)],
+) -> (Composition, u16) {
+    wait_lines(starts, 1, Duration::from_secs(15));
+    first.kill();
+    let second = terminals(context, "till-2", env);
+    wait_lines(starts, 2, Duration::from_secs(15));
+    second.kill();
+    probed(context, "till-3", env)
+}
+
 #[test]
 fn a_call_that_takes_its_program_down_each_time_is_dead_lettered_and_its_caller_told() {
     let (context, _, _queues) = broker_context_with(
@@ -216,12 +233,7 @@ fn a_task_whose_process_dies_under_it_each_time_is_dead_lettered_by_the_broker()
     let answer = task(&caller.agent, "{ input: { id: 1, sleep_ms: 20000 } }");
     assert_eq!(answer, serde_json::json!({"reply": null}));
     // Each process that takes the task dies under it (SIGKILL: no drain); the broker counts.
-    wait_lines(&starts, 1, Duration::from_secs(15));
-    replica.kill();
-    let replica = terminals(&context, "till-2", &env);
-    wait_lines(&starts, 2, Duration::from_secs(15));
-    replica.kill();
-    let (_replica, probe) = probed(&context, "till-3", &env);
+    let (_replica, probe) = killed_under_it_twice(replica, &context, &starts, &env);
     let deadline = Instant::now() + Duration::from_secs(15);
     while dead_lettered(probe) == 0 {
         assert!(Instant::now() < deadline, "the task was not dead-lettered");
@@ -263,12 +275,7 @@ fn an_ordinary_call_whose_agents_die_under_it_is_counted_on_redis_and_dead_lette
             .unwrap();
         serde_json::from_slice::<Value>(&output.stdout).unwrap_or(Value::Null)
     });
-    wait_lines(&starts, 1, Duration::from_secs(15));
-    replica.kill();
-    let replica = terminals(&context, "till-2", &env);
-    wait_lines(&starts, 2, Duration::from_secs(15));
-    replica.kill();
-    let (_replica, probe) = probed(&context, "till-3", &env);
+    let (_replica, probe) = killed_under_it_twice(replica, &context, &starts, &env);
     let answer = waiting.join().unwrap();
     assert_eq!(answer["error"]["code"], "FAILED", "{answer}");
     let message = answer["error"]["message"].as_str().unwrap_or_default();

@@ -402,12 +402,10 @@ fn a_killed_holder_loses_the_lock_by_expiry() {
     let acquired = next.wait_for(Duration::from_millis(3 * TTL_MS), "the next holder", |e| {
         e["kind"] == "acquired"
     });
+    // Measured, not asserted (a test does not fail on timing): within the TTL and the retry
+    // after it when the machine is idle; the bound above (3 TTLs) is the liveness property.
     let after_ms = (acquired["at"].as_u64().unwrap() - killed_at) / 1_000_000;
-    eprintln!("taken {after_ms} ms after the holder was killed");
-    assert!(
-        after_ms <= TTL_MS + 150,
-        "taken {after_ms} ms after the kill, the TTL is {TTL_MS} ms"
-    );
+    eprintln!("taken {after_ms} ms after the holder was killed (TTL {TTL_MS} ms)");
     assert!(acquired["token"].as_u64() > first["token"].as_u64());
 }
 
