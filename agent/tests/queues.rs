@@ -115,6 +115,80 @@ fn tasks_confirmed_before_a_broker_restart_all_run_after_it_each_once() {
     assert_eq!(ids(&runs), expected, "each task ran exactly once");
 }
 
+/// Tasks accepted while the only replica is busy (both its consumers' prefetch full of long
+/// calls and tasks), then a clean broker restart: every accepted task runs (issue 25). Its caller
+/// had made ordinary calls first, which once sent its tasks to the transient calls queue, where
+/// the restart dropped them.
+#[test]
+fn tasks_queued_behind_a_busy_replica_survive_a_broker_restart() {
+    let mut broker = RabbitNode::start();
+    let (context, _, _queues) = broker_context("busy-restart", &broker.url());
+    let notes = temp("busy-restart-notes");
+    let starts = temp("busy-restart-starts");
+    let env = [
+        ("TEST_NOTES", notes.to_str().unwrap()),
+        ("TEST_NOTE_STARTS", starts.to_str().unwrap()),
+        ("TOA_PREFETCH", "2"),
+    ];
+    let replica = terminals(&context, "till-1", &env);
+    replica.wait_ready();
+    let caller = Composition::caller(&context, &temp("busy-restart-caller"));
+    // Two long ordinary calls (ids 1000, 1001) and two long tasks (100, 101) fill both prefetches.
+    let busy: Vec<_> = (0..2)
+        .map(|i| {
+            let agent = caller.agent.clone();
+            std::thread::spawn(move || {
+                let request = format!("{{ input: {{ id: {}, sleep_ms: 8000 }} }}", 1000 + i);
+                Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+                    .args(["call", "test.terminals.note", &request, "--agent", &agent])
+                    .output()
+                    .unwrap()
+            })
+        })
+        .collect();
+    wait_lines(&starts, 2, Duration::from_secs(15));
+    let mut accepted: Vec<u64> = vec![100, 101];
+    for id in &accepted {
+        let answer = task(
+            &caller.agent,
+            &format!("{{ input: {{ id: {id}, sleep_ms: 8000 }} }}"),
+        );
+        assert_eq!(answer, serde_json::json!({"reply": null}), "task {id}");
+    }
+    wait_lines(&starts, 4, Duration::from_secs(15));
+    for id in 0..20 {
+        let answer = task(&caller.agent, &format!("{{ input: {{ id: {id} }} }}"));
+        assert_eq!(answer, serde_json::json!({"reply": null}), "task {id}");
+        accepted.push(id);
+    }
+    // The scenario: the 20 queued, not started, behind the four long ones.
+    assert_eq!(
+        events(&starts).len(),
+        4,
+        "only the long calls and tasks started"
+    );
+
+    broker.restart();
+    for thread in busy {
+        let _ = thread.join();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    accepted.sort_unstable();
+    loop {
+        let mut ran: Vec<u64> = ids(&events(&notes))
+            .into_iter()
+            .filter(|id| *id < 1000)
+            .collect();
+        ran.dedup();
+        if ran == accepted {
+            break;
+        }
+        assert!(Instant::now() < deadline, "ran {ran:?} of {accepted:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(replica);
+}
+
 #[test]
 fn a_full_queue_refuses_a_call_unavailable_naming_it() {
     let (context, application, _queues) =

@@ -318,9 +318,18 @@ impl Broker {
         } else {
             vec![calls]
         };
-        let cached = |queue: &String| session.declared.lock().expect("declared").contains(queue);
-        if let Some(queue) = candidates.iter().find(|q| cached(q)) {
-            return Ok(queue.clone());
+        // Only the first choice is taken from what this session saw: a task must not go to the
+        // transient calls queue because an ordinary call found that queue first (issue 25: 100
+        // accepted tasks went there and were lost in a broker restart). The fallback, for agents
+        // before `#tasks`, is checked anew each time.
+        let preferred = &candidates[0];
+        if session
+            .declared
+            .lock()
+            .expect("declared")
+            .contains(preferred)
+        {
+            return Ok(preferred.clone());
         }
         let unavailable =
             |message: String| CallError::Unavailable(format!("{}: {message}", self.settings.shown));
