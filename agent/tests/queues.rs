@@ -62,6 +62,19 @@ fn task(agent: &str, request: &str) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
 }
 
+/// An ordinary call to `test.terminals.note` through the agent at `agent`, on a thread of its
+/// own: its answer, when joined.
+fn call_in_background(agent: &str, request: String) -> std::thread::JoinHandle<Value> {
+    let agent = agent.to_owned();
+    std::thread::spawn(move || {
+        let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+            .args(["call", "test.terminals.note", &request, "--agent", &agent])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&output.stdout).unwrap_or(Value::Null)
+    })
+}
+
 /// Waits until `path` holds `count` JSON lines, within `limit`.
 fn wait_lines(path: &Path, count: usize, limit: Duration) -> Vec<Value> {
     let deadline = Instant::now() + limit;
@@ -136,14 +149,8 @@ fn tasks_queued_behind_a_busy_replica_survive_a_broker_restart() {
     // Two long ordinary calls (ids 1000, 1001) and two long tasks (100, 101) fill both prefetches.
     let busy: Vec<_> = (0..2)
         .map(|i| {
-            let agent = caller.agent.clone();
-            std::thread::spawn(move || {
-                let request = format!("{{ input: {{ id: {}, sleep_ms: 8000 }} }}", 1000 + i);
-                Command::new(env!("CARGO_BIN_EXE_toa-agent"))
-                    .args(["call", "test.terminals.note", &request, "--agent", &agent])
-                    .output()
-                    .unwrap()
-            })
+            let request = format!("{{ input: {{ id: {}, sleep_ms: 8000 }} }}", 1000 + i);
+            call_in_background(&caller.agent, request)
         })
         .collect();
     wait_lines(&starts, 2, Duration::from_secs(15));
@@ -340,15 +347,10 @@ fn an_ordinary_call_whose_agents_die_under_it_is_counted_on_redis_and_dead_lette
     ];
     let replica = terminals(&context, "till-1", &env);
     let caller = Composition::caller(&context, &temp("dead-agents-caller"));
-    let agent = caller.agent.clone();
-    let waiting = std::thread::spawn(move || {
-        let request = "{ input: { id: 1, sleep_ms: 20000 } }";
-        let output = Command::new(env!("CARGO_BIN_EXE_toa-agent"))
-            .args(["call", "test.terminals.note", request, "--agent", &agent])
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Value>(&output.stdout).unwrap_or(Value::Null)
-    });
+    let waiting = call_in_background(
+        &caller.agent,
+        "{ input: { id: 1, sleep_ms: 20000 } }".into(),
+    );
     let (_replica, probe) = killed_under_it_twice(replica, &context, &starts, &env);
     let answer = waiting.join().unwrap();
     assert_eq!(answer["error"]["code"], "FAILED", "{answer}");

@@ -8,6 +8,7 @@
 //! atomicity nothing is shared: a redelivery counts as one (docs/calls.md).
 
 use super::keys::Scope;
+use super::repeats::hex;
 use super::AtomError;
 use crate::coordination::redis::Servers;
 use redis::Script;
@@ -57,10 +58,7 @@ impl Redeliveries {
             return Ok(None);
         };
         // Any text a publisher chose: hashed, so the key is bounded.
-        let hashed: String = Sha256::digest(id.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hashed = hex(&Sha256::digest(id.as_bytes()));
         let mut invocation = COUNT.prepare_invoke();
         invocation
             .key(format!("{prefix}{hashed}:{published}"))

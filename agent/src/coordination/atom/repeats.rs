@@ -113,7 +113,8 @@ pub fn input_hash(input: &Value) -> String {
     hex(&Sha256::digest(text.as_bytes()))
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lowercase hex of `bytes` (hashed keys in Redis).
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
