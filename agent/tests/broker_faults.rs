@@ -166,6 +166,53 @@ fn a_lost_node_is_abandoned_until_the_heartbeat_drops_it_then_an_addressee() {
     );
 }
 
+/// A broker that accepts the connection and never answers (frozen, or still booting) does not
+/// hold the agent's start forever: it fails naming the address and the limit.
+#[test]
+fn a_broker_that_accepts_and_never_answers_fails_the_start_within_the_open_limit() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = format!("amqp://127.0.0.1:{}", silent.local_addr().unwrap().port());
+    // Connections are accepted and held open, unanswered.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for connection in silent.incoming() {
+            held.push(connection);
+        }
+    });
+    // Not broker_context: its queues' clean-up would wait on this broker too.
+    let context =
+        std::env::temp_dir().join(format!("toa-context-silent-{}.yaml", std::process::id()));
+    std::fs::write(&context, format!("name: silent\namqp: {address}\n")).unwrap();
+    let started = Instant::now();
+    let mut agent = Composition::start(
+        &[
+            "agent/tests/components/terminals",
+            "--context",
+            context.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let exited = loop {
+        if let Some(success) = agent.exited() {
+            break success;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "still starting:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = agent.log();
+    assert!(!exited, "{log}");
+    assert!(
+        log.contains(&format!("the broker at {address} is unreachable"))
+            && log.contains("did not finish opening it within 15s"),
+        "{log}"
+    );
+    assert!(!log.contains("Composition complete"), "{log}");
+}
+
 #[test]
 fn a_bad_heartbeat_or_prefetch_is_refused_before_any_program_runs() {
     let (context, _, _queues) = broker_context("bad-heartbeat", "amqp://127.0.0.1:5672");

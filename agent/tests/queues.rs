@@ -128,24 +128,36 @@ fn tasks_confirmed_before_a_broker_restart_all_run_after_it_each_once() {
     assert_eq!(ids(&runs), expected, "each task ran exactly once");
 }
 
+/// What befalls the broker, or the busy replica, once the tasks are queued behind it.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// A clean stop and a start.
+    Restart,
+    /// SIGKILL and a start.
+    Kill,
+    /// SIGSTOP for three heartbeats, then SIGCONT.
+    Freeze,
+    /// The replica SIGKILLed with two tasks running and its prefetch full; another one started.
+    KillReplica,
+}
+
 /// Tasks accepted while the only replica is busy (both its consumers' prefetch full of long
-/// calls and tasks), then a clean broker restart: every accepted task runs (issue 25). Its caller
-/// had made ordinary calls first, which once sent its tasks to the transient calls queue, where
-/// the restart dropped them.
-#[test]
-fn tasks_queued_behind_a_busy_replica_survive_a_broker_restart() {
+/// calls and tasks), then `fault`: every accepted task runs, and none is dead-lettered (issue 25).
+/// The caller makes ordinary calls first, which once sent its tasks to the transient calls queue,
+/// where a broker restart dropped them.
+fn tasks_behind_a_busy_replica_survive(fault: Fault, name: &str) {
     let mut broker = RabbitNode::start();
-    let (context, _, _queues) = broker_context("busy-restart", &broker.url());
-    let notes = temp("busy-restart-notes");
-    let starts = temp("busy-restart-starts");
+    let (context, _, _queues) = broker_context(name, &broker.url());
+    let notes = temp(&format!("{name}-notes"));
+    let starts = temp(&format!("{name}-starts"));
     let env = [
         ("TEST_NOTES", notes.to_str().unwrap()),
         ("TEST_NOTE_STARTS", starts.to_str().unwrap()),
         ("TOA_PREFETCH", "2"),
+        ("TOA_AMQP_HEARTBEAT", "2"),
     ];
-    let replica = terminals(&context, "till-1", &env);
-    replica.wait_ready();
-    let caller = Composition::caller(&context, &temp("busy-restart-caller"));
+    let (replica, probe) = probed(&context, "till-1", &env);
+    let caller = Composition::caller(&context, &temp(&format!("{name}-caller")));
     // Two long ordinary calls (ids 1000, 1001) and two long tasks (100, 101) fill both prefetches.
     let busy: Vec<_> = (0..2)
         .map(|i| {
@@ -175,7 +187,20 @@ fn tasks_queued_behind_a_busy_replica_survive_a_broker_restart() {
         "only the long calls and tasks started"
     );
 
-    broker.restart();
+    let mut replicas = vec![(replica, probe)];
+    match fault {
+        Fault::Restart => broker.restart(),
+        Fault::Kill => broker.kill_and_start(),
+        Fault::Freeze => {
+            broker.freeze();
+            std::thread::sleep(Duration::from_secs(7));
+            broker.thaw();
+        }
+        Fault::KillReplica => {
+            replicas.pop().unwrap().0.kill();
+            replicas.push(probed(&context, "till-2", &env));
+        }
+    }
     for thread in busy {
         let _ = thread.join();
     }
@@ -190,10 +215,38 @@ fn tasks_queued_behind_a_busy_replica_survive_a_broker_restart() {
         if ran == accepted {
             break;
         }
-        assert!(Instant::now() < deadline, "ran {ran:?} of {accepted:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{fault:?}: ran {ran:?} of {accepted:?}\n{}",
+            replicas[0].0.log()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
-    drop(replica);
+    let dead: u64 = replicas
+        .iter()
+        .map(|(_, probe)| dead_lettered(*probe))
+        .sum();
+    assert_eq!(dead, 0, "{fault:?}: a task was dead-lettered");
+}
+
+#[test]
+fn tasks_queued_behind_a_busy_replica_survive_a_broker_restart() {
+    tasks_behind_a_busy_replica_survive(Fault::Restart, "busy-restart");
+}
+
+#[test]
+fn tasks_queued_behind_a_busy_replica_survive_a_broker_killed_and_started() {
+    tasks_behind_a_busy_replica_survive(Fault::Kill, "busy-kill");
+}
+
+#[test]
+fn tasks_queued_behind_a_busy_replica_survive_a_broker_frozen_past_its_heartbeat() {
+    tasks_behind_a_busy_replica_survive(Fault::Freeze, "busy-freeze");
+}
+
+#[test]
+fn tasks_queued_behind_a_busy_replica_survive_it_killed_with_them_in_its_buffer() {
+    tasks_behind_a_busy_replica_survive(Fault::KillReplica, "busy-replica");
 }
 
 #[test]
@@ -314,12 +367,28 @@ fn a_task_whose_process_dies_under_it_each_time_is_dead_lettered_by_the_broker()
     let answer = task(&caller.agent, "{ input: { id: 1, sleep_ms: 20000 } }");
     assert_eq!(answer, serde_json::json!({"reply": null}));
     // Each process that takes the task dies under it (SIGKILL: no drain); the broker counts.
-    let (_replica, probe) = killed_under_it_twice(replica, &context, &starts, &env);
+    let (replica, probe) = killed_under_it_twice(replica, &context, &starts, &env);
     let deadline = Instant::now() + Duration::from_secs(15);
     while dead_lettered(probe) == 0 {
         assert!(Instant::now() < deadline, "the task was not dead-lettered");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Logged with its id (the call id, 32 hex digits) and operation, never its input.
+    let log = replica.log();
+    let line = log
+        .lines()
+        .find(|line| line.contains("dead-lettered"))
+        .unwrap_or_else(|| panic!("no dead-letter line:\n{log}"));
+    let id: String = line
+        .split("call=")
+        .nth(1)
+        .map(|rest| rest.chars().take_while(char::is_ascii_hexdigit).collect())
+        .unwrap_or_default();
+    assert_eq!(id.len(), 32, "{line}");
+    assert!(
+        line.contains("operation=\"note\"") && !line.contains("sleep_ms"),
+        "{line}"
+    );
     assert_eq!(
         events(&starts).len(),
         2,

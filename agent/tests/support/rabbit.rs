@@ -118,6 +118,13 @@ impl RabbitNode {
         self.spawn();
     }
 
+    /// SIGKILL (nothing closed, nothing flushed beyond what the node had confirmed), then a
+    /// start on the same port.
+    pub fn kill_and_start(&mut self) {
+        self.signal(libc::SIGKILL);
+        self.spawn();
+    }
+
     /// SIGSTOP: the node stops answering; its connections stay open.
     pub fn freeze(&self) {
         if let Some(child) = &self.child {

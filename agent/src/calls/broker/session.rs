@@ -11,6 +11,7 @@ use lapin::{Channel, Connection, ConnectionProperties, Event};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use toa_context::answer::Reply;
 use toa_context::tls::Roots;
 use tokio::sync::oneshot;
@@ -69,8 +70,29 @@ async fn connect(
     Connection::connect_with_config(settings.uri.as_str(), properties, tls, runtime).await
 }
 
+/// How long opening a session may take. A broker can accept the TCP connection and never answer
+/// (frozen, or still booting): without a bound the agent's start, or its reconnect, waited for
+/// it forever.
+pub(super) const OPEN_LIMIT: Duration = Duration::from_secs(15);
+
+#[derive(Debug, thiserror::Error)]
+pub(super) enum OpenError {
+    #[error(transparent)]
+    Refused(#[from] lapin::Error),
+    #[error("it accepted the connection but did not finish opening it within {0:?}")]
+    Unanswered(Duration),
+}
+
 impl Session {
-    pub async fn open(settings: &Settings) -> Result<Arc<Self>, lapin::Error> {
+    /// Opens a session within [`OPEN_LIMIT`].
+    pub async fn open(settings: &Settings) -> Result<Arc<Self>, OpenError> {
+        match tokio::time::timeout(OPEN_LIMIT, Self::open_unbounded(settings)).await {
+            Ok(opened) => Ok(opened?),
+            Err(_) => Err(OpenError::Unanswered(OPEN_LIMIT)),
+        }
+    }
+
+    async fn open_unbounded(settings: &Settings) -> Result<Arc<Self>, lapin::Error> {
         let properties =
             ConnectionProperties::default().with_connection_name(settings.name.as_str().into());
         let connection = connect(settings, properties).await?;
