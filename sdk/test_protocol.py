@@ -80,11 +80,6 @@ LACKING = {
         *route("POST /v1/task/{component}/{operation}", "path component", "path operation",
                "request input", "request instance", "request timeout", "request key",
                "header toa-call", *ERROR),
-        # What the agent says of a call is not passed on to the operation.
-        "POST /operations/{name} request call",
-        "POST /operations/{name} request call.id",
-        "POST /operations/{name} request call.redelivered",
-        "POST /operations/{name} request call.deadline_ms",
     },
 }
 

@@ -204,3 +204,96 @@ fn a_call_still_running_when_the_drains_budget_ends_is_given_back_and_runs_elsew
     );
     assert_ne!(started[0], started[1]);
 }
+
+/// The process's own queue's ready and unacknowledged counts on the shared broker.
+fn own_queue_counts(queue: &str) -> Option<(u64, u64)> {
+    let output = std::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "list_queues",
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+        ])
+        .output()
+        .expect("rabbitmqctl");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| {
+            let mut fields = line.split_whitespace();
+            (fields.next()? == queue).then_some(())?;
+            Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+        })
+}
+
+/// A call held under the process's name when it stops (queued behind a running one, past the
+/// prefetch) is answered `Addressee` at once, the running one finishes, and the stop logs nothing
+/// above INFO (issue 25). Before, cancelling the name's only consumer deleted its queue (it was
+/// auto-delete) with the held call in it: its caller waited for its whole timeout, and every stop
+/// logged `NOT_FOUND - no queue` and two warnings.
+#[test]
+fn a_call_held_under_the_name_at_a_stop_is_an_addressee_and_the_stop_logs_nothing_above_info() {
+    let (context, application, _queues) = broker_context("held", "amqp://127.0.0.1:5672");
+    let charges = temp("held-charges");
+    let starts = temp("held-starts");
+    let till = Composition::start(
+        &[
+            "agent/tests/components/terminals",
+            "--context",
+            context.to_str().unwrap(),
+        ],
+        &[
+            ("TOA_INSTANCE", "till-1"),
+            ("TEST_RECORD", charges.to_str().unwrap()),
+            ("TEST_CHARGE_STARTS", starts.to_str().unwrap()),
+            ("TOA_PREFETCH", "1"),
+        ],
+    );
+    let caller = Composition::caller(&context, &temp("held-caller"));
+    till.wait_ready();
+    caller.connect_terminal("till-1", "t1");
+    let charge = |amount: u32, sleep_ms: u32| {
+        let agent = caller.agent.clone();
+        let request = format!(
+            "{{ input: {{ terminal: t1, amount: {amount}, sleep_ms: {sleep_ms} }}, instance: till-1, timeout: 20000 }}"
+        );
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let answer = call(&agent, "test.terminals.charge", &request);
+            (answer, started.elapsed())
+        })
+    };
+    // One charge runs (the prefetch of one taken); the next is held in the name's queue.
+    let running = charge(1, 3000);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while events(&starts).is_empty() {
+        assert!(Instant::now() < deadline, "the first charge did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held = charge(2, 0);
+    let queue = format!("toa.{application}.test.terminals@till-1");
+    while own_queue_counts(&queue) != Some((1, 1)) {
+        assert!(
+            Instant::now() < deadline,
+            "{queue}: {:?}",
+            own_queue_counts(&queue)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let before = till.log().len();
+    let (stopped, log) = till.terminate(Duration::from_secs(30));
+    assert!(stopped, "{log}");
+    let (answer, took) = held.join().unwrap();
+    assert_eq!(answer["error"]["code"], "Addressee", "{answer}");
+    assert!(took < Duration::from_secs(15), "held for {took:?}");
+    let (answer, _) = running.join().unwrap();
+    assert_eq!(answer["reply"]["charged"], 1, "{answer}");
+    assert_eq!(events(&starts).len(), 1, "the held charge never ran");
+    let stop = &log[before..];
+    let loud: Vec<&str> = stop
+        .lines()
+        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+        .collect();
+    assert!(loud.is_empty(), "the stop logged:\n{}", loud.join("\n"));
+}

@@ -55,6 +55,7 @@ class OnlyTheAgent(unittest.TestCase):
 
     def test_requests_without_the_components_token_are_refused(self):
         import http.client
+        import json
         import socket
         import time
         with socket.socket() as s:
@@ -70,13 +71,13 @@ class OnlyTheAgent(unittest.TestCase):
         self.addCleanup(program.wait)
         self.addCleanup(program.kill)
 
-        def ask(method, path, token=None):
+        def ask(method, path, token=None, body=b"{}"):
             headers = {"content-type": "application/json"}
             if token is not None:
                 headers["authorization"] = f"Bearer {token}"
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             try:
-                connection.request(method, path, body=b"{}" if method == "POST" else None,
+                connection.request(method, path, body=body if method == "POST" else None,
                                    headers=headers)
                 return connection.getresponse().status
             finally:
@@ -97,6 +98,12 @@ class OnlyTheAgent(unittest.TestCase):
         # With the token the request reaches the operation (which fails here: no agent answers
         # its calls), not the refusal.
         self.assertEqual(ask("POST", "/operations/started", "the-token"), 500)
+        # A call whose caller stopped waiting does not reach the operation: 504, not its 500.
+        def with_deadline(ms):
+            return json.dumps({"input": {}, "call": {"id": "c", "deadline_ms": ms}}).encode()
+        past, future = int(time.time() * 1000) - 1, int(time.time() * 1000) + 60_000
+        self.assertEqual(ask("POST", "/operations/started", "the-token", with_deadline(past)), 504)
+        self.assertEqual(ask("POST", "/operations/started", "the-token", with_deadline(future)), 500)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
@@ -101,6 +102,17 @@ class Component:
         return {"reply": result}
 
 
+PAST_DEADLINE = "the call's deadline passed before the operation started; it did not run"
+
+
+def past_deadline(call: Any) -> bool:
+    """Whether the caller has stopped waiting (`deadline_ms`, ms since the epoch): it was answered
+    `Abandoned` at its deadline, so the operation must not start after it. Checked right before the
+    operation, after the hand-off from the agent, which takes time of its own."""
+    deadline = call.get("deadline_ms") if isinstance(call, dict) else None
+    return isinstance(deadline, int) and time.time() * 1000 >= deadline
+
+
 def handler(component: Component) -> Type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -152,6 +164,8 @@ def handler(component: Component) -> Type[BaseHTTPRequestHandler]:
                     component.run_command(name)
                     return self._answer(200, {})
                 if kind == "operations" and name in component.operations:
+                    if past_deadline(request.get("call")):
+                        return self._answer(504, {"message": PAST_DEADLINE})
                     answer = component.operate(name, request.get("input"), request.get("call"))
                     return self._answer(200, answer)
                 # Not an `error` body: the agent would take it for an operation's own error.

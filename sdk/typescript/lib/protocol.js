@@ -31,7 +31,8 @@ export const ENVIRONMENT = /** @type {const} */ ([
 /** @typedef {{ halt: string }} Halt */
 
 /** `GET /program`: the run commands the program exports and the operations it serves. @typedef {{ commands: string[], operations: string[] }} Description */
-/** @typedef {{ input?: unknown }} OperationRequest */
+/** What the agent says of a call: the same `id` on every delivery; `redelivered` when it was delivered before; `deadline_ms` when the caller stops waiting (ms since the epoch). @typedef {{ id?: string, redelivered?: boolean, deadline_ms?: number | null }} CallInfo */
+/** @typedef {{ input?: unknown, call?: CallInfo }} OperationRequest */
 
 /**
  * A type's keys, each `true`, or the nested object's keys for an object (not an array): a field
@@ -112,7 +113,7 @@ export const OPERATIONS = {
   method: 'POST',
   path: '/operations/{name}',
   headers: ['Authorization'],
-  request: /** @satisfies {Fields<OperationRequest>} */ ({ input: true }),
+  request: /** @satisfies {Fields<OperationRequest>} */ ({ input: true, call: { id: true, redelivered: true, deadline_ms: true } }),
   response: outcome
 }
 // The control endpoint, as the stage uses it (the token itself, not a signature).

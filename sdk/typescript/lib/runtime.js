@@ -117,6 +117,18 @@ function answer (response, status, value) {
   response.end(body)
 }
 
+const PAST_DEADLINE = "the call's deadline passed before the operation started; it did not run"
+
+/** Whether the caller has stopped waiting (`deadline_ms`, ms since the epoch): it was answered
+ * `Abandoned` at its deadline, so the operation must not start after it. Checked right before the
+ * operation, after the hand-off from the agent, which takes time of its own.
+ * @param {OperationRequest['call']} call
+ */
+function pastDeadline (call) {
+  const deadline = call?.deadline_ms
+  return typeof deadline === 'number' && Date.now() >= deadline
+}
+
 /** @param {http.IncomingMessage} request @returns {Promise<OperationRequest>} */
 async function body (request) {
   /** @type {Buffer[]} */
@@ -164,9 +176,9 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
       if (url === PROGRAM.path) return answer(response, 200, component.description())
       return unknown(response, url)
     }
-    let input
+    let input, call
     try {
-      input = (await body(request)).input
+      ({ input, call } = await body(request))
     } catch (error) {
       return answer(response, 400, { message: `expected a JSON body: ${describe(error)}` })
     }
@@ -176,6 +188,7 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
         return answer(response, 200, {})
       }
       if (kind === 'operations' && component.operations.has(operation)) {
+        if (pastDeadline(call)) return answer(response, 504, { message: PAST_DEADLINE })
         return answer(response, 200, await component.operate(operation, input ?? null))
       }
       return unknown(response, url)

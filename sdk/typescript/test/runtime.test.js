@@ -140,10 +140,10 @@ describe('only the agent', () => {
       stdio: 'ignore'
     })
     after(() => program.kill())
-    const ask = async (method, path, token) => {
+    const ask = async (method, path, token, payload = '{}') => {
       const headers = { 'content-type': 'application/json' }
       if (token !== undefined) headers.authorization = `Bearer ${token}`
-      const body = method === 'POST' ? '{}' : undefined
+      const body = method === 'POST' ? payload : undefined
       return (await fetch(`http://127.0.0.1:${port}${path}`, { method, headers, body })).status
     }
     await until(() => ask('GET', '/program', 'the-token').then((s) => s === 200, () => false), 20_000, 'the program serves')
@@ -151,5 +151,9 @@ describe('only the agent', () => {
     assert.equal(await ask('POST', '/lifecycle/dispose'), 401)
     assert.equal(await ask('POST', '/operations/echo', 'another-token'), 401)
     assert.equal(await ask('POST', '/operations/echo', 'the-token'), 200)
+    // A call whose caller stopped waiting does not reach the operation: 504.
+    const withDeadline = (ms) => JSON.stringify({ input: {}, call: { id: 'c', deadline_ms: ms } })
+    assert.equal(await ask('POST', '/operations/echo', 'the-token', withDeadline(Date.now() - 1)), 504)
+    assert.equal(await ask('POST', '/operations/echo', 'the-token', withDeadline(Date.now() + 60_000)), 200)
   })
 })

@@ -1,5 +1,5 @@
-# Records each charge (amount, pid, when it ran) to the file in $TEST_RECORD, and each note to
-# $TEST_NOTES. TERMINALS_DISPOSE_MS: how long dispose takes.
+# Records each charge (amount, pid, when it ran) to the file in $TEST_RECORD (and that it started,
+# to $TEST_CHARGE_STARTS if set), and each note to $TEST_NOTES. TERMINALS_DISPOSE_MS: how long dispose takes.
 import json
 import os
 import sys
@@ -27,6 +27,9 @@ def charge(input, context):
     if input["terminal"] not in context.state["connections"]:
         return Error("NOT_HELD")
     started = time.time()
+    if os.environ.get("TEST_CHARGE_STARTS"):
+        with open(os.environ["TEST_CHARGE_STARTS"], "a") as out:
+            out.write(json.dumps({"amount": input["amount"], "pid": os.getpid(), "at": started}) + "\n")
     time.sleep(input.get("sleep_ms", 0) / 1000)
     record = {"amount": input["amount"], "pid": os.getpid(), "started": started, "ended": time.time()}
     with open(os.environ["TEST_RECORD"], "a") as out:
