@@ -213,6 +213,88 @@ fn a_broker_that_accepts_and_never_answers_fails_the_start_within_the_open_limit
     assert!(!log.contains("Composition complete"), "{log}");
 }
 
+/// The TCP connections process `pid` holds to `port` on loopback (from /proc: its sockets' inodes
+/// among the system's TCP sockets).
+fn connections_to(pid: u32, port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let remote = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|fields| fields.len() > 9 && fields[2].ends_with(&remote))
+        .filter(|fields| inodes.contains(fields[9]))
+        .count()
+}
+
+/// While the broker stays frozen, the agent keeps one attempt to reconnect, not one more every
+/// 15 s: lapin holds an attempt's thread and socket until the broker answers. Thawed, it
+/// reconnects.
+#[test]
+fn a_broker_frozen_for_long_gets_one_reconnect_attempt_at_a_time() {
+    let broker = RabbitNode::start();
+    let (context, _, _queues) = broker_context("frozen-long", &broker.url());
+    let till = terminals(&context, "till-1", &[("TOA_AMQP_HEARTBEAT", "2")]);
+    broker.freeze();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !till.log().contains("the connection to the broker ended") {
+        assert!(Instant::now() < deadline, "{}", till.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The fault's length: past two opening limits (15 s each).
+    std::thread::sleep(Duration::from_secs(35));
+    let held = connections_to(till.pid(), broker.port);
+    broker.thaw();
+    assert!(held <= 1, "{held} connections to the frozen broker");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !till.log().contains("reconnected to the broker") {
+        assert!(Instant::now() < deadline, "{}", till.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A consumer that ends under a living connection (here its queue deleted from outside; in
+/// production also RabbitMQ's consumer timeout, which closes the channel of a call that runs
+/// longer) makes the agent open a new session, which serves the queue again: calls go through.
+/// Before, nothing consumed it any more.
+#[test]
+fn a_consumer_the_broker_ended_is_replaced_by_a_new_session() {
+    let (context, application, _queues) = broker_context("consumer-ended", "amqp://127.0.0.1:5672");
+    let till = terminals(&context, "till-1", &[]);
+    let queue = format!("toa.{application}.test.terminals");
+    let deleted = Command::new("rabbitmqctl")
+        .args(["-q", "delete_queue", &queue])
+        .output()
+        .unwrap();
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !till
+        .log()
+        .contains("the consumer stopped: opening a new session")
+    {
+        assert!(Instant::now() < deadline, "{}", till.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    till.call_until(
+        "test.terminals.connect",
+        "{ input: { terminal: t1 } }",
+        Duration::from_secs(15),
+        |answer| answer["reply"]["holder"] == "till-1",
+    );
+}
+
 #[test]
 fn a_bad_heartbeat_or_prefetch_is_refused_before_any_program_runs() {
     let (context, _, _queues) = broker_context("bad-heartbeat", "amqp://127.0.0.1:5672");

@@ -616,6 +616,24 @@ fn a_timeout_past_the_brokers_limit_or_a_bad_instance_is_refused_not_a_crash() {
     assert!(ok, "{answer}");
 }
 
+/// A call to one process with 25 ms or less left is not started in-process either (the callee's
+/// margin, docs/calls.md): `Abandoned`; with time enough the same call runs.
+#[test]
+fn an_in_process_call_with_no_time_to_start_is_abandoned_and_one_with_time_runs() {
+    let composition = Composition::start(&["examples/terminals"], &[("TOA_INSTANCE", "till-1")]);
+    composition.wait_ready();
+    let (ok, answer) = composition.call("terminals.connect", "{ input: { terminal: t1 } }");
+    assert!(ok, "{answer}");
+    let charge = |timeout: u32| {
+        format!("{{ input: {{ terminal: t1, amount: 5 }}, instance: till-1, timeout: {timeout} }}")
+    };
+    let (ok, answer) = composition.call("terminals.charge", &charge(20));
+    assert!(!ok, "{answer}");
+    assert_eq!(answer["error"]["code"], "Abandoned", "{answer}");
+    let (ok, answer) = composition.call("terminals.charge", &charge(5000));
+    assert!(ok, "{answer}");
+}
+
 #[test]
 fn the_python_helpers_onassigned_hears_the_assignment_until_off() {
     let record = std::env::temp_dir().join(format!("toa-assigned-{}", std::process::id()));

@@ -8,20 +8,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use support::{broker_context, events, Composition};
+use std::time::{Duration, Instant};
+use support::{broker_context, events, now, Composition};
 
 fn temp(name: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("toa-drain-{name}-{}", std::process::id()));
     let _ = std::fs::remove_file(&path);
     path
-}
-
-fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
 }
 
 fn call(agent: &str, target: &str, request: &str) -> Value {
@@ -207,23 +200,10 @@ fn a_call_still_running_when_the_drains_budget_ends_is_given_back_and_runs_elsew
 
 /// The process's own queue's ready and unacknowledged counts on the shared broker.
 fn own_queue_counts(queue: &str) -> Option<(u64, u64)> {
-    let output = std::process::Command::new("rabbitmqctl")
-        .args([
-            "-q",
-            "list_queues",
-            "name",
-            "messages_ready",
-            "messages_unacknowledged",
-        ])
-        .output()
-        .expect("rabbitmqctl");
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .find_map(|line| {
-            let mut fields = line.split_whitespace();
-            (fields.next()? == queue).then_some(())?;
-            Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
-        })
+    support::rabbit::list_queues(&["name", "messages_ready", "messages_unacknowledged"])
+        .into_iter()
+        .find(|row| row.first().is_some_and(|name| name == queue))
+        .and_then(|row| Some((row.get(1)?.parse().ok()?, row.get(2)?.parse().ok()?)))
 }
 
 /// A call held under the process's name when it stops (queued behind a running one, past the

@@ -227,6 +227,25 @@ fn tasks_behind_a_busy_replica_survive(fault: Fault, name: &str) {
         .map(|(_, probe)| dead_lettered(*probe))
         .sum();
     assert_eq!(dead, 0, "{fault:?}: a task was dead-lettered");
+    // The fault happened as meant: the frozen broker lost the replica's connection, and the
+    // killed replica's two running tasks started again on the other.
+    match fault {
+        Fault::Freeze => {
+            let log = replicas[0].0.log();
+            assert!(
+                log.contains("the connection to the broker ended"),
+                "the freeze went unnoticed:\n{log}"
+            );
+        }
+        Fault::KillReplica => {
+            let again: Vec<Value> = events(&starts)
+                .into_iter()
+                .filter(|start| start["id"] == 100 || start["id"] == 101)
+                .collect();
+            assert_eq!(again.len(), 4, "{again:?}");
+        }
+        Fault::Restart | Fault::Kill => {}
+    }
 }
 
 #[test]

@@ -4,10 +4,10 @@
 
 use crate::calls::activity::Activity;
 use crate::calls::catalog::Catalog;
-use crate::calls::contract::{check_contract, CallError, Request};
+use crate::calls::contract::{check_contract, CallError, Request, START_MARGIN};
 use crate::calls::inflight::Inflight;
 use crate::calls::once::Once;
-use crate::component::client::{self, Outcome, ProgramClient, ProgramError};
+use crate::component::client::{self, Outcome, ProgramClient};
 use crate::component::Component;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -260,6 +260,11 @@ fn run_here(
         stateful.then(|| crate::calls::broker::now_ms() + left.as_millis() as i64),
     );
     async move {
+        // As over the broker: a call that could not start before its caller stops waiting does
+        // not start at all.
+        if stateful && left <= START_MARGIN {
+            return Err(abandoned_error(&operation, left));
+        }
         let program = client.operate(&operation, &input, &meta, left);
         let key = key.as_deref();
         let once = crate::calls::once::run_once(
@@ -268,7 +273,7 @@ fn run_here(
         .await;
         match once {
             Once::Ran(result) => result.map_err(|e| match e {
-                ProgramError::TimedOut { .. } if stateful => abandoned_error(&operation, left),
+                error if stateful && error.past_deadline() => abandoned_error(&operation, left),
                 other => CallError::Failed(other.to_string()),
             }),
             Once::Repeated(outcome) => Ok(outcome),

@@ -28,6 +28,18 @@ pub enum ProgramError {
     TooLarge { component: String, limit: usize },
 }
 
+impl ProgramError {
+    /// The program did not answer before the call's deadline, or its SDK refused the call as
+    /// past it (504, docs/component-protocol.md): either way the operation did not finish for a
+    /// caller still waiting.
+    pub fn past_deadline(&self) -> bool {
+        matches!(
+            self,
+            Self::TimedOut { .. } | Self::Failed { status: 504, .. }
+        )
+    }
+}
+
 /// How long `GET /program` may take.
 const DESCRIBE_LIMIT: Duration = Duration::from_secs(10);
 

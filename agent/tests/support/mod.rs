@@ -181,7 +181,7 @@ pub fn http_get(url: &str) -> (u16, String) {
 /// CRLF): the status code and the whole response.
 pub fn request(ip: &str, port: u16, method: &str, path: &str, headers: &str) -> (u16, String) {
     let stream = std::net::TcpStream::connect((ip, port)).unwrap();
-    request_on(stream, ip, method, path, headers)
+    request_on(stream, ip, method, path, headers, "")
 }
 
 /// [`request`] to loopback from the loopback address `source` (any of 127.0.0.0/8).
@@ -195,7 +195,7 @@ pub fn request_from(source: &str, port: u16, path: &str) -> (u16, String) {
     let stream = runtime.block_on(socket.connect(address)).unwrap();
     let stream = stream.into_std().unwrap();
     stream.set_nonblocking(false).unwrap();
-    request_on(stream, "127.0.0.1", "GET", path, "")
+    request_on(stream, "127.0.0.1", "GET", path, "", "")
 }
 
 fn socket_from(source: &str) -> tokio::net::TcpSocket {
@@ -205,12 +205,32 @@ fn socket_from(source: &str) -> tokio::net::TcpSocket {
     socket
 }
 
+/// A JSON POST of `body` to `url` (`http://127.0.0.1:port/path`) over a plain TCP socket: the
+/// status code and the whole response.
+pub fn post(url: &str, body: &str) -> (u16, String) {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let (ip, port) = host.rsplit_once(':').unwrap();
+    let stream = std::net::TcpStream::connect((ip, port.parse().unwrap())).unwrap();
+    let json = "Content-Type: application/json\r\n";
+    request_on(stream, ip, "POST", &format!("/{path}"), json, body)
+}
+
+/// The wall clock, in seconds since the Unix epoch.
+pub fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
 fn request_on(
     mut stream: std::net::TcpStream,
     ip: &str,
     method: &str,
     path: &str,
     headers: &str,
+    body: &str,
 ) -> (u16, String) {
     use std::io::{Read, Write};
     stream
@@ -218,7 +238,8 @@ fn request_on(
         .unwrap();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {ip}\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {ip}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     )
     .unwrap();
     let mut response = String::new();

@@ -188,6 +188,23 @@ pub fn queue_exists(url: &str, queue: &str) -> bool {
     })
 }
 
+/// `rabbitmqctl list_queues` of the shared broker (127.0.0.1:5672): a row per queue, its
+/// `columns` in order (none if rabbitmqctl does not answer). A classic queue's counts are its
+/// own; a quorum queue's are not reported here.
+pub fn list_queues(columns: &[&str]) -> Vec<Vec<String>> {
+    let Ok(output) = Command::new("rabbitmqctl")
+        .args(["-q", "list_queues"])
+        .args(columns)
+        .output()
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| line.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
 /// The queues of one test's application on a broker, deleted when this is dropped.
 pub struct Queues {
     url: String,
@@ -209,17 +226,10 @@ impl Drop for Queues {
         if !self.url.ends_with(":5672") {
             return;
         }
-        let Ok(output) = Command::new("rabbitmqctl")
-            .args(["-q", "list_queues", "name"])
-            .output()
-        else {
-            return;
-        };
-        let names: Vec<String> = String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .map(str::trim)
+        let names: Vec<String> = list_queues(&["name"])
+            .into_iter()
+            .filter_map(|mut row| row.pop())
             .filter(|name| name.starts_with(&self.prefix))
-            .map(str::to_owned)
             .collect();
         // On a thread of its own: the test may be async, and a runtime cannot block in another.
         let url = self.url.clone();

@@ -282,7 +282,8 @@ impl Broker {
             name: format!("toa-agent {application} {instance}"),
             roots: roots.clone(),
         };
-        let session = Session::open(&settings)
+        let session = session::Opening::default()
+            .next(&settings)
             .await
             .map_err(|error| BrokerError::Unreachable {
                 address: settings.shown.clone(),
@@ -664,8 +665,9 @@ async fn keep_connected(broker: Weak<Broker>) {
             "the connection to the broker ended: calls to named processes are Addressee and waiting calls are abandoned; reconnecting"
         );
         let mut pause = Duration::from_millis(100);
+        let mut opening = session::Opening::default();
         loop {
-            match Session::open(&this.settings).await {
+            match opening.next(&this.settings).await {
                 Ok(session) if *this.draining.borrow() => {
                     // Draining: calls out only; nothing is served any more.
                     this.current.send_replace(Some(session));

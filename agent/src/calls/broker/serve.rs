@@ -5,6 +5,7 @@ use super::headers::{self, DELIVERY};
 use super::queues::Declared;
 use super::session::{Consuming, Session};
 use super::{now_ms, Served};
+use crate::calls::contract::START_MARGIN;
 use crate::calls::once::{run_once, Once};
 use crate::component::client::{CallMeta, Outcome, ProgramError};
 use futures::StreamExt;
@@ -204,8 +205,12 @@ async fn consume(
                 }
             };
         }
+        // Ended under a living connection (the broker's consumer timeout closed its channel, or
+        // the queue was deleted): nothing would take its calls, and an own queue would keep the
+        // name from every other process. A new session serves everything again.
         if !session.is_lost() && !*served.draining.borrow() {
-            tracing::warn!(%queue, "the consumer stopped");
+            tracing::warn!(%queue, "the consumer stopped: opening a new session");
+            session.lost.cancel();
         }
     });
     Ok(())
@@ -434,14 +439,6 @@ pub(super) async fn finish(session: &Session, delivery: &Delivery, handled: Hand
     let _ = delivery.acker.ack(BasicAckOptions::default()).await;
 }
 
-/// How long before its deadline a call to one process is no longer handed to the program: the
-/// hand-off (the request to the program, its server's thread, the SDK) takes time, and the caller
-/// is answered `Abandoned` at the deadline. Without it, 4 to 11 of 600 calls at timeouts close
-/// to the operation's duration started up to 5 ms after their caller had been answered
-/// (`agent/tests/broker.rs`). The SDKs also check the deadline right before the operation
-/// (answering 504), which covers a slower hand-off.
-pub(super) const START_MARGIN_MS: i64 = 25;
-
 /// Runs one call, unless it must not run here (its deadline passed, the process drains, or it
 /// breaks the component's declarations).
 async fn handle(
@@ -461,10 +458,10 @@ async fn handle(
         return handled;
     }
     // Right before the program: a call whose caller gave up, or gives up before the program
-    // could start it ([`START_MARGIN_MS`]), never starts; the program gets what is left.
+    // could start it ([`START_MARGIN`]), never starts; the program gets what is left.
     let limit = match call.deadline {
-        Some(d) if now_ms() + START_MARGIN_MS >= d => {
-            tracing::info!(call = %call.id, "a call's deadline passed before it started: it does not run");
+        Some(d) if now_ms() + START_MARGIN.as_millis() as i64 >= d => {
+            tracing::info!(call = %call.id, "a call's deadline passed, or comes before the program could start it: it does not run");
             return Handled::Drop;
         }
         Some(d) => Duration::from_millis((d - now_ms()) as u64),
@@ -609,9 +606,7 @@ impl Call {
             }
             // Cut off by the deadline, or refused by the program's SDK as past it (504): the
             // caller has its `Abandoned` already; no reply.
-            Err(ProgramError::TimedOut { .. } | ProgramError::Failed { status: 504, .. })
-                if self.deadline.is_some_and(|d| now_ms() >= d) =>
-            {
+            Err(error) if error.past_deadline() && self.deadline.is_some_and(|d| now_ms() >= d) => {
                 Handled::Drop
             }
             Err(error) => {

@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 /// What a session is opened with.
+#[derive(Clone)]
 pub(super) struct Settings {
     /// Holds the password: never logged (errors name `shown`).
     pub uri: String,
@@ -81,18 +82,37 @@ pub(super) enum OpenError {
     Refused(#[from] lapin::Error),
     #[error("it accepted the connection but did not finish opening it within {0:?}")]
     Unanswered(Duration),
+    #[error("opening the session failed: {0}")]
+    Failed(String),
+}
+
+/// Opening sessions, one attempt at a time. An attempt past [`OPEN_LIMIT`] is not dropped but
+/// kept for the next call: lapin holds its I/O thread and socket until the broker answers or
+/// closes, so a new attempt every time would pile them up for as long as a broker stays frozen.
+#[derive(Default)]
+pub(super) struct Opening(Option<tokio::task::JoinHandle<Result<Arc<Session>, lapin::Error>>>);
+
+impl Opening {
+    /// The next session within [`OPEN_LIMIT`]: the attempt still under way, or a new one.
+    pub async fn next(&mut self, settings: &Settings) -> Result<Arc<Session>, OpenError> {
+        let mut attempt = self
+            .0
+            .take()
+            .unwrap_or_else(|| tokio::spawn(Session::open(settings.clone())));
+        match tokio::time::timeout(OPEN_LIMIT, &mut attempt).await {
+            Ok(Ok(opened)) => Ok(opened?),
+            Ok(Err(failed)) => Err(OpenError::Failed(failed.to_string())),
+            Err(_) => {
+                self.0 = Some(attempt);
+                Err(OpenError::Unanswered(OPEN_LIMIT))
+            }
+        }
+    }
 }
 
 impl Session {
-    /// Opens a session within [`OPEN_LIMIT`].
-    pub async fn open(settings: &Settings) -> Result<Arc<Self>, OpenError> {
-        match tokio::time::timeout(OPEN_LIMIT, Self::open_unbounded(settings)).await {
-            Ok(opened) => Ok(opened?),
-            Err(_) => Err(OpenError::Unanswered(OPEN_LIMIT)),
-        }
-    }
-
-    async fn open_unbounded(settings: &Settings) -> Result<Arc<Self>, lapin::Error> {
+    async fn open(settings: Settings) -> Result<Arc<Self>, lapin::Error> {
+        let settings = &settings;
         let properties =
             ConnectionProperties::default().with_connection_name(settings.name.as_str().into());
         let connection = connect(settings, properties).await?;
