@@ -18,6 +18,9 @@
 //! - `control/`: `endpoint` (the operator's authenticated control endpoint: halt, resume,
 //!   status), `tokens` (the control tokens accepted, current and previous, read again on
 //!   rotation), [`component_tokens`] (each component's own token for the local API);
+//! - `entities/`: a component's objects, versioned (DESIGN 17): `store` (the contract), `memory`
+//!   (the embedded store), `transition` (compare-and-set, `retry`/`none`); not wired to calls
+//!   yet (issue 20);
 //! - [`api`]: the local HTTP API for components in any language;
 //! - `component/`: a component's manifest, program and input checks;
 //! - [`config`]: every flag and variable of `compose`, read and checked before anything starts;
@@ -37,6 +40,7 @@ pub(crate) mod component;
 pub mod config;
 pub(crate) mod control;
 pub(crate) mod coordination;
+pub(crate) mod entities;
 pub mod instance;
 pub mod metrics;
 pub(crate) mod process;

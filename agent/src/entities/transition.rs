@@ -1,0 +1,305 @@
+//! A transition (DESIGN 17; seed 003, "Two Writers at Once"): the agent reads the object and its
+//! version, the program decides on the entry as it is, and the agent stores what the program left
+//! with one compare-and-set on the version it read. Nothing is locked across the program's run,
+//! and no database transaction spans it.
+//!
+//! - A lost write under `concurrency: retry` (the default) reads again and runs again, after a
+//!   jittered backoff, up to [`ATTEMPTS`] runs and never past the call's deadline: then
+//!   `CONTENDED`. Under `none` the first lost write is `CONFLICT`.
+//! - A caller that names the version it saw gets `PRECONDITION_FAILED` when the object is at
+//!   another, before the program runs and again at the commit.
+//! - `DISCARD` answers without writing; `DELETE` leaves a tombstone; what the program leaves is
+//!   checked against the entity's schema before it is stored.
+//! - [`Turns`]: one run at a time per object in a process, so a process's own calls never lose
+//!   writes to each other; lost writes come only from other replicas.
+
+use super::store::{Committed, Found, State, Store, StoreError, Write};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Runs of one call at most, lost writes included. 16 callers of one object at once, each losing
+/// to every other in turn, need 16.
+pub const ATTEMPTS: u32 = 32;
+
+/// The fields of an entry that are not properties: given to the program, never stored.
+pub const ID: &str = "id";
+pub const VERSION: &str = "VERSION";
+pub const DISCARD: &str = "DISCARD";
+pub const DELETE: &str = "DELETE";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Concurrency {
+    Retry,
+    None,
+}
+
+/// What a transition needs of the component's entity.
+pub struct Entity<'a> {
+    /// One object per id a caller names, `blank` until written: an id needs no creating.
+    pub associated: bool,
+    pub blank: &'a State,
+    /// The entity's schema, applied to what the program leaves (the message names the property).
+    pub check: &'a (dyn Fn(&State) -> Result<(), String> + Sync),
+}
+
+/// One call of a transition.
+pub struct Call<'a> {
+    /// `query.id`; without one, a non-associated entity gets a new object.
+    pub id: Option<&'a str>,
+    /// `query.version` (or `If-Match`): the version the caller saw.
+    pub version: Option<u64>,
+    pub concurrency: Concurrency,
+    pub deadline: Instant,
+}
+
+/// What one run of the program answered.
+pub enum Decision {
+    /// The entry as the function left it, and what it returned: `None` for the entry itself.
+    Left {
+        entry: State,
+        returned: Option<Value>,
+    },
+    /// The operation's own error (`OUT_OF_STOCK`): answered as it is, nothing written.
+    Refused(Value),
+}
+
+/// How a transition ended for its caller.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// Stored at `version` after `attempts` runs; `reply` is what the function returned (the
+    /// stored entry, with `id` and its new `VERSION`, when it returned the entry).
+    Stored {
+        reply: Value,
+        version: u64,
+        attempts: u32,
+    },
+    /// `DISCARD`: nothing written; the object stays at `version`.
+    Discarded { reply: Value, version: u64 },
+    /// The operation's own error.
+    Refused(Value),
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TransitionError {
+    #[error("NOT_FOUND: there is no object {id}")]
+    NotFound { id: String },
+    #[error("PRECONDITION_FAILED: the object {id} is at version {current}, not {expected}")]
+    PreconditionFailed {
+        id: String,
+        expected: u64,
+        current: u64,
+    },
+    #[error("CONFLICT: the object {id} was written by another call meanwhile (concurrency: none); nothing was stored")]
+    Conflict { id: String },
+    #[error("CONTENDED: the object {id} was written by other calls meanwhile, {attempts} times; nothing was stored")]
+    Contended { id: String, attempts: u32 },
+    #[error("the entry left for {id} is not valid: {message}; nothing was stored")]
+    Invalid { id: String, message: String },
+    #[error("a transition on an associated entity needs query.id")]
+    NoId,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The program's run failed; the caller gets its failure.
+    #[error("{0}")]
+    Program(String),
+}
+
+/// Runs the transition `run` for `call`: see the module's documentation.
+pub async fn transit<S, F, Fut>(
+    store: &S,
+    entity: &Entity<'_>,
+    call: &Call<'_>,
+    mut run: F,
+) -> Result<Answer, TransitionError>
+where
+    S: Store,
+    F: FnMut(State) -> Fut,
+    Fut: Future<Output = Result<Decision, TransitionError>>,
+{
+    let (id, mut new) = match (call.id, entity.associated) {
+        (Some(id), _) => (id.to_owned(), false),
+        (None, false) => (crate::component::client::new_id(), true),
+        (None, true) => return Err(TransitionError::NoId),
+    };
+    for attempt in 1..=ATTEMPTS {
+        let found = if new {
+            Found::Missing
+        } else {
+            store.read(&id).await?
+        };
+        let (state, version) = current(found, entity, &id, new)?;
+        expect(call, &id, version)?;
+        let (left, returned) = match run(entry(&state, &id, version)).await? {
+            Decision::Refused(error) => return Ok(Answer::Refused(error)),
+            Decision::Left { entry, returned } => (entry, returned),
+        };
+        let Some(write) = settle(left, entity, &id)? else {
+            let reply = returned.unwrap_or_else(|| Value::Object(entry(&state, &id, version)));
+            return Ok(Answer::Discarded { reply, version });
+        };
+        let stored = match &write {
+            Write::Put(state) => state.clone(),
+            Write::Delete => State::new(),
+        };
+        match store.commit(&id, version, write).await? {
+            Committed::Stored { version } => {
+                let reply = returned.unwrap_or_else(|| Value::Object(entry(&stored, &id, version)));
+                return Ok(Answer::Stored {
+                    reply,
+                    version,
+                    attempts: attempt,
+                });
+            }
+            Committed::Lost { current } => {
+                expect(call, &id, current)?;
+                lost(call, &id, attempt).await?;
+                new = false;
+            }
+        }
+    }
+    Err(TransitionError::Contended {
+        id,
+        attempts: ATTEMPTS,
+    })
+}
+
+/// The object as the program is given it, and its version. A missing property reads as
+/// `blank`'s value (a property added to the schema since the object was written).
+fn current(
+    found: Found,
+    entity: &Entity<'_>,
+    id: &str,
+    new: bool,
+) -> Result<(State, u64), TransitionError> {
+    match found {
+        Found::Live { mut state, version } => {
+            for (key, value) in entity.blank {
+                state.entry(key).or_insert_with(|| value.clone());
+            }
+            Ok((state, version))
+        }
+        Found::Missing if new || entity.associated => Ok((entity.blank.clone(), 0)),
+        // An associated object goes back to `blank`, at the tombstone's version.
+        Found::Deleted { version } if entity.associated => Ok((entity.blank.clone(), version)),
+        Found::Missing | Found::Deleted { .. } => {
+            Err(TransitionError::NotFound { id: id.to_owned() })
+        }
+    }
+}
+
+/// The caller's version, if it names one, is the object's.
+fn expect(call: &Call<'_>, id: &str, current: u64) -> Result<(), TransitionError> {
+    match call.version {
+        Some(expected) if expected != current => Err(TransitionError::PreconditionFailed {
+            id: id.to_owned(),
+            expected,
+            current,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The entry given to the program: the properties, its `id` and `VERSION`.
+fn entry(state: &State, id: &str, version: u64) -> State {
+    let mut entry = state.clone();
+    entry.insert(ID.to_owned(), Value::from(id));
+    entry.insert(VERSION.to_owned(), Value::from(version));
+    entry
+}
+
+/// What the entry the program left writes: `None` for `DISCARD`; the properties (checked
+/// against the schema), or a tombstone for `DELETE`.
+fn settle(
+    mut left: State,
+    entity: &Entity<'_>,
+    id: &str,
+) -> Result<Option<Write>, TransitionError> {
+    let flag = |left: &State, key: &str| left.get(key) == Some(&Value::Bool(true));
+    let (discard, delete) = (flag(&left, DISCARD), flag(&left, DELETE));
+    for key in [ID, VERSION, DISCARD, DELETE] {
+        left.remove(key);
+    }
+    if discard {
+        return Ok(None);
+    }
+    if delete {
+        return Ok(Some(Write::Delete));
+    }
+    (entity.check)(&left).map_err(|message| TransitionError::Invalid {
+        id: id.to_owned(),
+        message,
+    })?;
+    Ok(Some(Write::Put(left)))
+}
+
+/// After a lost write: `CONFLICT` under `none`; `CONTENDED` when the pause would pass the
+/// deadline; otherwise the pause.
+async fn lost(call: &Call<'_>, id: &str, attempt: u32) -> Result<(), TransitionError> {
+    if call.concurrency == Concurrency::None {
+        return Err(TransitionError::Conflict { id: id.to_owned() });
+    }
+    let pause = backoff(attempt);
+    if Instant::now() + pause >= call.deadline {
+        return Err(TransitionError::Contended {
+            id: id.to_owned(),
+            attempts: attempt,
+        });
+    }
+    tokio::time::sleep(pause).await;
+    Ok(())
+}
+
+/// Full jitter under a ceiling that doubles from 2 ms to 64 ms: runs that lost together do not
+/// meet again.
+fn backoff(attempt: u32) -> Duration {
+    let ceiling_us = 1_000u64 << attempt.min(6);
+    Duration::from_micros(rand::random_range(0..=ceiling_us))
+}
+
+/// One run at a time per object in this process.
+#[derive(Default)]
+pub struct Turns {
+    held: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// This process's turn on one object, until dropped.
+pub struct Turn<'a> {
+    turns: &'a Turns,
+    id: String,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Turns {
+    pub async fn take(&self, id: &str) -> Turn<'_> {
+        let lock = self
+            .held
+            .lock()
+            .expect("turns")
+            .entry(id.to_owned())
+            .or_default()
+            .clone();
+        let guard = lock.clone().lock_owned().await;
+        Turn {
+            turns: self,
+            id: id.to_owned(),
+            lock,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // The last one out forgets the object: the map holds only objects in use.
+        let mut held = self.turns.held.lock().expect("turns");
+        if Arc::strong_count(&self.lock) == 2 {
+            held.remove(&self.id);
+        }
+    }
+}
