@@ -59,6 +59,17 @@ async fn on_stock<S: Store>(
     .await
 }
 
+/// Puts `available` units of p1 in stock, as the inherited `transit` does.
+async fn stock(store: &Memory, available: i64) {
+    let stocked = on_stock(
+        store,
+        &call(Some("p1"), None, Concurrency::Retry),
+        set(json!({ "available": available })),
+    )
+    .await;
+    assert!(matches!(stocked, Ok(Answer::Stored { .. })), "{stocked:?}");
+}
+
 /// seed 003's `reserve`: `OUT_OF_STOCK`, or one fewer available.
 fn reserve(mut entry: State) -> Decision {
     let available = entry["available"].as_i64().unwrap();
@@ -89,16 +100,7 @@ async fn four_hundred_reserves(
     concurrency: Concurrency,
 ) -> (Vec<Result<Answer, TransitionError>>, Found) {
     let store = Arc::new(Memory::default());
-    let stocked = on_stock(
-        &*store,
-        &call(Some("p1"), None, concurrency),
-        set(json!({ "available": 100 })),
-    )
-    .await;
-    assert!(
-        matches!(stocked, Ok(Answer::Stored { version: 1, .. })),
-        "{stocked:?}"
-    );
+    stock(&store, 100).await;
     let processes: Arc<Vec<Turns>> = Arc::new((0..4).map(|_| Turns::default()).collect());
     let calls: Vec<_> = (0..400)
         .map(|n| {
@@ -187,13 +189,7 @@ async fn under_concurrency_none_every_lost_write_is_a_conflict_and_nothing_is_st
 async fn a_stale_version_is_refused_before_the_program_runs_and_nothing_is_stored() {
     let store = Memory::default();
     let retry = Concurrency::Retry;
-    on_stock(
-        &store,
-        &call(Some("p1"), None, retry),
-        set(json!({ "available": 5 })),
-    )
-    .await
-    .unwrap();
+    stock(&store, 5).await;
     on_stock(&store, &call(Some("p1"), None, retry), reserve)
         .await
         .unwrap();
@@ -225,13 +221,7 @@ async fn a_stale_version_is_refused_before_the_program_runs_and_nothing_is_store
 async fn discard_answers_without_writing_and_a_schema_violation_stores_nothing() {
     let store = Memory::default();
     let retry = Concurrency::Retry;
-    on_stock(
-        &store,
-        &call(Some("p1"), None, retry),
-        set(json!({ "available": 1 })),
-    )
-    .await
-    .unwrap();
+    stock(&store, 1).await;
     let discarded = on_stock(&store, &call(Some("p1"), None, retry), |mut entry| {
         entry.insert("available".into(), json!(7));
         entry.insert("DISCARD".into(), json!(true));
@@ -504,13 +494,7 @@ async fn turns_are_forgotten_once_nobody_holds_them() {
 async fn a_deleted_associated_object_is_blank_again_at_the_tombstones_version() {
     let store = Memory::default();
     let retry = Concurrency::Retry;
-    on_stock(
-        &store,
-        &call(Some("p1"), None, retry),
-        set(json!({ "available": 5 })),
-    )
-    .await
-    .unwrap();
+    stock(&store, 5).await;
     let deleted = on_stock(
         &store,
         &call(Some("p1"), None, retry),
