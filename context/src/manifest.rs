@@ -86,14 +86,95 @@ pub struct Manifest {
     /// A JSON Schema of the component's configuration, with defaults ([`crate::configuration`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub configuration: Option<serde_json::Value>,
+    /// The objects the component's transitions, assignments and observations work on (DESIGN 17).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entity: Option<Entity>,
+}
+
+/// A component's entity, as seed 003 writes it:
+///
+/// ```yaml
+/// entity:
+///   associated: true          # one object per id a caller names, `blank` until written
+///   properties:
+///     available: { type: integer, minimum: 0 }
+///   blank:
+///     available: 0
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entity {
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub associated: bool,
+    /// Property name → JSON Schema.
+    pub properties: serde_json::Map<String, serde_json::Value>,
+    /// What a new object holds; checked against `properties`.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub blank: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Entity {
+    /// The schema of one object: its properties, and only those.
+    pub fn schema(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": self.properties,
+            "additionalProperties": false,
+        })
+    }
+}
+
+/// What an operation does (`type:`). The program's module says it too (the function's name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Effect,
+    Computation,
+    /// Reads the object (with an entity), never writes.
+    Observation,
+    /// Writes the given fields, never reads, never conflicts.
+    Assignment,
+    /// Reads the object, the program decides, the agent writes what it leaves.
+    Transition,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Effect => "effect",
+            Self::Computation => "computation",
+            Self::Observation => "observation",
+            Self::Assignment => "assignment",
+            Self::Transition => "transition",
+        }
+    }
+}
+
+/// What a transition does when another call wrote its object meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Concurrency {
+    /// Read again and run again (the default).
+    Retry,
+    /// Fail the call: `CONFLICT`.
+    None,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Operation {
-    /// `effect`, `computation`, … (informative here).
+    /// `effect`, `computation`, `observation`, `assignment`, `transition`.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
+    pub kind: Option<Kind>,
+    /// A transition's answer to a lost write; `retry` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<Concurrency>,
+    /// Applied once however often it is delivered (transitions and assignments).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub once: bool,
+    /// `true`: a call must name its object (`query`); `false`: must not; absent: may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<bool>,
     /// Called on one named process (`instance`), not on any replica.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stateful: bool,
@@ -103,6 +184,45 @@ pub struct Operation {
     /// The codes of the errors the operation may answer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
+}
+
+impl Operation {
+    /// What the operation `name` declares fits its kind and whether the component has an entity.
+    fn validate_against(&self, name: &str, entity: bool) -> Result<(), String> {
+        let field = |key: &str| format!("`operations.{name}.{key}`");
+        let kind = self.kind.map_or("undeclared", Kind::name);
+        if self.concurrency.is_some() && !matches!(self.kind, None | Some(Kind::Transition)) {
+            return Err(format!(
+                "{}: only a transition has concurrency; {name} is declared {kind}",
+                field("concurrency")
+            ));
+        }
+        if self.once && !matches!(self.kind, None | Some(Kind::Transition | Kind::Assignment)) {
+            return Err(format!(
+                "{}: only a transition or an assignment is applied once; {name} is declared {kind}",
+                field("once")
+            ));
+        }
+        if entity {
+            return Ok(());
+        }
+        if matches!(self.kind, Some(Kind::Transition | Kind::Assignment)) {
+            return Err(format!(
+                "{}: {name} is declared {kind}, which writes the component's entity, and the component declares none",
+                field("type")
+            ));
+        }
+        for (declared, key) in [
+            (self.concurrency.is_some(), "concurrency"),
+            (self.once, "once"),
+            (self.query.is_some(), "query"),
+        ] {
+            if declared {
+                return Err(format!("{}: the component declares no entity", field(key)));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Why a manifest was refused; names the component (or the file) and what was expected.
@@ -153,7 +273,34 @@ impl Manifest {
         }
         self.validate_program()?;
         self.validate_operations()?;
+        self.validate_entity()?;
         self.validate_pulses()
+    }
+
+    /// The entity's schema and blank, and what operations may declare of it: `concurrency` on
+    /// transitions, `once` on transitions and assignments, `query` and those kinds only with an
+    /// entity. Then, until the agent serves entities, a manifest with one is refused saying so.
+    fn validate_entity(&self) -> Result<(), String> {
+        for (name, operation) in &self.operations {
+            operation.validate_against(name, self.entity.is_some())?;
+        }
+        let Some(entity) = &self.entity else {
+            return Ok(());
+        };
+        let schema = entity.schema();
+        let validator = crate::schema::compile(&schema)
+            .map_err(|error| format!("`entity.properties`: {error}"))?;
+        let blank = serde_json::Value::Object(entity.blank.clone());
+        if let Some(error) = validator.iter_errors(&blank).next() {
+            return Err(format!(
+                "`entity.blank`: {error} (at {})",
+                error.instance_path()
+            ));
+        }
+        Err(format!(
+            "`entity`: component {} declares an entity; this agent does not serve entities yet (issue 20)",
+            self.full_name()
+        ))
     }
 
     fn validate_names(&self) -> Result<(), String> {
@@ -307,5 +454,95 @@ pulses:
         assert!(refused("name: c\noperations: { a: { input: 5 } }\n")
             .contains("expected a JSON Schema"));
         assert!(refused("name: c\nprogram: []\n").contains("`program`"));
+    }
+
+    /// seed 003's `fulfilment.stock`, as the seed writes it.
+    const STOCK: &str = "
+namespace: fulfilment
+name: stock
+entity:
+  associated: true
+  properties:
+    available: { type: integer, minimum: 0 }
+  blank:
+    available: 0
+operations:
+  reserve:
+    concurrency: retry
+    query: true
+    input: { type: object, properties: { quantity: { type: integer, minimum: 1 } }, required: [quantity] }
+    errors: [OUT_OF_STOCK]
+  transit:
+    concurrency: retry
+    input: { type: object, properties: { available: { type: integer, minimum: 0 } }, additionalProperties: false }
+";
+
+    #[test]
+    fn seed_003s_stock_is_read_and_refused_until_entities_are_served() {
+        let error = Manifest::parse(STOCK, "stock.yaml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "stock.yaml: `entity`: component fulfilment.stock declares an entity; this agent does not serve entities yet (issue 20)"
+        );
+        // What it declares is read as declared.
+        let manifest: Manifest = serde_yaml::from_str(STOCK).unwrap();
+        let entity = manifest.entity.as_ref().unwrap();
+        assert!(entity.associated);
+        assert_eq!(entity.blank["available"], 0);
+        let reserve = &manifest.operations["reserve"];
+        assert_eq!(
+            (reserve.concurrency, reserve.query),
+            (Some(Concurrency::Retry), Some(true))
+        );
+    }
+
+    #[test]
+    fn what_an_operation_declares_must_fit_its_kind_and_the_entity() {
+        let refused = |yaml: &str| Manifest::parse(yaml, "m.yaml").unwrap_err().to_string();
+        let with_entity = |operation: &str| {
+            format!("name: c\nentity: {{ properties: {{ n: {{ type: integer, minimum: 0 }} }}, blank: {{ n: 0 }} }}\noperations: {{ op: {operation} }}\n")
+        };
+        assert_eq!(
+            refused(&with_entity("{ type: effect, concurrency: none }")),
+            "m.yaml: `operations.op.concurrency`: only a transition has concurrency; op is declared effect"
+        );
+        assert_eq!(
+            refused(&with_entity("{ type: observation, once: true }")),
+            "m.yaml: `operations.op.once`: only a transition or an assignment is applied once; op is declared observation"
+        );
+        assert!(refused(&with_entity("{ type: change }")).contains("unknown variant `change`"));
+        assert!(refused(&with_entity("{ concurrency: sometimes }"))
+            .contains("unknown variant `sometimes`"));
+        // Without an entity: no transition, no assignment, nothing of an object.
+        assert_eq!(
+            refused("name: c\noperations: { op: { type: transition } }\n"),
+            "m.yaml: `operations.op.type`: op is declared transition, which writes the component's entity, and the component declares none"
+        );
+        assert_eq!(
+            refused("name: c\noperations: { op: { query: true } }\n"),
+            "m.yaml: `operations.op.query`: the component declares no entity"
+        );
+        // An observation without an entity keeps its meaning.
+        assert!(
+            Manifest::parse("name: c\noperations: { op: { type: observation } }\n", "m").is_ok()
+        );
+    }
+
+    #[test]
+    fn an_entitys_blank_must_fit_its_properties() {
+        let yaml = "name: c\nentity: { properties: { n: { type: integer, minimum: 0 } }, blank: { n: -1 } }\n";
+        let error = Manifest::parse(yaml, "m.yaml").unwrap_err().to_string();
+        assert!(
+            error.starts_with("m.yaml: `entity.blank`: -1 is less than the minimum of 0"),
+            "{error}"
+        );
+        let yaml = "name: c\nentity: { properties: { n: { type: integer } }, blank: { m: 1 } }\n";
+        let error = Manifest::parse(yaml, "m.yaml").unwrap_err().to_string();
+        assert!(
+            error.starts_with("m.yaml: `entity.blank`:") && error.contains('m'),
+            "{error}"
+        );
     }
 }
