@@ -20,6 +20,20 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Removes cargo's variables for this test (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`) from a process
+/// that may run cargo (a manifest's `program: [cargo, run, …]`). Build scripts watch some of them
+/// (ring's `CARGO_MANIFEST_DIR`): a nested cargo that saw them reran ring's and rebuilt everything
+/// above it, and so did the next top-level build, 1–2 min of every CI run.
+pub fn without_cargos_variables(command: &mut Command) -> &mut Command {
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_") && key != "CARGO_HOME" && key != "CARGO_TARGET_DIR" {
+            command.env_remove(key.as_ref());
+        }
+    }
+    command
+}
+
 pub struct Composition {
     child: Child,
     pub agent: String,
@@ -35,7 +49,7 @@ impl Composition {
     pub fn start_at(port: u16, components: &[&str], env: &[(&str, &str)]) -> Self {
         let log = std::env::temp_dir().join(format!("toa-compose-{port}.log"));
         let mut command = Command::new(env!("CARGO_BIN_EXE_toa-agent"));
-        command
+        without_cargos_variables(&mut command)
             .current_dir(root())
             .arg("compose")
             .args(components)
@@ -143,7 +157,7 @@ impl Drop for Composition {
 
 pub fn compose_once(components: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_toa-agent"));
-    command
+    without_cargos_variables(&mut command)
         .current_dir(root())
         .arg("compose")
         .args(components)

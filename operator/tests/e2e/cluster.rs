@@ -30,6 +30,15 @@ pub fn workspace_binary(package: &str, binary: &str) -> PathBuf {
     let profile_dir = operator.parent().unwrap();
     let target = profile_dir.parent().unwrap();
     let mut command = Command::new(env!("CARGO"));
+    // Without cargo's variables for this test (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`): ring's build
+    // script watches `CARGO_MANIFEST_DIR`, so a nested build that saw it reran it and rebuilt
+    // everything above ring, and so did the next top-level build (1–2 min of every CI run).
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_") && key != "CARGO_HOME" && key != "CARGO_TARGET_DIR" {
+            command.env_remove(key.as_ref());
+        }
+    }
     command
         .current_dir(repo())
         .args(["build", "--quiet", "-p", package, "--bin", binary])
