@@ -61,6 +61,8 @@ BOTH = (
     # The running call's id on the calls a program makes while serving one (toa-context's
     # `program::CallHeaders`): the seed-DX issue passes it on.
     | {"POST /v1/call/{component}/{operation} header toa-call"}
+    # The SDKs send the caller's version as `query.version`; `If-Match` is for other HTTP clients.
+    | {"POST /v1/call/{component}/{operation} header If-Match"}
 )
 
 # What each SDK does not speak (yet). Keep these exact: the test fails either way.
@@ -79,6 +81,7 @@ LACKING = {
         "POST /v1/call/{component}/{operation} request key",
         *route("POST /v1/task/{component}/{operation}", "path component", "path operation",
                "request input", "request instance", "request timeout", "request key",
+               "request query", "request query.id", "request query.version",
                "header toa-call", *ERROR),
     },
 }

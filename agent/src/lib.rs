@@ -19,8 +19,8 @@
 //!   status), `tokens` (the control tokens accepted, current and previous, read again on
 //!   rotation), [`component_tokens`] (each component's own token for the local API);
 //! - `entities/`: a component's objects, versioned (DESIGN 17): `store` (the contract), `memory`
-//!   (the embedded store), `transition` (compare-and-set, `retry`/`none`); not wired to calls
-//!   yet (issue 20);
+//!   (the embedded store), `transition` (compare-and-set, `retry`/`none`), `objects` (each
+//!   operation's kind, the inherited operations, the runs of calls against the store);
 //! - [`api`]: the local HTTP API for components in any language;
 //! - `component/`: a component's manifest, program and input checks;
 //! - [`config`]: every flag and variable of `compose`, read and checked before anything starts;

@@ -15,6 +15,7 @@
 //! - [`control`]: the operator↔agent contract: ports, paths, the control status, and the
 //!   credentials both derive from a pod's control token;
 //! - [`program`]: the program's contract: its environment, the paths it serves, the call's metadata;
+//! - [`query`]: which object a call works on (`{"id", "version"}`) and what an id may be;
 //! - [`answer`]: what a call answers (reply, the operation's error; between agents a failure or
 //!   a refusal), written and read in one place;
 //! - [`agent_args`]: the agent's command line, written by the operator and parsed by the agent;
@@ -33,6 +34,7 @@ pub mod manifest;
 pub mod network;
 pub mod placeholders;
 pub mod program;
+pub mod query;
 pub mod schema;
 pub mod spec;
 pub mod tls;

@@ -186,7 +186,52 @@ pub struct Operation {
     pub errors: Vec<String>,
 }
 
+/// The inherited operations' names (the seeds': `context.local.observe`, `...transit`).
+pub const OBSERVE: &str = "observe";
+pub const ENUMERATE: &str = "enumerate";
+pub const TRANSIT: &str = "transit";
+pub const ASSIGN: &str = "assign";
+pub const DELETE: &str = "delete";
+
+/// Whether `name` is an inherited operation's: the agent serves it when the program has no
+/// module for it.
+pub fn is_inherited(name: &str) -> bool {
+    [OBSERVE, ENUMERATE, TRANSIT, ASSIGN, DELETE].contains(&name)
+}
+
+/// The most objects one `enumerate` answers.
+pub const ENUMERATE_LIMIT: u64 = 1_000;
+
+/// `enumerate`'s input: how many objects (1 to 1,000, 100 when absent) after which id.
+fn enumerate_input() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "limit": { "type": "integer", "minimum": 1, "maximum": ENUMERATE_LIMIT },
+            "after": { "type": "string", "minLength": 1, "maxLength": 64 },
+        },
+        "additionalProperties": false,
+    })
+}
+
 impl Operation {
+    /// What the operation `name` is, when its program does not say: its `type`; else what its
+    /// name inherits (`transit` and `delete` are transitions, `assign` an assignment, `observe`
+    /// and `enumerate` observations); else a transition when it declares `concurrency`; else an
+    /// effect.
+    pub fn kind(&self, name: &str) -> Kind {
+        if let Some(kind) = self.kind {
+            return kind;
+        }
+        match name {
+            TRANSIT | DELETE => Kind::Transition,
+            ASSIGN => Kind::Assignment,
+            OBSERVE | ENUMERATE => Kind::Observation,
+            _ if self.concurrency.is_some() => Kind::Transition,
+            _ => Kind::Effect,
+        }
+    }
+
     /// What the operation `name` declares fits its kind and whether the component has an entity.
     fn validate_against(&self, name: &str, entity: bool) -> Result<(), String> {
         let field = |key: &str| format!("`operations.{name}.{key}`");
@@ -279,7 +324,7 @@ impl Manifest {
 
     /// The entity's schema and blank, and what operations may declare of it: `concurrency` on
     /// transitions, `once` on transitions and assignments, `query` and those kinds only with an
-    /// entity. Then, until the agent serves entities, a manifest with one is refused saying so.
+    /// entity.
     fn validate_entity(&self) -> Result<(), String> {
         for (name, operation) in &self.operations {
             operation.validate_against(name, self.entity.is_some())?;
@@ -297,10 +342,31 @@ impl Manifest {
                 error.instance_path()
             ));
         }
-        Err(format!(
-            "`entity`: component {} declares an entity; this agent does not serve entities yet (issue 20)",
-            self.full_name()
-        ))
+        Ok(())
+    }
+
+    /// The operations a component with an entity has without declaring them: `observe` (one
+    /// object by its id) and `enumerate` (a page of objects, by id). A declaration of either
+    /// name is taken as written.
+    pub fn inherit(&mut self) {
+        if self.entity.is_none() {
+            return;
+        }
+        self.operations
+            .entry(OBSERVE.to_owned())
+            .or_insert_with(|| Operation {
+                kind: Some(Kind::Observation),
+                query: Some(true),
+                ..Operation::default()
+            });
+        self.operations
+            .entry(ENUMERATE.to_owned())
+            .or_insert_with(|| Operation {
+                kind: Some(Kind::Observation),
+                query: Some(false),
+                input: Some(enumerate_input()),
+                ..Operation::default()
+            });
     }
 
     fn validate_names(&self) -> Result<(), String> {
@@ -478,16 +544,8 @@ operations:
 ";
 
     #[test]
-    fn seed_003s_stock_is_read_and_refused_until_entities_are_served() {
-        let error = Manifest::parse(STOCK, "stock.yaml")
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            error,
-            "stock.yaml: `entity`: component fulfilment.stock declares an entity; this agent does not serve entities yet (issue 20)"
-        );
-        // What it declares is read as declared.
-        let manifest: Manifest = serde_yaml::from_str(STOCK).unwrap();
+    fn seed_003s_stock_is_read_as_declared_with_its_inherited_operations() {
+        let mut manifest = Manifest::parse(STOCK, "stock.yaml").unwrap();
         let entity = manifest.entity.as_ref().unwrap();
         assert!(entity.associated);
         assert_eq!(entity.blank["available"], 0);
@@ -496,6 +554,24 @@ operations:
             (reserve.concurrency, reserve.query),
             (Some(Concurrency::Retry), Some(true))
         );
+        // `reserve` says it is a transition by its concurrency; `transit` by its name.
+        assert_eq!(reserve.kind("reserve"), Kind::Transition);
+        assert_eq!(
+            manifest.operations["transit"].kind("transit"),
+            Kind::Transition
+        );
+        manifest.inherit();
+        let observe = &manifest.operations[OBSERVE];
+        assert_eq!(
+            (observe.kind(OBSERVE), observe.query),
+            (Kind::Observation, Some(true))
+        );
+        assert_eq!(manifest.operations[ENUMERATE].query, Some(false));
+        // Without an entity nothing is inherited, and a name means nothing.
+        let mut plain = Manifest::parse("name: c\noperations: { assign: {} }\n", "m").unwrap();
+        plain.inherit();
+        assert_eq!(plain.operations.len(), 1);
+        assert_eq!(Operation::default().kind("mail"), Kind::Effect);
     }
 
     #[test]

@@ -47,12 +47,22 @@ pub const PROGRAM_PATH: &str = "/program";
 pub struct Description {
     pub commands: Vec<String>,
     pub operations: Vec<String>,
+    /// What each operation's function is (`transition`, `observation`, ...), from the name its
+    /// module exports; the manifest's `type`, where declared, must agree.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kinds: std::collections::BTreeMap<String, crate::manifest::Kind>,
 }
 
-/// The body of an operation's request: its input and the call it serves.
+/// The body of an operation's request: its input, the object it works on (a transition's or
+/// an observation's, in a component with an entity) and the call it serves.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct OperationCall<'a> {
     pub input: &'a Value,
+    /// The object with its `id` and `VERSION` (`null`: an observation of none). A transition
+    /// answers `{"entry": <the entry as the function left it>, "reply": <what it returned>}`,
+    /// without `reply` when the function returned the entry itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entry: Option<&'a Value>,
     pub call: &'a CallMeta,
 }
 

@@ -232,6 +232,17 @@ fn components(spec: &CompositionSpec, progress: &Progress) -> Result<Vec<Manifes
                 ),
             ));
         }
+        if manifest.entity.is_some() {
+            // The agent would refuse it at start: pods share calls over a broker, and entities
+            // are kept only in a local run until the PostgreSQL store comes.
+            return Err(invalid(
+                &format!("spec.components[{index}].manifest.entity"),
+                format!(
+                    "component {full_name} declares an entity; entities are served only in a local \
+                     run until the PostgreSQL store comes (issue 20)"
+                ),
+            ));
+        }
         manifests.push(manifest);
     }
     Ok(manifests)

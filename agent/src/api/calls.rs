@@ -6,7 +6,11 @@
 //! | `POST /v1/task/{component}/{operation}` `{"input"}` | `{"reply": null}` at once; the operation runs without a caller waiting |
 //!
 //! Both take the header `toa-call`, the id of the call the program is serving
-//! ([`toa_context::program::CallHeaders`]); a malformed one is refused, naming it.
+//! ([`toa_context::program::CallHeaders`]); a malformed one is refused, naming it. A call to a
+//! component with an entity may name its object, `{"query": {"id", "version"?}, "input"}`; the
+//! version may come as `If-Match` instead. The runtime's codes of a call on an object answer
+//! with their status: `NOT_FOUND` 404, `PRECONDITION_FAILED` 412, `CONFLICT` and `CONTENDED`
+//! 409, `UNAVAILABLE` 503, `RequestContract` 400, `INVALID_ENTRY` 422 (DESIGN 17).
 //! | `GET /v1/instance` | `{"instance": "..."}`, this process's name |
 //! | `GET /healthz`, `GET /readyz` | 200 when alive; 200 once every component ran `ready`, else 503 |
 
@@ -20,6 +24,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use std::sync::Arc;
+use toa_context::answer::Outcome;
 use toa_context::program::CallHeaders;
 
 pub fn routes() -> Router<Arc<Host>> {
@@ -57,9 +62,12 @@ async fn forward(
     State(host): State<Arc<Host>>,
     Path((component, operation)): Path<(String, String)>,
     headers: &HeaderMap,
-    Object(request): Object<Request>,
+    Object(mut request): Object<Request>,
     task: bool,
 ) -> Response {
+    if let Err(refused) = if_match(headers, &mut request) {
+        return refused.into_response();
+    }
     let made_in = match CallHeaders::read(|name| headers.get(name).map(|v| v.as_bytes())) {
         Ok(read) => read.call,
         Err(bad) => return ApiError::bad_request(bad.to_string()).into_response(),
@@ -74,7 +82,7 @@ async fn forward(
         .into_response();
     };
     match calls.call(&component, &operation, request, task).await {
-        Ok(outcome) => Json(outcome.to_json()).into_response(),
+        Ok(outcome) => (status_of(&outcome), Json(outcome.to_json())).into_response(),
         Err(error) => {
             let status = match &error {
                 CallError::RequestContract(_) => StatusCode::BAD_REQUEST,
@@ -88,6 +96,47 @@ async fn forward(
             let body = json!({"error": {"code": error.code(), "number": error.number(), "message": error.to_string()}});
             (status, Json(body)).into_response()
         }
+    }
+}
+
+/// `If-Match: "3"` (or `3`): the caller saw version 3; the same as `query.version`, which, when
+/// also given, must say the same.
+fn if_match(headers: &HeaderMap, request: &mut Request) -> Result<(), ApiError> {
+    let Some(value) = headers.get("if-match") else {
+        return Ok(());
+    };
+    let text = value.to_str().unwrap_or_default().trim();
+    let version = text.trim_matches('"').parse::<u64>().map_err(|_| {
+        let given: String = text.chars().take(40).collect();
+        ApiError::bad_request(format!(
+            "header `if-match`: expected the version the caller saw (\"3\"), got {given:?}"
+        ))
+    })?;
+    let query = request.query.get_or_insert_with(Default::default);
+    match query.version {
+        Some(stated) if stated != version => Err(ApiError::bad_request(format!(
+            "header `if-match` says version {version} and `query.version` {stated}"
+        ))),
+        _ => {
+            query.version = Some(version);
+            Ok(())
+        }
+    }
+}
+
+/// The status of an outcome: 200, or the runtime's code on an object's.
+fn status_of(outcome: &Outcome) -> StatusCode {
+    let Outcome::Error { code, .. } = outcome else {
+        return StatusCode::OK;
+    };
+    match code.as_str() {
+        "NOT_FOUND" => StatusCode::NOT_FOUND,
+        "PRECONDITION_FAILED" => StatusCode::PRECONDITION_FAILED,
+        "CONFLICT" | "CONTENDED" => StatusCode::CONFLICT,
+        "UNAVAILABLE" => StatusCode::SERVICE_UNAVAILABLE,
+        "RequestContract" => StatusCode::BAD_REQUEST,
+        "INVALID_ENTRY" => StatusCode::UNPROCESSABLE_ENTITY,
+        _ => StatusCode::OK,
     }
 }
 

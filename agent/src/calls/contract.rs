@@ -14,6 +14,7 @@ use crate::component::Component;
 use serde::Deserialize;
 use serde_json::Value;
 use std::time::Duration;
+pub use toa_context::query::{check_id, Query};
 
 /// How long before its deadline a call to one process is no longer handed to the program, over
 /// the broker or in-process: the hand-off (the request to the program, its server's thread, the
@@ -39,6 +40,32 @@ pub struct Request {
     /// within `limits.idempotency`) gets the first call's outcome instead of running again.
     #[serde(default)]
     pub key: Option<String>,
+    /// The object a call works on, in a component with an entity.
+    #[serde(default)]
+    pub query: Option<Query>,
+}
+
+/// A call's query against what the operation declares: refused by a component without an entity
+/// and by `query: false`, required by `query: true`; its id of the alphabet.
+fn check_query(
+    component: &Component,
+    operation: &str,
+    query: Option<&Query>,
+) -> Result<(), String> {
+    let declared = component.manifest.operations[operation].query;
+    let entity = component.manifest.entity.is_some();
+    match (query, declared) {
+        (Some(_), _) if !entity => Err(format!(
+            "`query`: {} declares no entity: a call names no object",
+            component.name
+        )),
+        (Some(_), Some(false)) => Err(format!("`query`: {operation} takes no query")),
+        (None, Some(true)) => Err(format!(
+            "`query`: {operation} works on one object: the call names it (`query: {{id}}`)"
+        )),
+        (Some(Query { id: Some(id), .. }), _) => check_id(id),
+        _ => Ok(()),
+    }
 }
 
 /// The longest `timeout` a call may state, in ms: RabbitMQ refuses a message expiration above
@@ -158,6 +185,8 @@ pub fn check_contract(
             return refuse(format!("{target}: `instance`: {expected}"));
         }
     }
+    check_query(component, operation, request.query.as_ref())
+        .map_err(|message| CallError::RequestContract(format!("{target}: {message}")))?;
     if let Some(schema) = component.schemas.get(operation) {
         schema
             .check(&request.input)
@@ -187,6 +216,7 @@ mod tests {
             instance: instance.map(str::to_owned),
             timeout,
             key: None,
+            query: None,
         }
     }
 

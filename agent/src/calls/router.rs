@@ -9,6 +9,7 @@ use crate::calls::inflight::Inflight;
 use crate::calls::once::Once;
 use crate::component::client::{self, Outcome, ProgramClient};
 use crate::component::Component;
+use crate::entities::objects::{self, Objects, Run};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +22,8 @@ pub struct Callee {
     pub client: ProgramClient,
     /// The records of calls given a key.
     pub repeats: Arc<crate::coordination::atom::repeats::Repeats>,
+    /// Its objects, when it declares an entity.
+    pub objects: Option<Arc<Objects>>,
 }
 
 /// The in-process router.
@@ -137,6 +140,7 @@ impl Calls {
             input: &request.input,
             instance: request.instance.as_deref(),
             key: request.key.as_deref(),
+            query: request.query.as_ref(),
             task,
         };
         broker.call(call, timeout).await
@@ -254,7 +258,10 @@ fn run_here(
 ) -> impl std::future::Future<Output = Result<Outcome, CallError>> + Send + 'static {
     let client = callee.client.clone();
     let repeats = callee.repeats.clone();
-    let Request { input, key, .. } = request;
+    let objects = callee.objects.clone();
+    let Request {
+        input, key, query, ..
+    } = request;
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     let meta = client::first_call(
         stateful.then(|| crate::calls::broker::now_ms() + left.as_millis() as i64),
@@ -265,7 +272,15 @@ fn run_here(
         if stateful && left <= START_MARGIN {
             return Err(abandoned_error(&operation, left));
         }
-        let program = client.operate(&operation, &input, &meta, left);
+        let run = Run {
+            client: &client,
+            operation: &operation,
+            input: &input,
+            query: query.as_ref(),
+            meta: &meta,
+            limit: left,
+        };
+        let program = objects::operate(objects.as_deref(), run);
         let key = key.as_deref();
         let once = crate::calls::once::run_once(
             &repeats, &operation, key, &input, deadline, window, program,

@@ -20,7 +20,7 @@ pub enum ProgramError {
         status: u16,
         body: String,
     },
-    #[error("{component} answered something that is not {{\"reply\"}} or {{\"error\": {{\"code\"}}}}: {body}")]
+    #[error("{component} answered something that is not {{\"reply\"}} (a transition: {{\"entry\"}}) or {{\"error\": {{\"code\"}}}}: {body}")]
     Malformed { component: String, body: String },
     #[error(
         "{component} answered more than {limit} bytes (limits.message); the answer is dropped"
@@ -251,44 +251,89 @@ impl ProgramClient {
         }
     }
 
-    /// Calls an operation with its input.
+    /// Calls an operation with its input (and, for a transition or an observation of an
+    /// entity, the object: `entry`).
     pub async fn operate(
         &self,
         operation: &str,
         input: &Value,
+        entry: Option<&Value>,
         call: &CallMeta,
         limit: Duration,
     ) -> Result<Outcome, ProgramError> {
-        let response = self
-            .post(
-                &program::operation_path(operation),
-                &serde_json::to_value(program::OperationCall { input, call }).map_err(|error| {
-                    ProgramError::Unreachable {
-                        component: self.component.clone(),
-                        message: error.to_string(),
-                    }
-                })?,
-                limit,
-            )
-            .await?;
-        let status = response.status().as_u16();
-        let body = self.body(response, limit).await?;
-        let malformed = || ProgramError::Malformed {
-            component: self.component.clone(),
-            body: quoted(&body),
-        };
-        let value: Value = serde_json::from_str(&body).map_err(|_| malformed())?;
+        let (status, value, body) = self.exchange(operation, input, entry, call, limit).await?;
         match Outcome::from_json(&value) {
             // The operation's own error, whatever the status.
             Ok(error @ Outcome::Error { .. }) => Ok(error),
-            Err(NotAnOutcome::ErrorWithoutCode) => Err(malformed()),
+            Err(NotAnOutcome::ErrorWithoutCode) => Err(self.malformed(&body)),
             _ if !(200..300).contains(&status) => Err(ProgramError::Failed {
                 component: self.component.clone(),
                 status,
                 body: quoted(&body),
             }),
             Ok(reply) => Ok(reply),
-            Err(NotAnOutcome::Neither) => Err(malformed()),
+            Err(NotAnOutcome::Neither) => Err(self.malformed(&body)),
+        }
+    }
+
+    /// Runs a transition on `entry`: the entry as the function left it and what it returned
+    /// (`None`: the entry itself), or the operation's own error.
+    pub async fn transit(
+        &self,
+        operation: &str,
+        input: &Value,
+        entry: &Value,
+        call: &CallMeta,
+        limit: Duration,
+    ) -> Result<Result<(serde_json::Map<String, Value>, Option<Value>), Outcome>, ProgramError>
+    {
+        let (status, mut value, body) = self
+            .exchange(operation, input, Some(entry), call, limit)
+            .await?;
+        if let Ok(error @ Outcome::Error { .. }) = Outcome::from_json(&value) {
+            return Ok(Err(error));
+        }
+        if !(200..300).contains(&status) {
+            return Err(ProgramError::Failed {
+                component: self.component.clone(),
+                status,
+                body: quoted(&body),
+            });
+        }
+        let returned = value.get_mut("reply").map(Value::take);
+        match value.get_mut("entry").map(Value::take) {
+            Some(Value::Object(left)) => Ok(Ok((left, returned))),
+            _ => Err(self.malformed(&body)),
+        }
+    }
+
+    /// Posts an operation's call: the answer's status, its JSON and its text.
+    async fn exchange(
+        &self,
+        operation: &str,
+        input: &Value,
+        entry: Option<&Value>,
+        call: &CallMeta,
+        limit: Duration,
+    ) -> Result<(u16, Value, String), ProgramError> {
+        let request = program::OperationCall { input, entry, call };
+        let body = serde_json::to_value(request).map_err(|error| ProgramError::Unreachable {
+            component: self.component.clone(),
+            message: error.to_string(),
+        })?;
+        let response = self
+            .post(&program::operation_path(operation), &body, limit)
+            .await?;
+        let status = response.status().as_u16();
+        let body = self.body(response, limit).await?;
+        let value: Value = serde_json::from_str(&body).map_err(|_| self.malformed(&body))?;
+        Ok((status, value, body))
+    }
+
+    fn malformed(&self, body: &str) -> ProgramError {
+        ProgramError::Malformed {
+            component: self.component.clone(),
+            body: quoted(body),
         }
     }
 
@@ -351,6 +396,7 @@ mod tests {
             Some(Description {
                 commands: vec!["preflight".into()],
                 operations: vec!["send".into()],
+                kinds: Default::default(),
             })
         );
         // Something else answered with 200 (a catch-all page): no description.
@@ -374,7 +420,7 @@ mod tests {
     async fn operate(client: &ProgramClient) -> Result<Outcome, ProgramError> {
         let call = first_call(None);
         let limit = Duration::from_secs(5);
-        client.operate("send", &json!({}), &call, limit).await
+        client.operate("send", &json!({}), None, &call, limit).await
     }
 
     #[tokio::test]

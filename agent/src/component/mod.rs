@@ -72,7 +72,8 @@ impl Component {
         Self::new(manifest, dir.to_path_buf())
     }
 
-    pub fn new(manifest: Manifest, dir: PathBuf) -> Result<Self, ComponentError> {
+    pub fn new(mut manifest: Manifest, dir: PathBuf) -> Result<Self, ComponentError> {
+        manifest.inherit();
         let name = manifest.full_name();
         let mut schemas = HashMap::new();
         for (operation, declaration) in &manifest.operations {
@@ -207,6 +208,10 @@ impl Component {
             .operations
             .keys()
             .filter(|name| !description.operations.contains(name))
+            .filter(|name| {
+                let entity = self.manifest.entity.is_some();
+                !(entity && toa_context::manifest::is_inherited(name))
+            })
             .map(String::as_str)
             .collect();
         if !missing.is_empty() {
@@ -255,6 +260,7 @@ mod tests {
         Description {
             commands: commands.iter().map(|c| (*c).to_owned()).collect(),
             operations: operations.iter().map(|o| (*o).to_owned()).collect(),
+            kinds: Default::default(),
         }
     }
 

@@ -2,13 +2,14 @@
 //! semantics of the PostgreSQL store (versions, compare-and-set, tombstones), so the README's
 //! first command needs nothing installed. Gone with the process.
 
-use super::store::{Committed, Found, Store, StoreError, Write};
-use std::collections::HashMap;
+use super::store::{Committed, Found, State, Store, StoreError, Write};
+use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::sync::Mutex;
 
 #[derive(Default)]
 pub struct Memory {
-    objects: Mutex<HashMap<String, Found>>,
+    objects: Mutex<BTreeMap<String, Found>>,
 }
 
 impl Store for Memory {
@@ -30,5 +31,21 @@ impl Store for Memory {
         };
         objects.insert(id.to_owned(), stored);
         Ok(Committed::Stored { version })
+    }
+
+    async fn enumerate(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let objects = self.objects.lock().expect("objects");
+        let from = after.map_or(Bound::Unbounded, |id| Bound::Excluded(id.to_owned()));
+        let live = objects
+            .range((from, Bound::Unbounded))
+            .filter_map(|(id, found)| match found {
+                Found::Live { state, version } => Some((id.clone(), state.clone(), *version)),
+                _ => None,
+            });
+        Ok(live.take(limit).collect())
     }
 }

@@ -7,12 +7,13 @@
 //! - [`transition`]: read, let the program decide, store what it leaves; `concurrency: retry`
 //!   runs again on a lost write, `none` answers `CONFLICT`.
 //!
-//! Not wired to calls yet (issue 20): the manifest's `entity`, the protocol's `entry` and the
-//! PostgreSQL store come next, under the same tests.
-
-#![allow(dead_code)] // used by its tests until calls reach it (issue 20)
+//! - [`objects`]: a component's objects as calls reach them: each operation's kind, the
+//!   inherited operations, observations, assignments and transitions against the store.
+//!
+//! The PostgreSQL store and `once` come next (issue 20), under the same tests.
 
 pub(crate) mod memory;
+pub(crate) mod objects;
 pub(crate) mod store;
 pub(crate) mod transition;
 

@@ -50,6 +50,7 @@ pub enum Committed {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
+    #[allow(dead_code)] // the PostgreSQL store's, which comes next (issue 20)
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
 }
@@ -65,4 +66,11 @@ pub trait Store: Send + Sync {
         read: u64,
         write: Write,
     ) -> impl Future<Output = Result<Committed, StoreError>> + Send;
+
+    /// Up to `limit` live objects with ids after `after` (from the first without), by id.
+    fn enumerate(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(String, State, u64)>, StoreError>> + Send;
 }

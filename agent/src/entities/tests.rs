@@ -388,6 +388,14 @@ impl Store for Hot {
         self.0.commit(id, read, theirs).await?;
         self.0.commit(id, read, write).await
     }
+
+    async fn enumerate(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, State, u64)>, StoreError> {
+        self.0.enumerate(after, limit).await
+    }
 }
 
 #[tokio::test]

@@ -31,11 +31,7 @@ pub const VERSION: &str = "VERSION";
 pub const DISCARD: &str = "DISCARD";
 pub const DELETE: &str = "DELETE";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Concurrency {
-    Retry,
-    None,
-}
+pub use toa_context::manifest::Concurrency;
 
 /// What a transition needs of the component's entity.
 pub struct Entity<'a> {
@@ -131,8 +127,10 @@ where
         } else {
             store.read(&id).await?
         };
+        // The caller's version first: a caller who saw an object since deleted learns that it
+        // changed, whatever it became.
+        expect(call, &id, found.version())?;
         let (state, version) = current(found, entity, &id, new)?;
-        expect(call, &id, version)?;
         let (left, returned) = match run(entry(&state, &id, version)).await? {
             Decision::Refused(error) => return Ok(Answer::Refused(error)),
             Decision::Left { entry, returned } => (entry, returned),

@@ -13,6 +13,8 @@ pub struct Member {
     pub client: ProgramClient,
     /// The run commands its program exports (its description, or the manifest's list).
     pub commands: Vec<RunCommand>,
+    /// Its objects, when it declares an entity (known once the program said its kinds).
+    pub objects: Option<Arc<crate::entities::objects::Objects>>,
 }
 
 /// Runs `command` on every member that exports it, concurrently.

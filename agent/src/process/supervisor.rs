@@ -290,6 +290,7 @@ fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
                         instance: None,
                         timeout: None,
                         key: None,
+                        query: None,
                     };
                     if let Err(error) = calls.call(&component, &operation, request, false).await {
                         tracing::warn!(%component, %operation, %error, "pulse failed");

@@ -230,6 +230,20 @@ pub fn post(url: &str, body: &str) -> (u16, String) {
     request_on(stream, ip, "POST", &format!("/{path}"), json, body)
 }
 
+/// A call through the local API at `agent`: `POST /v1/call/{component}/{operation}` with `body`
+/// and extra header lines (each ending in CRLF): the status and the JSON answer.
+pub fn call_with(agent: &str, target: &str, headers: &str, body: &str) -> (u16, Value) {
+    let (component, operation) = target.rsplit_once('.').unwrap();
+    let rest = agent.strip_prefix("http://").unwrap();
+    let (ip, port) = rest.rsplit_once(':').unwrap();
+    let stream = std::net::TcpStream::connect((ip, port.parse().unwrap())).unwrap();
+    let headers = format!("Content-Type: application/json\r\n{headers}");
+    let path = format!("/v1/call/{component}/{operation}");
+    let (status, response) = request_on(stream, ip, "POST", &path, &headers, body);
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
 /// The wall clock, in seconds since the Unix epoch.
 pub fn now() -> f64 {
     std::time::SystemTime::now()

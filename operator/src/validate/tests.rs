@@ -215,6 +215,18 @@ fn a_manifest_without_program_is_refused_since_a_pod_runs_it() {
 }
 
 #[test]
+fn a_component_with_an_entity_is_refused_until_pods_share_a_store() {
+    let mut component = ComponentSpec::test("store", "orders");
+    let entity = serde_json::json!({"properties": {"n": {"type": "integer"}}});
+    component.manifest.insert("entity".into(), entity);
+    let spec = CompositionSpec::test().with_components(vec![component]);
+    assert_eq!(
+        refused(&spec),
+        "`spec.components[0].manifest.entity`: component store.orders declares an entity; entities are served only in a local run until the PostgreSQL store comes (issue 20)"
+    );
+}
+
+#[test]
 fn the_program_is_kept_in_the_valid_manifests() {
     let valid = validate(&CompositionSpec::test()).unwrap();
     assert_eq!(

@@ -26,7 +26,7 @@ from typing import Any, Callable, List, Optional, Sequence, TypeVar, Union
 from . import protocol, runtime
 from .agent import Agent, Signal
 from .context import Atom, Context
-from .protocol import Assignment, CallRequest, Description, Route, TaskRequest
+from .protocol import Assignment, CallRequest, Description, Query, Route, TaskRequest
 
 Function = TypeVar("Function", bound=Callable[..., Any])
 
@@ -52,10 +52,14 @@ class Helper:
         return self._agent.hold(keys)
 
     def call(self, target: str, input: Any = None, instance: Optional[str] = None,
-             timeout: Optional[int] = None, key: Optional[str] = None) -> Any:
+             timeout: Optional[int] = None, key: Optional[str] = None,
+             query: Optional[Query] = None) -> Any:
         """`target` is `namespace.component.operation`: the reply or an `Error`. `key`: an
-        idempotency key (a repeat gets the first call's outcome without running again)."""
+        idempotency key (a repeat gets the first call's outcome without running again). `query`:
+        the object an operation of a component with an entity works on."""
         body: CallRequest = {"input": input}
+        if query is not None:
+            body["query"] = query
         if instance is not None:
             body["instance"] = instance
         if timeout is not None:
@@ -64,9 +68,12 @@ class Helper:
             body["key"] = key
         return self._call(protocol.CALL, target, body)
 
-    def task(self, target: str, input: Any = None, key: Optional[str] = None) -> Any:
+    def task(self, target: str, input: Any = None, key: Optional[str] = None,
+             query: Optional[Query] = None) -> Any:
         """A call the caller does not wait for: returns once the broker took it."""
         body: TaskRequest = {"input": input}
+        if query is not None:
+            body["query"] = query
         if key is not None:
             body["key"] = key
         return self._call(protocol.TASK, target, body)

@@ -169,6 +169,8 @@ class Calls:
         body: CallRequest = {"input": request.get("input")}
         if request.get("instance") is not None:
             body["instance"] = request["instance"]
+        if request.get("query") is not None:
+            body["query"] = request["query"]
         if timeout is not None:
             body["timeout"] = timeout
         return self._agent.call(protocol.CALL, ".".join(component), operation, body)

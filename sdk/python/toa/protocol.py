@@ -3,7 +3,7 @@ routes it calls or serves and the bodies it sends and reads, as TypedDicts. The 
 takes its routes and body types from here; `sdk/test_protocol.py` compares what is declared here
 with agent/openapi.yaml (and lists what the SDK still lacks)."""
 
-from typing import Any, List, NamedTuple, Optional, Tuple, Type, TypedDict
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type, TypedDict
 
 # The variables the agent starts the program with (docs/component-protocol.md).
 ENVIRONMENT = (
@@ -40,6 +40,22 @@ class Outcome(TypedDict, total=False):
 
     reply: Any
     error: OperationError
+
+
+class Decision(TypedDict, total=False):
+    """A transition's answer: the entry as the function left it and what it returned (no
+    `reply`: the entry itself), or its own `error`."""
+
+    reply: Any
+    error: OperationError
+    entry: Dict[str, Any]
+
+
+class Query(TypedDict, total=False):
+    """The object a call works on, and the version the caller saw."""
+
+    id: str
+    version: int
 
 
 # --- The local API (the agent's side) --------------------------------------------------------
@@ -86,11 +102,13 @@ class CallRequest(TypedDict, total=False):
     instance: str
     timeout: int
     key: str
+    query: Query
 
 
 class TaskRequest(TypedDict, total=False):
     input: Any
     key: str
+    query: Query
 
 
 class Halt(TypedDict):
@@ -105,6 +123,7 @@ class Description(TypedDict):
 
     commands: List[str]
     operations: List[str]
+    kinds: Dict[str, str]
 
 
 class CallInfo(TypedDict, total=False):
@@ -118,6 +137,7 @@ class CallInfo(TypedDict, total=False):
 
 class OperationRequest(TypedDict, total=False):
     input: Any
+    entry: Optional[Dict[str, Any]]
     call: CallInfo
 
 
@@ -158,7 +178,7 @@ DRAIN = Route("POST", "/v1/drain")
 PROGRAM = Route("GET", "/program", headers=("Authorization",), response=Description)
 LIFECYCLE = Route("POST", "/lifecycle/{command}", headers=("Authorization",))
 OPERATIONS = Route("POST", "/operations/{name}", headers=("Authorization",),
-                   request=OperationRequest, response=Outcome)
+                   request=OperationRequest, response=Decision)
 # The control endpoint, as the stage uses it (the token itself, not a signature).
 HALT = Route("POST", "/control/halt", headers=("Authorization",), request=Halt)
 RESUME = Route("POST", "/control/resume", headers=("Authorization",), request=Halt)

@@ -2,11 +2,14 @@
 (the directory the program starts in), refuses to start when a module is not what it should be,
 and serves the agent's protocol on 127.0.0.1:$TOA_PORT:
 
-- `GET /program`: `{"commands": [...], "operations": [...]}`, what the modules export; the agent
+- `GET /program`: `{"commands": [...], "operations": [...], "kinds": {...}}`, what the modules
+  export (`kinds`: each operation's function name, `transition` and so on); the agent
   checks it against the manifest (every declared operation has a module; the run commands it
   lists, if it lists any, are the ones exported) and runs the exported run commands;
 - `POST /lifecycle/<command>`: every module's function of that name, in the modules' order;
-- `POST /operations/<name>`: the module's function, with `input` and the context.
+- `POST /operations/<name>`: the module's function, with `input` (and, in a component with an
+  entity, a transition's or an observation's `entry`) and the context. A transition answers the
+  entry as it left it and what it returned (nothing when it returned the entry itself).
 """
 
 from __future__ import annotations
@@ -26,15 +29,20 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 from . import protocol
 from .agent import read_token
-from .context import Context, call_function
+from .context import Context, State, call_function
 from .errors import Error
-from .protocol import CallInfo, Description, OperationRequest, Outcome
+from .protocol import CallInfo, Decision, Description, OperationRequest
 
 Operations = Dict[str, Callable[..., Any]]
 Commands = Dict[str, List[Callable[..., Any]]]
+Kinds = Dict[str, str]
 
 COMMANDS = ("preflight", "settle", "ready", "pause", "resume", "dispose")
 KINDS = ("effect", "computation", "transition", "observation", "assignment")
+
+
+# No `entry` in the request: the function is called without one.
+ABSENT: Any = object()
 
 
 class Refused(Exception):
@@ -49,11 +57,12 @@ def _module(path: Path) -> ModuleType:
     return module
 
 
-def load(directory: Union[str, Path]) -> Tuple[Operations, Commands]:
-    """The operations (name → function) and run commands (name → functions) of the component in
-    `directory`."""
+def load(directory: Union[str, Path]) -> Tuple[Operations, Commands, Kinds]:
+    """The operations (name → function), run commands (name → functions) and the operations'
+    kinds (name → the function's name) of the component in `directory`."""
     directory = Path(directory)
     operations: Operations = {}
+    kinds_of: Kinds = {}
     for path in sorted((directory / "operations").glob("*.py")):
         module = _module(path)
         kinds = [kind for kind in KINDS if callable(getattr(module, kind, None))]
@@ -63,6 +72,7 @@ def load(directory: Union[str, Path]) -> Tuple[Operations, Commands]:
                 f"found {kinds or 'none'}"
             )
         operations[path.stem] = getattr(module, kinds[0])
+        kinds_of[path.stem] = kinds[0]
     commands: Commands = {}
     for path in sorted((directory / "rc").glob("*.py")):
         module = _module(path)
@@ -73,33 +83,49 @@ def load(directory: Union[str, Path]) -> Tuple[Operations, Commands]:
             commands.setdefault(name, []).append(getattr(module, name))
     if "pause" in commands and "resume" not in commands:
         raise Refused("rc/ exports `pause` and no `resume`: resume takes again what pause released")
-    return operations, commands
+    return operations, commands, kinds_of
 
 
 class Component:
-    def __init__(self, operations: Operations, commands: Commands, context: Context) -> None:
+    def __init__(self, operations: Operations, commands: Commands, context: Context,
+                 kinds: Optional[Kinds] = None) -> None:
         self.operations = operations
         self.commands = commands
         self.context = context
+        self.kinds = kinds or {}
 
     def description(self) -> Optional[Description]:
         return {
             "commands": [name for name in COMMANDS if name in self.commands],
             "operations": sorted(self.operations),
+            "kinds": dict(self.kinds),
         }
 
     def run_command(self, name: str) -> None:
         for function in self.commands.get(name, []):
             call_function(function, self.context)
 
-    def operate(self, name: str, input: Any, call: Optional[CallInfo] = None) -> Outcome:
+    def operate(self, name: str, input: Any, call: Optional[CallInfo] = None,
+                entry: Any = ABSENT) -> Decision:
         """`{"reply": ...}` or the operation's own `{"error": ...}`; an exception is a failure.
-        `call` is what the agent says of the call (`context.call` on this thread)."""
+        `call` is what the agent says of the call (`context.call` on this thread). With an
+        `entry` (a component with an entity) the function is given it before the context, and a
+        transition answers the entry as it left it too."""
         self.context._calls.call = call
-        result = call_function(self.operations[name], input, self.context)
+        function = self.operations[name]
+        if entry is ABSENT:
+            result = call_function(function, input, self.context)
+        else:
+            entry = State(entry) if isinstance(entry, dict) else entry
+            result = call_function(function, input, entry, self.context)
         if isinstance(result, Error):
             return {"error": {"code": result.code, "message": result.message}}
-        return {"reply": result}
+        if self.kinds.get(name) != "transition" or entry is None or entry is ABSENT:
+            return {"reply": result}
+        # The entry itself returned: the agent answers the stored object, with its new VERSION.
+        if result is entry:
+            return {"entry": entry}
+        return {"entry": entry, "reply": result}
 
 
 PAST_DEADLINE = "the call's deadline passed before the operation started; it did not run"
@@ -166,7 +192,8 @@ def handler(component: Component) -> Type[BaseHTTPRequestHandler]:
                 if kind == "operations" and name in component.operations:
                     if past_deadline(request.get("call")):
                         return self._answer(504, {"message": PAST_DEADLINE})
-                    answer = component.operate(name, request.get("input"), request.get("call"))
+                    entry = request["entry"] if "entry" in request else ABSENT
+                    answer = component.operate(name, request.get("input"), request.get("call"), entry)
                     return self._answer(200, answer)
                 # Not an `error` body: the agent would take it for an operation's own error.
                 return self._answer(404, {"message": f"no route {self.path}"})
@@ -202,12 +229,12 @@ def main() -> None:
         if not os.environ.get("TOA_PORT", "").isdigit():
             raise Refused(f"TOA_PORT: expected the port to serve on, got {os.environ.get('TOA_PORT')!r}: "
                           "a component's program is started by toa-agent, which sets it")
-        operations, commands = load(Path.cwd())
+        operations, commands, kinds = load(Path.cwd())
         context = Context()
     except (Refused, RuntimeError, ValueError) as refused:
         print(f"{name}: {refused}", file=sys.stderr)
         sys.exit(1)
-    serve(Component(operations, commands, context))
+    serve(Component(operations, commands, context, kinds))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import { CALL, FAILED, LOCK, METER, ONASSIGNED, at } from './protocol.js'
 /** @typedef {import('./protocol.js').MeterResponse} MeterResponse */
 /** A held lock's signal. @typedef {AbortSignal & { readonly token: number, readonly error: unknown }} LockSignal */
 /** How long a call to one process waits. @typedef {{ timeout?: number, signal?: AbortSignal }} CallOptions */
-/** What a caller passes: the input, and the process for a stateful operation. @typedef {{ input?: unknown, instance?: string }} Request */
+/** What a caller passes: the input, the process for a stateful operation, the object for an operation on one (`query: { id, version? }`). @typedef {{ input?: unknown, instance?: string, query?: import('./protocol.js').Query }} Request */
 
 /** `slots` answers null when nothing was heard from the agent for this long: it writes a line at
  * least every second (the assignment on a change, a keep-alive otherwise), so two seconds of
@@ -270,6 +270,7 @@ async function call (agent, component, operation, request, { timeout, signal } =
   const body = { input: request.input ?? null }
   if (request.instance !== undefined) body.instance = request.instance
   if (timeout !== undefined) body.timeout = timeout
+  if (request.query !== undefined) body.query = request.query
   let answer
   try {
     answer = await agent.request(CALL.method, at(CALL, { component, operation }), body, { signal })

@@ -20,6 +20,8 @@ export const ENVIRONMENT = /** @type {const} */ ([
 /** The agent's refusal, with a 4xx or 5xx status. @typedef {{ error?: ErrorDetail }} ErrorBody */
 /** @typedef {{ code: string, message?: string | null }} OperationError */
 /** An operation's answer: `reply`, or its own `error`. @typedef {{ reply?: unknown, error?: OperationError }} Outcome */
+/** A transition's answer: the entry as the function left it and what it returned (no `reply`: the entry itself), or its own `error`. @typedef {{ reply?: unknown, error?: OperationError, entry?: Record<string, unknown> }} Decision */
+/** The object a call works on, and the version the caller saw. @typedef {{ id?: string, version?: number }} Query */
 
 /** @typedef {{ keys: string[] }} LockRequest */
 /** @typedef {{ event?: 'acquired' | 'lost' | 'error', token?: number, message?: string }} LockEvent */
@@ -27,18 +29,18 @@ export const ENVIRONMENT = /** @type {const} */ ([
 /** @typedef {{ listener?: number, assignment?: Assignment | null }} AssignedEvent */
 /** @typedef {{ keys: string[], deltas: number[] }} MeterRequest */
 /** @typedef {{ debts: number[] }} MeterResponse */
-/** @typedef {{ input: unknown, instance?: string, timeout?: number }} CallRequest */
+/** @typedef {{ input: unknown, instance?: string, timeout?: number, query?: Query }} CallRequest */
 /** @typedef {{ halt: string }} Halt */
 
-/** `GET /program`: the run commands the program exports and the operations it serves. @typedef {{ commands: string[], operations: string[] }} Description */
+/** `GET /program`: the run commands the program exports and the operations it serves. @typedef {{ commands: string[], operations: string[], kinds: Record<string, string> }} Description */
 /** What the agent says of a call: the same `id` on every delivery; `redelivered` when it was delivered before; `deadline_ms` when the caller stops waiting (ms since the epoch). @typedef {{ id?: string, redelivered?: boolean, deadline_ms?: number | null }} CallInfo */
-/** @typedef {{ input?: unknown, call?: CallInfo }} OperationRequest */
+/** @typedef {{ input?: unknown, entry?: Record<string, unknown> | null, call?: CallInfo }} OperationRequest */
 
 /**
- * A type's keys, each `true`, or the nested object's keys for an object (not an array): a field
- * map of exactly those keys.
+ * A type's keys, each `true`, or the nested object's keys for an object (not an array, not a
+ * map of any keys): a field map of exactly those keys.
  * @template T
- * @typedef {{ [K in keyof T]-?: NonNullable<T[K]> extends readonly unknown[] ? true : NonNullable<T[K]> extends Record<string, unknown> ? Fields<NonNullable<T[K]>> : true }} Fields
+ * @typedef {{ [K in keyof T]-?: NonNullable<T[K]> extends readonly unknown[] ? true : string extends keyof NonNullable<T[K]> ? true : NonNullable<T[K]> extends Record<string, unknown> ? Fields<NonNullable<T[K]>> : true }} Fields
  */
 
 /**
@@ -57,7 +59,7 @@ const error = { error: { code: true, number: true, message: true } }
 /** @satisfies {Fields<Outcome>} */
 const outcome = { reply: true, error: { code: true, message: true } }
 /** @satisfies {Fields<CallRequest>} */
-const callRequest = { input: true, instance: true, timeout: true }
+const callRequest = { input: true, instance: true, timeout: true, query: { id: true, version: true } }
 /** @satisfies {Fields<Halt>} */
 const halt = { halt: true }
 
@@ -104,7 +106,7 @@ export const PROGRAM = {
   method: 'GET',
   path: '/program',
   headers: ['Authorization'],
-  response: /** @satisfies {Fields<Description>} */ ({ commands: true, operations: true })
+  response: /** @satisfies {Fields<Description>} */ ({ commands: true, operations: true, kinds: true })
 }
 /** @satisfies {Route} */
 export const LIFECYCLE = { method: 'POST', path: '/lifecycle/{command}', headers: ['Authorization'] }
@@ -113,8 +115,8 @@ export const OPERATIONS = {
   method: 'POST',
   path: '/operations/{name}',
   headers: ['Authorization'],
-  request: /** @satisfies {Fields<OperationRequest>} */ ({ input: true, call: { id: true, redelivered: true, deadline_ms: true } }),
-  response: outcome
+  request: /** @satisfies {Fields<OperationRequest>} */ ({ input: true, entry: true, call: { id: true, redelivered: true, deadline_ms: true } }),
+  response: /** @satisfies {Fields<Decision>} */ ({ ...outcome, entry: true })
 }
 // The control endpoint, as the stage uses it (the token itself, not a signature).
 /** @satisfies {Route} */

@@ -2,10 +2,12 @@
 // component's directory (the directory the program starts in), refuses to start when a module is
 // not what it should be, and serves the agent's protocol on 127.0.0.1:$TOA_PORT:
 //
-// - `GET /program`: `{"commands", "operations"}`, what the modules export; the agent checks it
-//   against the manifest and runs the exported run commands;
+// - `GET /program`: `{"commands", "operations", "kinds"}`, what the modules export; the agent
+//   checks it against the manifest and runs the exported run commands;
 // - `POST /lifecycle/<command>`: every rc/ module's function of that name, in file-name order;
-// - `POST /operations/<name>`: the module's function, with `input` and the context.
+// - `POST /operations/<name>`: the module's function, with `input` (and, in a component with an
+//   entity, a transition's or an observation's `entry`) and the context. A transition answers
+//   the entry as it left it and what it returned (nothing when it returned the entry itself).
 
 import { readdirSync } from 'node:fs'
 import http from 'node:http'
@@ -16,9 +18,9 @@ import { readToken } from './agent.js'
 import { Context } from './context.js'
 import { PROGRAM } from './protocol.js'
 
-/** @typedef {(input: any, context: Context) => unknown} Operation */
+/** @typedef {(input: any, ...rest: any[]) => unknown} Operation */
 /** @typedef {(context: Context) => unknown} Command */
-/** @typedef {{ operations: Map<string, Operation>, commands: Map<string, Command[]> }} Modules */
+/** @typedef {{ operations: Map<string, Operation>, kinds: Map<string, string>, commands: Map<string, Command[]> }} Modules */
 /** @typedef {import('./protocol.js').Outcome} Outcome */
 /** @typedef {import('./protocol.js').OperationRequest} OperationRequest */
 
@@ -46,15 +48,18 @@ function sources (directory) {
 export async function load (directory) {
   /** @type {Modules['operations']} */
   const operations = new Map()
+  /** @type {Modules['kinds']} */
+  const kinds = new Map()
   for (const file of sources(join(directory, 'operations'))) {
     const module = await import(pathToFileURL(join(directory, 'operations', file)).href)
-    const kinds = KINDS.filter((kind) => typeof module[kind] === 'function')
-    if (kinds.length !== 1) {
-      throw new Refused(`operations/${file}: expected one exported function named ${KINDS.join(' or ')}, found ${kinds.length ? kinds.join(', ') : 'none'}`)
+    const exported = KINDS.filter((kind) => typeof module[kind] === 'function')
+    if (exported.length !== 1) {
+      throw new Refused(`operations/${file}: expected one exported function named ${KINDS.join(' or ')}, found ${exported.length ? exported.join(', ') : 'none'}`)
     }
     const name = file.replace(SOURCES, '')
     if (operations.has(name)) throw new Refused(`operations/${file}: a second module for the operation ${name}`)
-    operations.set(name, module[kinds[0]])
+    operations.set(name, module[exported[0]])
+    kinds.set(name, exported[0])
   }
   /** @type {Modules['commands']} */
   const commands = new Map()
@@ -67,13 +72,14 @@ export async function load (directory) {
   if (commands.has('pause') && !commands.has('resume')) {
     throw new Refused('rc/ exports `pause` and no `resume`: resume takes again what pause released')
   }
-  return { operations, commands }
+  return { operations, kinds, commands }
 }
 
 export class Component {
   /** @param {Modules} modules @param {Context} context */
-  constructor ({ operations, commands }, context) {
+  constructor ({ operations, kinds = new Map(), commands }, context) {
     this.operations = operations
+    this.kinds = kinds
     this.commands = commands
     this.context = context
   }
@@ -82,7 +88,8 @@ export class Component {
   description () {
     return {
       commands: COMMANDS.filter((name) => this.commands.has(name)),
-      operations: [...this.operations.keys()].sort()
+      operations: [...this.operations.keys()].sort(),
+      kinds: Object.fromEntries(this.kinds)
     }
   }
 
@@ -91,13 +98,17 @@ export class Component {
     for (const fn of this.commands.get(name) ?? []) await fn(this.context)
   }
 
-  /** `{reply}` or the operation's own `{error}`; a thrown exception is a failure.
+  /** `{reply}` or the operation's own `{error}`; a thrown exception is a failure. With an
+   * `entry` (a component with an entity) the function is given it before the context, and a
+   * transition answers the entry as it left it too.
    * @param {string} name
    * @param {unknown} input
-   * @returns {Promise<Outcome>}
+   * @param {Record<string, unknown> | null} [entry]
+   * @returns {Promise<import('./protocol.js').Decision>}
    */
-  async operate (name, input) {
-    const result = await /** @type {Operation} */ (this.operations.get(name))(input, this.context)
+  async operate (name, input, entry) {
+    const fn = /** @type {Operation} */ (this.operations.get(name))
+    const result = await (entry === undefined ? fn(input, this.context) : fn(input, entry, this.context))
     if (result instanceof Error) {
       const own = /** @type {Error & { code?: unknown }} */ (result)
       const code = typeof own.code === 'string' ? own.code : result.message
@@ -106,7 +117,10 @@ export class Component {
       if (code !== result.message) error.message = result.message
       return { error }
     }
-    return { reply: result ?? null }
+    if (this.kinds.get(name) !== 'transition' || entry == null) return { reply: result ?? null }
+    // The entry itself returned: the agent answers the stored object, with its new VERSION.
+    if (result === entry) return { entry }
+    return { entry, reply: result ?? null }
   }
 }
 
@@ -176,9 +190,9 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
       if (url === PROGRAM.path) return answer(response, 200, component.description())
       return unknown(response, url)
     }
-    let input, call
+    let input, entry, call
     try {
-      ({ input, call } = await body(request))
+      ({ input, entry, call } = await body(request))
     } catch (error) {
       return answer(response, 400, { message: `expected a JSON body: ${describe(error)}` })
     }
@@ -189,7 +203,7 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
       }
       if (kind === 'operations' && component.operations.has(operation)) {
         if (pastDeadline(call)) return answer(response, 504, { message: PAST_DEADLINE })
-        return answer(response, 200, await component.operate(operation, input ?? null))
+        return answer(response, 200, await component.operate(operation, input ?? null, entry))
       }
       return unknown(response, url)
     } catch (error) {

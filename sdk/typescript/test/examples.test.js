@@ -3,8 +3,8 @@
 // components' program).
 
 import assert from 'node:assert/strict'
-import { spawnSync } from 'node:child_process'
-import { cpSync, existsSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs'
+import { spawn, spawnSync } from 'node:child_process'
+import { cpSync, existsSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { after, describe, test } from 'node:test'
 import { compose } from '../lib/stage.js'
@@ -172,9 +172,10 @@ describe('types', () => {
   test('the generated types are current, and the examples type-check with --strict', () => {
     const copy = join(scratch(), 'examples')
     cpSync(EXAMPLES, copy, { recursive: true, filter: (path) => !path.includes('node_modules') })
-    const generated = spawnSync(join(EXAMPLES, 'node_modules', '.bin', 'toa-node'), ['types', ...['notifications', 'store.catalog', 'store.orders', 'terminals'].map((c) => join(copy, 'components', c))], { encoding: 'utf8' })
+    const components = readdirSync(join(EXAMPLES, 'components')).sort()
+    const generated = spawnSync(join(EXAMPLES, 'node_modules', '.bin', 'toa-node'), ['types', ...components.map((c) => join(copy, 'components', c))], { encoding: 'utf8' })
     assert.equal(generated.status, 0, generated.stderr)
-    for (const component of ['notifications', 'store.catalog', 'store.orders', 'terminals']) {
+    for (const component of components) {
       const path = join('components', component, 'types', 'index.d.ts')
       assert.equal(readFileSync(join(copy, path), 'utf8'), readFileSync(join(EXAMPLES, path), 'utf8'), `${path} is current (npm run types)`)
     }
@@ -191,5 +192,83 @@ describe('types', () => {
     const checked = tsc(copy)
     assert.notEqual(checked.status, 0)
     assert.match(checked.stdout, /appraise\.ts.*customr/)
+  })
+
+  test("a property the entity does not declare fails the check: State is the entity's", () => {
+    const copy = join(scratch(), 'examples')
+    cpSync(EXAMPLES, copy, { recursive: true, filter: (path) => !path.includes('node_modules') })
+    symlinkSync(join(EXAMPLES, 'node_modules'), join(copy, 'node_modules'))
+    const reserve = join(copy, 'components', 'fulfilment.stock', 'operations', 'reserve.ts')
+    writeFileSync(reserve, readFileSync(reserve, 'utf8').replace('entry.available -=', 'entry.availble -='))
+    const checked = tsc(copy)
+    assert.notEqual(checked.status, 0)
+    assert.match(checked.stdout, /reserve\.ts.*availble/)
+  })
+})
+
+describe('fulfilment.stock (seed 003, Two Writers at Once)', () => {
+  const kettle = { id: 'c0ffee00c0ffee00c0ffee00c0ffee00' }
+
+  test("the seed's Try it: one unit, two reservations at once, one OUT_OF_STOCK", async () => {
+    const stage = await start(['fulfilment.stock'])
+    const stocked = await stage.call('fulfilment.stock.transit', { query: kettle, input: { available: 1 } })
+    assert.deepEqual(stocked, { ...kettle, available: 1, VERSION: 1 })
+    const reserve = () => stage.call('fulfilment.stock.reserve', { query: kettle, input: { quantity: 1 } })
+    const answers = await Promise.all([reserve(), reserve()])
+    const sold = answers.filter((answer) => !(answer instanceof Error))
+    const refused = answers.filter((answer) => answer instanceof Error)
+    assert.deepEqual(sold, [{ ...kettle, available: 0, VERSION: 2 }])
+    assert.deepEqual(refused.map((error) => error.code), ['OUT_OF_STOCK'])
+    assert.deepEqual(await stage.call('fulfilment.stock.observe', { query: kettle }), { ...kettle, available: 0, VERSION: 2 })
+  })
+
+  test("the seed's Try it, typed as the seed types it, through toa-agent call", async () => {
+    const stage = await start(['fulfilment.stock'])
+    const agent = `http://127.0.0.1:${stage.port}`
+    /** `toa-agent call TARGET REQUEST`: its exit status and what it printed. */
+    const call = (target, request) => new Promise((resolve) => {
+      const child = spawn(AGENT, ['call', target, request, '--agent', agent])
+      let printed = ''
+      child.stdout.on('data', (chunk) => { printed += chunk })
+      child.on('close', (status) => resolve({ status, answer: JSON.parse(printed) }))
+    })
+    const id = "{ id: 'c0ffee00c0ffee00c0ffee00c0ffee00' }"
+    const stocked = await call('fulfilment.stock.transit', `{ query: ${id}, input: { available: 1 } }`)
+    assert.equal(stocked.status, 0)
+    const reserve = () => call('fulfilment.stock.reserve', `{ query: ${id}, input: { quantity: 1 } }`)
+    const answers = await Promise.all([reserve(), reserve()])
+    const printed = answers.map(({ answer }) => answer.reply?.available ?? answer.error?.code).sort()
+    assert.deepEqual(printed, [0, 'OUT_OF_STOCK'])
+    assert.deepEqual(answers.map(({ status }) => status).sort(), [0, 1], 'the error exits 1')
+  })
+
+  test('400 reservations of 1 on a stock of 100: exactly 100 sold, the rest OUT_OF_STOCK', async () => {
+    const stage = await start(['fulfilment.stock'])
+    const item = { id: 'kettle-400' }
+    await stage.call('fulfilment.stock.transit', { query: item, input: { available: 100 } })
+    const answers = await Promise.all(Array.from({ length: 400 }, () =>
+      stage.call('fulfilment.stock.reserve', { query: item, input: { quantity: 1 } })))
+    const sold = answers.filter((answer) => !(answer instanceof Error))
+    const codes = new Set(answers.filter((answer) => answer instanceof Error).map((error) => error.code))
+    assert.equal(sold.length, 100)
+    assert.deepEqual([...codes], ['OUT_OF_STOCK'])
+    // Every sale stored its own version: none was stored twice, none lost.
+    assert.deepEqual(sold.map((answer) => answer.VERSION).sort((a, b) => a - b), Array.from({ length: 100 }, (_, i) => i + 2))
+    assert.deepEqual(await stage.call('fulfilment.stock.observe', { query: item }), { ...item, available: 0, VERSION: 101 })
+  })
+
+  test('a stale version, an input out of the schema, a missing query and an id out of the alphabet are refused; nothing is stored', async () => {
+    const stage = await start(['fulfilment.stock'])
+    const item = { id: 'kettle-edit' }
+    await stage.call('fulfilment.stock.transit', { query: item, input: { available: 3 } })
+    await assert.rejects(stage.call('fulfilment.stock.transit', { query: { ...item, version: 0 }, input: { available: 5 } }),
+      (error) => error.code === 'PRECONDITION_FAILED' && /at version 1, not 0/.test(error.message))
+    await assert.rejects(stage.call('fulfilment.stock.transit', { query: item, input: { available: -1 } }),
+      (error) => error.code === 202 && /minimum of 0/.test(error.message))
+    await assert.rejects(stage.call('fulfilment.stock.reserve', { input: { quantity: 1 } }),
+      (error) => error.code === 202 && /`query`: reserve works on one object/.test(error.message))
+    await assert.rejects(stage.call('fulfilment.stock.reserve', { query: { id: 'a/b' }, input: { quantity: 1 } }),
+      (error) => error.code === 202 && /`query\.id`: expected 1 to 64/.test(error.message))
+    assert.deepEqual(await stage.call('fulfilment.stock.observe', { query: item }), { ...item, available: 3, VERSION: 1 })
   })
 })

@@ -85,6 +85,8 @@ pub struct Call<'a> {
     pub instance: Option<&'a str>,
     /// The idempotency key.
     pub key: Option<&'a str>,
+    /// The object it works on.
+    pub query: Option<&'a crate::calls::contract::Query>,
     /// Sent without waiting for a reply.
     pub task: bool,
 }
@@ -108,6 +110,8 @@ pub struct Offer {
     pub repeats: Arc<crate::coordination::atom::repeats::Repeats>,
     /// The counts of redelivered calls.
     pub redeliveries: Arc<crate::coordination::atom::redeliveries::Redeliveries>,
+    /// Its objects, when it declares an entity.
+    pub objects: Option<Arc<crate::entities::objects::Objects>>,
 }
 
 /// A component served by this process: replayed on every session.
@@ -133,6 +137,7 @@ struct Served {
     dead_lettered: prometheus_client::metrics::counter::Counter,
     repeats: Arc<crate::coordination::atom::repeats::Repeats>,
     redeliveries: Arc<crate::coordination::atom::redeliveries::Redeliveries>,
+    objects: Option<Arc<crate::entities::objects::Objects>>,
     /// How long a key's outcome answers repeats.
     idempotency: Duration,
     /// Where calls at the delivery limit go.
@@ -181,6 +186,23 @@ fn properties(
 
 /// A reply: refused by the receiving agent (the process was leaving, or the call broke the
 /// declarations), the program's outcome, or a failure.
+/// A call as it travels: `{"operation", "input", "key"?, "query"?}`.
+fn message(
+    operation: &str,
+    input: &Value,
+    key: Option<&str>,
+    query: Option<&crate::calls::contract::Query>,
+) -> Vec<u8> {
+    let mut message = json!({"operation": operation, "input": input});
+    if let Some(key) = key {
+        message["key"] = json!(key);
+    }
+    if let Some(query) = query {
+        message["query"] = json!(query);
+    }
+    serde_json::to_vec(&message).expect("JSON")
+}
+
 fn read_reply(reply: Value, addressee: impl Fn() -> CallError) -> Result<Outcome, CallError> {
     match Reply::from_json(&reply) {
         Reply::Outcome(outcome) => Ok(outcome),
@@ -420,6 +442,7 @@ impl Broker {
             input,
             instance,
             key,
+            query,
             task,
         } = call;
         let addressee = || CallError::Addressee {
@@ -437,11 +460,7 @@ impl Broker {
             None => self.route(&session, component, task).await?,
         };
         let id = crate::component::client::new_id();
-        let mut message = json!({"operation": operation, "input": input});
-        if let Some(key) = key {
-            message["key"] = json!(key);
-        }
-        let body = serde_json::to_vec(&message).expect("JSON");
+        let body = message(operation, input, key, query);
         let properties = properties(&id, &session, task, deadline_ms);
         let receiver = (!task).then(|| session.expect(&id));
         let _forget = Forget {
@@ -577,6 +596,7 @@ impl Broker {
             dead_lettered: offer.dead_lettered,
             repeats: offer.repeats,
             redeliveries: offer.redeliveries,
+            objects: offer.objects,
             idempotency: self.limits.idempotency,
             draining: self.draining.subscribe(),
         };

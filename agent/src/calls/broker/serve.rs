@@ -517,6 +517,7 @@ impl Call {
             instance: own.then(|| served.instance.clone()),
             timeout: None,
             key: request.key.clone(),
+            query: request.query.clone(),
         };
         let checked = crate::calls::contract::check_contract(
             &served.component,
@@ -554,9 +555,15 @@ impl Call {
         };
         let until = tokio::time::Instant::now() + limit;
         let request = &self.request;
-        let program = served
-            .client
-            .operate(&request.operation, &request.input, &meta, limit);
+        let run = crate::entities::objects::Run {
+            client: &served.client,
+            operation: &request.operation,
+            input: &request.input,
+            query: request.query.as_ref(),
+            meta: &meta,
+            limit,
+        };
+        let program = crate::entities::objects::operate(served.objects.as_deref(), run);
         let once = run_once(
             &served.repeats,
             &request.operation,
@@ -659,6 +666,8 @@ struct Request {
     input: Value,
     #[serde(default)]
     key: Option<String>,
+    #[serde(default)]
+    query: Option<crate::calls::contract::Query>,
 }
 
 fn refused(message: String) -> Handled {

@@ -25,6 +25,7 @@ use crate::component::program::Program;
 use crate::component::{Component, ComponentError};
 use crate::control::component_tokens::ComponentTokens;
 use crate::coordination::atom::{Atom, Mode};
+use crate::entities::objects::Objects;
 use crate::instance::Instance;
 use crate::metrics::Metrics;
 use crate::process::drain;
@@ -304,6 +305,7 @@ impl Composition {
                         component: component.clone(),
                         client: client.with_limits(&self.context.limits),
                         commands: component.manifest.lifecycle.clone(),
+                        objects: None,
                     });
                 }
                 Err(error) => {
@@ -328,6 +330,7 @@ impl Composition {
                         message: error.to_string(),
                     })?;
             member.commands = member.component.commands(description.as_ref())?;
+            member.objects = Objects::new(&member.component, description.as_ref())?.map(Arc::new);
         }
         Ok(())
     }
@@ -361,6 +364,7 @@ impl Composition {
                     component: m.component.clone(),
                     client: m.client.clone(),
                     repeats: self.atoms[&m.component.name].repeats(),
+                    objects: m.objects.clone(),
                 };
                 (m.component.name.clone(), callee)
             })
@@ -407,6 +411,7 @@ impl Composition {
                 dead_lettered: self.metrics.dead_lettered(application, name),
                 repeats: self.atoms[name].repeats(),
                 redeliveries: self.atoms[name].redeliveries(),
+                objects: member.objects.clone(),
             };
             broker.serve(offer).await.map_err(|e| setup(&e))?;
         }

@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::process::drain;
 use crate::process::node::{self, Node};
 use crate::process::supervisor::Process;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,7 +30,7 @@ impl Composition {
     pub(super) async fn prepare(
         options: Options,
     ) -> Result<(Self, Servers, TcpListener, drain::Asked), ComposeError> {
-        let loaded = load(&options.components, &options.configuration, options.mode)?;
+        let loaded = shared_store(load(&options)?, &options.context)?;
         let tokens = Arc::new(component_tokens(&options, &loaded)?);
         let metrics = Metrics::new();
         let atoms = atoms(&options, &loaded, &metrics)?;
@@ -125,11 +125,8 @@ fn probes(
 /// agent starts no program, and the configuration is the Composition's, which the operator
 /// checked and gives to the component's container (a required value without a default, or a
 /// secret, is not the pod agent's to refuse).
-fn load(
-    dirs: &[PathBuf],
-    configuration: &BTreeMap<String, serde_json::Value>,
-    mode: Mode,
-) -> Result<Vec<Arc<Component>>, ComposeError> {
+fn load(options: &Options) -> Result<Vec<Arc<Component>>, ComposeError> {
+    let (dirs, configuration, mode) = (&options.components, &options.configuration, options.mode);
     let mut loaded = Vec::new();
     for dir in dirs {
         let mut component = Component::load(dir)?;
@@ -155,6 +152,24 @@ fn load(
         )));
     }
     Ok(loaded)
+}
+
+/// Entities are kept in this process only (the embedded store) until the PostgreSQL store
+/// comes (issue 20): a process sharing calls with others over a broker, whose replicas would
+/// each keep objects of their own, is refused rather than let replicas disagree.
+fn shared_store(
+    loaded: Vec<Arc<Component>>,
+    context: &toa_context::Context,
+) -> Result<Vec<Arc<Component>>, ComposeError> {
+    let with_entity = loaded.iter().find(|c| c.manifest.entity.is_some());
+    match (with_entity, &context.amqp) {
+        (Some(component), Some(_)) => Err(ComposeError::Setup(format!(
+            "`entity`: component {} declares an entity, and its objects are kept only in a local \
+             run without a broker until the PostgreSQL store comes (issue 20)",
+            component.name
+        ))),
+        _ => Ok(loaded),
+    }
 }
 
 /// Each component's coordination (lock, slots, meter), by name.

@@ -1,0 +1,532 @@
+//! A component's objects as its calls reach them (DESIGN 17): which operation is which kind,
+//! which the agent serves itself (the inherited `observe`, `enumerate`, `transit`, `assign`,
+//! `delete`), and each kind's run against the store.
+//!
+//! - an **observation** reads the object (`null` for a missing one of a non-associated entity;
+//!   `blank` at its version for an associated one) and gives it to the program as `entry`;
+//! - an **assignment** writes the given properties (the inherited `assign`: its input; one with a
+//!   module: what the function returns) over the object, creating it when missing, and never
+//!   conflicts: a write lost to another replica is made again on what that one stored;
+//! - a **transition** runs [`super::transition::transit`] with the program's function (or the
+//!   inherited `transit`, which sets the input's properties, and `delete`);
+//! - effects and computations take no query and no object.
+//!
+//! Every outcome of the store reaches the caller as an operation's error with the runtime's code
+//! (`NOT_FOUND`, `PRECONDITION_FAILED`, `CONFLICT`, `CONTENDED`, `UNAVAILABLE`), which the local
+//! API answers with 404, 412, 409, 409 and 503.
+
+use super::memory::Memory;
+use super::store::{Committed, Found, State, Store, Write};
+use super::transition::{self, Answer, Call, Decision, Entity, TransitionError, Turns};
+use crate::component::client::{CallMeta, Outcome, ProgramClient, ProgramError};
+use crate::component::{Component, ComponentError};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+use toa_context::manifest::{self, Concurrency, Kind};
+use toa_context::query::Query;
+use tokio::time::Instant;
+
+/// One component's objects and how its operations reach them.
+pub struct Objects {
+    component: String,
+    associated: bool,
+    blank: State,
+    schema: jsonschema::Validator,
+    /// Each operation's kind: the program's word, else the manifest's.
+    kinds: BTreeMap<String, Kind>,
+    concurrency: BTreeMap<String, Concurrency>,
+    /// The inherited operations the program has no module for: the agent serves them.
+    inherited: BTreeSet<String>,
+    store: Memory,
+    turns: Turns,
+}
+
+/// One call of an operation of a component.
+pub struct Run<'a> {
+    pub client: &'a ProgramClient,
+    pub operation: &'a str,
+    pub input: &'a Value,
+    pub query: Option<&'a Query>,
+    pub meta: &'a CallMeta,
+    /// How long the call may take.
+    pub limit: Duration,
+}
+
+/// Runs one call: through the component's objects when it has an entity, else straight to the
+/// program.
+pub async fn operate(objects: Option<&Objects>, run: Run<'_>) -> Result<Outcome, ProgramError> {
+    match objects {
+        Some(objects) => objects.operate(run).await,
+        None => {
+            let Run {
+                client,
+                operation,
+                input,
+                meta,
+                limit,
+                ..
+            } = run;
+            client.operate(operation, input, None, meta, limit).await
+        }
+    }
+}
+
+/// The operation's own error with the runtime's `code`.
+fn error(code: &str, message: String) -> Outcome {
+    Outcome::Error {
+        code: code.to_owned(),
+        message: Some(message),
+    }
+}
+
+impl Objects {
+    /// The objects of `component`, if it declares an entity, with the kinds its program says
+    /// (`None`: the manifest's word). A kind the program says against the manifest's `type` fails
+    /// the start, naming the operation.
+    pub fn new(
+        component: &Component,
+        description: Option<&toa_context::program::Description>,
+    ) -> Result<Option<Self>, ComponentError> {
+        let Some(entity) = &component.manifest.entity else {
+            return Ok(None);
+        };
+        let mut kinds = BTreeMap::new();
+        let mut concurrency = BTreeMap::new();
+        let mut inherited = BTreeSet::new();
+        for (name, declared) in &component.manifest.operations {
+            let kind = kind_of(component, name, declared, description)?;
+            kinds.insert(name.clone(), kind);
+            concurrency.insert(
+                name.clone(),
+                declared.concurrency.unwrap_or(Concurrency::Retry),
+            );
+            let served = description.is_some_and(|d| d.operations.contains(name));
+            if manifest::is_inherited(name) && !served {
+                inherited.insert(name.clone());
+            }
+        }
+        let schema = toa_context::schema::compile(&entity.schema()).map_err(|error| {
+            ComponentError::Mismatch {
+                component: component.name.clone(),
+                message: format!("`entity.properties`: {error}"),
+            }
+        })?;
+        Ok(Some(Self {
+            component: component.name.clone(),
+            associated: entity.associated,
+            blank: entity.blank.clone(),
+            schema,
+            kinds,
+            concurrency,
+            inherited,
+            store: Memory::default(),
+            turns: Turns::default(),
+        }))
+    }
+
+    async fn operate(&self, run: Run<'_>) -> Result<Outcome, ProgramError> {
+        let kind = self
+            .kinds
+            .get(run.operation)
+            .copied()
+            .unwrap_or(Kind::Effect);
+        match kind {
+            Kind::Effect | Kind::Computation if run.query.is_some() => Ok(error(
+                "RequestContract",
+                format!(
+                    "{}.{}: `query`: an {} takes no query",
+                    self.component,
+                    run.operation,
+                    kind.name()
+                ),
+            )),
+            Kind::Effect | Kind::Computation => {
+                let Run {
+                    client,
+                    operation,
+                    input,
+                    meta,
+                    limit,
+                    ..
+                } = run;
+                client.operate(operation, input, None, meta, limit).await
+            }
+            Kind::Observation => self.observe(run).await,
+            Kind::Assignment => self.assign(run).await,
+            Kind::Transition => self.transition(run).await,
+        }
+    }
+
+    /// What the schema says of `state`: the first problem, naming the property.
+    fn check(&self, state: &State) -> Result<(), String> {
+        let value = Value::Object(state.clone());
+        let problem = self.schema.iter_errors(&value).next();
+        problem.map_or(Ok(()), |problem| {
+            Err(format!("{problem} (at {})", problem.instance_path()))
+        })
+    }
+
+    /// The object as an entry (`id`, `VERSION`, every property `blank` has), or `None`.
+    fn entry_of(&self, id: &str, found: Found) -> Option<Value> {
+        let (mut state, version) = match found {
+            Found::Live { state, version } => (state, version),
+            Found::Missing | Found::Deleted { .. } if !self.associated => return None,
+            other => (State::new(), other.version()),
+        };
+        for (key, value) in &self.blank {
+            state.entry(key).or_insert_with(|| value.clone());
+        }
+        state.insert(transition::ID.to_owned(), Value::from(id));
+        state.insert(transition::VERSION.to_owned(), Value::from(version));
+        Some(Value::Object(state))
+    }
+
+    fn unavailable(&self, problem: impl std::fmt::Display) -> Outcome {
+        error("UNAVAILABLE", format!("{}: {problem}", self.component))
+    }
+}
+
+/// The kind of the operation `name`: the program's word (which the manifest's `type`, where
+/// given, must agree with), else the manifest's. `once` fails the start until it is applied.
+fn kind_of(
+    component: &Component,
+    name: &str,
+    declared: &manifest::Operation,
+    description: Option<&toa_context::program::Description>,
+) -> Result<Kind, ComponentError> {
+    if declared.once {
+        return Err(ComponentError::Manifest(toa_context::ManifestError {
+            origin: component.name.clone(),
+            message: format!(
+                "`operations.{name}.once`: not applied yet: the record of applied calls comes \
+                 with the PostgreSQL store (issue 20); until then a redelivered call would apply \
+                 twice, so the component does not start"
+            ),
+        }));
+    }
+    let said = description.and_then(|d| d.kinds.get(name).copied());
+    match (declared.kind, said) {
+        (Some(declared), Some(said)) if declared != said => Err(ComponentError::Mismatch {
+            component: component.name.clone(),
+            message: format!(
+                "`operations.{name}.type` is {}, and its module exports a {}",
+                declared.name(),
+                said.name()
+            ),
+        }),
+        (_, Some(said)) => Ok(said),
+        (_, None) => Ok(declared.kind(name)),
+    }
+}
+
+/// Observations.
+impl Objects {
+    async fn observe(&self, run: Run<'_>) -> Result<Outcome, ProgramError> {
+        if run.operation == manifest::ENUMERATE && self.inherited.contains(run.operation) {
+            return Ok(self.enumerate(run.input).await);
+        }
+        let Some(id) = run.query.and_then(|q| q.id.as_deref()) else {
+            return Ok(no_id(&self.component, run.operation));
+        };
+        let found = match self.store.read(id).await {
+            Ok(found) => found,
+            Err(problem) => return Ok(self.unavailable(problem)),
+        };
+        let entry = self.entry_of(id, found).unwrap_or(Value::Null);
+        if self.inherited.contains(run.operation) {
+            return Ok(Outcome::Reply(entry));
+        }
+        let Run {
+            client,
+            operation,
+            input,
+            meta,
+            limit,
+            ..
+        } = run;
+        client
+            .operate(operation, input, Some(&entry), meta, limit)
+            .await
+    }
+
+    /// A page of live objects by id: `{"items": [entries], "next": <the last id, or null>}`.
+    async fn enumerate(&self, input: &Value) -> Outcome {
+        let limit = input.get("limit").and_then(Value::as_u64).unwrap_or(100);
+        let after = input.get("after").and_then(Value::as_str);
+        let page = match self.store.enumerate(after, limit as usize).await {
+            Ok(page) => page,
+            Err(problem) => return self.unavailable(problem),
+        };
+        let full = page.len() as u64 == limit;
+        let next = full
+            .then(|| page.last().map(|(id, _, _)| id.clone()))
+            .flatten();
+        let items: Vec<Value> = page
+            .into_iter()
+            .filter_map(|(id, state, version)| self.entry_of(&id, Found::Live { state, version }))
+            .collect();
+        Outcome::Reply(json!({ "items": items, "next": next }))
+    }
+}
+
+/// An operation on one object called without its id.
+fn no_id(component: &str, operation: &str) -> Outcome {
+    error(
+        "RequestContract",
+        format!("{component}.{operation}: `query.id`: the call names no object"),
+    )
+}
+
+/// Assignments.
+impl Objects {
+    async fn assign(&self, run: Run<'_>) -> Result<Outcome, ProgramError> {
+        let fields = if self.inherited.contains(run.operation) {
+            run.input.clone()
+        } else {
+            let Run {
+                client,
+                operation,
+                input,
+                meta,
+                limit,
+                ..
+            } = run;
+            match client.operate(operation, input, None, meta, limit).await? {
+                Outcome::Reply(fields) => fields,
+                refused @ Outcome::Error { .. } => return Ok(refused),
+            }
+        };
+        let Value::Object(fields) = fields else {
+            let body =
+                format!("an assignment's function returns the properties it writes, not {fields}");
+            return Err(ProgramError::Malformed {
+                component: self.component.clone(),
+                body: crate::component::client::quoted(&body),
+            });
+        };
+        let id = match run.query.and_then(|q| q.id.clone()) {
+            Some(id) => id,
+            None if self.associated => return Ok(no_id(&self.component, run.operation)),
+            None => crate::component::client::new_id(),
+        };
+        let version = run.query.and_then(|q| q.version);
+        let deadline = Instant::now() + run.limit;
+        Ok(self.write_fields(&id, fields, version, deadline).await)
+    }
+
+    /// Writes `fields` over the object `id` (created when missing), again on a lost write,
+    /// until `deadline`; the stored entry.
+    async fn write_fields(
+        &self,
+        id: &str,
+        fields: State,
+        expected: Option<u64>,
+        deadline: Instant,
+    ) -> Outcome {
+        let _turn = self.turns.take(id).await;
+        loop {
+            let found = match self.store.read(id).await {
+                Ok(found) => found,
+                Err(problem) => return self.unavailable(problem),
+            };
+            let read = found.version();
+            if let Some(expected) = expected.filter(|e| *e != read) {
+                return error("PRECONDITION_FAILED", precondition(id, expected, read));
+            }
+            let mut state = match found {
+                Found::Live { state, .. } => state,
+                Found::Missing | Found::Deleted { .. } => self.blank.clone(),
+            };
+            state.extend(fields.clone());
+            if let Err(message) = self.check(&state) {
+                return invalid(&self.component, id, &message);
+            }
+            match self.store.commit(id, read, Write::Put(state.clone())).await {
+                Ok(Committed::Stored { version }) => {
+                    let entry = self.entry_of(id, Found::Live { state, version });
+                    return Outcome::Reply(entry.unwrap_or(Value::Null));
+                }
+                Ok(Committed::Lost { .. }) if Instant::now() < deadline => {}
+                Ok(Committed::Lost { .. }) => {
+                    let attempts = transition::ATTEMPTS;
+                    let id = id.to_owned();
+                    let message = TransitionError::Contended { id, attempts }.to_string();
+                    return error("CONTENDED", message);
+                }
+                Err(problem) => return self.unavailable(problem),
+            }
+        }
+    }
+}
+
+fn precondition(id: &str, expected: u64, current: u64) -> String {
+    TransitionError::PreconditionFailed {
+        id: id.to_owned(),
+        expected,
+        current,
+    }
+    .to_string()
+}
+
+/// A write the entity's schema refuses: the call's failure, nothing stored.
+fn invalid(component: &str, id: &str, message: &str) -> Outcome {
+    error(
+        "INVALID_ENTRY",
+        format!("{component}: the object {id} would not be valid: {message}; nothing was stored"),
+    )
+}
+
+/// Transitions.
+impl Objects {
+    async fn transition(&self, run: Run<'_>) -> Result<Outcome, ProgramError> {
+        let id = run.query.and_then(|q| q.id.as_deref());
+        let _turn = match id {
+            Some(id) => Some(self.turns.take(id).await),
+            None => None,
+        };
+        let call = Call {
+            id,
+            version: run.query.and_then(|q| q.version),
+            concurrency: self.concurrency[run.operation],
+            deadline: Instant::now() + run.limit,
+        };
+        let check = |state: &State| self.check(state);
+        let entity = Entity {
+            associated: self.associated,
+            blank: &self.blank,
+            check: &check,
+        };
+        let failed = std::sync::Mutex::new(None);
+        let inherited = self.inherited.contains(run.operation);
+        let decide = |entry: State| self.decide(&run, entry, inherited, &failed, call.deadline);
+        let answer = transition::transit(&self.store, &entity, &call, decide).await;
+        if let Some(failure) = failed.lock().expect("failed").take() {
+            return Err(failure);
+        }
+        Ok(self.answered(run.operation, answer))
+    }
+
+    /// One run of the transition on `entry`: the inherited ones here, the others in the
+    /// program (whose failure is kept in `failed` and ends the call).
+    async fn decide(
+        &self,
+        run: &Run<'_>,
+        mut entry: State,
+        inherited: bool,
+        failed: &std::sync::Mutex<Option<ProgramError>>,
+        deadline: Instant,
+    ) -> Result<Decision, TransitionError> {
+        if inherited {
+            if run.operation == manifest::DELETE {
+                entry.insert(transition::DELETE.to_owned(), Value::Bool(true));
+            } else if let Value::Object(fields) = run.input {
+                entry.extend(fields.clone());
+            }
+            return Ok(Decision::Left {
+                entry,
+                returned: None,
+            });
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let entry = Value::Object(entry);
+        let ran = run
+            .client
+            .transit(run.operation, run.input, &entry, run.meta, left)
+            .await;
+        match ran {
+            Ok(Ok((entry, returned))) => Ok(Decision::Left { entry, returned }),
+            Ok(Err(refused)) => Ok(Decision::Refused(refused.to_json()["error"].take())),
+            Err(failure) => {
+                let message = failure.to_string();
+                *failed.lock().expect("failed") = Some(failure);
+                Err(TransitionError::Program(message))
+            }
+        }
+    }
+
+    /// What the caller gets of a transition.
+    fn answered(&self, operation: &str, answer: Result<Answer, TransitionError>) -> Outcome {
+        match answer {
+            Ok(Answer::Stored { reply, .. } | Answer::Discarded { reply, .. }) => {
+                Outcome::Reply(reply)
+            }
+            Ok(Answer::Refused(refused)) => Outcome::from_json(&json!({ "error": refused }))
+                .unwrap_or_else(|_| error("FAILED", format!("{operation}: {refused}"))),
+            Err(failure) => {
+                let code = match &failure {
+                    TransitionError::NotFound { .. } => "NOT_FOUND",
+                    TransitionError::PreconditionFailed { .. } => "PRECONDITION_FAILED",
+                    TransitionError::Conflict { .. } => "CONFLICT",
+                    TransitionError::Contended { .. } => "CONTENDED",
+                    TransitionError::Invalid { .. } => "INVALID_ENTRY",
+                    TransitionError::NoId => return no_id(&self.component, operation),
+                    TransitionError::Store(_) => "UNAVAILABLE",
+                    TransitionError::Program(_) => "FAILED",
+                };
+                error(code, format!("{}: {failure}", self.component))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toa_context::program::Description;
+    use toa_context::Manifest;
+
+    fn stock(operations: &str) -> Component {
+        let yaml = format!(
+            "name: stock\nentity: {{ associated: true, properties: {{ n: {{ type: integer }} }}, blank: {{ n: 0 }} }}\noperations: {operations}\n"
+        );
+        Component::new(Manifest::parse(&yaml, "m").unwrap(), ".".into()).unwrap()
+    }
+
+    fn said(operations: &[&str], kinds: &[(&str, Kind)]) -> Description {
+        Description {
+            commands: Vec::new(),
+            operations: operations.iter().map(|o| (*o).to_owned()).collect(),
+            kinds: kinds.iter().map(|(o, k)| ((*o).to_owned(), *k)).collect(),
+        }
+    }
+
+    #[test]
+    fn the_program_says_each_kind_and_the_agent_serves_what_it_has_no_module_for() {
+        let component = stock("{ reserve: {}, transit: {}, look: { type: observation } }");
+        let description = said(&["reserve", "look"], &[("reserve", Kind::Transition)]);
+        let objects = Objects::new(&component, Some(&description))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            objects.kinds["reserve"],
+            Kind::Transition,
+            "the module's word"
+        );
+        assert_eq!(objects.kinds["transit"], Kind::Transition, "the name's");
+        assert_eq!(objects.kinds["observe"], Kind::Observation, "inherited");
+        let inherited: Vec<&str> = objects.inherited.iter().map(String::as_str).collect();
+        assert_eq!(inherited, ["enumerate", "observe", "transit"]);
+        // Without the program's word, `reserve` is an effect: it declares nothing of a transition.
+        let manifests = Objects::new(&component, None).unwrap().unwrap();
+        assert_eq!(manifests.kinds["reserve"], Kind::Effect);
+        // A module exporting another kind than the manifest's `type` fails the start.
+        let wrong = said(&["reserve", "look"], &[("look", Kind::Transition)]);
+        let error = Objects::new(&component, Some(&wrong)).err().unwrap();
+        assert_eq!(
+            error.to_string(),
+            "stock: the program does not match its manifest: `operations.look.type` is observation, and its module exports a transition"
+        );
+        let once = stock("{ pay: { type: transition, once: true } }");
+        let error = Objects::new(&once, None).err().unwrap().to_string();
+        assert!(
+            error.starts_with("stock: `operations.pay.once`: not applied yet"),
+            "{error}"
+        );
+        // The inherited operations need no module; the others do.
+        assert!(component.commands(Some(&description)).is_ok());
+        let missing = said(&["look"], &[]);
+        let error = component.commands(Some(&missing)).unwrap_err().to_string();
+        assert!(error.contains("declares [\"reserve\"]"), "{error}");
+    }
+}

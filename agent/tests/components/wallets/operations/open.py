@@ -1,0 +1,5 @@
+"""An assignment with a module: returns the properties to write."""
+
+
+def assignment(input, context):
+    return {"owner": input["owner"].strip().title()}

@@ -1,0 +1,297 @@
+//! Entities served by the agent (DESIGN 17, seed 003) in a local run, on the embedded store:
+//! transitions, observations, assignments and deletion as a component on the Python SDK sees
+//! them, through the local API. The in-process concurrency (400 reservations on 100) is checked
+//! with seed 003's own code in sdk/typescript/test/examples.test.js.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::{call_with, Composition};
+
+const WALLETS: &str = "agent/tests/components/wallets";
+
+fn wallets() -> Composition {
+    let composition = Composition::start(&[WALLETS], &[]);
+    composition.wait_ready();
+    composition
+}
+
+/// A call of `billing.wallets.<operation>` with `body`: the status and the answer.
+fn call(agent: &Composition, operation: &str, body: Value) -> (u16, Value) {
+    let target = format!("billing.wallets.{operation}");
+    call_with(&agent.agent, &target, "", &body.to_string())
+}
+
+fn reply(agent: &Composition, operation: &str, body: Value) -> Value {
+    let (status, answer) = call(agent, operation, body);
+    assert_eq!(status, 200, "{operation}: {answer}");
+    answer["reply"].clone()
+}
+
+fn code(answer: &Value) -> &str {
+    answer["error"]["code"].as_str().unwrap_or_default()
+}
+
+#[test]
+fn a_new_object_gets_an_id_and_a_debit_keyed_by_its_ref_is_taken_once() {
+    let agent = wallets();
+    let opened = reply(&agent, "transit", json!({"input": {"balance": 100}}));
+    let id = opened["id"].as_str().unwrap().to_owned();
+    assert!(
+        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id}"
+    );
+    assert_eq!(
+        opened,
+        json!({"id": id, "VERSION": 1, "balance": 100, "paid": {}})
+    );
+    let debit = |amount: u64, reference: &str| {
+        let request = json!({"query": {"id": id}, "input": {"amount": amount, "ref": reference}});
+        call(&agent, "debit", request)
+    };
+    // The function returned `{balance}`, not the entry: the caller gets what it returned.
+    assert_eq!(
+        debit(30, "order-1"),
+        (200, json!({"reply": {"balance": 70}}))
+    );
+    // Asked again for the same order: DISCARD, nothing written.
+    assert_eq!(
+        debit(30, "order-1"),
+        (200, json!({"reply": {"balance": 70}}))
+    );
+    let (status, refused) = debit(500, "order-2");
+    assert_eq!((status, code(&refused)), (200, "INSUFFICIENT_FUNDS"));
+    let seen = reply(&agent, "observe", json!({"query": {"id": id}}));
+    assert_eq!(
+        seen,
+        json!({"id": id, "VERSION": 2, "balance": 70, "paid": {"order-1": 30}})
+    );
+}
+
+#[test]
+fn what_breaks_the_schema_or_names_a_stale_version_stores_nothing() {
+    let agent = wallets();
+    let id = json!({"id": "w-1"});
+    reply(
+        &agent,
+        "assign",
+        json!({"query": id, "input": {"owner": "ann"}}),
+    );
+    let debit = json!({"query": id, "input": {"amount": 0}});
+    let (status, invalid) = call(
+        &agent,
+        "overdraw",
+        json!({"query": id, "input": {"amount": 5}}),
+    );
+    assert_eq!(
+        (status, code(&invalid)),
+        (422, "INVALID_ENTRY"),
+        "{invalid}"
+    );
+    let message = invalid["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("/balance") && message.contains("minimum of 0"),
+        "{message}"
+    );
+    assert_eq!(
+        call(&agent, "debit", debit).0,
+        400,
+        "amount 0 is out of the input's schema"
+    );
+    // The caller saw version 0; the object is at 1.
+    let stale = json!({"query": {"id": "w-1", "version": 0}, "input": {"balance": 9}});
+    let (status, refused) = call(&agent, "transit", stale);
+    assert_eq!(
+        (status, code(&refused)),
+        (412, "PRECONDITION_FAILED"),
+        "{refused}"
+    );
+    let body = json!({"query": id, "input": {"balance": 9}}).to_string();
+    let by_header = call_with(
+        &agent.agent,
+        "billing.wallets.transit",
+        "If-Match: \"0\"\r\n",
+        &body,
+    );
+    assert_eq!(
+        (by_header.0, code(&by_header.1)),
+        (412, "PRECONDITION_FAILED")
+    );
+    let both = json!({"query": {"id": "w-1", "version": 1}, "input": {}}).to_string();
+    let disagree = call_with(
+        &agent.agent,
+        "billing.wallets.transit",
+        "If-Match: 2\r\n",
+        &both,
+    );
+    assert_eq!(disagree.0, 400, "{}", disagree.1);
+    let bad = call_with(
+        &agent.agent,
+        "billing.wallets.transit",
+        "If-Match: soon\r\n",
+        &body,
+    );
+    assert!(bad.1.to_string().contains("header `if-match`"), "{}", bad.1);
+    let seen = reply(&agent, "observe", json!({"query": id}));
+    assert_eq!(
+        (seen["VERSION"].clone(), seen["balance"].clone()),
+        (json!(1), json!(0))
+    );
+    // With the right version it is written.
+    let fresh = call_with(
+        &agent.agent,
+        "billing.wallets.transit",
+        "If-Match: \"1\"\r\n",
+        &body,
+    );
+    assert_eq!(fresh.1["reply"]["VERSION"], 2, "{}", fresh.1);
+}
+
+#[test]
+fn observations_assignments_and_a_deletion_a_stale_caller_cannot_undo() {
+    let agent = wallets();
+    let missing = json!({"query": {"id": "nobody"}});
+    assert_eq!(reply(&agent, "observe", missing.clone()), Value::Null);
+    assert_eq!(
+        reply(&agent, "statement", missing.clone()),
+        json!({"known": false})
+    );
+    let debit = json!({"query": {"id": "nobody"}, "input": {"amount": 1, "ref": "r"}});
+    let (status, not_found) = call(&agent, "debit", debit);
+    assert_eq!(
+        (status, code(&not_found)),
+        (404, "NOT_FOUND"),
+        "{not_found}"
+    );
+    // An assignment creates the object it names (seed 001's connect records a new terminal).
+    let id = json!({"id": "w-2"});
+    let assigned = reply(
+        &agent,
+        "assign",
+        json!({"query": id, "input": {"owner": "bo"}}),
+    );
+    assert_eq!(
+        assigned,
+        json!({"id": "w-2", "VERSION": 1, "balance": 0, "paid": {}, "owner": "bo"})
+    );
+    let opened = reply(
+        &agent,
+        "open",
+        json!({"query": id, "input": {"owner": " cy dee "}}),
+    );
+    assert_eq!(
+        (opened["owner"].clone(), opened["VERSION"].clone()),
+        (json!("Cy Dee"), json!(2))
+    );
+    let statement = reply(&agent, "statement", json!({"query": id}));
+    assert_eq!(
+        statement,
+        json!({"known": true, "balance": 0, "version": 2})
+    );
+    reply(&agent, "delete", json!({"query": id}));
+    assert_eq!(reply(&agent, "observe", json!({"query": id})), Value::Null);
+    // A caller who saw version 2 cannot write it back; without a version it stays deleted.
+    let stale = json!({"query": {"id": "w-2", "version": 2}, "input": {"balance": 5}});
+    assert_eq!(
+        code(&call(&agent, "transit", stale).1),
+        "PRECONDITION_FAILED"
+    );
+    let again = json!({"query": id, "input": {"balance": 5}});
+    assert_eq!(code(&call(&agent, "transit", again).1), "NOT_FOUND");
+}
+
+#[test]
+fn enumerate_pages_through_2500_objects_by_id() {
+    let agent = wallets();
+    let ids: Vec<String> = (0..2_500).map(|i| format!("w-{i:04}")).collect();
+    for id in &ids {
+        reply(
+            &agent,
+            "assign",
+            json!({"query": {"id": id}, "input": {"owner": id}}),
+        );
+    }
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut input = json!({"limit": 1000});
+        if let Some(after) = &after {
+            input["after"] = json!(after);
+        }
+        let page = reply(&agent, "enumerate", json!({"input": input}));
+        pages += 1;
+        for item in page["items"].as_array().unwrap() {
+            assert_eq!(item["owner"], item["id"], "{item}");
+            seen.push(item["id"].as_str().unwrap().to_owned());
+        }
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!((pages, seen), (3, ids));
+    let (status, refused) = call(&agent, "enumerate", json!({"input": {"limit": 1001}}));
+    assert_eq!(status, 400, "{refused}");
+}
+
+#[test]
+fn bad_queries_are_refused_naming_what_was_wrong_and_the_agent_keeps_serving() {
+    let agent = wallets();
+    let cases = [
+        (
+            json!({"query": {"id": "a/b"}}),
+            "`query.id`: expected 1 to 64",
+        ),
+        (
+            json!({"query": {"id": "x".repeat(65)}}),
+            "`query.id`: expected 1 to 64",
+        ),
+        (
+            json!({"query": {"id": "a", "owner": "b"}}),
+            "unknown field `owner`",
+        ),
+        (
+            json!({"query": {"id": "a", "version": -1}}),
+            "query.version",
+        ),
+        (
+            json!({"input": {"amount": 1, "ref": "r"}}),
+            "`query`: debit works on one object",
+        ),
+    ];
+    for (body, expected) in cases {
+        let operation = if body.get("input").is_some() {
+            "debit"
+        } else {
+            "observe"
+        };
+        let (status, refused) = call(&agent, operation, body);
+        assert_eq!(status, 400, "{refused}");
+        assert!(
+            refused.to_string().contains(expected),
+            "{expected}: {refused}"
+        );
+    }
+    let deep = "[".repeat(10_000) + &"]".repeat(10_000);
+    let body = format!(r#"{{"query": {{"id": "w"}}, "input": {{"owner": {deep}}}}}"#);
+    let (status, _) = call_with(&agent.agent, "billing.wallets.assign", "", &body);
+    assert_eq!(status, 400);
+    assert_eq!(
+        reply(&agent, "observe", json!({"query": {"id": "w"}})),
+        Value::Null
+    );
+}
+
+#[test]
+fn an_entity_is_refused_in_a_process_sharing_calls_over_a_broker() {
+    let (context, _, _queues) = support::broker_context("entities", "amqp://127.0.0.1:5672");
+    let context = context.display().to_string();
+    let output = support::compose_once(&[WALLETS, "--context", &context], &[]);
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        log.contains("`entity`: component billing.wallets declares an entity, and its objects are kept only in a local run without a broker"),
+        "{log}"
+    );
+}
