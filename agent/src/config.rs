@@ -110,6 +110,7 @@ fn compose_options(
     let roots = Roots::from_vars(&ProcessVars)?;
     let kubernetes_namespace = kubernetes_namespace(mode)?;
     let shared = shared_name(&context.name, kubernetes_namespace.as_deref());
+    let storage = storage(&context, &shared)?;
     let broker = broker(&context, mode, (shared, &roots))?;
     Ok(Options {
         broker,
@@ -129,7 +130,30 @@ fn compose_options(
         configuration,
         kubernetes_namespace,
         roots,
+        storage,
     })
+}
+
+/// The store the context names (`storage`), with `TOA_STORAGE_USERNAME` and
+/// `TOA_STORAGE_PASSWORD` (or `..._FILE`); its objects under the application's shared name.
+fn storage(
+    context: &Context,
+    application: &str,
+) -> Result<Option<crate::entities::backend::Storage>, ConfigError> {
+    let Some(address) = &context.storage else {
+        return Ok(None);
+    };
+    let credentials = Credentials::from_vars(&ProcessVars, "TOA_STORAGE")?;
+    Ok(Some(crate::entities::backend::Storage {
+        address: crate::entities::postgres::Address {
+            host: address.host.clone(),
+            port: address.port,
+            database: address.database.clone(),
+            username: credentials.username,
+            password: credentials.password,
+        },
+        application: application.to_owned(),
+    }))
 }
 
 /// In a pod, its Kubernetes namespace (required); in a local run, none.

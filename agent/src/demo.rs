@@ -33,6 +33,7 @@ pub async fn run() -> ExitCode {
         configuration: Default::default(),
         kubernetes_namespace: None,
         roots: Default::default(),
+        storage: None,
         mode: Mode::Local,
         broker: None,
     };

@@ -190,6 +190,13 @@ fn observations_assignments_and_a_deletion_a_stale_caller_cannot_undo() {
     );
     reply(&agent, "delete", json!({"query": id}));
     assert_eq!(reply(&agent, "observe", json!({"query": id})), Value::Null);
+    // Deleted stays deleted for an assignment too (a non-associated entity).
+    let (status, gone) = call(
+        &agent,
+        "assign",
+        json!({"query": id, "input": {"owner": "x"}}),
+    );
+    assert_eq!((status, code(&gone)), (404, "NOT_FOUND"), "{gone}");
     // A caller who saw version 2 cannot write it back; without a version it stays deleted.
     let stale = json!({"query": {"id": "w-2", "version": 2}, "input": {"balance": 5}});
     assert_eq!(
@@ -275,8 +282,18 @@ fn bad_queries_are_refused_naming_what_was_wrong_and_the_agent_keeps_serving() {
     }
     let deep = "[".repeat(10_000) + &"]".repeat(10_000);
     let body = format!(r#"{{"query": {{"id": "w"}}, "input": {{"owner": {deep}}}}}"#);
-    let (status, _) = call_with(&agent.agent, "billing.wallets.assign", "", &body);
+    let (status, refused) = call_with(&agent.agent, "billing.wallets.assign", "", &body);
     assert_eq!(status, 400);
+    assert!(refused.to_string().contains("recursion limit"), "{refused}");
+    let control = json!({"query": {"id": "w"}, "input": {"owner": "x", "VERSION": 9}});
+    let (status, refused) = call(&agent, "assign", control);
+    assert_eq!(status, 400);
+    assert!(
+        refused
+            .to_string()
+            .contains("`input.VERSION`: id, VERSION, DISCARD and DELETE are not properties"),
+        "{refused}"
+    );
     assert_eq!(
         reply(&agent, "observe", json!({"query": {"id": "w"}})),
         Value::Null
@@ -284,14 +301,115 @@ fn bad_queries_are_refused_naming_what_was_wrong_and_the_agent_keeps_serving() {
 }
 
 #[test]
-fn an_entity_is_refused_in_a_process_sharing_calls_over_a_broker() {
+fn an_entity_over_a_broker_without_a_store_is_refused() {
     let (context, _, _queues) = support::broker_context("entities", "amqp://127.0.0.1:5672");
     let context = context.display().to_string();
     let output = support::compose_once(&[WALLETS, "--context", &context], &[]);
     let log = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(
-        log.contains("`entity`: component billing.wallets declares an entity, and its objects are kept only in a local run without a broker"),
+        log.contains("`storage`: component billing.wallets declares an entity, and the context names a broker and no store"),
         "{log}"
+    );
+}
+
+/// The tests' PostgreSQL (scripts/services): the address for a context, and its credentials.
+const STORAGE: &str = "storage: postgres://127.0.0.1:5432/toa\n";
+const STORAGE_LOGIN: [(&str, &str); 2] = [
+    ("TOA_STORAGE_USERNAME", "toa"),
+    ("TOA_STORAGE_PASSWORD", "toa"),
+];
+
+/// 400 concurrent reservations of 1 on a stock of 100 of `component` (`fulfilment.<name>`), run
+/// by four agent processes sharing the broker and the store, the calls spread over their local
+/// APIs: every answer, and the object afterwards.
+fn oversell(dir: &str, name: &str) -> (Vec<(u16, Value)>, Value) {
+    let (context, _, _queues) =
+        support::broker_context_with("oversell", "amqp://127.0.0.1:5672", STORAGE);
+    let context = context.display().to_string();
+    let agents: Vec<Composition> = (0..4)
+        .map(|_| Composition::start(&[dir, "--context", &context], &STORAGE_LOGIN))
+        .collect();
+    agents.iter().for_each(Composition::wait_ready);
+    let target = |operation: &str| format!("fulfilment.{name}.{operation}");
+    let item = json!({"id": "kettle"});
+    let stocked = json!({"query": item, "input": {"available": 100}}).to_string();
+    let (status, _) = call_with(&agents[0].agent, &target("transit"), "", &stocked);
+    assert_eq!(status, 200);
+    let reserve = json!({"query": item, "input": {"quantity": 1}}).to_string();
+    let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..100)
+            .map(|n| {
+                let (agent, target, reserve) = (&agents[n % 4].agent, target("reserve"), &reserve);
+                scope.spawn(move || {
+                    (0..4)
+                        .map(|_| call_with(agent, &target, "", reserve))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect()
+    });
+    let observe = json!({"query": item}).to_string();
+    let (_, after) = call_with(&agents[3].agent, &target("observe"), "", &observe);
+    (answers, after["reply"].clone())
+}
+
+#[test]
+fn four_processes_sharing_a_store_sell_a_stock_of_100_exactly_once_each() {
+    let (answers, after) = oversell("agent/tests/components/stock-retry", "stock");
+    let sold = answers
+        .iter()
+        .filter(|(status, answer)| *status == 200 && answer.get("reply").is_some())
+        .count();
+    let out_of_stock = answers
+        .iter()
+        .filter(|(_, answer)| code(answer) == "OUT_OF_STOCK")
+        .count();
+    assert_eq!(
+        (answers.len(), sold, out_of_stock),
+        (400, 100, 300),
+        "{:?}",
+        answers
+            .iter()
+            .find(|(_, a)| a.get("reply").is_none() && code(a) != "OUT_OF_STOCK")
+    );
+    assert_eq!(
+        after,
+        json!({"id": "kettle", "available": 0, "VERSION": 101})
+    );
+}
+
+#[test]
+fn under_concurrency_none_every_lost_write_is_a_conflict_and_none_is_stored_twice() {
+    let (answers, after) = oversell("agent/tests/components/stock-none", "hold");
+    let sold = answers
+        .iter()
+        .filter(|(status, answer)| *status == 200 && answer.get("reply").is_some())
+        .count();
+    let conflicts = answers
+        .iter()
+        .filter(|(status, answer)| (*status, code(answer)) == (409, "CONFLICT"))
+        .count();
+    let out_of_stock = answers
+        .iter()
+        .filter(|(_, answer)| code(answer) == "OUT_OF_STOCK")
+        .count();
+    assert_eq!(
+        sold + conflicts + out_of_stock,
+        400,
+        "every call answered, and only so"
+    );
+    assert!(
+        conflicts > 0,
+        "four processes on one object lost no write: no concurrency shown"
+    );
+    let sold = sold as u64;
+    assert_eq!(
+        after,
+        json!({"id": "kettle", "available": 100 - sold, "VERSION": 1 + sold})
     );
 }

@@ -30,6 +30,61 @@ pub struct AmqpAddress {
     pub vhost: String,
 }
 
+/// `postgres://host[:port]/database`: the store of the application's entities (DESIGN 17);
+/// serialized as that text. Credentials come from the environment (`TOA_STORAGE_USERNAME`,
+/// `TOA_STORAGE_PASSWORD` or `..._FILE`), never in the address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub struct StorageAddress {
+    pub host: String,
+    pub port: u16,
+    pub database: String,
+}
+
+impl StorageAddress {
+    pub fn parse(text: &str, key: &str) -> Result<Self, ContextError> {
+        let example = "postgres://host:5432/database";
+        let url = parse_url(text, key, ["postgres", "postgresql"], example)?;
+        let database = percent_decode(url.path().trim_start_matches('/'))
+            .filter(|database| !database.is_empty() && !database.contains('/'))
+            .ok_or_else(|| {
+                ContextError::invalid(
+                    key,
+                    format!(
+                        "expected the database after the host, as in {example}, got {:?}",
+                        redact(text)
+                    ),
+                )
+            })?;
+        Ok(Self {
+            host: host(&url),
+            port: url.port().unwrap_or(5432),
+            database,
+        })
+    }
+}
+
+impl TryFrom<String> for StorageAddress {
+    type Error = ContextError;
+
+    fn try_from(text: String) -> Result<Self, ContextError> {
+        Self::parse(&text, "storage")
+    }
+}
+
+impl From<StorageAddress> for String {
+    fn from(address: StorageAddress) -> Self {
+        address.to_string()
+    }
+}
+
+impl fmt::Display for StorageAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let database = percent_encode(&self.database);
+        write!(f, "postgres://{}:{}/{database}", self.host, self.port)
+    }
+}
+
 impl RedisAddress {
     /// Parses one address; `key` names where it came from, for the error.
     pub fn parse(text: &str, key: &str) -> Result<Self, ContextError> {
@@ -245,6 +300,24 @@ mod tests {
         assert_eq!(a.to_string(), "redis://localhost:6379");
         let b = RedisAddress::parse("redis://10.0.0.1:7000/3", "k").unwrap();
         assert_eq!(b.to_string(), "redis://10.0.0.1:7000/3");
+    }
+
+    #[test]
+    fn a_storage_address_names_its_database_and_carries_no_credentials() {
+        let a = StorageAddress::parse("postgres://db.infra.svc/shop", "storage").unwrap();
+        assert_eq!(
+            (a.host.as_str(), a.port, a.database.as_str()),
+            ("db.infra.svc", 5432, "shop")
+        );
+        assert_eq!(a.to_string(), "postgres://db.infra.svc:5432/shop");
+        let error = StorageAddress::parse("postgres://app:hunter2@db/shop", "storage").unwrap_err();
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+        assert!(error.to_string().contains("carries credentials"), "{error}");
+        let error = StorageAddress::parse("postgres://db:5432", "storage").unwrap_err();
+        assert!(
+            error.to_string().contains("expected the database"),
+            "{error}"
+        );
     }
 
     #[test]

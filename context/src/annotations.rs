@@ -1,4 +1,4 @@
-//! The typed context: `name`, `atomicity`, `addressed`, `amqp` and `limits`, read from
+//! The typed context: `name`, `atomicity`, `addressed`, `amqp`, `storage` and `limits`, read from
 //! `context.toa.yaml` for one environment, from `TOA_*` environment variables (how a pod receives
 //! them), or from a Composition's `spec.context` ([`crate::spec`]). Every setting is one row of
 //! [`SETTINGS`], which drives all three readings and [`Context::to_vars`]; this table shows the
@@ -12,6 +12,7 @@
 //! | `atomicity.ttl`        | `TOA_ATOMICITY_TTL`      | 10000 ms       |
 //! | `addressed.timeout`    | `TOA_ADDRESSED_TIMEOUT`  | 5000 ms        |
 //! | `amqp`                 | `TOA_AMQP`               | none: in-process calls (local runs) |
+//! | `storage`              | `TOA_STORAGE`            | none: entities kept in the agent's process (local runs) |
 //! | `limits.operation`     | `TOA_LIMIT_OPERATION`    | 60000 ms: a program's answer to an ordinary call |
 //! | `limits.runCommand`    | `TOA_LIMIT_RUN_COMMAND`  | 60000 ms: one run command |
 //! | `limits.drain`         | `TOA_LIMIT_DRAIN`        | 25000 ms: the drain's wait for calls in flight |
@@ -28,7 +29,7 @@ mod settings;
 
 pub use settings::{IfAbsent, Kind, Setting, SETTINGS};
 
-use crate::address::{AmqpAddress, RedisAddress};
+use crate::address::{AmqpAddress, RedisAddress, StorageAddress};
 use crate::environment::Environment;
 use crate::ContextError;
 use serde::{Deserialize, Serialize};
@@ -69,6 +70,8 @@ pub struct Context {
     pub addressed: Addressed,
     /// The broker; `None` when the annotation is absent.
     pub amqp: Option<AmqpAddress>,
+    /// The store of entities (PostgreSQL); `None`: kept in the agent's process.
+    pub storage: Option<StorageAddress>,
     pub limits: Limits,
 }
 

@@ -332,6 +332,16 @@ impl Manifest {
         let Some(entity) = &self.entity else {
             return Ok(());
         };
+        if let Some(name) = entity
+            .properties
+            .keys()
+            .find(|name| ["id", "VERSION", "DISCARD", "DELETE"].contains(&name.as_str()))
+        {
+            return Err(format!(
+                "`entity.properties.{name}`: id, VERSION, DISCARD and DELETE are the entry's own \
+                 fields, never stored: name the property otherwise"
+            ));
+        }
         let schema = entity.schema();
         let validator = crate::schema::compile(&schema)
             .map_err(|error| format!("`entity.properties`: {error}"))?;
@@ -603,6 +613,15 @@ operations:
         // An observation without an entity keeps its meaning.
         assert!(
             Manifest::parse("name: c\noperations: { op: { type: observation } }\n", "m").is_ok()
+        );
+    }
+
+    #[test]
+    fn an_entitys_properties_cannot_take_the_entrys_own_names() {
+        let yaml = "name: c\nentity: { properties: { VERSION: { type: integer } } }\n";
+        assert_eq!(
+            Manifest::parse(yaml, "m.yaml").unwrap_err().to_string(),
+            "m.yaml: `entity.properties.VERSION`: id, VERSION, DISCARD and DELETE are the entry's own fields, never stored: name the property otherwise"
         );
     }
 

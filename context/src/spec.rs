@@ -26,6 +26,10 @@ pub struct ContextSpec {
     /// The broker, `amqp://host[:port][/vhost]` (`amqps://` for TLS); absent: no broker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amqp: Option<String>,
+    /// The store of entities, `postgres://host[:port]/database` (credentials from the
+    /// environment); absent: entities are kept in the agent's process (a local run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<String>,
     /// Limits every process keeps (docs/calls.md, "Limits"); each absent one has its default.
     #[serde(default)]
     pub limits: LimitsSpec,

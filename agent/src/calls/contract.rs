@@ -13,16 +13,9 @@
 use crate::component::Component;
 use serde::Deserialize;
 use serde_json::Value;
-use std::time::Duration;
 pub use toa_context::query::{check_id, Query};
 
-/// How long before its deadline a call to one process is no longer handed to the program, over
-/// the broker or in-process: the hand-off (the request to the program, its server's thread, the
-/// SDK) takes time, and the caller is answered `Abandoned` at the deadline. Without it, 4 to 11 of
-/// 600 calls at timeouts close to the operation's duration started up to 5 ms after their caller
-/// had been answered (`agent/tests/broker.rs`). The SDKs also check the deadline right before the
-/// operation (answering 504: [`crate::component::client::ProgramError::past_deadline`]).
-pub const START_MARGIN: Duration = Duration::from_millis(25);
+pub use toa_context::program::START_MARGIN;
 
 /// A call as a caller makes it.
 #[derive(Debug, Clone, Deserialize)]
@@ -60,7 +53,7 @@ fn check_query(
             component.name
         )),
         (Some(_), Some(false)) => Err(format!("`query`: {operation} takes no query")),
-        (None, Some(true)) => Err(format!(
+        (None | Some(Query { id: None, .. }), Some(true)) => Err(format!(
             "`query`: {operation} works on one object: the call names it (`query: {{id}}`)"
         )),
         (Some(Query { id: Some(id), .. }), _) => check_id(id),

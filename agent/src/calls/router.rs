@@ -7,7 +7,7 @@ use crate::calls::catalog::Catalog;
 use crate::calls::contract::{check_contract, CallError, Request, START_MARGIN};
 use crate::calls::inflight::Inflight;
 use crate::calls::once::Once;
-use crate::component::client::{self, Outcome, ProgramClient};
+use crate::component::client::{self, Outcome, ProgramClient, ProgramError};
 use crate::component::Component;
 use crate::entities::objects::{self, Objects, Run};
 use serde_json::Value;
@@ -272,15 +272,18 @@ fn run_here(
         if stateful && left <= START_MARGIN {
             return Err(abandoned_error(&operation, left));
         }
-        let run = Run {
-            client: &client,
-            operation: &operation,
-            input: &input,
-            query: query.as_ref(),
-            meta: &meta,
-            limit: left,
+        // The program's time counts from when it runs, after any wait for the key's claim.
+        let program = async {
+            let run = Run {
+                client: &client,
+                operation: &operation,
+                input: &input,
+                query: query.as_ref(),
+                meta: &meta,
+                deadline: tokio::time::Instant::now() + left,
+            };
+            objects::operate(objects.as_deref(), run).await
         };
-        let program = objects::operate(objects.as_deref(), run);
         let key = key.as_deref();
         let once = crate::calls::once::run_once(
             &repeats, &operation, key, &input, deadline, window, program,
@@ -288,6 +291,7 @@ fn run_here(
         .await;
         match once {
             Once::Ran(result) => result.map_err(|e| match e {
+                ProgramError::Contract(message) => CallError::RequestContract(message),
                 error if stateful && error.past_deadline() => abandoned_error(&operation, left),
                 other => CallError::Failed(other.to_string()),
             }),

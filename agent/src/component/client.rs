@@ -26,6 +26,10 @@ pub enum ProgramError {
         "{component} answered more than {limit} bytes (limits.message); the answer is dropped"
     )]
     TooLarge { component: String, limit: usize },
+    /// The call breaks what the operation takes, found where it runs (a query an effect does not
+    /// take, no id for an object): the caller's `RequestContract`.
+    #[error("{0}")]
+    Contract(String),
 }
 
 impl ProgramError {

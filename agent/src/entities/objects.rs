@@ -15,14 +15,13 @@
 //! (`NOT_FOUND`, `PRECONDITION_FAILED`, `CONFLICT`, `CONTENDED`, `UNAVAILABLE`), which the local
 //! API answers with 404, 412, 409, 409 and 503.
 
-use super::memory::Memory;
+use super::backend::Backend;
 use super::store::{Committed, Found, State, Store, Write};
 use super::transition::{self, Answer, Call, Decision, Entity, TransitionError, Turns};
 use crate::component::client::{CallMeta, Outcome, ProgramClient, ProgramError};
 use crate::component::{Component, ComponentError};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 use toa_context::manifest::{self, Concurrency, Kind};
 use toa_context::query::Query;
 use tokio::time::Instant;
@@ -38,7 +37,7 @@ pub struct Objects {
     concurrency: BTreeMap<String, Concurrency>,
     /// The inherited operations the program has no module for: the agent serves them.
     inherited: BTreeSet<String>,
-    store: Memory,
+    store: Backend,
     turns: Turns,
 }
 
@@ -49,8 +48,24 @@ pub struct Run<'a> {
     pub input: &'a Value,
     pub query: Option<&'a Query>,
     pub meta: &'a CallMeta,
-    /// How long the call may take.
-    pub limit: Duration,
+    /// When the call ends: every wait (a turn on the object, the program's runs) ends by then.
+    pub deadline: Instant,
+}
+
+impl Run<'_> {
+    /// The program's run of the call, with what is left until the deadline (`entry`: the object
+    /// of an observation).
+    async fn plain(&self, entry: Option<&Value>) -> Result<Outcome, ProgramError> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let Run {
+            client,
+            operation,
+            input,
+            meta,
+            ..
+        } = self;
+        client.operate(operation, input, entry, meta, left).await
+    }
 }
 
 /// Runs one call: through the component's objects when it has an entity, else straight to the
@@ -58,17 +73,7 @@ pub struct Run<'a> {
 pub async fn operate(objects: Option<&Objects>, run: Run<'_>) -> Result<Outcome, ProgramError> {
     match objects {
         Some(objects) => objects.operate(run).await,
-        None => {
-            let Run {
-                client,
-                operation,
-                input,
-                meta,
-                limit,
-                ..
-            } = run;
-            client.operate(operation, input, None, meta, limit).await
-        }
+        None => run.plain(None).await,
     }
 }
 
@@ -87,6 +92,7 @@ impl Objects {
     pub fn new(
         component: &Component,
         description: Option<&toa_context::program::Description>,
+        store: Backend,
     ) -> Result<Option<Self>, ComponentError> {
         let Some(entity) = &component.manifest.entity else {
             return Ok(None);
@@ -120,7 +126,7 @@ impl Objects {
             kinds,
             concurrency,
             inherited,
-            store: Memory::default(),
+            store,
             turns: Turns::default(),
         }))
     }
@@ -132,26 +138,11 @@ impl Objects {
             .copied()
             .unwrap_or(Kind::Effect);
         match kind {
-            Kind::Effect | Kind::Computation if run.query.is_some() => Ok(error(
-                "RequestContract",
-                format!(
-                    "{}.{}: `query`: an {} takes no query",
-                    self.component,
-                    run.operation,
-                    kind.name()
-                ),
+            Kind::Effect | Kind::Computation if run.query.is_some() => Err(self.refused(
+                run.operation,
+                format!("`query`: an {} takes no query", kind.name()),
             )),
-            Kind::Effect | Kind::Computation => {
-                let Run {
-                    client,
-                    operation,
-                    input,
-                    meta,
-                    limit,
-                    ..
-                } = run;
-                client.operate(operation, input, None, meta, limit).await
-            }
+            Kind::Effect | Kind::Computation => run.plain(None).await,
             Kind::Observation => self.observe(run).await,
             Kind::Assignment => self.assign(run).await,
             Kind::Transition => self.transition(run).await,
@@ -180,6 +171,47 @@ impl Objects {
         state.insert(transition::ID.to_owned(), Value::from(id));
         state.insert(transition::VERSION.to_owned(), Value::from(version));
         Some(Value::Object(state))
+    }
+
+    /// A call that breaks what the operation takes: refused as the request contract.
+    fn refused(&self, operation: &str, message: String) -> ProgramError {
+        ProgramError::Contract(format!("{}.{operation}: {message}", self.component))
+    }
+
+    fn no_id(&self, operation: &str) -> ProgramError {
+        self.refused(operation, "`query.id`: the call names no object".to_owned())
+    }
+
+    /// The input of an inherited `transit` or `assign`: properties, never a control field.
+    fn properties<'r>(&self, run: &Run<'r>) -> Result<&'r Value, ProgramError> {
+        let reserved = [
+            transition::ID,
+            transition::VERSION,
+            transition::DISCARD,
+            transition::DELETE,
+        ];
+        let given = run.input.as_object().into_iter().flat_map(|o| o.keys());
+        match given
+            .into_iter()
+            .find(|key| reserved.contains(&key.as_str()))
+        {
+            Some(key) => Err(self.refused(
+                run.operation,
+                format!(
+                    "`input.{key}`: id, VERSION, DISCARD and DELETE are not properties; \
+                     {} sets properties only",
+                    run.operation
+                ),
+            )),
+            None => Ok(run.input),
+        }
+    }
+
+    /// This process's turn on the object `id`, waited for until `deadline`.
+    async fn turn(&self, id: &str, deadline: Instant) -> Result<transition::Turn<'_>, ()> {
+        tokio::time::timeout_at(deadline, self.turns.take(id))
+            .await
+            .map_err(|_| ())
     }
 
     fn unavailable(&self, problem: impl std::fmt::Display) -> Outcome {
@@ -227,7 +259,7 @@ impl Objects {
             return Ok(self.enumerate(run.input).await);
         }
         let Some(id) = run.query.and_then(|q| q.id.as_deref()) else {
-            return Ok(no_id(&self.component, run.operation));
+            return Err(self.no_id(run.operation));
         };
         let found = match self.store.read(id).await {
             Ok(found) => found,
@@ -237,22 +269,14 @@ impl Objects {
         if self.inherited.contains(run.operation) {
             return Ok(Outcome::Reply(entry));
         }
-        let Run {
-            client,
-            operation,
-            input,
-            meta,
-            limit,
-            ..
-        } = run;
-        client
-            .operate(operation, input, Some(&entry), meta, limit)
-            .await
+        run.plain(Some(&entry)).await
     }
 
     /// A page of live objects by id: `{"items": [entries], "next": <the last id, or null>}`.
     async fn enumerate(&self, input: &Value) -> Outcome {
+        // The input's schema bounds it too, unless `enumerate` is declared without one.
         let limit = input.get("limit").and_then(Value::as_u64).unwrap_or(100);
+        let limit = limit.clamp(1, manifest::ENUMERATE_LIMIT);
         let after = input.get("after").and_then(Value::as_str);
         let page = match self.store.enumerate(after, limit as usize).await {
             Ok(page) => page,
@@ -270,29 +294,13 @@ impl Objects {
     }
 }
 
-/// An operation on one object called without its id.
-fn no_id(component: &str, operation: &str) -> Outcome {
-    error(
-        "RequestContract",
-        format!("{component}.{operation}: `query.id`: the call names no object"),
-    )
-}
-
 /// Assignments.
 impl Objects {
     async fn assign(&self, run: Run<'_>) -> Result<Outcome, ProgramError> {
         let fields = if self.inherited.contains(run.operation) {
-            run.input.clone()
+            self.properties(&run)?.clone()
         } else {
-            let Run {
-                client,
-                operation,
-                input,
-                meta,
-                limit,
-                ..
-            } = run;
-            match client.operate(operation, input, None, meta, limit).await? {
+            match run.plain(None).await? {
                 Outcome::Reply(fields) => fields,
                 refused @ Outcome::Error { .. } => return Ok(refused),
             }
@@ -307,16 +315,19 @@ impl Objects {
         };
         let id = match run.query.and_then(|q| q.id.clone()) {
             Some(id) => id,
-            None if self.associated => return Ok(no_id(&self.component, run.operation)),
+            None if self.associated => return Err(self.no_id(run.operation)),
             None => crate::component::client::new_id(),
         };
         let version = run.query.and_then(|q| q.version);
-        let deadline = Instant::now() + run.limit;
-        Ok(self.write_fields(&id, fields, version, deadline).await)
+        let Ok(_turn) = self.turn(&id, run.deadline).await else {
+            return Ok(busy(&self.component, &id));
+        };
+        Ok(self.write_fields(&id, fields, version, run.deadline).await)
     }
 
-    /// Writes `fields` over the object `id` (created when missing), again on a lost write,
-    /// until `deadline`; the stored entry.
+    /// Writes `fields` over the object `id` (created when missing; a deleted one of a
+    /// non-associated entity stays deleted), again on a lost write, after a jittered pause,
+    /// until the deadline: the stored entry.
     async fn write_fields(
         &self,
         id: &str,
@@ -324,8 +335,7 @@ impl Objects {
         expected: Option<u64>,
         deadline: Instant,
     ) -> Outcome {
-        let _turn = self.turns.take(id).await;
-        loop {
+        for attempt in 1..=transition::ATTEMPTS {
             let found = match self.store.read(id).await {
                 Ok(found) => found,
                 Err(problem) => return self.unavailable(problem),
@@ -336,6 +346,10 @@ impl Objects {
             }
             let mut state = match found {
                 Found::Live { state, .. } => state,
+                Found::Deleted { .. } if !self.associated => {
+                    let message = TransitionError::NotFound { id: id.to_owned() }.to_string();
+                    return error("NOT_FOUND", format!("{}: {message}", self.component));
+                }
                 Found::Missing | Found::Deleted { .. } => self.blank.clone(),
             };
             state.extend(fields.clone());
@@ -347,17 +361,37 @@ impl Objects {
                     let entry = self.entry_of(id, Found::Live { state, version });
                     return Outcome::Reply(entry.unwrap_or(Value::Null));
                 }
-                Ok(Committed::Lost { .. }) if Instant::now() < deadline => {}
                 Ok(Committed::Lost { .. }) => {
-                    let attempts = transition::ATTEMPTS;
-                    let id = id.to_owned();
-                    let message = TransitionError::Contended { id, attempts }.to_string();
-                    return error("CONTENDED", message);
+                    let pause = transition::backoff(attempt);
+                    let margin = toa_context::program::START_MARGIN;
+                    if Instant::now() + pause + margin >= deadline {
+                        return contended(&self.component, id, attempt);
+                    }
+                    tokio::time::sleep(pause).await;
                 }
                 Err(problem) => return self.unavailable(problem),
             }
         }
+        contended(&self.component, id, transition::ATTEMPTS)
     }
+}
+
+fn contended(component: &str, id: &str, attempts: u32) -> Outcome {
+    let id = id.to_owned();
+    let message = TransitionError::Contended { id, attempts }.to_string();
+    error("CONTENDED", format!("{component}: {message}"))
+}
+
+/// A call that waited for its turn on an object until its deadline: this process's other calls
+/// on the object held it all the while.
+fn busy(component: &str, id: &str) -> Outcome {
+    error(
+        "CONTENDED",
+        format!(
+            "{component}: CONTENDED: the object {id} was busy with other calls of this process \
+             until the call's deadline; nothing was stored"
+        ),
+    )
 }
 
 fn precondition(id: &str, expected: u64, current: u64) -> String {
@@ -380,16 +414,23 @@ fn invalid(component: &str, id: &str, message: &str) -> Outcome {
 /// Transitions.
 impl Objects {
     async fn transition(&self, run: Run<'_>) -> Result<Outcome, ProgramError> {
+        let inherited = self.inherited.contains(run.operation);
+        if inherited && run.operation != manifest::DELETE {
+            self.properties(&run)?;
+        }
         let id = run.query.and_then(|q| q.id.as_deref());
         let _turn = match id {
-            Some(id) => Some(self.turns.take(id).await),
+            Some(id) => match self.turn(id, run.deadline).await {
+                Ok(turn) => Some(turn),
+                Err(()) => return Ok(busy(&self.component, id)),
+            },
             None => None,
         };
         let call = Call {
             id,
             version: run.query.and_then(|q| q.version),
             concurrency: self.concurrency[run.operation],
-            deadline: Instant::now() + run.limit,
+            deadline: run.deadline,
         };
         let check = |state: &State| self.check(state);
         let entity = Entity {
@@ -398,7 +439,6 @@ impl Objects {
             check: &check,
         };
         let failed = std::sync::Mutex::new(None);
-        let inherited = self.inherited.contains(run.operation);
         let decide = |entry: State| self.decide(&run, entry, inherited, &failed, call.deadline);
         let answer = transition::transit(&self.store, &entity, &call, decide).await;
         if let Some(failure) = failed.lock().expect("failed").take() {
@@ -429,6 +469,16 @@ impl Objects {
             });
         }
         let left = deadline.saturating_duration_since(Instant::now());
+        // As for any call: a run that could not finish before the caller stops waiting does not
+        // start (a rerun after a lost write, late in the call).
+        if left <= toa_context::program::START_MARGIN {
+            let component = self.component.clone();
+            *failed.lock().expect("failed") = Some(ProgramError::TimedOut {
+                component,
+                limit: left,
+            });
+            return Err(TransitionError::Program("past the deadline".to_owned()));
+        }
         let entry = Value::Object(entry);
         let ran = run
             .client
@@ -460,7 +510,7 @@ impl Objects {
                     TransitionError::Conflict { .. } => "CONFLICT",
                     TransitionError::Contended { .. } => "CONTENDED",
                     TransitionError::Invalid { .. } => "INVALID_ENTRY",
-                    TransitionError::NoId => return no_id(&self.component, operation),
+                    TransitionError::NoId => "RequestContract",
                     TransitionError::Store(_) => "UNAVAILABLE",
                     TransitionError::Program(_) => "FAILED",
                 };
@@ -483,6 +533,10 @@ mod tests {
         Component::new(Manifest::parse(&yaml, "m").unwrap(), ".".into()).unwrap()
     }
 
+    fn memory() -> Backend {
+        Backend::Memory(super::super::memory::Memory::default())
+    }
+
     fn said(operations: &[&str], kinds: &[(&str, Kind)]) -> Description {
         Description {
             commands: Vec::new(),
@@ -495,7 +549,7 @@ mod tests {
     fn the_program_says_each_kind_and_the_agent_serves_what_it_has_no_module_for() {
         let component = stock("{ reserve: {}, transit: {}, look: { type: observation } }");
         let description = said(&["reserve", "look"], &[("reserve", Kind::Transition)]);
-        let objects = Objects::new(&component, Some(&description))
+        let objects = Objects::new(&component, Some(&description), memory())
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -508,17 +562,22 @@ mod tests {
         let inherited: Vec<&str> = objects.inherited.iter().map(String::as_str).collect();
         assert_eq!(inherited, ["enumerate", "observe", "transit"]);
         // Without the program's word, `reserve` is an effect: it declares nothing of a transition.
-        let manifests = Objects::new(&component, None).unwrap().unwrap();
+        let manifests = Objects::new(&component, None, memory()).unwrap().unwrap();
         assert_eq!(manifests.kinds["reserve"], Kind::Effect);
         // A module exporting another kind than the manifest's `type` fails the start.
         let wrong = said(&["reserve", "look"], &[("look", Kind::Transition)]);
-        let error = Objects::new(&component, Some(&wrong)).err().unwrap();
+        let error = Objects::new(&component, Some(&wrong), memory())
+            .err()
+            .unwrap();
         assert_eq!(
             error.to_string(),
             "stock: the program does not match its manifest: `operations.look.type` is observation, and its module exports a transition"
         );
         let once = stock("{ pay: { type: transition, once: true } }");
-        let error = Objects::new(&once, None).err().unwrap().to_string();
+        let error = Objects::new(&once, None, memory())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             error.starts_with("stock: `operations.pay.once`: not applied yet"),
             "{error}"
@@ -528,5 +587,83 @@ mod tests {
         let missing = said(&["look"], &[]);
         let error = component.commands(Some(&missing)).unwrap_err().to_string();
         assert!(error.contains("declares [\"reserve\"]"), "{error}");
+    }
+
+    /// A call of the inherited `transit` on `id` with `input`, ending at `deadline`.
+    async fn transit(objects: &Objects, id: &str, input: Value, deadline: Instant) -> Outcome {
+        let client = ProgramClient::new("stock", 1);
+        let query = Query {
+            id: Some(id.to_owned()),
+            version: None,
+        };
+        let run = Run {
+            client: &client,
+            operation: "transit",
+            input: &input,
+            query: Some(&query),
+            meta: &CallMeta::default(),
+            deadline,
+        };
+        objects.operate(run).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_call_waiting_for_its_turn_on_an_object_ends_at_its_deadline() {
+        let objects = Objects::new(&stock("{ transit: {} }"), None, memory())
+            .unwrap()
+            .unwrap();
+        let held = objects.turns.take("p1").await;
+        let started = Instant::now();
+        let deadline = started + std::time::Duration::from_millis(100);
+        let answer = transit(&objects, "p1", json!({ "n": 1 }), deadline).await;
+        let waited = started.elapsed();
+        assert!(
+            matches!(&answer, Outcome::Error { code, .. } if code == "CONTENDED"),
+            "{answer:?}"
+        );
+        assert!(
+            waited < std::time::Duration::from_millis(300),
+            "waited {waited:?}"
+        );
+        drop(held);
+        let far = Instant::now() + std::time::Duration::from_secs(5);
+        let stored = transit(&objects, "p1", json!({ "n": 1 }), far).await;
+        assert_eq!(
+            stored,
+            Outcome::Reply(json!({ "id": "p1", "n": 1, "VERSION": 1 }))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_inherited_transit_sets_properties_only() {
+        let objects = Objects::new(&stock("{ transit: {} }"), None, memory())
+            .unwrap()
+            .unwrap();
+        let client = ProgramClient::new("stock", 1);
+        let query = Query {
+            id: Some("p1".to_owned()),
+            version: None,
+        };
+        let input = json!({ "n": 1, "DELETE": true });
+        let run = Run {
+            client: &client,
+            operation: "transit",
+            input: &input,
+            query: Some(&query),
+            meta: &CallMeta::default(),
+            deadline: Instant::now() + std::time::Duration::from_secs(5),
+        };
+        let refused = objects.operate(run).await.unwrap_err().to_string();
+        assert!(
+            refused.starts_with(
+                "stock.transit: `input.DELETE`: id, VERSION, DISCARD and DELETE are not properties"
+            ),
+            "{refused}"
+        );
+        assert_eq!(
+            objects.store.read("p1").await.unwrap(),
+            Found::Missing,
+            "nothing written"
+        );
     }
 }

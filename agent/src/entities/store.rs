@@ -50,7 +50,6 @@ pub enum Committed {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    #[allow(dead_code)] // the PostgreSQL store's, which comes next (issue 20)
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
 }

@@ -2,7 +2,9 @@
 //! record afterwards can check (exactly 100 of a stock of 100 sold, nothing stored twice, nothing
 //! stored that should not be). The PostgreSQL store is to pass the same (issue 20).
 
+use super::backend::{Backend, Storage};
 use super::memory::Memory;
+use super::postgres::Address;
 use super::store::{Committed, Found, State, Store, StoreError, Write};
 use super::transition::{
     transit, Answer, Call, Concurrency, Decision, Entity, TransitionError, Turns, ATTEMPTS,
@@ -60,7 +62,7 @@ async fn on_stock<S: Store>(
 }
 
 /// Puts `available` units of p1 in stock, as the inherited `transit` does.
-async fn stock(store: &Memory, available: i64) {
+async fn stock(store: &Backend, available: i64) {
     let stocked = on_stock(
         store,
         &call(Some("p1"), None, Concurrency::Retry),
@@ -97,9 +99,10 @@ fn set(properties: Value) -> impl Fn(State) -> Decision {
 /// 400 reserves of one unit on a stock of 100 from four processes (each taking turns on the
 /// object, as an agent does); the outcomes by kind and the object afterwards.
 async fn four_hundred_reserves(
+    on: On,
     concurrency: Concurrency,
 ) -> (Vec<Result<Answer, TransitionError>>, Found) {
-    let store = Arc::new(Memory::default());
+    let store = Arc::new(on.store().await);
     stock(&store, 100).await;
     let processes: Arc<Vec<Turns>> = Arc::new((0..4).map(|_| Turns::default()).collect());
     let calls: Vec<_> = (0..400)
@@ -118,9 +121,8 @@ async fn four_hundred_reserves(
     (outcomes, store.read("p1").await.unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_hundred_reserves_of_a_stock_of_a_hundred_sell_exactly_a_hundred() {
-    let (outcomes, after) = four_hundred_reserves(Concurrency::Retry).await;
+async fn four_hundred_reserves_of_a_stock_of_a_hundred_sell_exactly_a_hundred(on: On) {
+    let (outcomes, after) = four_hundred_reserves(on, Concurrency::Retry).await;
     let sold = outcomes
         .iter()
         .filter(|o| matches!(o, Ok(Answer::Stored { .. })))
@@ -154,9 +156,8 @@ async fn four_hundred_reserves_of_a_stock_of_a_hundred_sell_exactly_a_hundred() 
     assert_eq!(versions, (2..=101).collect::<Vec<_>>());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn under_concurrency_none_every_lost_write_is_a_conflict_and_nothing_is_stored_twice() {
-    let (outcomes, after) = four_hundred_reserves(Concurrency::None).await;
+async fn under_concurrency_none_every_lost_write_is_a_conflict_and_nothing_is_stored_twice(on: On) {
+    let (outcomes, after) = four_hundred_reserves(on, Concurrency::None).await;
     let sold = outcomes
         .iter()
         .filter(|o| matches!(o, Ok(Answer::Stored { .. })))
@@ -185,9 +186,8 @@ async fn under_concurrency_none_every_lost_write_is_a_conflict_and_nothing_is_st
     assert_eq!(left["available"], json!(100 - sold as i64));
 }
 
-#[tokio::test]
-async fn a_stale_version_is_refused_before_the_program_runs_and_nothing_is_stored() {
-    let store = Memory::default();
+async fn a_stale_version_is_refused_before_the_program_runs_and_nothing_is_stored(on: On) {
+    let store = on.store().await;
     let retry = Concurrency::Retry;
     stock(&store, 5).await;
     on_stock(&store, &call(Some("p1"), None, retry), reserve)
@@ -217,9 +217,8 @@ async fn a_stale_version_is_refused_before_the_program_runs_and_nothing_is_store
     );
 }
 
-#[tokio::test]
-async fn discard_answers_without_writing_and_a_schema_violation_stores_nothing() {
-    let store = Memory::default();
+async fn discard_answers_without_writing_and_a_schema_violation_stores_nothing(on: On) {
+    let store = on.store().await;
     let retry = Concurrency::Retry;
     stock(&store, 1).await;
     let discarded = on_stock(&store, &call(Some("p1"), None, retry), |mut entry| {
@@ -257,10 +256,10 @@ async fn discard_answers_without_writing_and_a_schema_violation_stores_nothing()
     );
 }
 
-#[tokio::test]
 async fn the_returned_entry_is_the_stored_one_with_its_id_and_new_version_and_control_fields_are_not_stored(
+    on: On,
 ) {
-    let store = Memory::default();
+    let store = on.store().await;
     let answer = on_stock(
         &store,
         &call(Some("p1"), None, Concurrency::Retry),
@@ -298,7 +297,7 @@ async fn the_returned_entry_is_the_stored_one_with_its_id_and_new_version_and_co
 /// A transition on a non-associated entity (seed 003's orders: `status`, blank `pending`) that
 /// leaves the entry as it is, or deletes it.
 async fn on_orders(
-    store: &Memory,
+    store: &Backend,
     id: Option<&str>,
     version: Option<u64>,
     delete: bool,
@@ -323,9 +322,8 @@ async fn on_orders(
 
 /// An object of a non-associated entity must exist; without an id a transition creates one
 /// under a new id.
-#[tokio::test]
-async fn objects_of_a_non_associated_entity_must_exist_or_are_created_without_an_id() {
-    let store = Memory::default();
+async fn objects_of_a_non_associated_entity_must_exist_or_are_created_without_an_id(on: On) {
+    let store = on.store().await;
     let missing = on_orders(&store, Some("nope"), None, false).await;
     assert_eq!(
         missing,
@@ -349,9 +347,8 @@ async fn objects_of_a_non_associated_entity_must_exist_or_are_created_without_an
 
 /// A deleted object keeps its version: it is not found, and a caller who saw it before cannot
 /// write it back.
-#[tokio::test]
-async fn a_deleted_object_stays_deleted_for_every_caller() {
-    let store = Memory::default();
+async fn a_deleted_object_stays_deleted_for_every_caller(on: On) {
+    let store = on.store().await;
     let Ok(Answer::Stored { reply, .. }) = on_orders(&store, None, None, false).await else {
         panic!("not created")
     };
@@ -376,7 +373,7 @@ async fn a_deleted_object_stays_deleted_for_every_caller() {
 }
 
 /// A store on which another replica always writes first: every commit is lost.
-struct Hot(Memory);
+struct Hot(Backend);
 
 impl Store for Hot {
     async fn read(&self, id: &str) -> Result<Found, StoreError> {
@@ -398,9 +395,8 @@ impl Store for Hot {
     }
 }
 
-#[tokio::test]
-async fn a_hot_object_is_contended_within_the_deadline_and_nothing_of_the_call_is_stored() {
-    let store = Hot(Memory::default());
+async fn a_hot_object_is_contended_within_the_deadline_and_nothing_of_the_call_is_stored(on: On) {
+    let store = Hot(on.store().await);
     let deadline = Instant::now() + Duration::from_millis(300);
     let hot = Call {
         id: Some("p1"),
@@ -426,10 +422,9 @@ async fn a_hot_object_is_contended_within_the_deadline_and_nothing_of_the_call_i
 
 /// The bound, measured: callers of one object from as many processes at once (no turns), each
 /// adding one. 16 all get through; the runs per stored write are printed for 16 and 64.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixteen_processes_on_one_object_all_get_through() {
+async fn sixteen_processes_on_one_object_all_get_through(on: On) {
     for callers in [16, 64] {
-        let store = Arc::new(Memory::default());
+        let store = Arc::new(on.store().await);
         let started = Instant::now();
         let calls: Vec<_> = (0..callers)
             .map(|_| {
@@ -498,9 +493,8 @@ async fn turns_are_forgotten_once_nobody_holds_them() {
 }
 
 /// A deleted object of an associated entity goes back to `blank`, numbered on from its tombstone.
-#[tokio::test]
-async fn a_deleted_associated_object_is_blank_again_at_the_tombstones_version() {
-    let store = Memory::default();
+async fn a_deleted_associated_object_is_blank_again_at_the_tombstones_version(on: On) {
+    let store = on.store().await;
     let retry = Concurrency::Retry;
     stock(&store, 5).await;
     let deleted = on_stock(
@@ -525,4 +519,202 @@ async fn a_deleted_associated_object_is_blank_again_at_the_tombstones_version() 
         matches!(stocked, Ok(Answer::Stored { version: 3, .. })),
         "{stocked:?}"
     );
+}
+
+/// Which store a case of the conformance suite runs on: each runs on both.
+#[derive(Clone, Copy)]
+enum On {
+    Memory,
+    Postgres,
+}
+
+impl On {
+    /// A store of no objects: for PostgreSQL, a component of a new application (a schema of its
+    /// own) on the tests' server (`TOA_TEST_STORAGE`, else scripts/services' 127.0.0.1:5432).
+    async fn store(self) -> Backend {
+        match self {
+            Self::Memory => Backend::Memory(Memory::default()),
+            Self::Postgres => {
+                let application = format!("conformance-{}", crate::component::client::new_id());
+                let storage = Storage {
+                    address: test_storage(),
+                    application,
+                };
+                Backend::open(Some(&storage), "shop.stock")
+                    .await
+                    .expect("the tests' PostgreSQL (scripts/services starts it)")
+            }
+        }
+    }
+}
+
+/// The tests' PostgreSQL: `TOA_TEST_STORAGE` (`postgres://user:password@host:port/database`),
+/// else the one scripts/services starts.
+pub fn test_storage() -> Address {
+    let given = std::env::var("TOA_TEST_STORAGE")
+        .unwrap_or_else(|_| "postgres://toa:toa@127.0.0.1:5432/toa".to_owned());
+    let url = url::Url::parse(&given).expect("TOA_TEST_STORAGE: a postgres:// URL");
+    Address {
+        host: url.host_str().unwrap_or("127.0.0.1").to_owned(),
+        port: url.port().unwrap_or(5432),
+        database: url.path().trim_start_matches('/').to_owned(),
+        username: Some(url.username().to_owned()).filter(|u| !u.is_empty()),
+        password: url.password().map(toa_context::Secret::new),
+    }
+}
+
+/// Each case, once on each store.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::On::Memory).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::On::Postgres).await
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    the_returned_entry_is_the_stored_one_with_its_id_and_new_version_and_control_fields_are_not_stored,
+    four_hundred_reserves_of_a_stock_of_a_hundred_sell_exactly_a_hundred,
+    under_concurrency_none_every_lost_write_is_a_conflict_and_nothing_is_stored_twice,
+    a_stale_version_is_refused_before_the_program_runs_and_nothing_is_stored,
+    discard_answers_without_writing_and_a_schema_violation_stores_nothing,
+    objects_of_a_non_associated_entity_must_exist_or_are_created_without_an_id,
+    a_deleted_object_stays_deleted_for_every_caller,
+    a_hot_object_is_contended_within_the_deadline_and_nothing_of_the_call_is_stored,
+    sixteen_processes_on_one_object_all_get_through,
+    a_deleted_associated_object_is_blank_again_at_the_tombstones_version,
+);
+
+#[tokio::test]
+async fn two_applications_on_one_database_never_meet() {
+    let open = |application: String| async move {
+        let storage = Storage {
+            address: test_storage(),
+            application,
+        };
+        Backend::open(Some(&storage), "shop.stock").await.unwrap()
+    };
+    let suffix = crate::component::client::new_id();
+    let (shop, other) = (
+        open(format!("shop-{suffix}")).await,
+        open(format!("other-{suffix}")).await,
+    );
+    let stocked = Write::Put(state(json!({ "available": 3 })));
+    assert_eq!(
+        shop.commit("p1", 0, stocked).await,
+        Ok(Committed::Stored { version: 1 })
+    );
+    assert_eq!(other.read("p1").await, Ok(Found::Missing));
+    assert_eq!(other.enumerate(None, 10).await, Ok(Vec::new()));
+    // The same names in each: an application's second agent finds its tables made.
+    let again = open(format!("shop-{suffix}")).await;
+    assert_eq!(again.read("p1").await.unwrap().version(), 1);
+}
+
+/// A TCP proxy to the tests' PostgreSQL that, once armed, cuts the connection carrying the next
+/// `UPDATE`: after forwarding it (the server applies it; its answer is lost) or before (never
+/// applied). Its address.
+async fn cutting_proxy(cut: Arc<std::sync::Mutex<Option<Cut>>>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = test_storage();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let upstream = tokio::net::TcpStream::connect((server.host.as_str(), server.port));
+            let upstream = upstream.await.unwrap();
+            tokio::spawn(pump(client, upstream, cut.clone()));
+        }
+    });
+    port
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Cut {
+    AfterForwarding,
+    BeforeForwarding,
+}
+
+async fn pump(
+    client: tokio::net::TcpStream,
+    upstream: tokio::net::TcpStream,
+    cut: Arc<std::sync::Mutex<Option<Cut>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut upstream_read, mut upstream_write) = upstream.into_split();
+    let answers = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
+    });
+    let mut buffer = vec![0u8; 64 * 1024];
+    // The driver prepares a statement (its text), then binds and executes it (the next write):
+    // the cut comes with the execution.
+    let mut prepared = None;
+    while let Ok(n @ 1..) = client_read.read(&mut buffer).await {
+        let chunk = &buffer[..n];
+        let armed = prepared.take();
+        if armed.is_none() && chunk.windows(6).any(|w| w == b"UPDATE") {
+            prepared = cut.lock().unwrap().take();
+        }
+        if armed.is_some() {
+            // From here no answer reaches the driver; the server applies (or never sees) the
+            // statement.
+            answers.abort();
+        }
+        if armed != Some(Cut::BeforeForwarding) && upstream_write.write_all(chunk).await.is_err() {
+            break;
+        }
+        if armed.is_some() {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return;
+        }
+    }
+    answers.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_found_applied_or_made_once_more() {
+    for way in [Cut::AfterForwarding, Cut::BeforeForwarding] {
+        let cut = Arc::new(std::sync::Mutex::new(None));
+        let mut address = test_storage();
+        address.host = "127.0.0.1".to_owned();
+        address.port = cutting_proxy(cut.clone()).await;
+        let storage = Storage {
+            address,
+            application: format!("cut-{}", crate::component::client::new_id()),
+        };
+        let store = Backend::open(Some(&storage), "shop.stock").await.unwrap();
+        let first = store.commit("p1", 0, Write::Put(state(json!({ "available": 1 }))));
+        assert_eq!(first.await, Ok(Committed::Stored { version: 1 }));
+        *cut.lock().unwrap() = Some(way);
+        let second = store.commit("p1", 1, Write::Put(state(json!({ "available": 0 }))));
+        assert_eq!(
+            second.await,
+            Ok(Committed::Stored { version: 2 }),
+            "{way:?}"
+        );
+        assert!(
+            cut.lock().unwrap().is_none(),
+            "{way:?}: the connection was not cut"
+        );
+        // Applied once: at version 2, not written again at 3.
+        let after = store.read("p1").await.unwrap();
+        let expected = Found::Live {
+            state: state(json!({ "available": 0 })),
+            version: 2,
+        };
+        assert_eq!(after, expected, "{way:?}");
+    }
 }

@@ -240,8 +240,10 @@ async fn lost(call: &Call<'_>, id: &str, attempt: u32) -> Result<(), TransitionE
     if call.concurrency == Concurrency::None {
         return Err(TransitionError::Conflict { id: id.to_owned() });
     }
+    // Another run needs time of its own too (a read, the program, a commit): it starts only
+    // with the call's start margin left after the pause.
     let pause = backoff(attempt);
-    if Instant::now() + pause >= call.deadline {
+    if Instant::now() + pause + toa_context::program::START_MARGIN >= call.deadline {
         return Err(TransitionError::Contended {
             id: id.to_owned(),
             attempts: attempt,
@@ -253,7 +255,7 @@ async fn lost(call: &Call<'_>, id: &str, attempt: u32) -> Result<(), TransitionE
 
 /// Full jitter under a ceiling that doubles from 2 ms to 64 ms: runs that lost together do not
 /// meet again.
-fn backoff(attempt: u32) -> Duration {
+pub fn backoff(attempt: u32) -> Duration {
     let ceiling_us = 1_000u64 << attempt.min(6);
     Duration::from_micros(rand::random_range(0..=ceiling_us))
 }

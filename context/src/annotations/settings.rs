@@ -4,7 +4,7 @@
 //! checked settings with serde.
 
 use super::{Context, Vars, DEFAULT_ADDRESSED_TIMEOUT, DEFAULT_INTERVAL, DEFAULT_TTL};
-use crate::address::{AmqpAddress, RedisAddress};
+use crate::address::{AmqpAddress, RedisAddress, StorageAddress};
 use crate::environment::join;
 use crate::ContextError;
 use serde_json::{Map, Value as Json};
@@ -31,6 +31,8 @@ pub enum Kind {
     Addresses,
     /// The broker's address.
     Address,
+    /// The store's address (PostgreSQL).
+    Storage,
     /// A positive whole number of milliseconds.
     Millis,
     /// A whole number from 1 to `u32::MAX`.
@@ -78,6 +80,7 @@ pub const SETTINGS: &[Setting] = &[
     row("atomicity.ttl",      "TOA_ATOMICITY_TTL",      Kind::Millis,    IfAbsent::Millis(DEFAULT_TTL)),
     row("addressed.timeout",  "TOA_ADDRESSED_TIMEOUT",  Kind::Millis,    IfAbsent::Millis(DEFAULT_ADDRESSED_TIMEOUT)),
     row("amqp",               "TOA_AMQP",               Kind::Address,   IfAbsent::Off),
+    row("storage",            "TOA_STORAGE",            Kind::Storage,   IfAbsent::Off),
     row("limits.operation",   "TOA_LIMIT_OPERATION",    Kind::Millis,    ms(60_000)),
     row("limits.runCommand",  "TOA_LIMIT_RUN_COMMAND",  Kind::Millis,    ms(60_000)),
     row("limits.drain",       "TOA_LIMIT_DRAIN",        Kind::Millis,    ms(25_000)),
@@ -298,6 +301,9 @@ impl Kind {
         Ok(match self {
             Kind::Name => text(given, key, "a string")?.into(),
             Kind::Address => AmqpAddress::parse(&text(given, key, "an address")?, key)?
+                .to_string()
+                .into(),
+            Kind::Storage => StorageAddress::parse(&text(given, key, "an address")?, key)?
                 .to_string()
                 .into(),
             Kind::Addresses => redis_addresses(&list(given, annotation)?, annotation)?

@@ -47,7 +47,7 @@ fn an_even_number_of_addresses_is_refused_with_the_count() {
 #[test]
 fn refused_annotations_name_the_key_and_what_was_expected() {
     let cases = [
-        ("name: a\nfoo: 1\n", "`foo`: unknown key; expected one of: name, atomicity, addressed, amqp, limits, configuration"),
+        ("name: a\nfoo: 1\n", "`foo`: unknown key; expected one of: name, atomicity, addressed, amqp, storage, limits, configuration"),
         ("name: a\nlimits:\n  queue: 0\n", "`limits.queue`: expected a whole number from 1 to 4294967295, got 0"),
         ("name: a\nlimits:\n  deliveries: many\n", "`limits.deliveries`: expected a positive whole number, got many"),
         ("name: a\nlimits:\n  drain: -1\n", "`limits.drain`: expected a positive whole number of milliseconds, got -1"),
@@ -196,6 +196,7 @@ mod generated {
                     atomicity,
                     addressed: Addressed { timeout },
                     amqp,
+                    storage: None,
                     limits: Limits {
                         operation,
                         run_command,

@@ -82,8 +82,24 @@ impl Node {
 
     /// Freezes every process of a container (the cgroup freezer): it stops answering, its
     /// connections stay open, as a lost node's would.
+    ///
+    /// runc gives up with `unable to freeze` when the cgroup does not settle as FROZEN within its
+    /// own retries (a process of the container forking or in the kernel meanwhile, seen on the
+    /// rig's cgroup v1): the container is thawed and frozen again, a bounded number of times.
     pub fn freeze(&self, container: &str) {
-        self.ctr(&["tasks", "pause", container]).unwrap();
+        let mut last = String::new();
+        for _ in 0..10 {
+            match self.ctr(&["tasks", "pause", container]) {
+                Ok(_) => return,
+                Err(error) if error.contains("unable to freeze") => {
+                    last = error;
+                    self.thaw(container);
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                Err(error) => panic!("{error}"),
+            }
+        }
+        panic!("the container did not freeze in 10 attempts: {last}");
     }
 
     pub fn thaw(&self, container: &str) {

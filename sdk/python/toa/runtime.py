@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import importlib.util
+import inspect
 import json
 import os
 import signal
@@ -39,6 +40,17 @@ Kinds = Dict[str, str]
 
 COMMANDS = ("preflight", "settle", "ready", "pause", "resume", "dispose")
 KINDS = ("effect", "computation", "transition", "observation", "assignment")
+
+
+def _positional(function: Callable[..., Any]) -> int:
+    """How many positional arguments `function` takes (3 for `*args`)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return 3
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return 3
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
 
 
 # No `entry` in the request: the function is called without one.
@@ -117,7 +129,9 @@ class Component:
             result = call_function(function, input, self.context)
         else:
             entry = State(entry) if isinstance(entry, dict) else entry
-            result = call_function(function, input, entry, self.context)
+            # As the seeds write them: `def transition(input, entry)` takes no context.
+            args = (input, entry, self.context)[:max(2, _positional(function))]
+            result = call_function(function, *args)
         if isinstance(result, Error):
             return {"error": {"code": result.code, "message": result.message}}
         if self.kinds.get(name) != "transition" or entry is None or entry is ABSENT:

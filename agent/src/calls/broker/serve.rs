@@ -555,15 +555,18 @@ impl Call {
         };
         let until = tokio::time::Instant::now() + limit;
         let request = &self.request;
-        let run = crate::entities::objects::Run {
-            client: &served.client,
-            operation: &request.operation,
-            input: &request.input,
-            query: request.query.as_ref(),
-            meta: &meta,
-            limit,
+        // The program's time counts from when it runs, after any wait for the key's claim.
+        let program = async {
+            let run = crate::entities::objects::Run {
+                client: &served.client,
+                operation: &request.operation,
+                input: &request.input,
+                query: request.query.as_ref(),
+                meta: &meta,
+                deadline: tokio::time::Instant::now() + limit,
+            };
+            crate::entities::objects::operate(served.objects.as_deref(), run).await
         };
-        let program = crate::entities::objects::operate(served.objects.as_deref(), run);
         let once = run_once(
             &served.repeats,
             &request.operation,
@@ -616,6 +619,7 @@ impl Call {
             Err(error) if error.past_deadline() && self.deadline.is_some_and(|d| now_ms() >= d) => {
                 Handled::Drop
             }
+            Err(ProgramError::Contract(message)) => refused(message),
             Err(error) => {
                 tracing::warn!(call = %self.id, %error, "a call failed in the program");
                 Handled::Reply(Reply::Failure(error.to_string()))

@@ -25,6 +25,7 @@ use crate::component::program::Program;
 use crate::component::{Component, ComponentError};
 use crate::control::component_tokens::ComponentTokens;
 use crate::coordination::atom::{Atom, Mode};
+use crate::entities::backend::{Backend, Storage};
 use crate::entities::objects::Objects;
 use crate::instance::Instance;
 use crate::metrics::Metrics;
@@ -81,6 +82,8 @@ pub struct Options {
     pub kubernetes_namespace: Option<String>,
     /// What `rediss://` and `amqps://` connections trust (`TOA_TLS_CA_FILE`).
     pub roots: Roots,
+    /// The store of entities the context names (`storage`), with its credentials.
+    pub storage: Option<Storage>,
 }
 
 /// The control endpoint: its address, and the tokens from the mounted Secret (read again when
@@ -238,6 +241,8 @@ pub struct Composition {
     calls: Option<Arc<Calls>>,
     /// Each component's token for the local API.
     tokens: Arc<ComponentTokens>,
+    /// The stores of the components with an entity, opened before their programs start.
+    stores: HashMap<String, Backend>,
 }
 
 /// The servers' names, as errors and logs say them.
@@ -330,7 +335,10 @@ impl Composition {
                         message: error.to_string(),
                     })?;
             member.commands = member.component.commands(description.as_ref())?;
-            member.objects = Objects::new(&member.component, description.as_ref())?.map(Arc::new);
+            if let Some(store) = self.stores.remove(&member.component.name) {
+                let objects = Objects::new(&member.component, description.as_ref(), store)?;
+                member.objects = objects.map(Arc::new);
+            }
         }
         Ok(())
     }

@@ -13,6 +13,7 @@ use crate::calls::catalog::Source;
 use crate::component::Component;
 use crate::control::component_tokens::ComponentTokens;
 use crate::coordination::atom::{Atom, AtomConfig, Mode, Scope};
+use crate::entities::backend::Backend;
 use crate::metrics::Metrics;
 use crate::process::drain;
 use crate::process::node::{self, Node};
@@ -30,14 +31,12 @@ impl Composition {
     pub(super) async fn prepare(
         options: Options,
     ) -> Result<(Self, Servers, TcpListener, drain::Asked), ComposeError> {
-        let loaded = shared_store(load(&options)?, &options.context)?;
+        let loaded = load(&options)?;
+        let stores = open_stores(&loaded, &options).await?;
         let tokens = Arc::new(component_tokens(&options, &loaded)?);
         let metrics = Metrics::new();
         let atoms = atoms(&options, &loaded, &metrics)?;
-        let local = bind_local(options.listen, options.mode).await?;
-        let address = local
-            .local_addr()
-            .map_err(|e| ComposeError::Setup(e.to_string()))?;
+        let (local, address) = bind_local(options.listen, options.mode).await?;
         let (control, probe) = bind_control_and_probes(options.control, options.probe).await?;
         let activity = Activity::new();
         let process = Process::new(options.instance.to_string(), activity.clone());
@@ -84,6 +83,7 @@ impl Composition {
             alive: Vec::new(),
             calls: None,
             tokens,
+            stores,
         };
         Ok((composition, servers, local, asked))
     }
@@ -154,22 +154,29 @@ fn load(options: &Options) -> Result<Vec<Arc<Component>>, ComposeError> {
     Ok(loaded)
 }
 
-/// Entities are kept in this process only (the embedded store) until the PostgreSQL store
-/// comes (issue 20): a process sharing calls with others over a broker, whose replicas would
-/// each keep objects of their own, is refused rather than let replicas disagree.
-fn shared_store(
-    loaded: Vec<Arc<Component>>,
-    context: &toa_context::Context,
-) -> Result<Vec<Arc<Component>>, ComposeError> {
-    let with_entity = loaded.iter().find(|c| c.manifest.entity.is_some());
-    match (with_entity, &context.amqp) {
-        (Some(component), Some(_)) => Err(ComposeError::Setup(format!(
-            "`entity`: component {} declares an entity, and its objects are kept only in a local \
-             run without a broker until the PostgreSQL store comes (issue 20)",
-            component.name
-        ))),
-        _ => Ok(loaded),
+/// The stores of the components with an entity: PostgreSQL when the context names `storage`,
+/// else this process's memory, which only a process sharing calls with no other may use: over a
+/// broker, replicas keeping objects of their own would disagree, so that is refused.
+async fn open_stores(
+    loaded: &[Arc<Component>],
+    options: &Options,
+) -> Result<HashMap<String, Backend>, ComposeError> {
+    let mut stores = HashMap::new();
+    for component in loaded.iter().filter(|c| c.manifest.entity.is_some()) {
+        if options.storage.is_none() && options.context.amqp.is_some() {
+            return Err(ComposeError::Setup(format!(
+                "`storage`: component {} declares an entity, and the context names a broker and \
+                 no store: replicas would each keep objects of their own; name a PostgreSQL \
+                 (`storage: postgres://host:5432/database`)",
+                component.name
+            )));
+        }
+        let store = Backend::open(options.storage.as_ref(), &component.name)
+            .await
+            .map_err(|error| ComposeError::Setup(format!("{}: {error}", component.name)))?;
+        stores.insert(component.name.clone(), store);
     }
+    Ok(stores)
 }
 
 /// Each component's coordination (lock, slots, meter), by name.
@@ -216,20 +223,28 @@ fn probe_listening(listener: TcpListener, node: Node) -> Listening {
 
 /// The local API's listener. A local run serves on a free port when the address is taken; in a
 /// pod a taken port means something else holds it, and the agent refuses to start.
-async fn bind_local(listen: SocketAddr, mode: Mode) -> Result<TcpListener, ComposeError> {
-    match TcpListener::bind(listen).await {
-        Ok(listener) => Ok(listener),
+/// The local API's listener and its address.
+async fn bind_local(
+    listen: SocketAddr,
+    mode: Mode,
+) -> Result<(TcpListener, SocketAddr), ComposeError> {
+    let listener = match TcpListener::bind(listen).await {
+        Ok(listener) => listener,
         Err(error) if mode == Mode::Local => {
             tracing::warn!(%listen, %error, "the agent's address is taken; serving on a free port instead");
             TcpListener::bind((listen.ip(), 0))
                 .await
-                .map_err(|e| ComposeError::Setup(e.to_string()))
+                .map_err(|e| ComposeError::Setup(e.to_string()))?
         }
-        Err(error) => Err(ComposeError::Setup(format!(
-            "{} {listen}: {error}",
-            super::LOCAL_API
-        ))),
-    }
+        Err(error) => {
+            let message = format!("{} {listen}: {error}", super::LOCAL_API);
+            return Err(ComposeError::Setup(message));
+        }
+    };
+    let address = listener
+        .local_addr()
+        .map_err(|e| ComposeError::Setup(e.to_string()))?;
+    Ok((listener, address))
 }
 
 async fn bind(address: SocketAddr, what: &str) -> Result<TcpListener, ComposeError> {

@@ -1,0 +1,387 @@
+//! The PostgreSQL store (DESIGN 17): the replicas of a component share its objects, one row per
+//! object in a table of the component's, in a schema of the application's.
+//!
+//! - **Rows**: `id` (the object's id, ordered byte by byte), `version`, `deleted` (a tombstone
+//!   keeps its version), `state` (JSONB: the properties) and `attempt` (the id of the write that
+//!   stored this version).
+//! - **A commit** is one statement: an `INSERT … ON CONFLICT DO NOTHING` for an object never
+//!   written (version 0), else an `UPDATE … WHERE version = <the version read>`. No transaction
+//!   spans the program's run; the row is locked only for the statement.
+//! - **An outcome lost with its connection** (the statement was sent, the answer never came) is
+//!   never re-run blindly: the agent reads the row on another connection and finds its attempt's
+//!   id there (applied) or not (not applied: the commit is made once more, itself a
+//!   compare-and-set on the version read, or the call is `UNAVAILABLE`).
+//! - **DDL** runs at start under an advisory lock, so replicas starting together do not race;
+//!   the runtime's own schema version is recorded in `toa_runtime`, and an agent refuses a newer
+//!   one ([`SCHEMA_VERSION`]).
+//!
+//! Why tokio-postgres and deadpool-postgres: the one asynchronous driver on tokio that speaks the
+//! protocol itself (no libpq), with prepared statements, and a small pool with wait, create and
+//! recycle timeouts; sqlx would add compile-time query checking this crate cannot use (its SQL
+//! names tables at run time) and much more to build.
+
+use super::store::{Committed, Found, State, Store, StoreError, Write};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use serde_json::Value;
+use std::time::Duration;
+use tokio_postgres::types::Json;
+
+/// The layout of the runtime's tables this agent writes; an agent refuses a schema a newer one
+/// recorded.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// How long one statement may run (`statement_timeout`), and a connection may take to open.
+const STATEMENT_LIMIT: Duration = Duration::from_secs(5);
+const CONNECT_LIMIT: Duration = Duration::from_secs(5);
+
+/// Where the store is, without credentials (the context's `storage`), and who logs in.
+#[derive(Clone)]
+pub struct Address {
+    pub host: String,
+    pub port: u16,
+    pub database: String,
+    pub username: Option<String>,
+    pub password: Option<toa_context::Secret>,
+}
+
+/// One component's objects in PostgreSQL.
+pub struct Postgres {
+    pool: Pool,
+    /// `"<schema>"."<table>"`, quoted.
+    table: String,
+    statements: Statements,
+}
+
+/// The statements, with the table's name in place.
+struct Statements {
+    read: String,
+    insert: String,
+    update: String,
+    attempt: String,
+    enumerate: String,
+}
+
+/// An identifier, quoted for SQL: the names come from the application's and the component's
+/// names, which allow `.` and `-`.
+pub fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// The schema of `application`'s objects.
+pub fn schema_of(application: &str) -> String {
+    format!("toa_{application}")
+}
+
+/// The DDL of a component's objects in `application`: what `toa-agent storage ddl` prints for a
+/// DBA, and what the agent runs at start.
+pub fn ddl(application: &str, component: &str) -> Vec<String> {
+    let schema = quote(&schema_of(application));
+    let table = format!("{schema}.{}", quote(component));
+    vec![
+        format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {schema}.toa_runtime (key text PRIMARY KEY, value integer NOT NULL)"
+        ),
+        format!(
+            "INSERT INTO {schema}.toa_runtime (key, value) VALUES ('schema', {SCHEMA_VERSION}) \
+             ON CONFLICT (key) DO NOTHING"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\
+             id text COLLATE \"C\" PRIMARY KEY, \
+             version bigint NOT NULL, \
+             deleted boolean NOT NULL DEFAULT false, \
+             state jsonb NOT NULL, \
+             attempt text NOT NULL)"
+        ),
+    ]
+}
+
+fn unavailable(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(error.to_string())
+}
+
+impl Postgres {
+    /// Connects, and makes the component's table when missing (under an advisory lock).
+    pub async fn open(
+        address: &Address,
+        application: &str,
+        component: &str,
+        connections: usize,
+    ) -> Result<Self, StoreError> {
+        let pool = pool(address, connections)?;
+        let table = format!("{}.{}", quote(&schema_of(application)), quote(component));
+        let store = Self {
+            pool,
+            statements: Statements::for_table(&table),
+            table,
+        };
+        store.migrate(application, component).await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self, application: &str, component: &str) -> Result<(), StoreError> {
+        let mut client = self.pool.get().await.map_err(unavailable)?;
+        let transaction = client.transaction().await.map_err(unavailable)?;
+        // One agent at a time makes the tables: `CREATE … IF NOT EXISTS` races otherwise.
+        transaction
+            .execute("SELECT pg_advisory_xact_lock(7414)", &[])
+            .await
+            .map_err(unavailable)?;
+        for statement in ddl(application, component) {
+            transaction
+                .batch_execute(&statement)
+                .await
+                .map_err(|error| {
+                    StoreError::Unavailable(format!(
+                        "cannot make the tables of {component} ({error}); a role without CREATE \
+                     needs them made first: `toa-agent storage ddl` prints the statements"
+                    ))
+                })?;
+        }
+        let schema = quote(&schema_of(application));
+        let recorded = format!("SELECT value FROM {schema}.toa_runtime WHERE key = 'schema'");
+        let row = transaction
+            .query_one(&recorded, &[])
+            .await
+            .map_err(unavailable)?;
+        let version: i32 = row.get(0);
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::Unavailable(format!(
+                "the schema {schema} was made by a newer runtime (layout {version}; this agent \
+                 knows {SCHEMA_VERSION}): upgrade the agent"
+            )));
+        }
+        transaction.commit().await.map_err(unavailable)
+    }
+
+    /// The row's version and the attempt that wrote it, if there is a row.
+    async fn written_by(&self, id: &str) -> Result<Option<(u64, String)>, StoreError> {
+        let row = self.query_opt(&self.statements.attempt, &[&id]).await?;
+        Ok(row.map(|row| (row.get::<_, i64>(0) as u64, row.get(1))))
+    }
+
+    /// A read: once more on another connection when the first was found gone (a pooled
+    /// connection to a server since restarted, or cut).
+    async fn query(
+        &self,
+        statement: &str,
+        parameters: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        for _ in 0..2 {
+            let client = self.pool.get().await.map_err(unavailable)?;
+            match client.query(statement, parameters).await {
+                Ok(rows) => return Ok(rows),
+                Err(error) if lost_with_connection(&error) => discard(client),
+                Err(error) => return Err(unavailable(error)),
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the connection was lost twice".to_owned(),
+        ))
+    }
+
+    async fn query_opt(
+        &self,
+        statement: &str,
+        parameters: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>, StoreError> {
+        Ok(self.query(statement, parameters).await?.into_iter().next())
+    }
+
+    /// One compare-and-set statement: `Some(rows)` changed, `None` when its outcome is unknown
+    /// (the connection went away after it was sent).
+    async fn try_commit(
+        &self,
+        id: &str,
+        read: u64,
+        write: &Write,
+        attempt: &str,
+    ) -> Result<Option<u64>, StoreError> {
+        let client = self.pool.get().await.map_err(unavailable)?;
+        let (deleted, state) = match write {
+            Write::Put(state) => (false, Value::Object(state.clone())),
+            Write::Delete => (true, Value::Object(State::new())),
+        };
+        let state = Json(state);
+        let done = if read == 0 {
+            let statement = &self.statements.insert;
+            client
+                .execute(statement, &[&id, &deleted, &state, &attempt])
+                .await
+        } else {
+            let read = read as i64;
+            let statement = &self.statements.update;
+            client
+                .execute(statement, &[&id, &read, &deleted, &state, &attempt])
+                .await
+        };
+        match done {
+            Ok(rows) => Ok(Some(rows)),
+            // The connection went away with the statement sent: applied or not, unknown.
+            Err(error) if lost_with_connection(&error) => {
+                discard(client);
+                Ok(None)
+            }
+            // Refused by the server (a statement timeout, a read-only standby) or never sent:
+            // not applied.
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+}
+
+/// Takes a connection found gone out of the pool, so that no other statement gets it.
+fn discard(client: deadpool_postgres::Object) {
+    drop(deadpool_postgres::Object::take(client));
+}
+
+/// Whether `error` is the connection's end (closed, or an I/O error under it) rather than an
+/// answer of the server's or a statement never sent.
+fn lost_with_connection(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if cause.is::<std::io::Error>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(&address.host)
+        .port(address.port)
+        .dbname(&address.database)
+        .connect_timeout(CONNECT_LIMIT)
+        .options(format!(
+            "-c statement_timeout={}",
+            STATEMENT_LIMIT.as_millis()
+        ))
+        .application_name("toa-agent");
+    if let Some(username) = &address.username {
+        config.user(username);
+    }
+    if let Some(password) = &address.password {
+        config.password(password.expose());
+    }
+    let manager = Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(connections)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(CONNECT_LIMIT))
+        .create_timeout(Some(CONNECT_LIMIT))
+        .recycle_timeout(Some(CONNECT_LIMIT))
+        .build()
+        .map_err(unavailable)
+}
+
+impl Statements {
+    fn for_table(table: &str) -> Self {
+        Self {
+            read: format!("SELECT version, deleted, state FROM {table} WHERE id = $1"),
+            insert: format!(
+                "INSERT INTO {table} (id, version, deleted, state, attempt) \
+                 VALUES ($1, 1, $2, $3, $4) ON CONFLICT (id) DO NOTHING"
+            ),
+            update: format!(
+                "UPDATE {table} SET version = version + 1, deleted = $3, state = $4, attempt = $5 \
+                 WHERE id = $1 AND version = $2"
+            ),
+            attempt: format!("SELECT version, attempt FROM {table} WHERE id = $1"),
+            enumerate: format!(
+                "SELECT id, version, state FROM {table} \
+                 WHERE NOT deleted AND id > $1 ORDER BY id LIMIT $2"
+            ),
+        }
+    }
+}
+
+/// A row's state as the store's: an object, or (a row someone else wrote) refused by name.
+fn state_of(id: &str, value: Value) -> Result<State, StoreError> {
+    match value {
+        Value::Object(state) => Ok(state),
+        other => Err(StoreError::Unavailable(format!(
+            "the row of {id} holds {} where an object's properties belong",
+            crate::component::client::quoted(&other.to_string())
+        ))),
+    }
+}
+
+impl Store for Postgres {
+    async fn read(&self, id: &str) -> Result<Found, StoreError> {
+        let row = self.query_opt(&self.statements.read, &[&id]).await?;
+        let Some(row) = row else {
+            return Ok(Found::Missing);
+        };
+        let version = row.get::<_, i64>(0) as u64;
+        if row.get::<_, bool>(1) {
+            return Ok(Found::Deleted { version });
+        }
+        let Json(state): Json<Value> = row.get(2);
+        Ok(Found::Live {
+            state: state_of(id, state)?,
+            version,
+        })
+    }
+
+    async fn commit(&self, id: &str, read: u64, write: Write) -> Result<Committed, StoreError> {
+        let attempt = crate::component::client::new_id();
+        // At most twice: once more after an outcome lost with its connection and found not
+        // applied.
+        for _ in 0..2 {
+            match self.try_commit(id, read, &write, &attempt).await? {
+                Some(1) => return Ok(Committed::Stored { version: read + 1 }),
+                Some(_) => {
+                    let current = self.written_by(id).await?.map_or(0, |(v, _)| v);
+                    return Ok(Committed::Lost { current });
+                }
+                None => match self.written_by(id).await? {
+                    Some((version, by)) if by == attempt => {
+                        return Ok(Committed::Stored { version })
+                    }
+                    Some((version, _)) if version != read => {
+                        return Ok(Committed::Lost { current: version })
+                    }
+                    // Not applied, and the object is where it was: made once more.
+                    _ => {
+                        tracing::warn!(table = %self.table, "a commit's outcome was lost with its connection and it was not applied: committing again")
+                    }
+                },
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "the commit of {id} lost its connection twice"
+        )))
+    }
+
+    async fn enumerate(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let limit = limit as i64;
+        let after = after.unwrap_or("");
+        let rows = self
+            .query(&self.statements.enumerate, &[&after, &limit])
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                let id: String = row.get(0);
+                let Json(state): Json<Value> = row.get(2);
+                let state = state_of(&id, state)?;
+                Ok((id, state, row.get::<_, i64>(1) as u64))
+            })
+            .collect()
+    }
+}
