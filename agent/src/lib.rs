@@ -50,5 +50,9 @@ pub use control::component_tokens;
 pub use coordination::atom;
 pub use process::compose;
 
+/// `toa-agent storage ddl`: the statements that make the tables of the entities of the
+/// components in `dirs` for `application`.
+pub use entities::postgres::ddl_of as storage_ddl;
+
 pub use atom::{Assignment, Atom, AtomConfig, AtomError, Held, IntoKeys, Mode, Scope, Signal};
 pub use metrics::Metrics;

@@ -4,6 +4,7 @@
 //!   toa-agent call COMPONENT.OPERATION '{ input: {...} }'
 //!   toa-agent demo                      the examples' flows, end to end
 //!   toa-agent drain                     drain a local composition: dispose, then exit
+//!   toa-agent storage ddl --application NAME DIR...   the entities' tables, as SQL
 
 // Functions stay short (clippy.toml: at most 60 lines): each says one step.
 #![warn(clippy::too_many_lines)]
@@ -58,6 +59,28 @@ enum Command {
         #[arg(long, default_value_t = format!("http://127.0.0.1:{LOCAL_PORT}"), env = "TOA_AGENT")]
         agent: String,
     },
+    /// The entities' store (PostgreSQL).
+    Storage {
+        #[command(subcommand)]
+        command: StorageCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum StorageCommand {
+    /// Print the SQL that makes the tables of the components' entities (the agent runs it at
+    /// start; a DBA or a Job runs it where the agent's role may not create tables).
+    Ddl {
+        /// The application's name (the context's `name`).
+        #[arg(long)]
+        application: String,
+        /// In a pod: the Kubernetes namespace, which the application's shared name carries.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// The components' directories.
+        #[arg(required = true)]
+        components: Vec<std::path::PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -74,6 +97,26 @@ async fn main() -> ExitCode {
             task,
         } => call::run(&target, &request, &agent, task).await,
         Command::Compose(args) => compose(args).await,
+        Command::Storage {
+            command:
+                StorageCommand::Ddl {
+                    application,
+                    namespace,
+                    components,
+                },
+        } => {
+            let shared = toa_context::annotations::shared_name(&application, namespace.as_deref());
+            match toa_agent::storage_ddl(&shared, &components) {
+                Ok(sql) => {
+                    print!("{sql}");
+                    ExitCode::SUCCESS
+                }
+                Err(message) => {
+                    eprintln!("{message}");
+                    ExitCode::from(USAGE)
+                }
+            }
+        }
     }
 }
 

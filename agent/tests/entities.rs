@@ -413,3 +413,82 @@ fn under_concurrency_none_every_lost_write_is_a_conflict_and_none_is_stored_twic
         json!({"id": "kettle", "available": 100 - sold, "VERSION": 1 + sold})
     );
 }
+
+#[test]
+fn a_role_that_may_not_create_tables_starts_once_a_dba_ran_the_printed_ddl() {
+    let application = format!("limited-{}", std::process::id());
+    let context = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
+    std::fs::write(&context, format!("name: {application}\n{STORAGE}")).unwrap();
+    let context = context.display().to_string();
+    let stock = "agent/tests/components/stock-retry";
+    let limited = [
+        ("TOA_STORAGE_USERNAME", "toa_limited"),
+        ("TOA_STORAGE_PASSWORD", "toa"),
+    ];
+    let refused = support::compose_once(&[stock, "--context", &context], &limited);
+    let log = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        log.contains(
+            "cannot make the tables of fulfilment.stock (permission denied for database toa)"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("`toa-agent storage ddl` prints the statements"),
+        "{log}"
+    );
+    // The DBA: the printed statements, run by the database's owner, and grants.
+    let printed = std::process::Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+        .current_dir(support::root())
+        .args(["storage", "ddl", "--application", &application, stock])
+        .output()
+        .unwrap();
+    let ddl = String::from_utf8(printed.stdout).unwrap();
+    let schema = format!("\"toa_{application}\"");
+    assert!(
+        ddl.contains(&format!(
+            "CREATE TABLE IF NOT EXISTS {schema}.\"fulfilment.stock\""
+        )),
+        "{ddl}"
+    );
+    let grants = format!("GRANT USAGE ON SCHEMA {schema} TO toa_limited; GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO toa_limited;");
+    psql(&format!("{ddl}{grants}"));
+    let agent = Composition::start(&[stock, "--context", &context], &limited);
+    agent.wait_ready();
+    let stocked = json!({"query": {"id": "k"}, "input": {"available": 2}}).to_string();
+    let (status, answer) = call_with(&agent.agent, "fulfilment.stock.transit", "", &stocked);
+    assert_eq!(
+        (status, answer["reply"]["VERSION"].clone()),
+        (200, json!(1)),
+        "{answer}"
+    );
+    drop(agent);
+    psql(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// Runs `sql` on the tests' database as its owner.
+fn psql(sql: &str) {
+    let ran = std::process::Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "toa",
+            "-d",
+            "toa",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-q",
+            "-c",
+            sql,
+        ])
+        .env("PGPASSWORD", "toa")
+        .output()
+        .unwrap();
+    assert!(
+        ran.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+}

@@ -62,14 +62,47 @@ struct Statements {
 }
 
 /// An identifier, quoted for SQL: the names come from the application's and the component's
-/// names, which allow `.` and `-`.
+/// names, which allow `.`, `-` and (a namespaced application) `/`. PostgreSQL cuts identifiers
+/// at 63 bytes, so that two long names could meet: a longer name keeps its first 46 bytes and
+/// adds 16 hex digits of its SHA-256.
 pub fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
+    const LONGEST: usize = 63;
+    let fitted = if name.len() <= LONGEST {
+        name.to_owned()
+    } else {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(name.as_bytes());
+        let mut end = 46;
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        format!("{}_{hex}", &name[..end])
+    };
+    format!("\"{}\"", fitted.replace('"', "\"\""))
 }
 
 /// The schema of `application`'s objects.
 pub fn schema_of(application: &str) -> String {
     format!("toa_{application}")
+}
+
+/// The DDL of the entities of the components in `dirs`, for `application` (its shared name):
+/// what `toa-agent storage ddl` prints, for a DBA or a Job to run where the agent's role may not
+/// create tables.
+pub fn ddl_of(application: &str, dirs: &[std::path::PathBuf]) -> Result<String, String> {
+    let mut statements = Vec::new();
+    for dir in dirs {
+        let component = crate::component::Component::load(dir).map_err(|e| e.to_string())?;
+        if component.manifest.entity.is_some() {
+            for statement in ddl(application, &component.name) {
+                if !statements.contains(&statement) {
+                    statements.push(statement);
+                }
+            }
+        }
+    }
+    Ok(statements.iter().map(|s| format!("{s};\n")).collect())
 }
 
 /// The DDL of a component's objects in `application`: what `toa-agent storage ddl` prints for a
@@ -120,28 +153,27 @@ impl Postgres {
         Ok(store)
     }
 
+    /// Makes the component's tables when missing, and refuses a layout a newer runtime made.
+    /// Tables that are there are not made again: a role that may not create them (a DBA ran
+    /// `toa-agent storage ddl`) still starts.
     async fn migrate(&self, application: &str, component: &str) -> Result<(), StoreError> {
-        let mut client = self.pool.get().await.map_err(unavailable)?;
-        let transaction = client.transaction().await.map_err(unavailable)?;
-        // One agent at a time makes the tables: `CREATE … IF NOT EXISTS` races otherwise.
-        transaction
-            .execute("SELECT pg_advisory_xact_lock(7414)", &[])
+        let schema = quote(&schema_of(application));
+        let runtime = format!("{schema}.toa_runtime");
+        let client = self.pool.get().await.map_err(unavailable)?;
+        let made = client
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+                &[&runtime, &self.table],
+            )
             .await
             .map_err(unavailable)?;
-        for statement in ddl(application, component) {
-            transaction
-                .batch_execute(&statement)
-                .await
-                .map_err(|error| {
-                    StoreError::Unavailable(format!(
-                        "cannot make the tables of {component} ({error}); a role without CREATE \
-                     needs them made first: `toa-agent storage ddl` prints the statements"
-                    ))
-                })?;
+        drop(client);
+        if !made.get::<_, bool>(0) {
+            self.make(application, component).await?;
         }
-        let schema = quote(&schema_of(application));
-        let recorded = format!("SELECT value FROM {schema}.toa_runtime WHERE key = 'schema'");
-        let row = transaction
+        let client = self.pool.get().await.map_err(unavailable)?;
+        let recorded = format!("SELECT value FROM {runtime} WHERE key = 'schema'");
+        let row = client
             .query_one(&recorded, &[])
             .await
             .map_err(unavailable)?;
@@ -151,6 +183,31 @@ impl Postgres {
                 "the schema {schema} was made by a newer runtime (layout {version}; this agent \
                  knows {SCHEMA_VERSION}): upgrade the agent"
             )));
+        }
+        Ok(())
+    }
+
+    /// Runs the DDL, one agent at a time (`CREATE … IF NOT EXISTS` races otherwise).
+    async fn make(&self, application: &str, component: &str) -> Result<(), StoreError> {
+        let mut client = self.pool.get().await.map_err(unavailable)?;
+        let transaction = client.transaction().await.map_err(unavailable)?;
+        transaction
+            .execute("SELECT pg_advisory_xact_lock(7414)", &[])
+            .await
+            .map_err(unavailable)?;
+        for statement in ddl(application, component) {
+            transaction
+                .batch_execute(&statement)
+                .await
+                .map_err(|error| {
+                    let reason = error
+                        .as_db_error()
+                        .map_or_else(|| error.to_string(), |e| e.message().to_owned());
+                    StoreError::Unavailable(format!(
+                        "cannot make the tables of {component} ({reason}); where the agent's role \
+                     may not create them, `toa-agent storage ddl` prints the statements for a DBA"
+                    ))
+                })?;
         }
         transaction.commit().await.map_err(unavailable)
     }
@@ -383,5 +440,24 @@ impl Store for Postgres {
                 Ok((id, state, row.get::<_, i64>(1) as u64))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_names_are_cut_with_a_hash_so_that_two_never_meet() {
+        assert_eq!(quote("shop.stock"), "\"shop.stock\"");
+        assert_eq!(quote("a\"b"), "\"a\"\"b\"");
+        let long = |last: char| format!("toa_{}/{}{last}", "n".repeat(40), "a".repeat(30));
+        let (one, two) = (quote(&long('x')), quote(&long('y')));
+        assert_ne!(one, two, "cut at 63 bytes, they would be one name");
+        assert_eq!(one.len(), 63 + 2, "{one}");
+        assert!(
+            one.starts_with(&format!("\"toa_{}", "n".repeat(40))),
+            "{one}"
+        );
     }
 }

@@ -1,0 +1,304 @@
+//! Entities through the agent against PostgreSQL, against bare tokio-postgres from the same
+//! process, on the tests' server (scripts/services: 127.0.0.1:5432, role and database toa).
+//!
+//!   cargo bench -p toa-agent --bench entities
+//!
+//! Prints `BENCH <name> <ours> <baseline> <ratio>`; latencies in µs, rates per second, RSS in MB.
+//! Ours: a caller → the agent's local API (HTTP) → the inherited `transit` (read, compare-and-set)
+//! → PostgreSQL, and back; the program is not asked (the inherited operations are the agent's).
+//! The baseline: the same read and compare-and-set update, sent by this process straight to the
+//! server over a pool of as many connections as callers. Observation: `observe` through the agent
+//! against a bare SELECT plus one bare loopback HTTP round trip (the local call a caller makes).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const CALLERS: usize = 16;
+const CALLS: usize = 4_000;
+const OBJECTS: usize = 1_000;
+
+struct Figures {
+    p50: f64,
+    rate: f64,
+}
+
+fn line(name: &str, ours: f64, baseline: Option<f64>) {
+    match baseline {
+        Some(b) => println!("BENCH {name} {ours:.1} {b:.1} {:.2}", ours / b),
+        None => println!("BENCH {name} {ours:.1} - -"),
+    }
+}
+
+/// `total` calls from `callers` tasks at once, the n-th call given `n`.
+async fn measure<F, Fut>(callers: usize, total: usize, call: F) -> Figures
+where
+    F: Fn(usize) -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|caller| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                for i in 0..total / callers {
+                    let t = Instant::now();
+                    call(i * callers + caller).await;
+                    latencies.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    all.sort_by(f64::total_cmp);
+    Figures {
+        p50: all[all.len() / 2],
+        rate: all.len() as f64 / seconds,
+    }
+}
+
+fn rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// `toa-agent compose` of the stock component with the store, on `port`; killed when dropped.
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_agent(port: u16, application: &str) -> Agent {
+    let context = std::env::temp_dir().join(format!("toa-bench-entities-{port}.yaml"));
+    let text = format!("name: {application}\nstorage: postgres://127.0.0.1:5432/toa\n");
+    std::fs::write(&context, text).unwrap();
+    let agent = Path::new(env!("CARGO_BIN_EXE_toa-agent"));
+    let child = Command::new(agent)
+        .current_dir(root())
+        .args(["compose", "agent/tests/components/stock-retry", "--context"])
+        .arg(&context)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("TOA_STORAGE_USERNAME", "toa")
+        .env("TOA_STORAGE_PASSWORD", "toa")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    Agent(child)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The bare baseline's table and pool: `connections` clients.
+async fn bare(connections: usize) -> (Arc<Vec<tokio_postgres::Client>>, String) {
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        let (client, connection) = tokio_postgres::connect(
+            "host=127.0.0.1 port=5432 user=toa password=toa dbname=toa",
+            tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        clients.push(client);
+    }
+    let table = format!("bench_bare_{}", std::process::id());
+    clients[0]
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id text COLLATE \"C\" PRIMARY KEY, \
+             version bigint NOT NULL, deleted boolean NOT NULL DEFAULT false, state jsonb NOT NULL, \
+             attempt text NOT NULL)"
+        ))
+        .await
+        .unwrap();
+    (Arc::new(clients), table)
+}
+
+/// One bare transition: read, then compare-and-set, again on a lost write.
+async fn bare_transit(client: &tokio_postgres::Client, table: &str, id: &str, n: i64) {
+    loop {
+        let read = format!("SELECT version, state FROM {table} WHERE id = $1");
+        let row = client.query_opt(&read, &[&id]).await.unwrap();
+        let state = serde_json::json!({ "available": n });
+        let state = tokio_postgres::types::Json(state);
+        let attempt = format!("{n}");
+        let changed = match row {
+            None => {
+                let insert = format!(
+                    "INSERT INTO {table} (id, version, state, attempt) VALUES ($1, 1, $2, $3) \
+                     ON CONFLICT (id) DO NOTHING"
+                );
+                client.execute(&insert, &[&id, &state, &attempt]).await
+            }
+            Some(row) => {
+                let version: i64 = row.get(0);
+                let update = format!(
+                    "UPDATE {table} SET version = version + 1, state = $3, attempt = $4 \
+                     WHERE id = $1 AND version = $2"
+                );
+                client
+                    .execute(&update, &[&id, &version, &state, &attempt])
+                    .await
+            }
+        };
+        if changed.unwrap() == 1 {
+            return;
+        }
+    }
+}
+
+async fn post(http: &reqwest::Client, url: &str, body: String) {
+    let response = http
+        .post(url)
+        .body(body)
+        .header("content-type", "application/json");
+    let answer = response.send().await.unwrap();
+    assert!(
+        answer.status().is_success(),
+        "{}",
+        answer.text().await.unwrap()
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let port = free_port();
+    let application = format!("bench-{}", std::process::id());
+    let agent = start_agent(port, &application);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let base = format!("http://127.0.0.1:{port}/v1/call/fulfilment.stock");
+    wait_ready(&http, port).await;
+    let (clients, table) = bare(CALLERS).await;
+    for (name, objects) in [("hot", 1), ("many", OBJECTS)] {
+        let url = format!("{base}/transit");
+        let http = http.clone();
+        let ours = measure(CALLERS, CALLS, move |n| {
+            let (http, url) = (http.clone(), url.clone());
+            let body = format!(
+                r#"{{"query": {{"id": "{name}-{}"}}, "input": {{"available": {n}}}}}"#,
+                n % objects
+            );
+            async move { post(&http, &url, body).await }
+        })
+        .await;
+        let (clients, table) = (clients.clone(), table.clone());
+        let baseline = measure(CALLERS, CALLS, move |n| {
+            let (clients, table) = (clients.clone(), table.clone());
+            async move {
+                let id = format!("{name}-{}", n % objects);
+                bare_transit(&clients[n % CALLERS], &table, &id, n as i64).await;
+            }
+        })
+        .await;
+        line(
+            &format!("transit_{name}_p50_us"),
+            ours.p50,
+            Some(baseline.p50),
+        );
+        line(
+            &format!("transit_{name}_per_s"),
+            ours.rate,
+            Some(baseline.rate),
+        );
+    }
+    observation(&http, &base, &clients, &table).await;
+    line("agent_rss_mb", rss_mb(agent.0.id()), None);
+    clients[0]
+        .batch_execute(&format!(
+            "DROP TABLE {table}; DROP SCHEMA IF EXISTS \"toa_{application}\" CASCADE"
+        ))
+        .await
+        .unwrap();
+}
+
+/// `observe` through the agent, one caller, against a bare SELECT plus a bare loopback HTTP
+/// round trip.
+async fn observation(
+    http: &reqwest::Client,
+    base: &str,
+    clients: &Arc<Vec<tokio_postgres::Client>>,
+    table: &str,
+) {
+    let url = format!("{base}/observe");
+    let client = http.clone();
+    let ours = measure(1, 2_000, move |n| {
+        let (http, url) = (client.clone(), url.clone());
+        let body = format!(r#"{{"query": {{"id": "many-{}"}}}}"#, n % OBJECTS);
+        async move { post(&http, &url, body).await }
+    })
+    .await;
+    let (clients, table) = (clients.clone(), table.to_owned());
+    let select = measure(1, 2_000, move |n| {
+        let (clients, table) = (clients.clone(), table.clone());
+        async move {
+            let read = format!("SELECT version, state FROM {table} WHERE id = $1");
+            let id = format!("many-{}", n % OBJECTS);
+            clients[0].query_opt(&read, &[&id]).await.unwrap();
+        }
+    })
+    .await;
+    let echo = echo_server().await;
+    let client = http.clone();
+    let round_trip = measure(1, 2_000, move |_| {
+        let (http, echo) = (client.clone(), echo.clone());
+        async move { post(&http, &echo, "{}".to_owned()).await }
+    })
+    .await;
+    line(
+        "observe_p50_us",
+        ours.p50,
+        Some(select.p50 + round_trip.p50),
+    );
+}
+
+/// A loopback HTTP server answering every POST with `{}`: a bare local call.
+async fn echo_server() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let app = axum::Router::new().route("/", axum::routing::post(|| async { "{}" }));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+async fn wait_ready(http: &reqwest::Client, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    loop {
+        if let Ok(answer) = http.get(&url).send().await {
+            if answer.status().is_success() {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "the agent was not ready in 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
