@@ -21,63 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
+mod common;
+use common::{line, measure, rss_mb, Figures};
+
 const BROKER: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-fn line(name: &str, ours: f64, baseline: Option<f64>) {
-    match baseline {
-        Some(b) => println!("BENCH {name} {ours:.1} {b:.1} {:.2}", ours / b),
-        None => println!("BENCH {name} {ours:.1} - -"),
-    }
-}
-
-struct Figures {
-    p50: f64,
-    p99: f64,
-    rate: f64,
-}
-
-async fn measure<F, Fut>(callers: usize, total: usize, call: F) -> Figures
-where
-    F: Fn() -> Fut + Send + Sync + Clone + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..callers)
-        .map(|_| {
-            let call = call.clone();
-            tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                for _ in 0..total / callers {
-                    let t = Instant::now();
-                    call().await;
-                    latencies.push(t.elapsed().as_secs_f64() * 1e6);
-                }
-                latencies
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for task in tasks {
-        all.extend(task.await.unwrap());
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    all.sort_by(f64::total_cmp);
-    let pick = |q: f64| all[((all.len() - 1) as f64 * q) as usize];
-    Figures {
-        p50: pick(0.5),
-        p99: pick(0.99),
-        rate: all.len() as f64 / seconds,
-    }
-}
-
-fn rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
 
 /// A durable quorum queue's declaration: the kind of the agents' shared queues.
 fn quorum() -> (QueueDeclareOptions, FieldTable) {
@@ -329,7 +276,7 @@ async fn main() {
         ] {
             let url = format!("http://127.0.0.1:{port_b}/v1/call/{path}");
             let (http, body) = (http.clone(), body.clone());
-            let ours = measure(callers, total, move || {
+            let ours = measure(callers, total, move |_| {
                 let (http, url, body) = (http.clone(), url.clone(), body.clone());
                 async move {
                     let response = http.post(&url).json(&body).send().await.unwrap();
@@ -370,7 +317,7 @@ async fn main() {
     for round in 0..6 {
         for keyed in [round % 2 == 0, round % 2 == 1] {
             let (http, url) = (http.clone(), url.clone());
-            let figures = measure(1, 300, move || {
+            let figures = measure(1, 300, move |_| {
                 let (http, url) = (http.clone(), url.clone());
                 async move {
                     let mut body = serde_json::json!({"input": {"n": 1}});
@@ -424,7 +371,7 @@ async fn main() {
         .unwrap();
     let bare_tasks = {
         let (channel, durable) = (confirming.clone(), durable.clone());
-        measure(32, 6400, move || {
+        measure(32, 6400, move |_| {
             let (channel, durable) = (channel.clone(), durable.clone());
             async move {
                 let confirm = channel
@@ -529,7 +476,7 @@ async fn main() {
 /// 6400 tasks through an agent's local API at `url`, 32 at a time.
 async fn post_tasks(http: &reqwest::Client, url: &str) -> Figures {
     let (http, url) = (http.clone(), url.to_owned());
-    measure(32, 6400, move || {
+    measure(32, 6400, move |_| {
         let (http, url) = (http.clone(), url.clone());
         async move {
             let response = http
@@ -574,7 +521,7 @@ async fn bare_round_trips(
         queue.to_owned(),
         replies.to_owned(),
     );
-    measure(callers, total, move || {
+    measure(callers, total, move |_| {
         let (channel, pending, queue, replies) = (
             channel.clone(),
             pending.clone(),

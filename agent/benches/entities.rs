@@ -15,63 +15,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{line, measure, rss_mb};
+
 const CALLERS: usize = 16;
 const CALLS: usize = 4_000;
 const OBJECTS: usize = 1_000;
-
-struct Figures {
-    p50: f64,
-    rate: f64,
-}
-
-fn line(name: &str, ours: f64, baseline: Option<f64>) {
-    match baseline {
-        Some(b) => println!("BENCH {name} {ours:.1} {b:.1} {:.2}", ours / b),
-        None => println!("BENCH {name} {ours:.1} - -"),
-    }
-}
-
-/// `total` calls from `callers` tasks at once, the n-th call given `n`.
-async fn measure<F, Fut>(callers: usize, total: usize, call: F) -> Figures
-where
-    F: Fn(usize) -> Fut + Send + Sync + Clone + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..callers)
-        .map(|caller| {
-            let call = call.clone();
-            tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                for i in 0..total / callers {
-                    let t = Instant::now();
-                    call(i * callers + caller).await;
-                    latencies.push(t.elapsed().as_secs_f64() * 1e6);
-                }
-                latencies
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for task in tasks {
-        all.extend(task.await.unwrap());
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    all.sort_by(f64::total_cmp);
-    Figures {
-        p50: all[all.len() / 2],
-        rate: all.len() as f64 / seconds,
-    }
-}
-
-fn rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -358,17 +358,21 @@ fn oversell(dir: &str, name: &str) -> (Vec<(u16, Value)>, Value) {
     (answers, after["reply"].clone())
 }
 
+/// How many answers `which` picks.
+fn count(answers: &[(u16, Value)], which: impl Fn(u16, &Value) -> bool) -> usize {
+    answers
+        .iter()
+        .filter(|(status, answer)| which(*status, answer))
+        .count()
+}
+
 #[test]
 fn four_processes_sharing_a_store_sell_a_stock_of_100_exactly_once_each() {
     let (answers, after) = oversell("agent/tests/components/stock-retry", "stock");
-    let sold = answers
-        .iter()
-        .filter(|(status, answer)| *status == 200 && answer.get("reply").is_some())
-        .count();
-    let out_of_stock = answers
-        .iter()
-        .filter(|(_, answer)| code(answer) == "OUT_OF_STOCK")
-        .count();
+    let sold = count(&answers, |status, answer| {
+        status == 200 && answer.get("reply").is_some()
+    });
+    let out_of_stock = count(&answers, |_, answer| code(answer) == "OUT_OF_STOCK");
     assert_eq!(
         (answers.len(), sold, out_of_stock),
         (400, 100, 300),
@@ -386,18 +390,14 @@ fn four_processes_sharing_a_store_sell_a_stock_of_100_exactly_once_each() {
 #[test]
 fn under_concurrency_none_every_lost_write_is_a_conflict_and_none_is_stored_twice() {
     let (answers, after) = oversell("agent/tests/components/stock-none", "hold");
-    let sold = answers
-        .iter()
-        .filter(|(status, answer)| *status == 200 && answer.get("reply").is_some())
-        .count();
+    let sold = count(&answers, |status, answer| {
+        status == 200 && answer.get("reply").is_some()
+    });
     let conflicts = answers
         .iter()
         .filter(|(status, answer)| (*status, code(answer)) == (409, "CONFLICT"))
         .count();
-    let out_of_stock = answers
-        .iter()
-        .filter(|(_, answer)| code(answer) == "OUT_OF_STOCK")
-        .count();
+    let out_of_stock = count(&answers, |_, answer| code(answer) == "OUT_OF_STOCK");
     assert_eq!(
         sold + conflicts + out_of_stock,
         400,
@@ -490,5 +490,66 @@ fn psql(sql: &str) {
         ran.status.success(),
         "{}",
         String::from_utf8_lossy(&ran.stderr)
+    );
+}
+
+#[test]
+fn a_store_restarted_answers_unavailable_meanwhile_loses_no_acknowledged_write_and_is_found_again()
+{
+    let server = support::postgres::PostgresServer::start();
+    let application = format!("restarted-{}", std::process::id());
+    let context = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
+    let text = format!("name: {application}\nstorage: {}\n", server.address());
+    std::fs::write(&context, text).unwrap();
+    let context = context.display().to_string();
+    let login = [("TOA_STORAGE_USERNAME", "postgres")];
+    let agent = Composition::start(
+        &["agent/tests/components/stock-retry", "--context", &context],
+        &login,
+    );
+    agent.wait_ready();
+    let transit = |id: &str, available: u64| {
+        let body = json!({"query": {"id": id}, "input": {"available": available}});
+        call_with(
+            &agent.agent,
+            "fulfilment.stock.transit",
+            "",
+            &body.to_string(),
+        )
+    };
+    for n in 0..20 {
+        assert_eq!(transit(&format!("k-{n}"), n).0, 200);
+    }
+    server.stop();
+    let started = std::time::Instant::now();
+    let (status, down) = transit("k-down", 1);
+    assert_eq!((status, code(&down)), (503, "UNAVAILABLE"), "{down}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(12),
+        "{:?}",
+        started.elapsed()
+    );
+    server.start_again();
+    // The agent finds the server again by itself: no restart, no call of ours but these.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while transit("k-up", 1).0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store was not found again in 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    for n in 0..20 {
+        let body = json!({"query": {"id": format!("k-{n}")}}).to_string();
+        let (_, seen) = call_with(&agent.agent, "fulfilment.stock.observe", "", &body);
+        assert_eq!(
+            seen["reply"],
+            json!({"id": format!("k-{n}"), "available": n, "VERSION": 1})
+        );
+    }
+    assert_eq!(
+        transit("k-down", 1).1["reply"]["VERSION"],
+        1,
+        "the refused write was not stored"
     );
 }

@@ -270,11 +270,7 @@ impl ProgramClient {
             // The operation's own error, whatever the status.
             Ok(error @ Outcome::Error { .. }) => Ok(error),
             Err(NotAnOutcome::ErrorWithoutCode) => Err(self.malformed(&body)),
-            _ if !(200..300).contains(&status) => Err(ProgramError::Failed {
-                component: self.component.clone(),
-                status,
-                body: quoted(&body),
-            }),
+            _ if !(200..300).contains(&status) => Err(self.failed_with(status, &body)),
             Ok(reply) => Ok(reply),
             Err(NotAnOutcome::Neither) => Err(self.malformed(&body)),
         }
@@ -298,11 +294,7 @@ impl ProgramClient {
             return Ok(Err(error));
         }
         if !(200..300).contains(&status) {
-            return Err(ProgramError::Failed {
-                component: self.component.clone(),
-                status,
-                body: quoted(&body),
-            });
+            return Err(self.failed_with(status, &body));
         }
         let returned = value.get_mut("reply").map(Value::take);
         match value.get_mut("entry").map(Value::take) {
@@ -332,6 +324,15 @@ impl ProgramClient {
         let body = self.body(response, limit).await?;
         let value: Value = serde_json::from_str(&body).map_err(|_| self.malformed(&body))?;
         Ok((status, value, body))
+    }
+
+    /// An answer with a status that is not 2xx and no error of the operation's own.
+    fn failed_with(&self, status: u16, body: &str) -> ProgramError {
+        ProgramError::Failed {
+            component: self.component.clone(),
+            status,
+            body: quoted(body),
+        }
     }
 
     fn malformed(&self, body: &str) -> ProgramError {

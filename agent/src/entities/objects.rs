@@ -590,7 +590,12 @@ mod tests {
     }
 
     /// A call of the inherited `transit` on `id` with `input`, ending at `deadline`.
-    async fn transit(objects: &Objects, id: &str, input: Value, deadline: Instant) -> Outcome {
+    async fn transit(
+        objects: &Objects,
+        id: &str,
+        input: Value,
+        deadline: Instant,
+    ) -> Result<Outcome, ProgramError> {
         let client = ProgramClient::new("stock", 1);
         let query = Query {
             id: Some(id.to_owned()),
@@ -604,7 +609,7 @@ mod tests {
             meta: &CallMeta::default(),
             deadline,
         };
-        objects.operate(run).await.unwrap()
+        objects.operate(run).await
     }
 
     #[tokio::test]
@@ -615,7 +620,9 @@ mod tests {
         let held = objects.turns.take("p1").await;
         let started = Instant::now();
         let deadline = started + std::time::Duration::from_millis(100);
-        let answer = transit(&objects, "p1", json!({ "n": 1 }), deadline).await;
+        let answer = transit(&objects, "p1", json!({ "n": 1 }), deadline)
+            .await
+            .unwrap();
         let waited = started.elapsed();
         assert!(
             matches!(&answer, Outcome::Error { code, .. } if code == "CONTENDED"),
@@ -627,7 +634,9 @@ mod tests {
         );
         drop(held);
         let far = Instant::now() + std::time::Duration::from_secs(5);
-        let stored = transit(&objects, "p1", json!({ "n": 1 }), far).await;
+        let stored = transit(&objects, "p1", json!({ "n": 1 }), far)
+            .await
+            .unwrap();
         assert_eq!(
             stored,
             Outcome::Reply(json!({ "id": "p1", "n": 1, "VERSION": 1 }))
@@ -639,21 +648,12 @@ mod tests {
         let objects = Objects::new(&stock("{ transit: {} }"), None, memory())
             .unwrap()
             .unwrap();
-        let client = ProgramClient::new("stock", 1);
-        let query = Query {
-            id: Some("p1".to_owned()),
-            version: None,
-        };
+        let far = Instant::now() + std::time::Duration::from_secs(5);
         let input = json!({ "n": 1, "DELETE": true });
-        let run = Run {
-            client: &client,
-            operation: "transit",
-            input: &input,
-            query: Some(&query),
-            meta: &CallMeta::default(),
-            deadline: Instant::now() + std::time::Duration::from_secs(5),
-        };
-        let refused = objects.operate(run).await.unwrap_err().to_string();
+        let refused = transit(&objects, "p1", input, far)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             refused.starts_with(
                 "stock.transit: `input.DELETE`: id, VERSION, DISCARD and DELETE are not properties"

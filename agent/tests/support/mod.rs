@@ -1,6 +1,7 @@
 //! What the compose tests share: a `toa-agent compose` process and calls to it.
 #![allow(dead_code)] // each test file uses part of it
 
+pub mod postgres;
 pub mod rabbit;
 
 use serde_json::Value;

@@ -1,0 +1,63 @@
+//! What the benches share: the figures of a load, the lines they print, a process's memory.
+#![allow(dead_code)] // each bench uses part of it
+
+use std::time::Instant;
+
+/// Prints `BENCH <name> <ours> <baseline> <ratio>`.
+pub fn line(name: &str, ours: f64, baseline: Option<f64>) {
+    match baseline {
+        Some(b) => println!("BENCH {name} {ours:.1} {b:.1} {:.2}", ours / b),
+        None => println!("BENCH {name} {ours:.1} - -"),
+    }
+}
+
+pub struct Figures {
+    pub p50: f64,
+    pub p99: f64,
+    pub rate: f64,
+}
+
+/// `total` calls from `callers` tasks at once; the n-th call is given `n`.
+pub async fn measure<F, Fut>(callers: usize, total: usize, call: F) -> Figures
+where
+    F: Fn(usize) -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|caller| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                for i in 0..total / callers {
+                    let t = Instant::now();
+                    call(i * callers + caller).await;
+                    latencies.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    all.sort_by(f64::total_cmp);
+    let pick = |q: f64| all[((all.len() - 1) as f64 * q) as usize];
+    Figures {
+        p50: pick(0.5),
+        p99: pick(0.99),
+        rate: all.len() as f64 / seconds,
+    }
+}
+
+/// A process's resident memory, in MB.
+pub fn rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
