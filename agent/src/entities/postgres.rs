@@ -2,15 +2,17 @@
 //! object in a table of the component's, in a schema of the application's.
 //!
 //! - **Rows**: `id` (the object's id, ordered byte by byte), `version`, `deleted` (a tombstone
-//!   keeps its version), `state` (JSONB: the properties) and `attempt` (the id of the write that
-//!   stored this version).
+//!   keeps its version), `state` (JSONB: the properties) and `attempts` (the ids of the last
+//!   [`ATTEMPTS_KEPT`] writes that stored it, newest first).
 //! - **A commit** is one statement: an `INSERT … ON CONFLICT DO NOTHING` for an object never
 //!   written (version 0), else an `UPDATE … WHERE version = <the version read>`. No transaction
 //!   spans the program's run; the row is locked only for the statement.
 //! - **An outcome lost with its connection** (the statement was sent, the answer never came) is
 //!   never re-run blindly: the agent reads the row on another connection and finds its attempt's
-//!   id there (applied) or not (not applied: the commit is made once more, itself a
-//!   compare-and-set on the version read, or the call is `UNAVAILABLE`).
+//!   id among the row's last writes (applied, even when another replica wrote since) or not (not
+//!   applied: the commit is made once more, itself a compare-and-set on the version read). When
+//!   the row cannot be read back, the call is `UNAVAILABLE` saying that the write may have been
+//!   stored.
 //! - **DDL** runs at start under an advisory lock, so replicas starting together do not race;
 //!   the runtime's own schema version is recorded in `toa_runtime`, and an agent refuses a newer
 //!   one ([`SCHEMA_VERSION`]).
@@ -29,6 +31,10 @@ use tokio_postgres::types::Json;
 /// The layout of the runtime's tables this agent writes; an agent refuses a schema a newer one
 /// recorded.
 pub const SCHEMA_VERSION: i32 = 1;
+
+/// How many of a row's last writes it names: enough that a write whose answer was lost finds
+/// itself there although other replicas wrote since.
+pub const ATTEMPTS_KEPT: usize = 16;
 
 /// How long one statement may run (`statement_timeout`), and a connection may take to open.
 const STATEMENT_LIMIT: Duration = Duration::from_secs(5);
@@ -125,7 +131,7 @@ pub fn ddl(application: &str, component: &str) -> Vec<String> {
              version bigint NOT NULL, \
              deleted boolean NOT NULL DEFAULT false, \
              state jsonb NOT NULL, \
-             attempt text NOT NULL)"
+             attempts text[] NOT NULL)"
         ),
     ]
 }
@@ -212,10 +218,24 @@ impl Postgres {
         transaction.commit().await.map_err(unavailable)
     }
 
-    /// The row's version and the attempt that wrote it, if there is a row.
-    async fn written_by(&self, id: &str) -> Result<Option<(u64, String)>, StoreError> {
-        let row = self.query_opt(&self.statements.attempt, &[&id]).await?;
+    /// The row's version and whether `attempt` is among its last writes, if there is a row.
+    async fn written_by(&self, id: &str, attempt: &str) -> Result<Option<(u64, bool)>, StoreError> {
+        let row = self
+            .query_opt(&self.statements.attempt, &[&id, &attempt])
+            .await?;
         Ok(row.map(|row| (row.get::<_, i64>(0) as u64, row.get(1))))
+    }
+
+    /// After an answer lost with its connection: whether the write was applied, read back on
+    /// another connection (a few times, as a restarting server comes back). `None`: not found out.
+    async fn applied(&self, id: &str, attempt: &str) -> Option<Option<(u64, bool)>> {
+        for pause in [0, 100, 400, 1_000] {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            if let Ok(found) = self.written_by(id, attempt).await {
+                return Some(found);
+            }
+        }
+        None
     }
 
     /// A read: once more on another connection when the first was found gone (a pooled
@@ -298,6 +318,14 @@ fn lost_with_connection(error: &tokio_postgres::Error) -> bool {
     if error.is_closed() {
         return true;
     }
+    // The server ending the session (an administrator's shutdown, a crash: class 57P) or the
+    // connection (class 08) answers as a database error, though the statement's fate is unknown.
+    if let Some(code) = error.code() {
+        let code = code.code();
+        if code.starts_with("57P") || code.starts_with("08") {
+            return true;
+        }
+    }
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
         if cause.is::<std::io::Error>() {
@@ -348,14 +376,15 @@ impl Statements {
         Self {
             read: format!("SELECT version, deleted, state FROM {table} WHERE id = $1"),
             insert: format!(
-                "INSERT INTO {table} (id, version, deleted, state, attempt) \
-                 VALUES ($1, 1, $2, $3, $4) ON CONFLICT (id) DO NOTHING"
+                "INSERT INTO {table} (id, version, deleted, state, attempts) \
+                 VALUES ($1, 1, $2, $3, ARRAY[$4::text]) ON CONFLICT (id) DO NOTHING"
             ),
             update: format!(
-                "UPDATE {table} SET version = version + 1, deleted = $3, state = $4, attempt = $5 \
+                "UPDATE {table} SET version = version + 1, deleted = $3, state = $4, \
+                 attempts = (ARRAY[$5::text] || attempts)[1:{ATTEMPTS_KEPT}] \
                  WHERE id = $1 AND version = $2"
             ),
-            attempt: format!("SELECT version, attempt FROM {table} WHERE id = $1"),
+            attempt: format!("SELECT version, $2::text = ANY(attempts) FROM {table} WHERE id = $1"),
             enumerate: format!(
                 "SELECT id, version, state FROM {table} \
                  WHERE NOT deleted AND id > $1 ORDER BY id LIMIT $2"
@@ -397,24 +426,29 @@ impl Store for Postgres {
         // At most twice: once more after an outcome lost with its connection and found not
         // applied.
         for _ in 0..2 {
-            match self.try_commit(id, read, &write, &attempt).await? {
-                Some(1) => return Ok(Committed::Stored { version: read + 1 }),
-                Some(_) => {
-                    let current = self.written_by(id).await?.map_or(0, |(v, _)| v);
-                    return Ok(Committed::Lost { current });
+            let changed = self.try_commit(id, read, &write, &attempt).await?;
+            if changed == Some(1) {
+                return Ok(Committed::Stored { version: read + 1 });
+            }
+            // Nothing changed (someone wrote first, or a first try of ours, cut, did meanwhile),
+            // or the answer was lost: what the row says of this attempt.
+            let unknown = || {
+                StoreError::Unavailable(format!(
+                    "the write of {id} lost its connection and could not be read back: it may \
+                     have been stored"
+                ))
+            };
+            match self.applied(id, &attempt).await.ok_or_else(unknown)? {
+                // Ours is among its last writes: the one at the version after the one read.
+                Some((_, true)) => return Ok(Committed::Stored { version: read + 1 }),
+                Some((version, false)) if version != read => {
+                    return Ok(Committed::Lost { current: version })
                 }
-                None => match self.written_by(id).await? {
-                    Some((version, by)) if by == attempt => {
-                        return Ok(Committed::Stored { version })
-                    }
-                    Some((version, _)) if version != read => {
-                        return Ok(Committed::Lost { current: version })
-                    }
-                    // Not applied, and the object is where it was: made once more.
-                    _ => {
-                        tracing::warn!(table = %self.table, "a commit's outcome was lost with its connection and it was not applied: committing again")
-                    }
-                },
+                _ if changed.is_some() => return Ok(Committed::Lost { current: read }),
+                // Not applied, and the object is where it was: made once more.
+                _ => {
+                    tracing::warn!(table = %self.table, "a commit's outcome was lost with its connection and it was not applied: committing again")
+                }
             }
         }
         Err(StoreError::Unavailable(format!(

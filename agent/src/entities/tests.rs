@@ -625,9 +625,9 @@ async fn two_applications_on_one_database_never_meet() {
 }
 
 /// A TCP proxy to the tests' PostgreSQL that, once armed, cuts the connection carrying the next
-/// `UPDATE`: after forwarding it (the server applies it; its answer is lost) or before (never
-/// applied). Its address.
-async fn cutting_proxy(cut: Arc<std::sync::Mutex<Option<Cut>>>) -> u16 {
+/// `UPDATE`'s execution: after forwarding it (the server applies it; its answer is lost) or before
+/// (never applied). Its port.
+async fn cutting_proxy(cutter: Arc<Cutter>) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let server = test_storage();
@@ -635,7 +635,7 @@ async fn cutting_proxy(cut: Arc<std::sync::Mutex<Option<Cut>>>) -> u16 {
         while let Ok((client, _)) = listener.accept().await {
             let upstream = tokio::net::TcpStream::connect((server.host.as_str(), server.port));
             let upstream = upstream.await.unwrap();
-            tokio::spawn(pump(client, upstream, cut.clone()));
+            tokio::spawn(pump(client, upstream, cutter.clone()));
         }
     });
     port
@@ -644,19 +644,35 @@ async fn cutting_proxy(cut: Arc<std::sync::Mutex<Option<Cut>>>) -> u16 {
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Cut {
     AfterForwarding,
+    /// After forwarding, and another writer writes the object before the answer is missed.
+    AfterForwardingThenAnotherWrites,
     BeforeForwarding,
 }
 
-async fn pump(
-    client: tokio::net::TcpStream,
-    upstream: tokio::net::TcpStream,
-    cut: Arc<std::sync::Mutex<Option<Cut>>>,
-) {
+#[derive(Default)]
+struct Cutter {
+    armed: std::sync::Mutex<Option<Cut>>,
+    /// Told once a connection was cut.
+    cut: tokio::sync::Notify,
+    cuts: std::sync::atomic::AtomicUsize,
+}
+
+async fn pump(client: tokio::net::TcpStream, upstream: tokio::net::TcpStream, cutter: Arc<Cutter>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut client_read, mut client_write) = client.into_split();
     let (mut upstream_read, mut upstream_write) = upstream.into_split();
+    // Answers pass until the cut; after it they are dropped, the connection still open, so the
+    // driver notices only when the connection ends.
+    let silenced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let silent = silenced.clone();
     let answers = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
+        let mut buffer = vec![0u8; 64 * 1024];
+        while let Ok(n @ 1..) = upstream_read.read(&mut buffer).await {
+            let open = !silent.load(std::sync::atomic::Ordering::SeqCst);
+            if open && client_write.write_all(&buffer[..n]).await.is_err() {
+                break;
+            }
+        }
     });
     let mut buffer = vec![0u8; 64 * 1024];
     // The driver prepares a statement (its text), then binds and executes it (the next write):
@@ -666,55 +682,92 @@ async fn pump(
         let chunk = &buffer[..n];
         let armed = prepared.take();
         if armed.is_none() && chunk.windows(6).any(|w| w == b"UPDATE") {
-            prepared = cut.lock().unwrap().take();
+            prepared = cutter.armed.lock().unwrap().take();
         }
         if armed.is_some() {
             // From here no answer reaches the driver; the server applies (or never sees) the
             // statement.
-            answers.abort();
+            silenced.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         if armed != Some(Cut::BeforeForwarding) && upstream_write.write_all(chunk).await.is_err() {
             break;
         }
         if armed.is_some() {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            return;
+            cutter
+                .cuts
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            cutter.cut.notify_one();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            break;
         }
     }
     answers.abort();
 }
 
+/// A store of a new application on the tests' server, through `port` when given.
+async fn store_at(application: &str, port: Option<u16>) -> Backend {
+    let mut address = test_storage();
+    if let Some(port) = port {
+        address.host = "127.0.0.1".to_owned();
+        address.port = port;
+    }
+    let application = application.to_owned();
+    Backend::open(
+        Some(&Storage {
+            address,
+            application,
+        }),
+        "shop.stock",
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_answer_is_lost_is_found_applied_or_made_once_more() {
-    for way in [Cut::AfterForwarding, Cut::BeforeForwarding] {
-        let cut = Arc::new(std::sync::Mutex::new(None));
-        let mut address = test_storage();
-        address.host = "127.0.0.1".to_owned();
-        address.port = cutting_proxy(cut.clone()).await;
-        let storage = Storage {
-            address,
-            application: format!("cut-{}", crate::component::client::new_id()),
-        };
-        let store = Backend::open(Some(&storage), "shop.stock").await.unwrap();
+    use Cut::{AfterForwarding, AfterForwardingThenAnotherWrites, BeforeForwarding};
+    for way in [
+        AfterForwarding,
+        AfterForwardingThenAnotherWrites,
+        BeforeForwarding,
+    ] {
+        let cutter = Arc::new(Cutter::default());
+        let application = format!("cut-{}", crate::component::client::new_id());
+        let store = store_at(&application, Some(cutting_proxy(cutter.clone()).await)).await;
         let first = store.commit("p1", 0, Write::Put(state(json!({ "available": 1 }))));
         assert_eq!(first.await, Ok(Committed::Stored { version: 1 }));
-        *cut.lock().unwrap() = Some(way);
+        *cutter.armed.lock().unwrap() = Some(way);
+        let another = (way == AfterForwardingThenAnotherWrites).then(|| {
+            let (cutter, application) = (cutter.clone(), application.clone());
+            tokio::spawn(async move {
+                cutter.cut.notified().await;
+                // Once ours is applied, another replica's write, straight to the server.
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                let other = store_at(&application, None).await;
+                let theirs = Write::Put(state(json!({ "available": 5 })));
+                other.commit("p1", 2, theirs).await
+            })
+        });
         let second = store.commit("p1", 1, Write::Put(state(json!({ "available": 0 }))));
         assert_eq!(
             second.await,
             Ok(Committed::Stored { version: 2 }),
             "{way:?}"
         );
-        assert!(
-            cut.lock().unwrap().is_none(),
-            "{way:?}: the connection was not cut"
-        );
-        // Applied once: at version 2, not written again at 3.
-        let after = store.read("p1").await.unwrap();
-        let expected = Found::Live {
-            state: state(json!({ "available": 0 })),
-            version: 2,
+        let cuts = cutter.cuts.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(cuts, 1, "{way:?}: the connection was not cut");
+        // Applied once: at version 2 (3 after the other writer), never written again.
+        let (version, left) = match another {
+            Some(theirs) => {
+                assert_eq!(theirs.await.unwrap(), Ok(Committed::Stored { version: 3 }));
+                (3, 5)
+            }
+            None => (2, 0),
         };
-        assert_eq!(after, expected, "{way:?}");
+        let expected = Found::Live {
+            state: state(json!({ "available": left })),
+            version,
+        };
+        assert_eq!(store.read("p1").await.unwrap(), expected, "{way:?}");
     }
 }
