@@ -183,24 +183,24 @@ describe('types', () => {
     assert.equal(checked.status, 0, checked.stdout + checked.stderr)
   })
 
-  test('a wrong input field fails the check, naming it', () => {
+  /** The type check of a copy of the examples with `from` written `to` in one file. */
+  const misspelt = (file, from, to) => {
     const copy = join(scratch(), 'examples')
     cpSync(EXAMPLES, copy, { recursive: true, filter: (path) => !path.includes('node_modules') })
     symlinkSync(join(EXAMPLES, 'node_modules'), join(copy, 'node_modules'))
-    const appraise = join(copy, 'components', 'store.catalog', 'operations', 'appraise.ts')
-    writeFileSync(appraise, readFileSync(appraise, 'utf8').replace('input.customer', 'input.customr'))
-    const checked = tsc(copy)
+    const path = join(copy, 'components', file)
+    writeFileSync(path, readFileSync(path, 'utf8').replace(from, to))
+    return tsc(copy)
+  }
+
+  test('a wrong input field fails the check, naming it', () => {
+    const checked = misspelt('store.catalog/operations/appraise.ts', 'input.customer', 'input.customr')
     assert.notEqual(checked.status, 0)
     assert.match(checked.stdout, /appraise\.ts.*customr/)
   })
 
   test("a property the entity does not declare fails the check: State is the entity's", () => {
-    const copy = join(scratch(), 'examples')
-    cpSync(EXAMPLES, copy, { recursive: true, filter: (path) => !path.includes('node_modules') })
-    symlinkSync(join(EXAMPLES, 'node_modules'), join(copy, 'node_modules'))
-    const reserve = join(copy, 'components', 'fulfilment.stock', 'operations', 'reserve.ts')
-    writeFileSync(reserve, readFileSync(reserve, 'utf8').replace('entry.available -=', 'entry.availble -='))
-    const checked = tsc(copy)
+    const checked = misspelt('fulfilment.stock/operations/reserve.ts', 'entry.available -=', 'entry.availble -=')
     assert.notEqual(checked.status, 0)
     assert.match(checked.stdout, /reserve\.ts.*availble/)
   })
