@@ -58,9 +58,6 @@ BOTH = (
     | {f"POST /control/resume {field}" for field in STATUS + ERROR}
     | {f"POST /v1/drain {field}" for field in ERROR}
     | {f"POST /v1/{{component}}/onassigned/{{listener}}/failed {field}" for field in ERROR}
-    # The running call's id on the calls a program makes while serving one (toa-context's
-    # `program::CallHeaders`): the seed-DX issue passes it on.
-    | {"POST /v1/call/{component}/{operation} header toa-call"}
     # The SDKs send the caller's version as `query.version`; `If-Match` is for other HTTP clients.
     | {"POST /v1/call/{component}/{operation} header If-Match"}
 )
@@ -71,7 +68,6 @@ LACKING = {
         # Tasks are the one-file style's (`context.agent.task`): they never name a process.
         "POST /v1/task/{component}/{operation} request instance",
         "POST /v1/task/{component}/{operation} request timeout",
-        "POST /v1/task/{component}/{operation} header toa-call",
     },
     "typescript": BOTH | {
         # `slots` answers from the onassigned stream, not from this route.

@@ -69,6 +69,54 @@ fn a_new_object_gets_an_id_and_a_debit_keyed_by_its_ref_is_taken_once() {
 }
 
 #[test]
+fn a_transition_that_retries_may_not_call_an_operation_made_once_and_a_key_applies_once() {
+    let agent = wallets();
+    let open = |balance: u64| {
+        let opened = reply(&agent, "transit", json!({"input": {"balance": balance}}));
+        opened["id"].as_str().unwrap().to_owned()
+    };
+    let (from, to) = (open(50), open(0));
+    // `credit` declares `once`; a caller's key on it is the store's record: applied once.
+    let credit = json!({"query": {"id": to}, "input": {"amount": 10}, "key": "gift-1"});
+    assert_eq!(
+        reply(&agent, "credit", credit.clone()),
+        json!({"balance": 10})
+    );
+    assert_eq!(reply(&agent, "credit", credit), json!({"balance": 10}));
+    let other = json!({"query": {"id": to}, "input": {"amount": 99}, "key": "gift-1"});
+    let (status, refused) = call(&agent, "credit", other);
+    assert_eq!(
+        (status, code(&refused)),
+        (400, "RequestContract"),
+        "{refused}"
+    );
+    // `sweep` retries on a lost write, so its call to `credit` is refused before it is sent, the
+    // first time, with the seed's message; the program gets it as an exception.
+    let swept = reply(
+        &agent,
+        "sweep",
+        json!({"query": {"id": from}, "input": {"to": to}}),
+    );
+    assert_eq!(
+        swept,
+        json!({"refused": "UnrepeatableException: 'billing.wallets.credit' is made once, and a \
+                            transition retried on a lost write would make it again"})
+    );
+    let seen = |id: &str| reply(&agent, "observe", json!({"query": {"id": id}}));
+    assert_eq!(
+        (
+            seen(&from)["balance"].clone(),
+            seen(&from)["VERSION"].clone()
+        ),
+        (json!(50), json!(1))
+    );
+    assert_eq!(
+        (seen(&to)["balance"].clone(), seen(&to)["VERSION"].clone()),
+        (json!(10), json!(2))
+    );
+}
+
+#[test]
 fn what_breaks_the_schema_or_names_a_stale_version_stores_nothing() {
     let agent = wallets();
     let id = json!({"id": "w-1"});

@@ -19,6 +19,7 @@
 //! | `limits.queue`         | `TOA_LIMIT_QUEUE`        | 100000 calls in a shared queue |
 //! | `limits.deliveries`    | `TOA_LIMIT_DELIVERIES`   | 5 deliveries of one call, then dead-lettered |
 //! | `limits.idempotency`   | `TOA_LIMIT_IDEMPOTENCY`  | 600000 ms: how long a call's idempotency key is remembered |
+//! | `limits.once`          | `TOA_LIMIT_ONCE`         | 604800000 ms (7 days): how long the record of a write applied once (`once`, or a key) is kept |
 //! | `limits.inflight`      | `TOA_LIMIT_INFLIGHT`     | 256 calls a component's program has in flight at once |
 //! | `limits.message`       | `TOA_LIMIT_MESSAGE`      | 16777216 bytes (16 MiB) of a program's answer or a broker message |
 //!
@@ -95,6 +96,11 @@ pub struct Limits {
     /// How long the outcome of a call given an idempotency key answers its repeats.
     #[serde(with = "millis")]
     pub idempotency: Duration,
+    /// How long the store keeps the record of a write applied once (an operation declaring
+    /// `once`, or a caller's key on an operation that writes): a repeat within it answers the
+    /// first outcome.
+    #[serde(with = "millis")]
+    pub once: Duration,
     /// How many calls a component's program may have in flight through its agent at once; one
     /// more waits for a slot, within its deadline.
     pub inflight: u32,

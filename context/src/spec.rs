@@ -63,6 +63,10 @@ pub struct LimitsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub idempotency: Option<i64>,
+    /// How long the record of a write applied once is kept, in ms: 7 days (default 604800000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub once: Option<i64>,
     /// Calls a component's program may have in flight at once; one more waits (default 256).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4294967295u32))]

@@ -81,11 +81,16 @@ async fn forward(
         )
         .into_response();
     };
-    match calls.call(&component, &operation, request, task).await {
+    match calls
+        .call(&component, &operation, request, task, made_in.as_deref())
+        .await
+    {
         Ok(outcome) => (status_of(&outcome), Json(outcome.to_json())).into_response(),
         Err(error) => {
             let status = match &error {
-                CallError::RequestContract(_) => StatusCode::BAD_REQUEST,
+                CallError::RequestContract(_) | CallError::Unrepeatable { .. } => {
+                    StatusCode::BAD_REQUEST
+                }
                 CallError::Addressee { .. } | CallError::UnknownComponent(_) => {
                     StatusCode::NOT_FOUND
                 }

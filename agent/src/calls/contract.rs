@@ -86,6 +86,13 @@ pub enum CallError {
     /// The broker cannot take the call now (it did not confirm it in time, or the queue is full).
     #[error("{0}")]
     Unavailable(String),
+    /// Made from a transition under `concurrency: retry` to an operation declaring `once`: a
+    /// run made again after a lost write would make it again, as a new call (seed 003); refused
+    /// before it is sent, every time.
+    #[error(
+        "'{target}' is made once, and a transition retried on a lost write would make it again"
+    )]
+    Unrepeatable { target: String },
 }
 
 impl CallError {
@@ -107,6 +114,7 @@ impl CallError {
             Self::UnknownComponent(_) => "UNKNOWN_COMPONENT",
             Self::Failed(_) => "FAILED",
             Self::Unavailable(_) => "UNAVAILABLE",
+            Self::Unrepeatable { .. } => "UnrepeatableException",
         }
     }
 }

@@ -2,6 +2,11 @@
 //! process itself for an in-process call) claims the key before the program is asked, and a repeat
 //! gets the first call's outcome (see [`crate::coordination::atom::repeats`] for the records).
 //! Without a key a call simply runs.
+//!
+//! A key on an operation that writes to a component's store (a transition, an assignment) is
+//! not Redis's: the store keeps it as a record with the write, in one transaction, as it does
+//! for an operation declaring `once` ([`crate::entities::store::Record`]); [`keys`] tells
+//! which.
 
 use crate::component::client::{Outcome, ProgramError};
 use crate::coordination::atom::repeats::{input_hash, Claim, Repeats, Stored, MAX_STORED};
@@ -92,6 +97,20 @@ where
             Ok(Claim::Running) if left.is_zero() => return Once::StillRunning,
             Ok(Claim::Running) => tokio::time::sleep(POLL.min(left)).await,
         }
+    }
+}
+
+/// A call's key, as the store's (for an operation that writes to `objects`) or as Redis's
+/// (any other): `(store's, Redis's)`.
+pub fn keys<'a>(
+    objects: Option<&crate::entities::objects::Objects>,
+    operation: &str,
+    key: Option<&'a str>,
+) -> (Option<&'a str>, Option<&'a str>) {
+    if objects.is_some_and(|objects| objects.records(operation)) {
+        (key, None)
+    } else {
+        (None, key)
     }
 }
 

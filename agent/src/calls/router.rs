@@ -10,6 +10,7 @@ use crate::calls::once::Once;
 use crate::component::client::{self, Outcome, ProgramClient, ProgramError};
 use crate::component::Component;
 use crate::entities::objects::{self, Objects, Run};
+use crate::entities::retrying::Retrying;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,6 +46,9 @@ pub struct Calls {
     activity: Arc<Activity>,
     /// The calls made through this process at once, per callee (`limits.inflight`).
     inflight: Inflight,
+    /// The calls running here as transitions under `retry`: a call one makes to an operation
+    /// declaring `once` is refused.
+    retrying: Arc<Retrying>,
 }
 
 /// How long a call over the broker waits for the declarations of a component nobody declared yet.
@@ -71,7 +75,15 @@ impl Calls {
             serving,
             activity,
             inflight: Inflight::new(context.limits.inflight),
+            retrying: Arc::default(),
         }
+    }
+
+    /// Refuses the calls that the transitions `retrying` knows make to an operation declaring
+    /// `once` (the process's components' objects tell it which run).
+    pub fn refusing_once_from(mut self, retrying: Arc<Retrying>) -> Self {
+        self.retrying = retrying;
+        self
     }
 
     /// Routes over `broker`; `catalog` knows the declarations of components other processes run.
@@ -94,17 +106,20 @@ impl Calls {
         }
     }
 
-    /// Checks the contract, then calls; `task` calls do not wait for the reply.
+    /// Checks the contract, then calls; `task` calls do not wait for the reply. `made_in`: the
+    /// id of the call the program serves while it makes this one (the `toa-call` header).
     pub async fn call(
         &self,
         component: &str,
         operation: &str,
         request: Request,
         task: bool,
+        made_in: Option<&str>,
     ) -> Result<Outcome, CallError> {
         let in_flight = self.activity.begin();
         let declared = self.declared(component).await?;
         let stateful = check_contract(&declared, operation, &request, task)?;
+        self.repeatable(&declared, operation, made_in)?;
         let timeout = stateful.then(|| {
             request
                 .timeout
@@ -144,6 +159,27 @@ impl Calls {
             task,
         };
         broker.call(call, timeout).await
+    }
+
+    /// A call `made_in` a transition running here under `retry` may not be to an operation
+    /// declaring `once`: a run made again after a lost write would make it again.
+    fn repeatable(
+        &self,
+        declared: &Component,
+        operation: &str,
+        made_in: Option<&str>,
+    ) -> Result<(), CallError> {
+        let once = declared
+            .manifest
+            .operations
+            .get(operation)
+            .is_some_and(|o| o.once);
+        if once && made_in.is_some_and(|call| self.retrying.contains(call)) {
+            return Err(CallError::Unrepeatable {
+                target: format!("{}.{operation}", declared.name),
+            });
+        }
+        Ok(())
     }
 
     /// The component's declarations. Over a broker, a component may be deployed later: its
@@ -272,6 +308,8 @@ fn run_here(
         if stateful && left <= START_MARGIN {
             return Err(abandoned_error(&operation, left));
         }
+        let (stored_key, key) =
+            crate::calls::once::keys(objects.as_deref(), &operation, key.as_deref());
         // The program's time counts from when it runs, after any wait for the key's claim.
         let program = async {
             let run = Run {
@@ -281,10 +319,10 @@ fn run_here(
                 query: query.as_ref(),
                 meta: &meta,
                 deadline: tokio::time::Instant::now() + left,
+                key: stored_key,
             };
             objects::operate(objects.as_deref(), run).await
         };
-        let key = key.as_deref();
         let once = crate::calls::once::run_once(
             &repeats, &operation, key, &input, deadline, window, program,
         )

@@ -3,7 +3,9 @@
 
 use super::memory::Memory;
 use super::postgres::{Address, Postgres};
-use super::store::{Committed, Found, State, Store, StoreError, Write};
+use super::store::{Committed, Found, Record, Recorded, State, Store, StoreError, Write};
+use serde_json::Value;
+use std::time::Duration;
 
 /// The context's store: its address and credentials, and the application's (shared) name, whose
 /// schema holds the objects.
@@ -23,14 +25,19 @@ pub enum Backend {
 
 impl Backend {
     /// The store of `component`'s objects: PostgreSQL when the context names one, else this
-    /// process's memory.
-    pub async fn open(storage: Option<&Storage>, component: &str) -> Result<Self, StoreError> {
+    /// process's memory. `retention`: how long the records of calls applied once are kept
+    /// (`limits.once`).
+    pub async fn open(
+        storage: Option<&Storage>,
+        component: &str,
+        retention: Duration,
+    ) -> Result<Self, StoreError> {
         match storage {
-            None => Ok(Self::Memory(Memory::default())),
+            None => Ok(Self::Memory(Memory::new(retention))),
             Some(storage) => {
-                let address = &storage.address;
+                let (address, application) = (&storage.address, &storage.application);
                 let opened =
-                    Postgres::open(address, &storage.application, component, CONNECTIONS).await?;
+                    Postgres::open(address, application, component, CONNECTIONS, retention).await?;
                 Ok(Self::Postgres(opened))
             }
         }
@@ -45,10 +52,34 @@ impl Store for Backend {
         }
     }
 
-    async fn commit(&self, id: &str, read: u64, write: Write) -> Result<Committed, StoreError> {
+    async fn commit(
+        &self,
+        id: &str,
+        read: u64,
+        write: Write,
+        record: Option<(&Record, &Value)>,
+    ) -> Result<Committed, StoreError> {
         match self {
-            Self::Memory(store) => store.commit(id, read, write).await,
-            Self::Postgres(store) => store.commit(id, read, write).await,
+            Self::Memory(store) => store.commit(id, read, write, record).await,
+            Self::Postgres(store) => store.commit(id, read, write, record).await,
+        }
+    }
+
+    async fn recorded(&self, record: &Record) -> Result<Option<Recorded>, StoreError> {
+        match self {
+            Self::Memory(store) => store.recorded(record).await,
+            Self::Postgres(store) => store.recorded(record).await,
+        }
+    }
+
+    async fn record(
+        &self,
+        record: &Record,
+        outcome: &Value,
+    ) -> Result<Option<Recorded>, StoreError> {
+        match self {
+            Self::Memory(store) => store.record(record, outcome).await,
+            Self::Postgres(store) => store.record(record, outcome).await,
         }
     }
 

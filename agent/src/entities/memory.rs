@@ -1,26 +1,92 @@
 //! The in-process store: a local `compose` without `storage` keeps its objects here, with the
-//! semantics of the PostgreSQL store (versions, compare-and-set, tombstones), so the README's
-//! first command needs nothing installed. Gone with the process.
+//! semantics of the PostgreSQL store (versions, compare-and-set, tombstones, the records of calls
+//! applied once), so the README's first command needs nothing installed. Gone with the process.
 
-use super::store::{Committed, Found, State, Store, StoreError, Write};
-use std::collections::BTreeMap;
+use super::store::{Committed, Found, Record, Recorded, State, Store, StoreError, Write};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+pub struct Memory {
+    /// Objects and records under one lock: a commit writes both or neither.
+    held: Mutex<Held>,
+    /// How long a record is kept (`limits.once`).
+    retention: Duration,
+}
 
 #[derive(Default)]
-pub struct Memory {
-    objects: Mutex<BTreeMap<String, Found>>,
+struct Held {
+    objects: BTreeMap<String, Found>,
+    /// By operation and key: what the record says, and when it was made.
+    records: HashMap<(String, String), (Recorded, Instant)>,
+    /// Records made since expired ones were last swept out.
+    made: usize,
+}
+
+/// Records made between two sweeps of the expired ones.
+const SWEEP_EVERY: usize = 4096;
+
+impl Memory {
+    pub fn new(retention: Duration) -> Self {
+        Self {
+            held: Mutex::default(),
+            retention,
+        }
+    }
+}
+
+impl Default for Memory {
+    /// With `limits.once`'s default.
+    fn default() -> Self {
+        Self::new(Duration::from_secs(7 * 24 * 3600))
+    }
+}
+
+impl Held {
+    /// The record, if it is younger than `retention`.
+    fn kept(&self, record: &Record, retention: Duration) -> Option<Recorded> {
+        let key = (record.operation.clone(), record.key.clone());
+        let (recorded, made) = self.records.get(&key)?;
+        (made.elapsed() < retention).then(|| recorded.clone())
+    }
+
+    fn keep(&mut self, record: &Record, outcome: &Value, retention: Duration) {
+        self.made += 1;
+        if self.made >= SWEEP_EVERY {
+            self.made = 0;
+            self.records
+                .retain(|_, (_, made)| made.elapsed() < retention);
+        }
+        let recorded = Recorded {
+            hash: record.hash.clone(),
+            outcome: outcome.clone(),
+        };
+        let key = (record.operation.clone(), record.key.clone());
+        self.records.insert(key, (recorded, Instant::now()));
+    }
 }
 
 impl Store for Memory {
     async fn read(&self, id: &str) -> Result<Found, StoreError> {
-        let objects = self.objects.lock().expect("objects");
-        Ok(objects.get(id).cloned().unwrap_or(Found::Missing))
+        let held = self.held.lock().expect("held");
+        Ok(held.objects.get(id).cloned().unwrap_or(Found::Missing))
     }
 
-    async fn commit(&self, id: &str, read: u64, write: Write) -> Result<Committed, StoreError> {
-        let mut objects = self.objects.lock().expect("objects");
-        let current = objects.get(id).map_or(0, Found::version);
+    async fn commit(
+        &self,
+        id: &str,
+        read: u64,
+        write: Write,
+        record: Option<(&Record, &Value)>,
+    ) -> Result<Committed, StoreError> {
+        let mut held = self.held.lock().expect("held");
+        if let Some(recorded) = record.and_then(|(record, _)| held.kept(record, self.retention)) {
+            return Ok(Committed::Repeated(recorded));
+        }
+        let current = held.objects.get(id).map_or(0, Found::version);
         if current != read {
             return Ok(Committed::Lost { current });
         }
@@ -29,8 +95,29 @@ impl Store for Memory {
             Write::Put(state) => Found::Live { state, version },
             Write::Delete => Found::Deleted { version },
         };
-        objects.insert(id.to_owned(), stored);
+        held.objects.insert(id.to_owned(), stored);
+        if let Some((record, outcome)) = record {
+            held.keep(record, outcome, self.retention);
+        }
         Ok(Committed::Stored { version })
+    }
+
+    async fn recorded(&self, record: &Record) -> Result<Option<Recorded>, StoreError> {
+        let held = self.held.lock().expect("held");
+        Ok(held.kept(record, self.retention))
+    }
+
+    async fn record(
+        &self,
+        record: &Record,
+        outcome: &Value,
+    ) -> Result<Option<Recorded>, StoreError> {
+        let mut held = self.held.lock().expect("held");
+        if let Some(recorded) = held.kept(record, self.retention) {
+            return Ok(Some(recorded));
+        }
+        held.keep(record, outcome, self.retention);
+        Ok(None)
     }
 
     async fn enumerate(
@@ -38,14 +125,15 @@ impl Store for Memory {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, State, u64)>, StoreError> {
-        let objects = self.objects.lock().expect("objects");
+        let held = self.held.lock().expect("held");
         let from = after.map_or(Bound::Unbounded, |id| Bound::Excluded(id.to_owned()));
-        let live = objects
-            .range((from, Bound::Unbounded))
-            .filter_map(|(id, found)| match found {
-                Found::Live { state, version } => Some((id.clone(), state.clone(), *version)),
-                _ => None,
-            });
+        let live =
+            held.objects
+                .range((from, Bound::Unbounded))
+                .filter_map(|(id, found)| match found {
+                    Found::Live { state, version } => Some((id.clone(), state.clone(), *version)),
+                    _ => None,
+                });
         Ok(live.take(limit).collect())
     }
 }

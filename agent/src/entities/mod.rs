@@ -11,12 +11,17 @@
 //! - [`objects`]: a component's objects as calls reach them: each operation's kind, the
 //!   inherited operations, observations, assignments and transitions against the store.
 //!
-//! `once` comes next (issue 20), under the same tests.
+//! - [`retrying`]: the calls running as transitions under `retry`, whose calls to an operation
+//!   declaring `once` are refused.
+//!
+//! `once` and a caller's key on an operation that writes are records the store keeps with the
+//! write ([`store::Record`]), in the same transaction.
 
 pub(crate) mod backend;
 pub(crate) mod memory;
 pub(crate) mod objects;
 pub(crate) mod postgres;
+pub(crate) mod retrying;
 pub(crate) mod store;
 pub(crate) mod transition;
 

@@ -16,12 +16,14 @@
 //! API answers with 404, 412, 409, 409 and 503.
 
 use super::backend::Backend;
-use super::store::{Committed, Found, State, Store, Write};
+use super::retrying::Retrying;
+use super::store::{Committed, Found, Record, Recorded, State, Store, Write};
 use super::transition::{self, Answer, Call, Decision, Entity, TransitionError, Turns};
 use crate::component::client::{CallMeta, Outcome, ProgramClient, ProgramError};
 use crate::component::{Component, ComponentError};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use toa_context::manifest::{self, Concurrency, Kind};
 use toa_context::query::Query;
 use tokio::time::Instant;
@@ -37,8 +39,12 @@ pub struct Objects {
     concurrency: BTreeMap<String, Concurrency>,
     /// The inherited operations the program has no module for: the agent serves them.
     inherited: BTreeSet<String>,
+    /// The operations declaring `once`.
+    once: BTreeSet<String>,
     store: Backend,
     turns: Turns,
+    /// This process's calls running as transitions under `retry` (shared by its components).
+    retrying: Arc<Retrying>,
 }
 
 /// One call of an operation of a component.
@@ -50,6 +56,9 @@ pub struct Run<'a> {
     pub meta: &'a CallMeta,
     /// When the call ends: every wait (a turn on the object, the program's runs) ends by then.
     pub deadline: Instant,
+    /// The caller's idempotency key, when the operation writes to the store (see
+    /// [`Objects::records`]); the others' keys are Redis's (`crate::calls::once`).
+    pub key: Option<&'a str>,
 }
 
 impl Run<'_> {
@@ -93,6 +102,7 @@ impl Objects {
         component: &Component,
         description: Option<&toa_context::program::Description>,
         store: Backend,
+        retrying: Arc<Retrying>,
     ) -> Result<Option<Self>, ComponentError> {
         let Some(entity) = &component.manifest.entity else {
             return Ok(None);
@@ -100,7 +110,11 @@ impl Objects {
         let mut kinds = BTreeMap::new();
         let mut concurrency = BTreeMap::new();
         let mut inherited = BTreeSet::new();
+        let mut once = BTreeSet::new();
         for (name, declared) in &component.manifest.operations {
+            if declared.once {
+                once.insert(name.clone());
+            }
             let kind = kind_of(component, name, declared, description)?;
             kinds.insert(name.clone(), kind);
             concurrency.insert(
@@ -126,8 +140,79 @@ impl Objects {
             kinds,
             concurrency,
             inherited,
+            once,
             store,
             turns: Turns::default(),
+            retrying,
+        }))
+    }
+
+    /// Whether calls of `operation` write to the store: a caller's key on them is a record the
+    /// store keeps with the write, not Redis's.
+    pub fn records(&self, operation: &str) -> bool {
+        matches!(
+            self.kinds.get(operation),
+            Some(Kind::Transition | Kind::Assignment)
+        )
+    }
+
+    /// The record that makes `run` apply once: by the caller's key, else by the call's id when
+    /// the operation declares `once`.
+    fn record_of(&self, run: &Run<'_>) -> Result<Option<Record>, ProgramError> {
+        let key = match run.key {
+            Some(key) => format!("key:{key}"),
+            None if !self.once.contains(run.operation) => return Ok(None),
+            // A call of ours always has an id; one without would share a record with others.
+            None if run.meta.id.is_empty() => {
+                let message = "`once`: the call has no id to be applied once by".to_owned();
+                return Err(self.refused(run.operation, message));
+            }
+            None => format!("call:{}", run.meta.id),
+        };
+        Ok(Some(Record {
+            operation: run.operation.to_owned(),
+            key,
+            hash: crate::coordination::atom::repeats::input_hash(run.input),
+        }))
+    }
+
+    /// The record of `run`, if it has one, and what it says when it is kept already.
+    async fn recorded(
+        &self,
+        run: &Run<'_>,
+    ) -> Result<(Option<Record>, Option<Outcome>), ProgramError> {
+        let Some(record) = self.record_of(run)? else {
+            return Ok((None, None));
+        };
+        let repeat = match self.store.recorded(&record).await {
+            Ok(Some(recorded)) => Some(self.repeat(run, &record, recorded)?),
+            Ok(None) => None,
+            Err(problem) => Some(self.unavailable(problem)),
+        };
+        Ok((Some(record), repeat))
+    }
+
+    /// A repeat of a call applied already: its first outcome, unless the key came with another
+    /// input.
+    fn repeat(
+        &self,
+        run: &Run<'_>,
+        record: &Record,
+        recorded: Recorded,
+    ) -> Result<Outcome, ProgramError> {
+        if recorded.hash != record.hash {
+            let message = "`key`: given before with another input (limits.once); a key names \
+                           one call"
+                .to_owned();
+            return Err(self.refused(run.operation, message));
+        }
+        tracing::info!(component = %self.component, operation = %run.operation, "a call applied already: its first outcome, not applied again");
+        Ok(Outcome::from_json(&recorded.outcome).unwrap_or_else(|_| {
+            self.unavailable(format!(
+                "the record of {} holds {}, not an outcome",
+                run.operation,
+                crate::component::client::quoted(&recorded.outcome.to_string())
+            ))
         }))
     }
 
@@ -220,23 +305,13 @@ impl Objects {
 }
 
 /// The kind of the operation `name`: the program's word (which the manifest's `type`, where
-/// given, must agree with), else the manifest's. `once` fails the start until it is applied.
+/// given, must agree with), else the manifest's.
 fn kind_of(
     component: &Component,
     name: &str,
     declared: &manifest::Operation,
     description: Option<&toa_context::program::Description>,
 ) -> Result<Kind, ComponentError> {
-    if declared.once {
-        return Err(ComponentError::Manifest(toa_context::ManifestError {
-            origin: component.name.clone(),
-            message: format!(
-                "`operations.{name}.once`: not applied yet: the record of applied calls comes \
-                 with the PostgreSQL store (issue 20); until then a redelivered call would apply \
-                 twice, so the component does not start"
-            ),
-        }));
-    }
     let said = description.and_then(|d| d.kinds.get(name).copied());
     match (declared.kind, said) {
         (Some(declared), Some(said)) if declared != said => Err(ComponentError::Mismatch {
@@ -297,12 +372,18 @@ impl Objects {
 /// Assignments.
 impl Objects {
     async fn assign(&self, run: Run<'_>) -> Result<Outcome, ProgramError> {
+        let (record, repeat) = self.recorded(&run).await?;
+        if let Some(repeat) = repeat {
+            return Ok(repeat);
+        }
         let fields = if self.inherited.contains(run.operation) {
             self.properties(&run)?.clone()
         } else {
             match run.plain(None).await? {
                 Outcome::Reply(fields) => fields,
-                refused @ Outcome::Error { .. } => return Ok(refused),
+                refused @ Outcome::Error { .. } => {
+                    return self.remember(&run, record.as_ref(), refused).await
+                }
             }
         };
         let Value::Object(fields) = fields else {
@@ -318,61 +399,99 @@ impl Objects {
             None if self.associated => return Err(self.no_id(run.operation)),
             None => crate::component::client::new_id(),
         };
-        let version = run.query.and_then(|q| q.version);
         let Ok(_turn) = self.turn(&id, run.deadline).await else {
             return Ok(busy(&self.component, &id));
         };
-        Ok(self.write_fields(&id, fields, version, run.deadline).await)
+        for attempt in 1..=transition::ATTEMPTS {
+            let written = self.write_fields(&run, &id, &fields, record.as_ref()).await;
+            if let Some(outcome) = written? {
+                return Ok(outcome);
+            }
+            let pause = transition::backoff(attempt);
+            let margin = toa_context::program::START_MARGIN;
+            if Instant::now() + pause + margin >= run.deadline {
+                return Ok(contended(&self.component, &id, attempt));
+            }
+            tokio::time::sleep(pause).await;
+        }
+        Ok(contended(&self.component, &id, transition::ATTEMPTS))
     }
 
     /// Writes `fields` over the object `id` (created when missing; a deleted one of a
-    /// non-associated entity stays deleted), again on a lost write, after a jittered pause,
-    /// until the deadline: the stored entry.
+    /// non-associated entity stays deleted), with the call's record: the stored entry, the
+    /// record's outcome, or `None` when another replica wrote first (written again on what it
+    /// stored, after a pause).
     async fn write_fields(
         &self,
+        run: &Run<'_>,
         id: &str,
-        fields: State,
-        expected: Option<u64>,
-        deadline: Instant,
-    ) -> Outcome {
-        for attempt in 1..=transition::ATTEMPTS {
-            let found = match self.store.read(id).await {
-                Ok(found) => found,
-                Err(problem) => return self.unavailable(problem),
-            };
-            let read = found.version();
-            if let Some(expected) = expected.filter(|e| *e != read) {
-                return error("PRECONDITION_FAILED", precondition(id, expected, read));
+        fields: &State,
+        record: Option<&Record>,
+    ) -> Result<Option<Outcome>, ProgramError> {
+        let found = match self.store.read(id).await {
+            Ok(found) => found,
+            Err(problem) => return Ok(Some(self.unavailable(problem))),
+        };
+        let read = found.version();
+        let expected = run.query.and_then(|q| q.version);
+        if let Some(expected) = expected.filter(|e| *e != read) {
+            let message = precondition(id, expected, read);
+            return Ok(Some(error("PRECONDITION_FAILED", message)));
+        }
+        let mut state = match found {
+            Found::Live { state, .. } => state,
+            Found::Deleted { .. } if !self.associated => {
+                let message = TransitionError::NotFound { id: id.to_owned() }.to_string();
+                let message = format!("{}: {message}", self.component);
+                return Ok(Some(error("NOT_FOUND", message)));
             }
-            let mut state = match found {
-                Found::Live { state, .. } => state,
-                Found::Deleted { .. } if !self.associated => {
-                    let message = TransitionError::NotFound { id: id.to_owned() }.to_string();
-                    return error("NOT_FOUND", format!("{}: {message}", self.component));
-                }
-                Found::Missing | Found::Deleted { .. } => self.blank.clone(),
-            };
-            state.extend(fields.clone());
-            if let Err(message) = self.check(&state) {
-                return invalid(&self.component, id, &message);
+            Found::Missing | Found::Deleted { .. } => self.blank.clone(),
+        };
+        state.extend(fields.clone());
+        if let Err(message) = self.check(&state) {
+            return Ok(Some(invalid(&self.component, id, &message)));
+        }
+        let stored = Found::Live {
+            state: state.clone(),
+            version: read + 1,
+        };
+        let entry = self.entry_of(id, stored).unwrap_or(Value::Null);
+        let outcome = json!({ "reply": entry });
+        let recorded = record.map(|record| (record, &outcome));
+        match self
+            .store
+            .commit(id, read, Write::Put(state), recorded)
+            .await
+        {
+            Ok(Committed::Stored { .. }) => Ok(Some(Outcome::Reply(entry))),
+            Ok(Committed::Repeated(found)) => {
+                let record = record.expect("a record is found only by a commit with one");
+                self.repeat(run, record, found).map(Some)
             }
-            match self.store.commit(id, read, Write::Put(state.clone())).await {
-                Ok(Committed::Stored { version }) => {
-                    let entry = self.entry_of(id, Found::Live { state, version });
-                    return Outcome::Reply(entry.unwrap_or(Value::Null));
-                }
-                Ok(Committed::Lost { .. }) => {
-                    let pause = transition::backoff(attempt);
-                    let margin = toa_context::program::START_MARGIN;
-                    if Instant::now() + pause + margin >= deadline {
-                        return contended(&self.component, id, attempt);
-                    }
-                    tokio::time::sleep(pause).await;
-                }
-                Err(problem) => return self.unavailable(problem),
+            Ok(Committed::Lost { .. }) => Ok(None),
+            Err(problem) => Ok(Some(self.unavailable(problem))),
+        }
+    }
+
+    /// An outcome that wrote nothing (the operation's own error), kept as the call's record when
+    /// it has one; a record there already is what the call answers.
+    async fn remember(
+        &self,
+        run: &Run<'_>,
+        record: Option<&Record>,
+        outcome: Outcome,
+    ) -> Result<Outcome, ProgramError> {
+        let Some(record) = record else {
+            return Ok(outcome);
+        };
+        match self.store.record(record, &outcome.to_json()).await {
+            Ok(None) => Ok(outcome),
+            Ok(Some(found)) => self.repeat(run, record, found),
+            Err(problem) => {
+                tracing::warn!(%problem, operation = %record.operation, "the outcome of a call that wrote nothing was not recorded: a redelivery runs it again");
+                Ok(outcome)
             }
         }
-        contended(&self.component, id, transition::ATTEMPTS)
     }
 }
 
@@ -426,11 +545,21 @@ impl Objects {
             },
             None => None,
         };
+        let (record, repeat) = self.recorded(&run).await?;
+        if let Some(repeat) = repeat {
+            return Ok(repeat);
+        }
+        let concurrency = self.concurrency[run.operation];
+        // Known while it runs, so that a call it makes to an operation declaring `once` is
+        // refused (the inherited ones make no calls).
+        let _running = (concurrency == Concurrency::Retry && !inherited)
+            .then(|| self.retrying.enter(&run.meta.id));
         let call = Call {
             id,
             version: run.query.and_then(|q| q.version),
-            concurrency: self.concurrency[run.operation],
+            concurrency,
             deadline: run.deadline,
+            record: record.as_ref(),
         };
         let check = |state: &State| self.check(state);
         let entity = Entity {
@@ -443,6 +572,9 @@ impl Objects {
         let answer = transition::transit(&self.store, &entity, &call, decide).await;
         if let Some(failure) = failed.lock().expect("failed").take() {
             return Err(failure);
+        }
+        if let (Ok(Answer::Repeated(found)), Some(record)) = (&answer, &record) {
+            return self.repeat(&run, record, found.clone());
         }
         Ok(self.answered(run.operation, answer))
     }
@@ -501,6 +633,9 @@ impl Objects {
             Ok(Answer::Stored { reply, .. } | Answer::Discarded { reply, .. }) => {
                 Outcome::Reply(reply)
             }
+            // Answered above, with the record's check.
+            Ok(Answer::Repeated(found)) => Outcome::from_json(&found.outcome)
+                .unwrap_or_else(|_| error("FAILED", format!("{operation}: {}", found.outcome))),
             Ok(Answer::Refused(refused)) => Outcome::from_json(&json!({ "error": refused }))
                 .unwrap_or_else(|_| error("FAILED", format!("{operation}: {refused}"))),
             Err(failure) => {
@@ -549,7 +684,7 @@ mod tests {
     fn the_program_says_each_kind_and_the_agent_serves_what_it_has_no_module_for() {
         let component = stock("{ reserve: {}, transit: {}, look: { type: observation } }");
         let description = said(&["reserve", "look"], &[("reserve", Kind::Transition)]);
-        let objects = Objects::new(&component, Some(&description), memory())
+        let objects = Objects::new(&component, Some(&description), memory(), Default::default())
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -562,11 +697,13 @@ mod tests {
         let inherited: Vec<&str> = objects.inherited.iter().map(String::as_str).collect();
         assert_eq!(inherited, ["enumerate", "observe", "transit"]);
         // Without the program's word, `reserve` is an effect: it declares nothing of a transition.
-        let manifests = Objects::new(&component, None, memory()).unwrap().unwrap();
+        let manifests = Objects::new(&component, None, memory(), Default::default())
+            .unwrap()
+            .unwrap();
         assert_eq!(manifests.kinds["reserve"], Kind::Effect);
         // A module exporting another kind than the manifest's `type` fails the start.
         let wrong = said(&["reserve", "look"], &[("look", Kind::Transition)]);
-        let error = Objects::new(&component, Some(&wrong), memory())
+        let error = Objects::new(&component, Some(&wrong), memory(), Default::default())
             .err()
             .unwrap();
         assert_eq!(
@@ -574,14 +711,11 @@ mod tests {
             "stock: the program does not match its manifest: `operations.look.type` is observation, and its module exports a transition"
         );
         let once = stock("{ pay: { type: transition, once: true } }");
-        let error = Objects::new(&once, None, memory())
-            .err()
+        let once = Objects::new(&once, None, memory(), Default::default())
             .unwrap()
-            .to_string();
-        assert!(
-            error.starts_with("stock: `operations.pay.once`: not applied yet"),
-            "{error}"
-        );
+            .unwrap();
+        assert!(once.once.contains("pay") && once.records("pay"));
+        assert!(!once.records("observe"), "an observation writes nothing");
         // The inherited operations need no module; the others do.
         assert!(component.commands(Some(&description)).is_ok());
         let missing = said(&["look"], &[]);
@@ -596,6 +730,22 @@ mod tests {
         input: Value,
         deadline: Instant,
     ) -> Result<Outcome, ProgramError> {
+        let meta = CallMeta {
+            id: crate::component::client::new_id(),
+            ..CallMeta::default()
+        };
+        delivered(objects, id, input, deadline, &meta, None).await
+    }
+
+    /// A delivery of a call of the inherited `transit` with `meta` (its id) and a caller's `key`.
+    async fn delivered(
+        objects: &Objects,
+        id: &str,
+        input: Value,
+        deadline: Instant,
+        meta: &CallMeta,
+        key: Option<&str>,
+    ) -> Result<Outcome, ProgramError> {
         let client = ProgramClient::new("stock", 1);
         let query = Query {
             id: Some(id.to_owned()),
@@ -606,17 +756,92 @@ mod tests {
             operation: "transit",
             input: &input,
             query: Some(&query),
-            meta: &CallMeta::default(),
+            meta,
             deadline,
+            key,
         };
         objects.operate(run).await
     }
 
     #[tokio::test]
-    async fn a_call_waiting_for_its_turn_on_an_object_ends_at_its_deadline() {
-        let objects = Objects::new(&stock("{ transit: {} }"), None, memory())
-            .unwrap()
+    async fn a_call_declared_once_is_applied_once_however_often_it_is_delivered() {
+        let objects = Objects::new(
+            &stock("{ transit: { once: true } }"),
+            None,
+            memory(),
+            Default::default(),
+        )
+        .unwrap()
+        .unwrap();
+        let far = Instant::now() + std::time::Duration::from_secs(5);
+        let meta = CallMeta {
+            id: "c1".to_owned(),
+            ..CallMeta::default()
+        };
+        let first = delivered(&objects, "p1", json!({ "n": 1 }), far, &meta, None).await;
+        let again = delivered(&objects, "p1", json!({ "n": 1 }), far, &meta, None).await;
+        let stored = Outcome::Reply(json!({ "id": "p1", "n": 1, "VERSION": 1 }));
+        assert_eq!(first.unwrap(), stored);
+        assert_eq!(
+            again.unwrap(),
+            stored,
+            "the first outcome, not applied again"
+        );
+        assert_eq!(objects.store.read("p1").await.unwrap().version(), 1);
+        // Another call (another id) is applied.
+        let other = transit(&objects, "p1", json!({ "n": 2 }), far)
+            .await
             .unwrap();
+        assert_eq!(
+            other,
+            Outcome::Reply(json!({ "id": "p1", "n": 2, "VERSION": 2 }))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_key_on_a_write_is_the_stores_record_and_names_one_input() {
+        let objects = Objects::new(
+            &stock("{ transit: {} }"),
+            None,
+            memory(),
+            Default::default(),
+        )
+        .unwrap()
+        .unwrap();
+        let far = Instant::now() + std::time::Duration::from_secs(5);
+        let (one, two) = (CallMeta::default(), CallMeta::default());
+        let key = Some("order-7");
+        let first = delivered(&objects, "p1", json!({ "n": 1 }), far, &one, key).await;
+        let repeat = delivered(&objects, "p1", json!({ "n": 1 }), far, &two, key).await;
+        assert_eq!(first.unwrap(), repeat.unwrap());
+        assert_eq!(
+            objects.store.read("p1").await.unwrap().version(),
+            1,
+            "applied once"
+        );
+        let other = delivered(&objects, "p1", json!({ "n": 3 }), far, &two, key).await;
+        let refused = other.unwrap_err().to_string();
+        assert!(
+            refused.contains("`key`: given before with another input"),
+            "{refused}"
+        );
+        // Without a key (and without `once`), a call has no record: each is applied.
+        transit(&objects, "p1", json!({ "n": 1 }), far)
+            .await
+            .unwrap();
+        assert_eq!(objects.store.read("p1").await.unwrap().version(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_call_waiting_for_its_turn_on_an_object_ends_at_its_deadline() {
+        let objects = Objects::new(
+            &stock("{ transit: {} }"),
+            None,
+            memory(),
+            Default::default(),
+        )
+        .unwrap()
+        .unwrap();
         let held = objects.turns.take("p1").await;
         let started = Instant::now();
         let deadline = started + std::time::Duration::from_millis(100);
@@ -645,9 +870,14 @@ mod tests {
 
     #[tokio::test]
     async fn the_inherited_transit_sets_properties_only() {
-        let objects = Objects::new(&stock("{ transit: {} }"), None, memory())
-            .unwrap()
-            .unwrap();
+        let objects = Objects::new(
+            &stock("{ transit: {} }"),
+            None,
+            memory(),
+            Default::default(),
+        )
+        .unwrap()
+        .unwrap();
         let far = Instant::now() + std::time::Duration::from_secs(5);
         let input = json!({ "n": 1, "DELETE": true });
         let refused = transit(&objects, "p1", input, far)

@@ -7,6 +7,12 @@
 //! - **A commit** is one statement: an `INSERT … ON CONFLICT DO NOTHING` for an object never
 //!   written (version 0), else an `UPDATE … WHERE version = <the version read>`. No transaction
 //!   spans the program's run; the row is locked only for the statement.
+//! - **The records of calls applied once** (`once`, or a caller's key on a write) are rows of the
+//!   application's `toa_once` table, by component, operation and key, with the call's outcome. A
+//!   commit with a record is one transaction: the record first (a second delivery of the call
+//!   waits on the first's uncommitted record, then finds it), then the compare-and-set; either
+//!   failing rolls both back. Records older than `limits.once` are ignored, replaced, and
+//!   deleted by every replica once an hour.
 //! - **An outcome lost with its connection** (the statement was sent, the answer never came) is
 //!   never re-run blindly: the agent reads the row on another connection and finds its attempt's
 //!   id among the row's last writes (applied, even when another replica wrote since) or not (not
@@ -22,7 +28,7 @@
 //! recycle timeouts; sqlx would add compile-time query checking this crate cannot use (its SQL
 //! names tables at run time) and much more to build.
 
-use super::store::{Committed, Found, State, Store, StoreError, Write};
+use super::store::{Committed, Found, Record, Recorded, State, Store, StoreError, Write};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde_json::Value;
 use std::time::Duration;
@@ -30,7 +36,7 @@ use tokio_postgres::types::Json;
 
 /// The layout of the runtime's tables this agent writes; an agent refuses a schema a newer one
 /// recorded.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// How many of a row's last writes it names: enough that a write whose answer was lost finds
 /// itself there although other replicas wrote since.
@@ -50,21 +56,49 @@ pub struct Address {
     pub password: Option<toa_context::Secret>,
 }
 
+/// How often a replica deletes the records past `limits.once`.
+const PURGE_EVERY: Duration = Duration::from_secs(3600);
+
 /// One component's objects in PostgreSQL.
 pub struct Postgres {
     pool: Pool,
     /// `"<schema>"."<table>"`, quoted.
     table: String,
+    component: String,
+    /// How long a record is kept (`limits.once`), in seconds.
+    retention: f64,
     statements: Statements,
+    /// Deletes the records past their retention; stopped with the store.
+    purge: tokio::task::JoinHandle<()>,
 }
 
-/// The statements, with the table's name in place.
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.purge.abort();
+    }
+}
+
+/// The statements, with the tables' names in place.
 struct Statements {
     read: String,
     insert: String,
     update: String,
     attempt: String,
     enumerate: String,
+    /// The records': one kept, one made (or an expired one replaced), the expired deleted.
+    recorded: String,
+    record: String,
+    purge: String,
+}
+
+/// What one try of a commit did.
+enum Tried {
+    /// The compare-and-set changed this many rows (0: somebody wrote first).
+    Rows(u64),
+    /// The connection went away with the statement (or `COMMIT`) sent: applied or not, unknown.
+    Unknown,
+    /// The call's record was there already: nothing written.
+    Recorded,
 }
 
 /// An identifier, quoted for SQL: the names come from the application's and the component's
@@ -122,9 +156,20 @@ pub fn ddl(application: &str, component: &str) -> Vec<String> {
             "CREATE TABLE IF NOT EXISTS {schema}.toa_runtime (key text PRIMARY KEY, value integer NOT NULL)"
         ),
         format!(
-            "INSERT INTO {schema}.toa_runtime (key, value) VALUES ('schema', {SCHEMA_VERSION}) \
-             ON CONFLICT (key) DO NOTHING"
+            "INSERT INTO {schema}.toa_runtime AS r (key, value) VALUES ('schema', {SCHEMA_VERSION}) \
+             ON CONFLICT (key) DO UPDATE SET value = GREATEST(r.value, EXCLUDED.value)"
         ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {schema}.toa_once (\
+             component text COLLATE \"C\" NOT NULL, \
+             operation text COLLATE \"C\" NOT NULL, \
+             key text COLLATE \"C\" NOT NULL, \
+             hash text NOT NULL, \
+             outcome jsonb NOT NULL, \
+             at timestamptz NOT NULL DEFAULT now(), \
+             PRIMARY KEY (component, operation, key))"
+        ),
+        format!("CREATE INDEX IF NOT EXISTS toa_once_at ON {schema}.toa_once (at)"),
         format!(
             "CREATE TABLE IF NOT EXISTS {table} (\
              id text COLLATE \"C\" PRIMARY KEY, \
@@ -142,18 +187,32 @@ fn unavailable(error: impl std::fmt::Display) -> StoreError {
 
 impl Postgres {
     /// Connects, and makes the component's table when missing (under an advisory lock).
+    /// `retention`: how long the records of calls applied once are kept.
     pub async fn open(
         address: &Address,
         application: &str,
         component: &str,
         connections: usize,
+        retention: Duration,
     ) -> Result<Self, StoreError> {
         let pool = pool(address, connections)?;
-        let table = format!("{}.{}", quote(&schema_of(application)), quote(component));
+        let schema = quote(&schema_of(application));
+        let table = format!("{schema}.{}", quote(component));
+        let statements = Statements::for_tables(&table, &format!("{schema}.toa_once"));
+        let retention = retention.as_secs_f64();
+        let purge = tokio::spawn(purge(
+            pool.clone(),
+            statements.purge.clone(),
+            component.to_owned(),
+            retention,
+        ));
         let store = Self {
             pool,
-            statements: Statements::for_table(&table),
+            statements,
             table,
+            component: component.to_owned(),
+            retention,
+            purge,
         };
         store.migrate(application, component).await?;
         Ok(store)
@@ -166,10 +225,12 @@ impl Postgres {
         let schema = quote(&schema_of(application));
         let runtime = format!("{schema}.toa_runtime");
         let client = self.pool.get().await.map_err(unavailable)?;
+        let once = format!("{schema}.toa_once");
         let made = client
             .query_one(
-                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
-                &[&runtime, &self.table],
+                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
+                 AND to_regclass($3) IS NOT NULL",
+                &[&runtime, &self.table, &once],
             )
             .await
             .map_err(unavailable)?;
@@ -266,43 +327,154 @@ impl Postgres {
         Ok(self.query(statement, parameters).await?.into_iter().next())
     }
 
-    /// One compare-and-set statement: `Some(rows)` changed, `None` when its outcome is unknown
-    /// (the connection went away after it was sent).
+    /// One try of a commit: the compare-and-set alone, or with the call's record in one
+    /// transaction.
     async fn try_commit(
         &self,
         id: &str,
         read: u64,
         write: &Write,
         attempt: &str,
-    ) -> Result<Option<u64>, StoreError> {
-        let client = self.pool.get().await.map_err(unavailable)?;
+        record: Option<(&Record, &Value)>,
+    ) -> Result<Tried, StoreError> {
+        let mut client = self.pool.get().await.map_err(unavailable)?;
         let (deleted, state) = match write {
             Write::Put(state) => (false, Value::Object(state.clone())),
             Write::Delete => (true, Value::Object(State::new())),
         };
-        let state = Json(state);
-        let done = if read == 0 {
-            let statement = &self.statements.insert;
-            client
-                .execute(statement, &[&id, &deleted, &state, &attempt])
+        let change = Change {
+            id,
+            read,
+            deleted,
+            state: Json(state),
+            attempt,
+        };
+        let done = match record {
+            None => self
+                .compare_and_set(&client, &change)
                 .await
-        } else {
-            let read = read as i64;
-            let statement = &self.statements.update;
-            client
-                .execute(statement, &[&id, &read, &deleted, &state, &attempt])
-                .await
+                .map(Tried::Rows),
+            Some(record) => self.recorded_write(&mut client, &change, record).await,
         };
         match done {
-            Ok(rows) => Ok(Some(rows)),
+            Ok(tried) => Ok(tried),
             // The connection went away with the statement sent: applied or not, unknown.
             Err(error) if lost_with_connection(&error) => {
                 discard(client);
-                Ok(None)
+                Ok(Tried::Unknown)
             }
             // Refused by the server (a statement timeout, a read-only standby) or never sent:
             // not applied.
             Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    /// The compare-and-set statement: the rows it changed.
+    async fn compare_and_set(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        change: &Change<'_>,
+    ) -> Result<u64, tokio_postgres::Error> {
+        let Change {
+            id,
+            read,
+            deleted,
+            state,
+            attempt,
+        } = change;
+        if *read == 0 {
+            let statement = &self.statements.insert;
+            client
+                .execute(statement, &[id, deleted, state, attempt])
+                .await
+        } else {
+            let read = *read as i64;
+            let statement = &self.statements.update;
+            client
+                .execute(statement, &[id, &read, deleted, state, attempt])
+                .await
+        }
+    }
+
+    /// The record, then the compare-and-set, in one transaction: both or neither.
+    async fn recorded_write(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        change: &Change<'_>,
+        (record, outcome): (&Record, &Value),
+    ) -> Result<Tried, tokio_postgres::Error> {
+        let transaction = client.transaction().await?;
+        let outcome = Json(outcome);
+        let parameters: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+            &self.component,
+            &record.operation,
+            &record.key,
+            &record.hash,
+            &outcome,
+            &self.retention,
+        ];
+        if transaction
+            .execute(&self.statements.record, &parameters)
+            .await?
+            == 0
+        {
+            transaction.rollback().await?;
+            return Ok(Tried::Recorded);
+        }
+        let rows = self.compare_and_set(&transaction, change).await?;
+        if rows == 0 {
+            transaction.rollback().await?;
+        } else {
+            transaction.commit().await?;
+        }
+        Ok(Tried::Rows(rows))
+    }
+}
+
+/// A compare-and-set's parameters.
+struct Change<'a> {
+    id: &'a str,
+    read: u64,
+    deleted: bool,
+    state: Json<Value>,
+    attempt: &'a str,
+}
+
+/// Deletes `component`'s records older than `retention` seconds, at start and every
+/// [`PURGE_EVERY`]; every replica does, which costs nothing when another did just before.
+async fn purge(pool: Pool, statement: String, component: String, retention: f64) {
+    let mut every = tokio::time::interval(PURGE_EVERY);
+    loop {
+        every.tick().await;
+        let client = match pool.get().await {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::debug!(%error, "the records past limits.once were not deleted now");
+                continue;
+            }
+        };
+        match client.execute(&statement, &[&component, &retention]).await {
+            Ok(0) => {}
+            Ok(deleted) => {
+                tracing::info!(%component, deleted, "deleted the records of calls applied once past limits.once")
+            }
+            Err(error) => {
+                tracing::warn!(%component, %error, "the records past limits.once were not deleted now")
+            }
+        }
+    }
+}
+
+impl Postgres {
+    /// A record found there when writing it: what it says.
+    async fn repeated(&self, record: &Record) -> Result<Recorded, StoreError> {
+        match self.recorded(record).await? {
+            Some(recorded) => Ok(recorded),
+            // Past its retention between the two statements: rare, and safe to try again.
+            None => Err(StoreError::Unavailable(format!(
+                "the record of {} expired while it was read; try again",
+                record.operation
+            ))),
         }
     }
 }
@@ -372,7 +544,8 @@ fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
 }
 
 impl Statements {
-    fn for_table(table: &str) -> Self {
+    fn for_tables(table: &str, once: &str) -> Self {
+        let past = "now() - make_interval(secs => $2::float8)";
         Self {
             read: format!("SELECT version, deleted, state FROM {table} WHERE id = $1"),
             insert: format!(
@@ -389,6 +562,17 @@ impl Statements {
                 "SELECT id, version, state FROM {table} \
                  WHERE NOT deleted AND id > $1 ORDER BY id LIMIT $2"
             ),
+            recorded: format!(
+                "SELECT hash, outcome FROM {once} WHERE component = $1 AND operation = $2 \
+                 AND key = $3 AND at > now() - make_interval(secs => $4::float8)"
+            ),
+            record: format!(
+                "INSERT INTO {once} AS o (component, operation, key, hash, outcome) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (component, operation, key) \
+                 DO UPDATE SET hash = EXCLUDED.hash, outcome = EXCLUDED.outcome, at = now() \
+                 WHERE o.at <= now() - make_interval(secs => $6::float8)"
+            ),
+            purge: format!("DELETE FROM {once} WHERE component = $1 AND at <= {past}"),
         }
     }
 }
@@ -421,15 +605,26 @@ impl Store for Postgres {
         })
     }
 
-    async fn commit(&self, id: &str, read: u64, write: Write) -> Result<Committed, StoreError> {
+    async fn commit(
+        &self,
+        id: &str,
+        read: u64,
+        write: Write,
+        record: Option<(&Record, &Value)>,
+    ) -> Result<Committed, StoreError> {
         let attempt = crate::component::client::new_id();
         // At most twice: once more after an outcome lost with its connection and found not
         // applied.
         for _ in 0..2 {
-            let changed = self.try_commit(id, read, &write, &attempt).await?;
-            if changed == Some(1) {
-                return Ok(Committed::Stored { version: read + 1 });
-            }
+            let changed = match self.try_commit(id, read, &write, &attempt, record).await? {
+                Tried::Rows(1) => return Ok(Committed::Stored { version: read + 1 }),
+                Tried::Rows(rows) => Some(rows),
+                Tried::Unknown => None,
+                Tried::Recorded => {
+                    let record = record.expect("only a commit with a record finds one").0;
+                    return self.repeated(record).await.map(Committed::Repeated);
+                }
+            };
             // Nothing changed (someone wrote first, or a first try of ours, cut, did meanwhile),
             // or the answer was lost: what the row says of this attempt.
             let unknown = || {
@@ -454,6 +649,58 @@ impl Store for Postgres {
         Err(StoreError::Unavailable(format!(
             "the commit of {id} lost its connection twice"
         )))
+    }
+
+    async fn recorded(&self, record: &Record) -> Result<Option<Recorded>, StoreError> {
+        let parameters: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [
+            &self.component,
+            &record.operation,
+            &record.key,
+            &self.retention,
+        ];
+        let row = self
+            .query_opt(&self.statements.recorded, &parameters)
+            .await?;
+        Ok(row.map(|row| {
+            let Json(outcome): Json<Value> = row.get(1);
+            Recorded {
+                hash: row.get(0),
+                outcome,
+            }
+        }))
+    }
+
+    async fn record(
+        &self,
+        record: &Record,
+        outcome: &Value,
+    ) -> Result<Option<Recorded>, StoreError> {
+        let client = self.pool.get().await.map_err(unavailable)?;
+        let outcome = Json(outcome);
+        let parameters: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+            &self.component,
+            &record.operation,
+            &record.key,
+            &record.hash,
+            &outcome,
+            &self.retention,
+        ];
+        // A lost answer here costs nothing: the statement is repeated as it is, and a record
+        // found then is this one's (or another delivery's, with the same outcome's call).
+        let made = match client.execute(&self.statements.record, &parameters).await {
+            Ok(rows) => rows,
+            Err(error) if lost_with_connection(&error) => {
+                discard(client);
+                let client = self.pool.get().await.map_err(unavailable)?;
+                let again = client.execute(&self.statements.record, &parameters);
+                again.await.map_err(unavailable)?
+            }
+            Err(error) => return Err(unavailable(error)),
+        };
+        if made == 1 {
+            return Ok(None);
+        }
+        self.repeated(record).await.map(Some)
     }
 
     async fn enumerate(

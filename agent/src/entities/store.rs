@@ -40,12 +40,36 @@ pub enum Write {
 }
 
 /// A commit's outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Committed {
     /// Written at this version (the one read, plus one).
     Stored { version: u64 },
     /// Somebody wrote first: the object is at `current` now, and nothing was written.
     Lost { current: u64 },
+    /// The call's record was there already: another delivery of the call (or another call with
+    /// its key) was applied; nothing was written.
+    Repeated(Recorded),
+}
+
+/// The record of a call applied once: an operation declaring `once` (keyed by the call's id,
+/// the same on every delivery), or a caller's `key` on an operation that writes. It is written
+/// in the same transaction as the call's write, so that a repeat finds it exactly when the
+/// write was stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub operation: String,
+    /// `call:<id>` or `key:<key>`: a caller's key never meets a call's id.
+    pub key: String,
+    /// What the input hashes to: a key given again with another input is refused.
+    pub hash: String,
+}
+
+/// What a record keeps: the hash of the input it was made with, and the call's outcome as the
+/// caller got it (`{"reply": …}` or `{"error": …}`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    pub hash: String,
+    pub outcome: Value,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,13 +82,30 @@ pub trait Store: Send + Sync {
     fn read(&self, id: &str) -> impl Future<Output = Result<Found, StoreError>> + Send;
 
     /// Writes `write` at version `read + 1` if the object is still at `read` (0: never written);
-    /// otherwise writes nothing and says where the object is.
+    /// otherwise writes nothing and says where the object is. With a record, the record and the
+    /// write are stored together or not at all, and a record there already (within the
+    /// retention) writes nothing: [`Committed::Repeated`].
     fn commit(
         &self,
         id: &str,
         read: u64,
         write: Write,
+        record: Option<(&Record, &Value)>,
     ) -> impl Future<Output = Result<Committed, StoreError>> + Send;
+
+    /// What the record of a call says, if it is kept (younger than the retention).
+    fn recorded(
+        &self,
+        record: &Record,
+    ) -> impl Future<Output = Result<Option<Recorded>, StoreError>> + Send;
+
+    /// Keeps the outcome of a call that wrote nothing (`DISCARD`, the operation's own error) as
+    /// its record; `Some`: the record was there already, and is what it says.
+    fn record(
+        &self,
+        record: &Record,
+        outcome: &Value,
+    ) -> impl Future<Output = Result<Option<Recorded>, StoreError>> + Send;
 
     /// Up to `limit` live objects with ids after `after` (from the first without), by id.
     fn enumerate(

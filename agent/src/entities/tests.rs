@@ -1,11 +1,12 @@
 //! The store's contract and transitions over it, on the in-process store: every property a
 //! record afterwards can check (exactly 100 of a stock of 100 sold, nothing stored twice, nothing
-//! stored that should not be). The PostgreSQL store is to pass the same (issue 20).
+//! stored that should not be, a call with a record applied once). Each case runs on both stores
+//! (`on_both!`).
 
 use super::backend::{Backend, Storage};
 use super::memory::Memory;
 use super::postgres::Address;
-use super::store::{Committed, Found, State, Store, StoreError, Write};
+use super::store::{Committed, Found, Record, Recorded, State, Store, StoreError, Write};
 use super::transition::{
     transit, Answer, Call, Concurrency, Decision, Entity, TransitionError, Turns, ATTEMPTS,
 };
@@ -35,6 +36,16 @@ fn call(id: Option<&str>, version: Option<u64>, concurrency: Concurrency) -> Cal
         version,
         concurrency,
         deadline: Instant::now() + Duration::from_secs(20),
+        record: None,
+    }
+}
+
+/// The record of one call applied once.
+fn record(key: &str) -> Record {
+    Record {
+        operation: "reserve".to_owned(),
+        key: format!("call:{key}"),
+        hash: "h".to_owned(),
     }
 }
 
@@ -380,10 +391,28 @@ impl Store for Hot {
         self.0.read(id).await
     }
 
-    async fn commit(&self, id: &str, read: u64, write: Write) -> Result<Committed, StoreError> {
+    async fn commit(
+        &self,
+        id: &str,
+        read: u64,
+        write: Write,
+        record: Option<(&Record, &Value)>,
+    ) -> Result<Committed, StoreError> {
         let theirs = Write::Put(state(json!({ "available": 1 })));
-        self.0.commit(id, read, theirs).await?;
-        self.0.commit(id, read, write).await
+        self.0.commit(id, read, theirs, None).await?;
+        self.0.commit(id, read, write, record).await
+    }
+
+    async fn recorded(&self, record: &Record) -> Result<Option<Recorded>, StoreError> {
+        self.0.recorded(record).await
+    }
+
+    async fn record(
+        &self,
+        record: &Record,
+        outcome: &Value,
+    ) -> Result<Option<Recorded>, StoreError> {
+        self.0.record(record, outcome).await
     }
 
     async fn enumerate(
@@ -403,6 +432,7 @@ async fn a_hot_object_is_contended_within_the_deadline_and_nothing_of_the_call_i
         version: None,
         concurrency: Concurrency::Retry,
         deadline,
+        record: None,
     };
     let answer = on_stock(&store, &hot, set(json!({ "available": 9 }))).await;
     assert!(
@@ -521,6 +551,109 @@ async fn a_deleted_associated_object_is_blank_again_at_the_tombstones_version(on
     );
 }
 
+/// A reserve of one call (`key`, its record) on p1.
+async fn reserve_once<S: Store>(store: &S, key: &Record) -> Result<Answer, TransitionError> {
+    let mut once = call(Some("p1"), None, Concurrency::Retry);
+    once.record = Some(key);
+    on_stock(store, &once, reserve).await
+}
+
+async fn a_call_with_a_record_is_applied_once_and_its_repeats_get_its_outcome(on: On) {
+    let store = on.store().await;
+    stock(&store, 100).await;
+    let first = reserve_once(&store, &record("c1")).await.unwrap();
+    let Answer::Stored { reply, version, .. } = first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(version, 2);
+    // A redelivery of the call: its first outcome, nothing written.
+    let again = reserve_once(&store, &record("c1")).await.unwrap();
+    let outcome = json!({ "reply": reply });
+    let kept = Recorded {
+        hash: "h".to_owned(),
+        outcome: outcome.clone(),
+    };
+    assert_eq!(again, Answer::Repeated(kept.clone()));
+    assert_eq!(store.recorded(&record("c1")).await, Ok(Some(kept)));
+    let expected = Found::Live {
+        state: state(json!({ "available": 99 })),
+        version: 2,
+    };
+    assert_eq!(store.read("p1").await.unwrap(), expected);
+    // Eight deliveries of another call at once, from processes that do not take turns: one
+    // applies it.
+    let store = Arc::new(store);
+    let deliveries: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { reserve_once(&*store, &record("c2")).await })
+        })
+        .collect();
+    let mut stored = 0;
+    for delivery in deliveries {
+        match delivery.await.unwrap().unwrap() {
+            Answer::Stored { .. } => stored += 1,
+            Answer::Repeated(_) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(stored, 1, "applied once");
+    assert_eq!(store.read("p1").await.unwrap().version(), 3);
+}
+
+async fn a_record_is_kept_with_its_write_or_not_at_all_and_for_its_retention_only(on: On) {
+    let store = on.keeping(Duration::from_millis(600)).await;
+    stock(&store, 2).await;
+    // A lost write keeps no record: the call, run again, is applied.
+    let outcome = json!({ "reply": 1 });
+    let put = || Write::Put(state(json!({ "available": 1 })));
+    let (c1, c4) = (record("c1"), record("c4"));
+    let lost = store.commit("p1", 0, put(), Some((&c1, &outcome)));
+    assert_eq!(lost.await, Ok(Committed::Lost { current: 1 }));
+    assert_eq!(store.recorded(&record("c1")).await, Ok(None));
+    // An outcome that wrote nothing (DISCARD, the operation's own error) is a record alone.
+    let refused = json!({ "error": { "code": "OUT_OF_STOCK" } });
+    assert_eq!(store.record(&record("c3"), &refused).await, Ok(None));
+    let kept = store.record(&record("c3"), &json!({ "reply": 0 })).await;
+    let first = Recorded {
+        hash: "h".to_owned(),
+        outcome: refused,
+    };
+    assert_eq!(kept, Ok(Some(first)), "the first outcome stays");
+    // Past the retention a record is forgotten: the call would be applied again.
+    let kept = store.commit("p1", 1, put(), Some((&c4, &outcome)));
+    assert_eq!(kept.await, Ok(Committed::Stored { version: 2 }));
+    assert!(store.recorded(&record("c4")).await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(store.recorded(&record("c4")).await, Ok(None));
+    let again = store.commit("p1", 2, put(), Some((&c4, &outcome)));
+    assert_eq!(again.await, Ok(Committed::Stored { version: 3 }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_with_a_record_whose_commit_lost_its_answer_is_applied_once() {
+    let cutter = Arc::new(Cutter::default());
+    let application = format!("cut-{}", crate::component::client::new_id());
+    let store = store_at(&application, Some(cutting_proxy(cutter.clone()).await)).await;
+    stock(&store, 100).await;
+    *cutter.armed.lock().unwrap() = Some(Cut::AtCommit);
+    let first = reserve_once(&store, &record("c1")).await.unwrap();
+    assert!(
+        matches!(first, Answer::Stored { version: 2, .. }),
+        "{first:?}"
+    );
+    let cuts = cutter.cuts.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(cuts, 1, "the connection was not cut");
+    // The broker delivers the call again (its first answer never reached it): not applied again.
+    let again = reserve_once(&store, &record("c1")).await.unwrap();
+    assert!(matches!(again, Answer::Repeated(_)), "{again:?}");
+    let expected = Found::Live {
+        state: state(json!({ "available": 99 })),
+        version: 2,
+    };
+    assert_eq!(store.read("p1").await.unwrap(), expected);
+}
+
 /// Which store a case of the conformance suite runs on: each runs on both.
 #[derive(Clone, Copy)]
 enum On {
@@ -532,21 +665,29 @@ impl On {
     /// A store of no objects: for PostgreSQL, a component of a new application (a schema of its
     /// own) on the tests' server (`TOA_TEST_STORAGE`, else scripts/services' 127.0.0.1:5432).
     async fn store(self) -> Backend {
+        self.keeping(RETENTION).await
+    }
+
+    /// A store of no objects whose records are kept for `retention`.
+    async fn keeping(self, retention: Duration) -> Backend {
         match self {
-            Self::Memory => Backend::Memory(Memory::default()),
+            Self::Memory => Backend::Memory(Memory::new(retention)),
             Self::Postgres => {
                 let application = format!("conformance-{}", crate::component::client::new_id());
                 let storage = Storage {
                     address: test_storage(),
                     application,
                 };
-                Backend::open(Some(&storage), "shop.stock")
+                Backend::open(Some(&storage), "shop.stock", retention)
                     .await
                     .expect("the tests' PostgreSQL (scripts/services starts it)")
             }
         }
     }
 }
+
+/// How long the tests' stores keep records, unless a test says otherwise.
+const RETENTION: Duration = Duration::from_secs(3600);
 
 /// The tests' PostgreSQL: `TOA_TEST_STORAGE` (`postgres://user:password@host:port/database`),
 /// else the one scripts/services starts.
@@ -596,6 +737,8 @@ on_both!(
     a_hot_object_is_contended_within_the_deadline_and_nothing_of_the_call_is_stored,
     sixteen_processes_on_one_object_all_get_through,
     a_deleted_associated_object_is_blank_again_at_the_tombstones_version,
+    a_call_with_a_record_is_applied_once_and_its_repeats_get_its_outcome,
+    a_record_is_kept_with_its_write_or_not_at_all_and_for_its_retention_only,
 );
 
 #[tokio::test]
@@ -605,7 +748,9 @@ async fn two_applications_on_one_database_never_meet() {
             address: test_storage(),
             application,
         };
-        Backend::open(Some(&storage), "shop.stock").await.unwrap()
+        Backend::open(Some(&storage), "shop.stock", RETENTION)
+            .await
+            .unwrap()
     };
     let suffix = crate::component::client::new_id();
     let (shop, other) = (
@@ -614,7 +759,7 @@ async fn two_applications_on_one_database_never_meet() {
     );
     let stocked = Write::Put(state(json!({ "available": 3 })));
     assert_eq!(
-        shop.commit("p1", 0, stocked).await,
+        shop.commit("p1", 0, stocked, None).await,
         Ok(Committed::Stored { version: 1 })
     );
     assert_eq!(other.read("p1").await, Ok(Found::Missing));
@@ -626,7 +771,7 @@ async fn two_applications_on_one_database_never_meet() {
 
 /// A TCP proxy to the tests' PostgreSQL that, once armed, cuts the connection carrying the next
 /// `UPDATE`'s execution: after forwarding it (the server applies it; its answer is lost) or before
-/// (never applied). Its port.
+/// (never applied); or, [`Cut::AtCommit`], the next `COMMIT` after forwarding it. Its port.
 async fn cutting_proxy(cutter: Arc<Cutter>) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -647,6 +792,8 @@ enum Cut {
     /// After forwarding, and another writer writes the object before the answer is missed.
     AfterForwardingThenAnotherWrites,
     BeforeForwarding,
+    /// The transaction's `COMMIT`, after forwarding it: committed, its answer lost.
+    AtCommit,
 }
 
 #[derive(Default)]
@@ -680,9 +827,16 @@ async fn pump(client: tokio::net::TcpStream, upstream: tokio::net::TcpStream, cu
     let mut prepared = None;
     while let Ok(n @ 1..) = client_read.read(&mut buffer).await {
         let chunk = &buffer[..n];
-        let armed = prepared.take();
-        if armed.is_none() && chunk.windows(6).any(|w| w == b"UPDATE") {
-            prepared = cutter.armed.lock().unwrap().take();
+        let mut armed = prepared.take();
+        let has = |word: &[u8]| chunk.windows(word.len()).any(|w| w == word);
+        if armed.is_none() {
+            let mut waiting = cutter.armed.lock().unwrap();
+            match *waiting {
+                Some(Cut::AtCommit) if has(b"COMMIT") => armed = waiting.take(),
+                Some(Cut::AtCommit) => {}
+                Some(_) if has(b"UPDATE") => prepared = waiting.take(),
+                _ => {}
+            }
         }
         if armed.is_some() {
             // From here no answer reaches the driver; the server applies (or never sees) the
@@ -718,6 +872,7 @@ async fn store_at(application: &str, port: Option<u16>) -> Backend {
             application,
         }),
         "shop.stock",
+        RETENTION,
     )
     .await
     .unwrap()
@@ -734,7 +889,7 @@ async fn a_commit_whose_answer_is_lost_is_found_applied_or_made_once_more() {
         let cutter = Arc::new(Cutter::default());
         let application = format!("cut-{}", crate::component::client::new_id());
         let store = store_at(&application, Some(cutting_proxy(cutter.clone()).await)).await;
-        let first = store.commit("p1", 0, Write::Put(state(json!({ "available": 1 }))));
+        let first = store.commit("p1", 0, Write::Put(state(json!({ "available": 1 }))), None);
         assert_eq!(first.await, Ok(Committed::Stored { version: 1 }));
         *cutter.armed.lock().unwrap() = Some(way);
         let another = (way == AfterForwardingThenAnotherWrites).then(|| {
@@ -745,10 +900,10 @@ async fn a_commit_whose_answer_is_lost_is_found_applied_or_made_once_more() {
                 tokio::time::sleep(Duration::from_millis(150)).await;
                 let other = store_at(&application, None).await;
                 let theirs = Write::Put(state(json!({ "available": 5 })));
-                other.commit("p1", 2, theirs).await
+                other.commit("p1", 2, theirs, None).await
             })
         });
-        let second = store.commit("p1", 1, Write::Put(state(json!({ "available": 0 }))));
+        let second = store.commit("p1", 1, Write::Put(state(json!({ "available": 0 }))), None);
         assert_eq!(
             second.await,
             Ok(Committed::Stored { version: 2 }),

@@ -13,8 +13,8 @@
 //! - [`Turns`]: one run at a time per object in a process, so a process's own calls never lose
 //!   writes to each other; lost writes come only from other replicas.
 
-use super::store::{Committed, Found, State, Store, StoreError, Write};
-use serde_json::Value;
+use super::store::{Committed, Found, Record, Recorded, State, Store, StoreError, Write};
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -50,6 +50,9 @@ pub struct Call<'a> {
     pub version: Option<u64>,
     pub concurrency: Concurrency,
     pub deadline: Instant,
+    /// The record that makes the call apply once (`once`, or the caller's key): stored with the
+    /// write, and with an outcome that writes nothing.
+    pub record: Option<&'a Record>,
 }
 
 /// What one run of the program answered.
@@ -77,6 +80,20 @@ pub enum Answer {
     Discarded { reply: Value, version: u64 },
     /// The operation's own error.
     Refused(Value),
+    /// The call's record was there: another delivery of it (or another call with its key) was
+    /// applied, and this is what it answered; nothing was run to the end or written.
+    Repeated(Recorded),
+}
+
+impl Answer {
+    /// The outcome as the caller gets it, and a record keeps it.
+    pub fn outcome(&self) -> Value {
+        match self {
+            Self::Stored { reply, .. } | Self::Discarded { reply, .. } => json!({ "reply": reply }),
+            Self::Refused(error) => json!({ "error": error }),
+            Self::Repeated(recorded) => recorded.outcome.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -132,27 +149,26 @@ where
         expect(call, &id, found.version())?;
         let (state, version) = current(found, entity, &id, new)?;
         let (left, returned) = match run(entry(&state, &id, version)).await? {
-            Decision::Refused(error) => return Ok(Answer::Refused(error)),
+            Decision::Refused(error) => {
+                return Ok(remember(store, call, Answer::Refused(error)).await)
+            }
             Decision::Left { entry, returned } => (entry, returned),
         };
         let Some(write) = settle(left, entity, &id)? else {
             let reply = returned.unwrap_or_else(|| Value::Object(entry(&state, &id, version)));
-            return Ok(Answer::Discarded { reply, version });
+            let discarded = Answer::Discarded { reply, version };
+            return Ok(remember(store, call, discarded).await);
         };
-        let stored = match &write {
-            Write::Put(state) => state.clone(),
-            Write::Delete => State::new(),
+        let commit = Commit {
+            id: &id,
+            read: version,
+            write,
+            returned,
+            attempt,
         };
-        match store.commit(&id, version, write).await? {
-            Committed::Stored { version } => {
-                let reply = returned.unwrap_or_else(|| Value::Object(entry(&stored, &id, version)));
-                return Ok(Answer::Stored {
-                    reply,
-                    version,
-                    attempts: attempt,
-                });
-            }
-            Committed::Lost { current } => {
+        match commit.made(store, call).await? {
+            Ok(answer) => return Ok(answer),
+            Err(current) => {
                 expect(call, &id, current)?;
                 lost(call, &id, attempt).await?;
                 new = false;
@@ -163,6 +179,69 @@ where
         id,
         attempts: ATTEMPTS,
     })
+}
+
+/// A commit of what one run left.
+struct Commit<'a> {
+    id: &'a str,
+    read: u64,
+    write: Write,
+    /// What the function returned (`None`: the entry).
+    returned: Option<Value>,
+    attempt: u32,
+}
+
+impl Commit<'_> {
+    /// The answer once stored (or found applied by its record); `Err`: lost to another writer,
+    /// the object now at that version.
+    async fn made<S: Store>(
+        self,
+        store: &S,
+        call: &Call<'_>,
+    ) -> Result<Result<Answer, u64>, StoreError> {
+        let Commit {
+            id,
+            read,
+            write,
+            returned,
+            attempt,
+        } = self;
+        let stored = match &write {
+            Write::Put(state) => state.clone(),
+            Write::Delete => State::new(),
+        };
+        // The reply is known before the commit (at the version after the one read), so that the
+        // record stored with the write keeps it.
+        let reply = returned.unwrap_or_else(|| Value::Object(entry(&stored, id, read + 1)));
+        let outcome = json!({ "reply": reply });
+        let record = call.record.map(|record| (record, &outcome));
+        Ok(match store.commit(id, read, write, record).await? {
+            Committed::Stored { version } => Ok(Answer::Stored {
+                reply,
+                version,
+                attempts: attempt,
+            }),
+            Committed::Repeated(recorded) => Ok(Answer::Repeated(recorded)),
+            Committed::Lost { current } => Err(current),
+        })
+    }
+}
+
+/// An answer that wrote nothing, kept as the call's record when it has one; a record there
+/// already is what the call answers. A record that cannot be kept is not the call's failure
+/// (nothing was written): a redelivery runs it again.
+async fn remember<S: Store>(store: &S, call: &Call<'_>, answer: Answer) -> Answer {
+    let Some(record) = call.record else {
+        return answer;
+    };
+    match store.record(record, &answer.outcome()).await {
+        Ok(None) => answer,
+        Ok(Some(recorded)) => Answer::Repeated(recorded),
+        Err(error) => {
+            tracing::warn!(%error, operation = %record.operation, "the outcome of a call that wrote nothing was not recorded: a redelivery runs it again");
+            answer
+        }
+    }
 }
 
 /// The object as the program is given it, and its version. A missing property reads as

@@ -292,7 +292,10 @@ fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
                         key: None,
                         query: None,
                     };
-                    if let Err(error) = calls.call(&component, &operation, request, false).await {
+                    if let Err(error) = calls
+                        .call(&component, &operation, request, false, None)
+                        .await
+                    {
                         tracing::warn!(%component, %operation, %error, "pulse failed");
                     }
                 }

@@ -87,6 +87,7 @@ pub const SETTINGS: &[Setting] = &[
     row("limits.queue",       "TOA_LIMIT_QUEUE",        Kind::Count,     IfAbsent::Count(100_000)),
     row("limits.deliveries",  "TOA_LIMIT_DELIVERIES",   Kind::Count,     IfAbsent::Count(5)),
     row("limits.idempotency", "TOA_LIMIT_IDEMPOTENCY",  Kind::Millis,    ms(600_000)),
+    row("limits.once",        "TOA_LIMIT_ONCE",         Kind::Millis,    ms(604_800_000)),
     row("limits.inflight",    "TOA_LIMIT_INFLIGHT",     Kind::Count,     IfAbsent::Count(256)),
     row("limits.message",     "TOA_LIMIT_MESSAGE",      Kind::Count,     IfAbsent::Count(16 << 20)),
 ];

@@ -51,7 +51,7 @@ fn refused_annotations_name_the_key_and_what_was_expected() {
         ("name: a\nlimits:\n  queue: 0\n", "`limits.queue`: expected a whole number from 1 to 4294967295, got 0"),
         ("name: a\nlimits:\n  deliveries: many\n", "`limits.deliveries`: expected a positive whole number, got many"),
         ("name: a\nlimits:\n  drain: -1\n", "`limits.drain`: expected a positive whole number of milliseconds, got -1"),
-        ("name: a\nlimits:\n  run_command: 5\n", "`limits.run_command`: unknown key; expected one of: operation, runCommand, drain, queue, deliveries, idempotency, inflight, message"),
+        ("name: a\nlimits:\n  run_command: 5\n", "`limits.run_command`: unknown key; expected one of: operation, runCommand, drain, queue, deliveries, idempotency, once, inflight, message"),
         ("name: a\natomicity:\n  redis: redis://a\n  intervl: 5\n", "`atomicity.intervl`: unknown key; expected one of: redis, interval, ttl"),
         ("name: a\natomicity:\n  redis: redis://a\n  interval: 0\n", "`atomicity.interval`: expected a positive whole number of milliseconds, got 0"),
         ("name: a\natomicity:\n  redis: redis://a\n  interval: -5\n", "`atomicity.interval`: expected a positive whole number of milliseconds, got -5"),
@@ -132,6 +132,7 @@ fn limits_are_read_with_their_defaults() {
             queue: 10,
             deliveries: 2,
             idempotency: Duration::from_secs(600),
+            once: Duration::from_secs(7 * 24 * 3600),
             inflight: 8,
             message: 1024,
         }
@@ -143,7 +144,7 @@ fn limits_are_read_with_their_defaults() {
 fn a_context_reads_back_from_the_variables_it_writes() {
     let documents = [
         "name: a\n",
-        "name: shop\natomicity:\n  redis: [redis://r0, redis://r1:6380/2, redis://r2]\n  interval: 700\n  ttl: 9000\naddressed:\n  timeout: 1234\namqp: amqp://broker:5673/vh\nlimits:\n  operation: 5\n  runCommand: 6\n  drain: 7\n  queue: 8\n  deliveries: 9\n  idempotency: 10\n",
+        "name: shop\natomicity:\n  redis: [redis://r0, redis://r1:6380/2, redis://r2]\n  interval: 700\n  ttl: 9000\naddressed:\n  timeout: 1234\namqp: amqp://broker:5673/vh\nlimits:\n  operation: 5\n  runCommand: 6\n  drain: 7\n  queue: 8\n  deliveries: 9\n  idempotency: 10\n  once: 11\n",
     ];
     for document in documents {
         let context = parse(document).unwrap();
@@ -173,7 +174,7 @@ mod generated {
         let amqp = prop::option::of((host, 1u16..u16::MAX, "[a-z]{0,6}"));
         let limits = (
             (millis(), millis(), millis()),
-            (1u32.., 1u32.., millis(), 1u32.., 1u32..),
+            (1u32.., 1u32.., millis(), millis(), 1u32.., 1u32..),
         );
         (name, atomicity, millis(), amqp, limits).prop_map(
             |(name, atomicity, timeout, amqp, limits)| {
@@ -189,7 +190,7 @@ mod generated {
                 });
                 let (
                     (operation, run_command, drain),
-                    (queue, deliveries, idempotency, inflight, message),
+                    (queue, deliveries, idempotency, once, inflight, message),
                 ) = limits;
                 Context {
                     name,
@@ -204,6 +205,7 @@ mod generated {
                         queue,
                         deliveries,
                         idempotency,
+                        once,
                         inflight,
                         message,
                     },

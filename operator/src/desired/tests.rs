@@ -349,6 +349,7 @@ fn without_atomicity_broker_or_credentials_their_variables_are_absent() {
             "TOA_LIMIT_IDEMPOTENCY",
             "TOA_LIMIT_INFLIGHT",
             "TOA_LIMIT_MESSAGE",
+            "TOA_LIMIT_ONCE",
             "TOA_LIMIT_OPERATION",
             "TOA_LIMIT_QUEUE",
             "TOA_LIMIT_RUN_COMMAND",

@@ -42,6 +42,9 @@ class Agent:
         self.instance = environ.get("TOA_INSTANCE", "")
         self._token = environ.get("TOA_AGENT_TOKEN")
         self._token_file = environ.get("TOA_AGENT_TOKEN_FILE")
+        # The call each thread serves (`.call`, the agent's `{"id", ...}`): its id goes with every
+        # call the operation makes (the `toa-call` header), so that the agent knows what makes it.
+        self.running = threading.local()
 
     def headers(self) -> dict[str, str]:
         headers = {"content-type": "application/json"}
@@ -57,7 +60,7 @@ class Agent:
         return connection
 
     def request(self, method: str, path: str, body: Optional[Mapping[str, Any]] = None,
-                timeout: float = 120) -> Tuple[int, Any]:
+                timeout: float = 120, headers: Optional[Mapping[str, str]] = None) -> Tuple[int, Any]:
         """The answer's status and JSON value; `CallError` `UNAVAILABLE` when the agent does not
         answer."""
         try:
@@ -66,7 +69,7 @@ class Agent:
             raise CallError({"code": "UNAVAILABLE", "message": f"the agent did not answer: {error}"}) from error
         try:
             payload = None if body is None else json.dumps(body)
-            connection.request(method, path, payload, self.headers())
+            connection.request(method, path, payload, {**self.headers(), **(headers or {})})
             response = connection.getresponse()
             return response.status, json.loads(response.read() or b"null")
         except OSError as error:
@@ -127,7 +130,11 @@ class Agent:
              body: Union[CallRequest, TaskRequest]) -> Any:
         """A call (`route` CALL) or a task (TASK): the reply, or the operation's own `Error`;
         a call that failed as a call raises `CallError`."""
-        status, answer = self.request(route.method, route.at(component=component, operation=operation), body)
+        running = getattr(self.running, "call", None)
+        made_in = running.get("id") if isinstance(running, dict) else None
+        headers = {protocol.CALL_HEADER: made_in} if made_in else None
+        path = route.at(component=component, operation=operation)
+        status, answer = self.request(route.method, path, body, headers=headers)
         if status >= 400:
             raise CallError(refusal(answer, status))
         value: Outcome = answer

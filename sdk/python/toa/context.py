@@ -213,7 +213,7 @@ class Context:
         self.atom = Atom(self._agent)
         self.remote = Calls(self._agent)
         self.local = Calls(self._agent, (self._agent.component,))
-        self._calls = threading.local()
+        self._calls = self._agent.running
 
     @property
     def call(self) -> Optional[CallInfo]:

@@ -169,9 +169,13 @@ ONASSIGNED = Route("GET", "/v1/{component}/onassigned", headers=OWN, response=As
 FAILED = Route("POST", "/v1/{component}/onassigned/{listener}/failed", headers=OWN)
 METER = Route("POST", "/v1/{component}/meter", headers=OWN, request=MeterRequest,
               response=MeterResponse, error=ErrorBody)
-CALL = Route("POST", "/v1/call/{component}/{operation}", request=CallRequest, response=Outcome,
+# The running call's id, on the calls an operation makes (toa-context's `program::CallHeaders`):
+# the agent refuses a call from a transition that retries to an operation declaring `once`.
+CALL_HEADER = "toa-call"
+CALL = Route("POST", "/v1/call/{component}/{operation}", headers=(CALL_HEADER,), request=CallRequest,
+             response=Outcome, error=ErrorBody)
+TASK = Route("POST", "/v1/task/{component}/{operation}", headers=(CALL_HEADER,), request=TaskRequest,
              error=ErrorBody)
-TASK = Route("POST", "/v1/task/{component}/{operation}", request=TaskRequest, error=ErrorBody)
 READYZ = Route("GET", "/readyz")
 DRAIN = Route("POST", "/v1/drain")
 # The program's side, which takes only the agent's requests (`Authorization`: its token).

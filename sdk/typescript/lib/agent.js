@@ -61,17 +61,17 @@ export class Agent {
    * @param {string} method
    * @param {string} path
    * @param {object} [body]
-   * @param {{ signal?: AbortSignal, stream?: boolean }} [options]
+   * @param {{ signal?: AbortSignal, stream?: boolean, headers?: Record<string, string> }} [options]
    * @returns {Promise<Answer>}
    */
-  request (method, path, body, { signal, stream = false } = {}) {
+  request (method, path, body, { signal, stream = false, headers = {} } = {}) {
     return new Promise((resolve, reject) => {
       const request = http.request({
         host: this.host,
         port: this.port,
         method,
         path,
-        headers: this.headers(),
+        headers: { ...this.headers(), ...headers },
         agent: stream ? false : this.pool,
         signal
       }, (response) => {

@@ -2,9 +2,15 @@
 // `state` (one plain object per process), `configuration`, `atom` (lock, slots, onassigned,
 // meter), `local.<operation>(request, options)` and `remote.<component>.<operation>(...)`.
 
+import { AsyncLocalStorage } from 'node:async_hooks'
 import { Agent, refusal } from './agent.js'
 import { CallError, abandoned, contract } from './errors.js'
-import { CALL, FAILED, LOCK, METER, ONASSIGNED, at } from './protocol.js'
+import { CALL, CALL_HEADER, FAILED, LOCK, METER, ONASSIGNED, at } from './protocol.js'
+
+/** The call an operation serves, through everything it awaits: its id goes with every call the
+ * operation makes (the `toa-call` header), so that the agent knows what makes it.
+ * @type {AsyncLocalStorage<string>} */
+export const running = new AsyncLocalStorage()
 
 /** @typedef {import('./protocol.js').Assignment} Assignment */
 /** @typedef {import('./protocol.js').AssignedEvent} AssignedEvent */
@@ -273,7 +279,9 @@ async function call (agent, component, operation, request, { timeout, signal } =
   if (request.query !== undefined) body.query = request.query
   let answer
   try {
-    answer = await agent.request(CALL.method, at(CALL, { component, operation }), body, { signal })
+    const madeIn = running.getStore()
+    const headers = madeIn === undefined ? undefined : { [CALL_HEADER]: madeIn }
+    answer = await agent.request(CALL.method, at(CALL, { component, operation }), body, { signal, headers })
   } catch (error) {
     if (signal?.aborted) throw abandoned(`${target}: the signal ended the wait`)
     throw new CallError({ code: 'UNAVAILABLE', message: `${target}: the agent did not answer: ${/** @type {Error} */ (error).message}` })

@@ -94,8 +94,11 @@ export const METER = {
   response: /** @satisfies {Fields<MeterResponse>} */ ({ debts: true }),
   error
 }
+/** The running call's id, on the calls an operation makes (toa-context's `program::CallHeaders`):
+ * the agent refuses a call from a transition that retries to an operation declaring `once`. */
+export const CALL_HEADER = 'toa-call'
 /** @satisfies {Route} */
-export const CALL = { method: 'POST', path: '/v1/call/{component}/{operation}', request: callRequest, response: outcome, error }
+export const CALL = { method: 'POST', path: '/v1/call/{component}/{operation}', headers: [CALL_HEADER], request: callRequest, response: outcome, error }
 /** @satisfies {Route} */
 export const READYZ = { method: 'GET', path: '/readyz' }
 /** @satisfies {Route} */

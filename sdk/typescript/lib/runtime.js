@@ -15,7 +15,7 @@ import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { timingSafeEqual } from 'node:crypto'
 import { readToken } from './agent.js'
-import { Context } from './context.js'
+import { Context, running } from './context.js'
 import { PROGRAM } from './protocol.js'
 
 /** @typedef {(input: any, ...rest: any[]) => unknown} Operation */
@@ -203,7 +203,9 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
       }
       if (kind === 'operations' && component.operations.has(operation)) {
         if (pastDeadline(call)) return answer(response, 504, { message: PAST_DEADLINE })
-        return answer(response, 200, await component.operate(operation, input ?? null, entry))
+        const run = () => component.operate(operation, input ?? null, entry)
+        const id = typeof call?.id === 'string' ? call.id : undefined
+        return answer(response, 200, await (id === undefined ? run() : running.run(id, run)))
       }
       return unknown(response, url)
     } catch (error) {

@@ -67,6 +67,23 @@ describe('the context', () => {
   })
 })
 
+test('a call from a transition that retries to an operation made once is refused with the seed\'s exception', async () => {
+  const stage = await compose([`${FIXTURES}/shop.ledger`], { agent: AGENT })
+  try {
+    await stage.call('shop.ledger.transit', { query: { id: 'a' }, input: { balance: 50 } })
+    const swept = await stage.call('shop.ledger.sweep', { query: { id: 'a' }, input: { to: 'b' } })
+    assert.deepEqual(swept, {
+      refused: "UnrepeatableException: 'shop.ledger.credit' is made once, and a transition retried on a lost write would make it again"
+    })
+    const left = await stage.call('shop.ledger.observe', { query: { id: 'a' } })
+    assert.deepEqual({ balance: left.balance, VERSION: left.VERSION }, { balance: 50, VERSION: 1 }, 'nothing written')
+    // Outside a transition the same call goes through.
+    assert.deepEqual(await stage.call('shop.ledger.credit', { query: { id: 'b' }, input: { amount: 5 } }), { balance: 5 })
+  } finally {
+    await stage.stop()
+  }
+})
+
 test('a component outside any "type": "module" package loads its TypeScript too', async () => {
   const dir = join(scratch(), 'plain.echo')
   mkdirSync(join(dir, 'operations'), { recursive: true })

@@ -555,6 +555,9 @@ impl Call {
         };
         let until = tokio::time::Instant::now() + limit;
         let request = &self.request;
+        let objects = served.objects.as_deref();
+        let (stored_key, key) =
+            crate::calls::once::keys(objects, &request.operation, request.key.as_deref());
         // The program's time counts from when it runs, after any wait for the key's claim.
         let program = async {
             let run = crate::entities::objects::Run {
@@ -564,13 +567,14 @@ impl Call {
                 query: request.query.as_ref(),
                 meta: &meta,
                 deadline: tokio::time::Instant::now() + limit,
+                key: stored_key,
             };
-            crate::entities::objects::operate(served.objects.as_deref(), run).await
+            crate::entities::objects::operate(objects, run).await
         };
         let once = run_once(
             &served.repeats,
             &request.operation,
-            request.key.as_deref(),
+            key,
             &request.input,
             until,
             served.idempotency,

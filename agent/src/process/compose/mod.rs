@@ -243,6 +243,9 @@ pub struct Composition {
     tokens: Arc<ComponentTokens>,
     /// The stores of the components with an entity, opened before their programs start.
     stores: HashMap<String, Backend>,
+    /// The calls running here as transitions under `retry`: their components' objects tell it,
+    /// the router refuses their calls to an operation declaring `once`.
+    retrying: Arc<crate::entities::retrying::Retrying>,
 }
 
 /// The servers' names, as errors and logs say them.
@@ -336,7 +339,9 @@ impl Composition {
                     })?;
             member.commands = member.component.commands(description.as_ref())?;
             if let Some(store) = self.stores.remove(&member.component.name) {
-                let objects = Objects::new(&member.component, description.as_ref(), store)?;
+                let retrying = self.retrying.clone();
+                let description = description.as_ref();
+                let objects = Objects::new(&member.component, description, store, retrying)?;
                 member.objects = objects.map(Arc::new);
             }
         }
@@ -384,6 +389,7 @@ impl Composition {
             self.serving.subscribe(),
             self.activity.clone(),
         )
+        .refusing_once_from(self.retrying.clone())
     }
 
     /// Connects the broker and offers it every component.

@@ -84,6 +84,7 @@ impl Composition {
             calls: None,
             tokens,
             stores,
+            retrying: Arc::default(),
         };
         Ok((composition, servers, local, asked))
     }
@@ -171,7 +172,8 @@ async fn open_stores(
                 component.name
             )));
         }
-        let store = Backend::open(options.storage.as_ref(), &component.name)
+        let retention = options.context.limits.once;
+        let store = Backend::open(options.storage.as_ref(), &component.name, retention)
             .await
             .map_err(|error| ComposeError::Setup(format!("{}: {error}", component.name)))?;
         stores.insert(component.name.clone(), store);

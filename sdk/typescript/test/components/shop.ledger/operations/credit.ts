@@ -1,0 +1,5 @@
+export async function transition (input: { amount: number }, entry: { balance: number }) {
+  entry.balance += input.amount
+
+  return { balance: entry.balance }
+}
