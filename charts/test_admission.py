@@ -69,7 +69,8 @@ def must(*args, stdin=None):
     return output
 
 
-def composition(name, namespace=NAMESPACE, secret=None, redis=None, amqp=None, **spec):
+def composition(name, namespace=NAMESPACE, secret=None, redis=None, amqp=None, store=None,
+                **spec):
     """A minimal valid Composition (operator/src/fixtures.rs) with these fields."""
     body = {
         "application": "shop",
@@ -86,6 +87,8 @@ def composition(name, namespace=NAMESPACE, secret=None, redis=None, amqp=None, *
         context["atomicity"] = {"redis": redis}
     if amqp is not None:
         context["amqp"] = amqp
+    if store is not None:
+        context["storage"] = store
     if context:
         body["context"] = context
     if secret is not None:
@@ -185,7 +188,7 @@ def setup():
     must("wait", "--for=condition=Established", "crd/compositions.toa.io", "--timeout=30s")
     for namespace in (NAMESPACE, ELSEWHERE):
         must("create", "namespace", namespace)
-    for secret in ("backends", "other"):
+    for secret in ("backends", "other", "shop-db-app", "shop-db-ca"):
         must("create", "secret", "generic", secret, "-n", NAMESPACE,
              "--from-literal=redis-password=hunter2")
     # Made before the policy, as a Composition of an earlier install: a Secret and a host
@@ -209,6 +212,13 @@ def setup():
          "--resource=secrets", "--resource-name=backends")
     must("create", "rolebinding", "bob-backends", "-n", NAMESPACE, "--role=read-backends",
          "--user=bob")
+    # frank: the chart's edit role and `get` on the CloudNativePG cluster's two Secrets.
+    must("create", "rolebinding", "frank", "-n", NAMESPACE, f"--clusterrole={EDIT_ROLE}",
+         "--user=frank")
+    must("create", "role", "read-shop-db", "-n", NAMESPACE, "--verb=get",
+         "--resource=secrets", "--resource-name=shop-db-app", "--resource-name=shop-db-ca")
+    must("create", "rolebinding", "frank-shop-db", "-n", NAMESPACE, "--role=read-shop-db",
+         "--user=frank")
     for user, role in (("carol", "view"), ("dave", "edit"), ("erin", "admin")):
         must("create", "rolebinding", user, "-n", NAMESPACE, f"--clusterrole={role}",
              f"--user={user}")
@@ -217,6 +227,8 @@ def setup():
     probe = composition("probe", redis=["redis://evil.example.com:6379"])
     eventually("the policy refuses a disallowed host", lambda: DENIED in create(probe)[1])
     eventually("RBAC grants bob the Secret", lambda: can("bob", "get", "secret/backends"))
+    eventually("RBAC grants frank the cluster's Secrets",
+               lambda: can("frank", "get", "secret/shop-db-ca"))
     eventually("the built-in roles aggregate the Composition roles",
                lambda: can("carol", "get", "compositions") and can("dave", "create", "compositions")
                and can("erin", "create", "compositions"))
@@ -272,6 +284,27 @@ def checks():
         for host in ("redis", "10.0.0.1", "evilsvc", "redis.svc.evil.com"):
             refused(create(composition("c", amqp=f"amqp://{host}")),
                     f"names the host {host}, which is not allowed")
+
+    @check("the store: its address judged as the others, a CloudNativePG cluster as its Secrets")
+    def _():
+        store = "postgres://shop-db-rw.shop.svc:5432/app"
+        cluster = {"storage": {"cloudNativePG": "shop-db"}}
+        allowed(create(composition("c", store=store, **cluster), user="frank"))
+        refused(create(composition("c", store=store, **cluster), user="bob"),
+                "spec.storage.cloudNativePG: bob may not read (get) the Secrets shop-db-app and "
+                "shop-db-ca in namespace shop, so may not name the cluster")
+        allowed(create(composition("c", store="postgresql://db.shop.svc/shop%2Dmain"),
+                       user="alice"))
+        refused(create(composition("c", store="postgres://evil.example.com:5432/app")),
+                "spec.context.storage: postgres://evil.example.com:5432/app names the host "
+                "evil.example.com, which is not allowed")
+        for address in ("postgres://db.shop.svc", "postgres://db.shop.svc/", "mysql://db.shop.svc/a",
+                        "postgres://db.shop.svc/app?sslmode=disable"):
+            refused(create(composition("c", store=address)),
+                    f"spec.context.storage: {address} is not of the form "
+                    "postgres[ql]://host[:port]/database")
+        ok, output = create(composition("c", store="postgres://app:hunter2@db.shop.svc/app"))
+        assert not ok and "hunter2" not in output, output
 
     @check("addresses outside the agents' form are refused readably, credentials not shown")
     def _():

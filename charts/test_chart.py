@@ -583,9 +583,12 @@ def _():
     }, binding["spec"]
     expressions = [v["expression"] for v in spec["validations"]]
     secret = [e for e in expressions if "authorizer" in e]
-    assert len(secret) == 1, expressions
-    assert "authorizer.group('').resource('secrets').namespace(request.namespace)" in secret[0]
+    # The credentials Secret, and a CloudNativePG cluster's two.
+    assert len(secret) == 2, expressions
+    for expression in secret:
+        assert "authorizer.group('').resource('secrets').namespace(request.namespace)" in expression
     assert ".name(variables.secretName).check('get').allowed()" in secret[0], secret
+    assert ".name(variables.cluster + suffix).check('get').allowed()" in secret[1], secret
     # A message for every refusal, and one to fall back on should the expression fail.
     for validation in spec["validations"]:
         assert validation["message"] and validation["messageExpression"], validation

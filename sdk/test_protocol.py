@@ -73,8 +73,7 @@ LACKING = {
         # `slots` answers from the onassigned stream, not from this route.
         *route("GET /v1/{component}/slots", "path component", "query total", "header Authorization",
                "response slots", *ERROR),
-        # No idempotency keys, no tasks.
-        "POST /v1/call/{component}/{operation} request key",
+        # No tasks.
         *route("POST /v1/task/{component}/{operation}", "path component", "path operation",
                "request input", "request instance", "request timeout", "request key",
                "request query", "request query.id", "request query.version",

@@ -144,6 +144,7 @@ fn storage(
         return Ok(None);
     };
     let credentials = Credentials::from_vars(&ProcessVars, "TOA_STORAGE")?;
+    let roots = Roots::storage_from_vars(&ProcessVars)?;
     Ok(Some(crate::entities::backend::Storage {
         address: crate::entities::postgres::Address {
             host: address.host.clone(),
@@ -151,6 +152,7 @@ fn storage(
             database: address.database.clone(),
             username: credentials.username,
             password: credentials.password,
+            ca: roots.and_then(|roots| roots.pem().map(str::to_owned)),
         },
         application: application.to_owned(),
     }))

@@ -1,13 +1,15 @@
 //! `rediss://` and `amqps://`: a Redis and a RabbitMQ of the test's own that take TLS only,
 //! with certificates a CA of the test's own signed. The agent trusts that CA through
 //! `TOA_TLS_CA_FILE` (`TOA_TLS_CA`, the same certificates inline, is context/src/tls.rs's), and
-//! with another CA's file it refuses both servers, naming the certificate.
+//! with another CA's file it refuses both servers, naming the certificate. A PostgreSQL of the
+//! test's own that takes TLS only: the store trusts its CA through `TOA_STORAGE_CA_FILE`.
 
 mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use support::postgres::PostgresServer;
 use support::rabbit::RabbitNode;
 use support::{free_port, Composition};
 
@@ -237,5 +239,61 @@ fn rediss_and_amqps_trust_the_ca_file_and_refuse_another_ca() {
     let log = stranger.log();
     assert!(!log.contains("Composition complete"), "{log}");
     assert!(log.to_lowercase().contains("certificate"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_store_is_reached_over_tls_with_its_own_ca_and_refused_with_another() {
+    let dir = std::env::temp_dir().join(format!("toa-tls-pg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    certificates(&dir, "server");
+    certificates(&dir, "stranger");
+    let postgres = PostgresServer::start_with_tls(&dir.join("server.crt"), &dir.join("server.key"));
+    let context = dir.join("context.toa.yaml");
+    let storage = format!("postgres://127.0.0.1:{}/postgres", postgres.port);
+    let text = format!("name: tls-pg-{}\nstorage: {storage}\n", std::process::id());
+    std::fs::write(&context, text).unwrap();
+    let start = |ca: Option<&str>| {
+        let mut env = vec![
+            ("TOA_CONTEXT", context.display().to_string()),
+            ("TOA_STORAGE_USERNAME", "postgres".to_owned()),
+        ];
+        if let Some(ca) = ca {
+            env.push(("TOA_STORAGE_CA_FILE", dir.join(ca).display().to_string()));
+        }
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Composition::start(&["agent/tests/components/wallets"], &env)
+    };
+    // Its own CA: the tables are made and an object is stored, over TLS.
+    let trusting = start(Some("server-ca.crt"));
+    trusting.wait_ready();
+    let (ok, answer) = trusting.call("billing.wallets.transit", "{ input: { balance: 5 } }");
+    assert!(
+        ok && answer["reply"]["balance"] == 5,
+        "{answer}\n{}",
+        trusting.log()
+    );
+    drop(trusting);
+    // Another CA's, or none (the server rejects a connection without TLS): nothing starts, and
+    // the log says why.
+    for (ca, why) in [
+        (Some("stranger-ca.crt"), "certificate"),
+        (None, "pg_hba.conf"),
+    ] {
+        let mut refused = start(ca);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while refused.exited().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "still running:\n{}",
+                refused.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let log = refused.log();
+        assert!(!log.contains("Composition complete"), "{log}");
+        assert!(log.contains(why), "{ca:?}: {log}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,6 +3,11 @@
 //! servers whose certificates a private CA signed (the common case in a cluster: cert-manager's
 //! `ca.crt`). They come inline in `TOA_TLS_CA` (in a pod, the credentials Secret's key `ca.crt`)
 //! or from the file `TOA_TLS_CA_FILE` names (a local run).
+//!
+//! The store (PostgreSQL) has CAs of its own, `TOA_STORAGE_CA` or `TOA_STORAGE_CA_FILE` (in a pod,
+//! a CloudNativePG cluster's `<cluster>-ca` Secret, or the credentials Secret's `storage-ca.crt`):
+//! a store's server is often signed by another CA than Redis's and the broker's, and one variable
+//! cannot hold two Secrets' keys. Given, they turn TLS on for the store.
 
 use crate::annotations::Vars;
 use crate::ContextError;
@@ -11,6 +16,9 @@ use crate::ContextError;
 pub const CA: &str = "TOA_TLS_CA";
 /// The variable naming a PEM file of CA certificates.
 pub const CA_FILE: &str = "TOA_TLS_CA_FILE";
+/// The store's CA certificates, PEM, and the variable naming a file of them.
+pub const STORAGE_CA: &str = "TOA_STORAGE_CA";
+pub const STORAGE_CA_FILE: &str = "TOA_STORAGE_CA_FILE";
 
 /// A CA file larger than this is refused: a bundle of every public root is about 200 KiB.
 const MAX_BYTES: u64 = 1024 * 1024;
@@ -40,15 +48,31 @@ impl Roots {
     /// Both, a file that cannot be read, more than 1 MiB, or no PEM certificate in it is refused
     /// naming the variable.
     pub fn from_vars(vars: &dyn Vars) -> Result<Self, ContextError> {
+        Self::from_pair(vars, CA, CA_FILE)
+    }
+
+    /// The store's: the certificates in [`STORAGE_CA`], or in the file [`STORAGE_CA_FILE`]
+    /// names; `None` when neither is set (the store is then reached without TLS).
+    pub fn storage_from_vars(vars: &dyn Vars) -> Result<Option<Self>, ContextError> {
+        let roots = Self::from_pair(vars, STORAGE_CA, STORAGE_CA_FILE)?;
+        Ok(roots.pem.is_some().then_some(roots))
+    }
+
+    /// The certificates in the variable `ca`, or in the file the variable `ca_file` names.
+    fn from_pair(
+        vars: &dyn Vars,
+        ca: &'static str,
+        ca_file: &'static str,
+    ) -> Result<Self, ContextError> {
         let set = |name: &str| vars.get(name).filter(|value| !value.is_empty());
-        let (pem, key) = match (set(CA), set(CA_FILE)) {
+        let (pem, key) = match (set(ca), set(ca_file)) {
             (Some(_), Some(_)) => {
-                let message = format!("expected either {CA} or {CA_FILE}, not both");
-                return Err(ContextError::invalid(CA, message));
+                let message = format!("expected either {ca} or {ca_file}, not both");
+                return Err(ContextError::invalid(ca, message));
             }
             (None, None) => return Ok(Self::default()),
-            (Some(pem), None) => (pem, CA),
-            (None, Some(path)) => (read(&path)?, CA_FILE),
+            (Some(pem), None) => (pem, ca),
+            (None, Some(path)) => (read(&path, ca_file)?, ca_file),
         };
         let refused = |message: String| ContextError::invalid(key, message);
         if pem.len() as u64 > MAX_BYTES {
@@ -72,10 +96,10 @@ impl Roots {
 }
 
 /// The file at `path`, at most a byte over [`MAX_BYTES`] of it.
-fn read(path: &str) -> Result<String, ContextError> {
+fn read(path: &str, key: &'static str) -> Result<String, ContextError> {
     use std::io::Read;
     let refused = |error: std::io::Error| {
-        ContextError::invalid(CA_FILE, format!("cannot read {path:?}: {error}"))
+        ContextError::invalid(key, format!("cannot read {path:?}: {error}"))
     };
     let file = std::fs::File::open(path).map_err(refused)?;
     let mut text = String::new();

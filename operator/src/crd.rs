@@ -122,6 +122,10 @@ pub struct CompositionSpec {
     /// Where the credentials for Redis and the broker are; addresses never carry them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<CredentialsSpec>,
+    /// Where the pods' store (`context.storage`) takes its user, password and CA from, when not
+    /// from `credentials`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageSpec>,
     /// `true` asks for a halt: the composition is stopped once quiet (see `halt`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub halted: bool,
@@ -189,6 +193,21 @@ pub struct CredentialsSpec {
     /// A Secret in the composition's namespace.
     #[schemars(length(min = 1, max = 253))]
     pub secret_name: String,
+}
+
+/// The store's credentials from a CloudNativePG cluster: its `<cluster>-app` Secret (keys
+/// `username`, `password`) and its `<cluster>-ca` Secret (key `ca.crt`, which turns TLS on). The
+/// pods reference them; the operator never reads them.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSpec {
+    /// The name of a CloudNativePG `Cluster` in the composition's namespace.
+    #[serde(rename = "cloudNativePG")]
+    #[schemars(
+        length(min = 1, max = 249),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub cloud_native_pg: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

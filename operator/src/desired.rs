@@ -668,32 +668,69 @@ fn agent_env(valid: &Valid, settings: &Settings) -> Vec<EnvVar> {
             networks.join(","),
         ));
     }
-    if let Some(secret) = &valid.credentials {
-        for (variable, key) in [
-            ("TOA_REDIS_USERNAME", "redis-username"),
-            ("TOA_REDIS_PASSWORD", "redis-password"),
-            ("TOA_AMQP_USERNAME", "amqp-username"),
-            ("TOA_AMQP_PASSWORD", "amqp-password"),
-            // The CA that signed the servers' certificates (`rediss://`, `amqps://`); without
-            // it, the public roots.
-            (toa_context::tls::CA, "ca.crt"),
-        ] {
-            env.push(EnvVar {
-                name: variable.to_owned(),
-                value: None,
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector {
-                        name: secret.clone(),
-                        key: key.to_owned(),
-                        // Each key is optional: a Redis without ACLs needs none.
-                        optional: Some(true),
-                    }),
-                    ..EnvVarSource::default()
-                }),
-            });
-        }
-    }
+    env.extend(credentials(valid));
+    env.extend(cloud_native_pg(valid));
     env
+}
+
+/// The credentials Secret's keys, each optional (a Redis without ACLs needs none).
+fn credentials(valid: &Valid) -> Vec<EnvVar> {
+    let Some(secret) = &valid.credentials else {
+        return Vec::new();
+    };
+    [
+        ("TOA_REDIS_USERNAME", "redis-username"),
+        ("TOA_REDIS_PASSWORD", "redis-password"),
+        ("TOA_AMQP_USERNAME", "amqp-username"),
+        ("TOA_AMQP_PASSWORD", "amqp-password"),
+        // The CA that signed the servers' certificates (`rediss://`, `amqps://`); without
+        // it, the public roots.
+        (toa_context::tls::CA, "ca.crt"),
+        // The store's login and CA (TLS on when given), unless a CloudNativePG cluster's
+        // Secrets hold them.
+        ("TOA_STORAGE_USERNAME", "storage-username"),
+        ("TOA_STORAGE_PASSWORD", "storage-password"),
+        (toa_context::tls::STORAGE_CA, "storage-ca.crt"),
+    ]
+    .into_iter()
+    .filter(|(variable, _)| valid.cloud_native_pg.is_none() || !variable.starts_with("TOA_STORAGE"))
+    .map(|(variable, key)| from_secret(variable, secret, key, true))
+    .collect()
+}
+
+/// The variable `name` from the key `key` of the Secret `secret`.
+fn from_secret(name: &str, secret: &str, key: &str, optional: bool) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_owned(),
+                key: key.to_owned(),
+                optional: Some(optional),
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
+/// The store's login from a CloudNativePG cluster's `<cluster>-app` Secret, and its CA from
+/// `<cluster>-ca` (the cluster's server certificates are signed by it: TLS on). Not optional: a
+/// pod without them would not reach the store. The operator never reads either Secret.
+fn cloud_native_pg(valid: &Valid) -> Vec<EnvVar> {
+    let Some(cluster) = &valid.cloud_native_pg else {
+        return Vec::new();
+    };
+    [
+        ("TOA_STORAGE_USERNAME", "app", "username"),
+        ("TOA_STORAGE_PASSWORD", "app", "password"),
+        (toa_context::tls::STORAGE_CA, "ca", "ca.crt"),
+    ]
+    .into_iter()
+    .map(|(variable, secret, key)| {
+        from_secret(variable, &format!("{cluster}-{secret}"), key, false)
+    })
+    .collect()
 }
 
 /// `TOA_SECRET_{NAME}` for each secret of component `index`'s configuration, from the
@@ -705,17 +742,13 @@ fn configuration_secrets(valid: &Valid, index: usize) -> Vec<EnvVar> {
     };
     valid.secrets[index]
         .iter()
-        .map(|name| EnvVar {
-            name: toa_context::placeholders::variable(name),
-            value: None,
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret.clone(),
-                    key: name.clone(),
-                    optional: Some(false),
-                }),
-                ..EnvVarSource::default()
-            }),
+        .map(|name| {
+            from_secret(
+                &toa_context::placeholders::variable(name),
+                secret,
+                name,
+                false,
+            )
         })
         .collect()
 }

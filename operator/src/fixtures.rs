@@ -14,6 +14,7 @@ impl CompositionSpec {
             components: vec![ComponentSpec::test("store", "orders")],
             context: ContextSpec::default(),
             credentials: None,
+            storage: None,
             halted: false,
             halt: None,
             security_context: None,

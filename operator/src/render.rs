@@ -94,6 +94,7 @@ pub fn render(options: &Options) -> Result<Composition, RenderError> {
             .map(|secret_name| CredentialsSpec {
                 secret_name: secret_name.clone(),
             }),
+        storage: None,
         halted: false,
         halt: None,
         security_context: None,

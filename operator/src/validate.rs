@@ -39,6 +39,8 @@ pub struct Valid {
     pub halt: Halt,
     /// The Secret holding Redis and broker credentials, if any.
     pub credentials: Option<String>,
+    /// The CloudNativePG cluster whose `-app` and `-ca` Secrets hold the store's credentials.
+    pub cloud_native_pg: Option<String>,
     /// Who the component containers run as.
     pub security: Security,
 }
@@ -122,6 +124,7 @@ pub fn validate_noting(spec: &CompositionSpec, progress: &Progress) -> Result<Va
              for local runs)",
         ));
     }
+    let cloud_native_pg = cloud_native_pg(spec)?;
     let halt = halt(spec.halt.as_ref().unwrap_or(&HaltSpec::default()))?;
     let security = security(
         spec.security_context
@@ -136,8 +139,39 @@ pub fn validate_noting(spec: &CompositionSpec, progress: &Progress) -> Result<Va
         replicas: spec.replicas,
         halt,
         credentials,
+        cloud_native_pg,
         security,
     })
+}
+
+/// The CloudNativePG cluster whose Secrets hold the store's credentials and CA: only with a
+/// store to use them for, and a name its Secrets' names (`<cluster>-app`) can be made of.
+fn cloud_native_pg(spec: &CompositionSpec) -> Result<Option<String>, InvalidSpec> {
+    let Some(cluster) = spec.storage.as_ref().map(|s| &s.cloud_native_pg) else {
+        return Ok(None);
+    };
+    let field = "spec.storage.cloudNativePG";
+    if spec.context.storage.is_none() {
+        return Err(invalid(
+            field,
+            "names where the store's credentials come from, and spec.context.storage names no \
+             store (the cluster's read-write Service, as postgres://shop-db-rw:5432/app)",
+        ));
+    }
+    let label = !cluster.is_empty()
+        && cluster.len() <= 249
+        && !cluster.starts_with('-')
+        && !cluster.ends_with('-')
+        && cluster
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !label {
+        return Err(invalid(
+            field,
+            format!("expected the name of a CloudNativePG Cluster (lowercase letters, digits and '-', at most 249), got {cluster:?}"),
+        ));
+    }
+    Ok(Some(cluster.clone()))
 }
 
 /// The restricted Pod Security profile refuses root; the image's user excludes a given one.
@@ -232,14 +266,14 @@ fn components(spec: &CompositionSpec, progress: &Progress) -> Result<Vec<Manifes
                 ),
             ));
         }
-        if manifest.entity.is_some() {
-            // The agent would refuse it at start: pods share calls over a broker, and entities
-            // are kept only in a local run until the PostgreSQL store comes.
+        if manifest.entity.is_some() && spec.context.storage.is_none() {
+            // Replicas keeping objects of their own would disagree, and a pod's memory goes with
+            // the pod: in pods, objects are PostgreSQL's.
             return Err(invalid(
                 &format!("spec.components[{index}].manifest.entity"),
                 format!(
-                    "component {full_name} declares an entity; entities are served only in a local \
-                     run until the PostgreSQL store comes (issue 20)"
+                    "component {full_name} declares an entity, and spec.context.storage names no \
+                     store; pods keep objects in PostgreSQL (postgres://host:5432/database)"
                 ),
             ));
         }

@@ -119,7 +119,10 @@ impl Calls {
         let in_flight = self.activity.begin();
         let declared = self.declared(component).await?;
         let stateful = check_contract(&declared, operation, &request, task)?;
-        self.repeatable(&declared, operation, made_in)?;
+        // A call with a key is the same call on every run: applied once by its key.
+        if request.key.is_none() {
+            self.repeatable(&declared, operation, made_in)?;
+        }
         let timeout = stateful.then(|| {
             request
                 .timeout

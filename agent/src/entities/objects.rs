@@ -112,10 +112,11 @@ impl Objects {
         let mut inherited = BTreeSet::new();
         let mut once = BTreeSet::new();
         for (name, declared) in &component.manifest.operations {
+            let kind = kind_of(component, name, declared, description)?;
             if declared.once {
+                once_applies(component, name, kind)?;
                 once.insert(name.clone());
             }
-            let kind = kind_of(component, name, declared, description)?;
             kinds.insert(name.clone(), kind);
             concurrency.insert(
                 name.clone(),
@@ -169,10 +170,13 @@ impl Objects {
             }
             None => format!("call:{}", run.meta.id),
         };
+        // The object is part of what a key names: the key given again for another object is
+        // another call, refused.
+        let named = json!({ "input": run.input, "query": run.query });
         Ok(Some(Record {
             operation: run.operation.to_owned(),
             key,
-            hash: crate::coordination::atom::repeats::input_hash(run.input),
+            hash: crate::coordination::atom::repeats::input_hash(&named),
         }))
     }
 
@@ -302,6 +306,27 @@ impl Objects {
     fn unavailable(&self, problem: impl std::fmt::Display) -> Outcome {
         error("UNAVAILABLE", format!("{}: {problem}", self.component))
     }
+}
+
+/// `once` is a record written with a write: an operation that writes nothing (its module exports
+/// an effect, an observation or a computation) cannot keep it, and fails the start.
+fn once_applies(component: &Component, name: &str, kind: Kind) -> Result<(), ComponentError> {
+    if matches!(kind, Kind::Transition | Kind::Assignment) {
+        return Ok(());
+    }
+    Err(ComponentError::Mismatch {
+        component: component.name.clone(),
+        message: format!(
+            "`operations.{name}.once`: only a transition or an assignment is applied once, and \
+             {name} is {} {}",
+            if kind.name().starts_with(['a', 'e', 'o']) {
+                "an"
+            } else {
+                "a"
+            },
+            kind.name()
+        ),
+    })
 }
 
 /// The kind of the operation `name`: the program's word (which the manifest's `type`, where
@@ -716,6 +741,16 @@ mod tests {
             .unwrap();
         assert!(once.once.contains("pay") && once.records("pay"));
         assert!(!once.records("observe"), "an observation writes nothing");
+        // `once` on what the program says is an effect: nothing to keep its record with.
+        let effect = stock("{ pay: { once: true } }");
+        let says = said(&["pay"], &[("pay", Kind::Effect)]);
+        let error = Objects::new(&effect, Some(&says), memory(), Default::default())
+            .err()
+            .unwrap();
+        assert_eq!(
+            error.to_string(),
+            "stock: the program does not match its manifest: `operations.pay.once`: only a transition or an assignment is applied once, and pay is an effect"
+        );
         // The inherited operations need no module; the others do.
         assert!(component.commands(Some(&description)).is_ok());
         let missing = said(&["look"], &[]);
@@ -825,11 +860,57 @@ mod tests {
             refused.contains("`key`: given before with another input"),
             "{refused}"
         );
+        // The key given again for another object is another call: refused, nothing written.
+        let elsewhere = delivered(&objects, "p2", json!({ "n": 1 }), far, &two, key).await;
+        let refused = elsewhere.unwrap_err().to_string();
+        assert!(
+            refused.contains("`key`: given before with another input"),
+            "{refused}"
+        );
+        assert_eq!(objects.store.read("p2").await.unwrap(), Found::Missing);
         // Without a key (and without `once`), a call has no record: each is applied.
         transit(&objects, "p1", json!({ "n": 1 }), far)
             .await
             .unwrap();
         assert_eq!(objects.store.read("p1").await.unwrap().version(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_assignment_with_a_key_is_applied_once() {
+        let objects = Objects::new(&stock("{ assign: {} }"), None, memory(), Default::default())
+            .unwrap()
+            .unwrap();
+        let client = ProgramClient::new("stock", 1);
+        let query = Query {
+            id: Some("p1".to_owned()),
+            version: None,
+        };
+        let far = Instant::now() + std::time::Duration::from_secs(5);
+        let assign = |n: i64| {
+            let input = json!({ "n": n });
+            let meta = CallMeta::default();
+            let (client, query, objects) = (&client, &query, &objects);
+            async move {
+                let run = Run {
+                    client,
+                    operation: "assign",
+                    input: &input,
+                    query: Some(query),
+                    meta: &meta,
+                    deadline: far,
+                    key: Some("set-5"),
+                };
+                objects.operate(run).await
+            }
+        };
+        let first = assign(5).await.unwrap();
+        assert_eq!(
+            first,
+            Outcome::Reply(json!({ "id": "p1", "n": 5, "VERSION": 1 }))
+        );
+        assert_eq!(assign(5).await.unwrap(), first, "the first outcome");
+        assert_eq!(objects.store.read("p1").await.unwrap().version(), 1);
+        assert!(assign(6).await.is_err(), "another input with the key");
     }
 
     #[tokio::test]

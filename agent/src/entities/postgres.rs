@@ -54,6 +54,9 @@ pub struct Address {
     pub database: String,
     pub username: Option<String>,
     pub password: Option<toa_context::Secret>,
+    /// The CA certificates (PEM) the server's certificate is checked against, its name against
+    /// `host`: TLS on. `None`: no TLS (a server on the node or in the pod's own network).
+    pub ca: Option<String>,
 }
 
 /// How often a replica deletes the records past `limits.once`.
@@ -68,13 +71,16 @@ pub struct Postgres {
     /// How long a record is kept (`limits.once`), in seconds.
     retention: f64,
     statements: Statements,
-    /// Deletes the records past their retention; stopped with the store.
-    purge: tokio::task::JoinHandle<()>,
+    /// Deletes the records past their retention, once the tables are there; stopped with the
+    /// store.
+    purge: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        self.purge.abort();
+        if let Some(purge) = &self.purge {
+            purge.abort();
+        }
     }
 }
 
@@ -181,8 +187,23 @@ pub fn ddl(application: &str, component: &str) -> Vec<String> {
     ]
 }
 
-fn unavailable(error: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(error.to_string())
+fn unavailable(error: impl std::error::Error + 'static) -> StoreError {
+    StoreError::Unavailable(described(&error))
+}
+
+/// An error with its causes: tokio-postgres says only `db error` of an error the server
+/// answered, and keeps what the server said (`ERROR: permission denied …`) as its cause.
+fn described(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = cause.source();
+    }
+    text
 }
 
 impl Postgres {
@@ -199,22 +220,21 @@ impl Postgres {
         let schema = quote(&schema_of(application));
         let table = format!("{schema}.{}", quote(component));
         let statements = Statements::for_tables(&table, &format!("{schema}.toa_once"));
-        let retention = retention.as_secs_f64();
-        let purge = tokio::spawn(purge(
-            pool.clone(),
-            statements.purge.clone(),
-            component.to_owned(),
-            retention,
-        ));
-        let store = Self {
+        let mut store = Self {
             pool,
             statements,
             table,
             component: component.to_owned(),
-            retention,
-            purge,
+            retention: retention.as_secs_f64(),
+            purge: None,
         };
         store.migrate(application, component).await?;
+        store.purge = Some(tokio::spawn(purge(
+            store.pool.clone(),
+            store.statements.purge.clone(),
+            component.to_owned(),
+            store.retention,
+        )));
         Ok(store)
     }
 
@@ -459,6 +479,7 @@ async fn purge(pool: Pool, statement: String, component: String, retention: f64)
                 tracing::info!(%component, deleted, "deleted the records of calls applied once past limits.once")
             }
             Err(error) => {
+                let error = described(&error);
                 tracing::warn!(%component, %error, "the records past limits.once were not deleted now")
             }
         }
@@ -526,13 +547,16 @@ fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
     if let Some(password) = &address.password {
         config.password(password.expose());
     }
-    let manager = Manager::from_config(
-        config,
-        tokio_postgres::NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
+    let recycling = ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let manager = match &address.ca {
+        None => Manager::from_config(config, tokio_postgres::NoTls, recycling),
+        Some(pem) => {
+            config.ssl_mode(tokio_postgres::config::SslMode::Require);
+            Manager::from_config(config, tls(pem)?, recycling)
+        }
+    };
     Pool::builder(manager)
         .max_size(connections)
         .runtime(Runtime::Tokio1)
@@ -541,6 +565,28 @@ fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
         .recycle_timeout(Some(CONNECT_LIMIT))
         .build()
         .map_err(unavailable)
+}
+
+/// TLS trusting only the CA certificates in `pem` (a server's name is checked against the
+/// address's host, as rustls always does).
+fn tls(pem: &str) -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        let certificate = certificate.map_err(|error| {
+            StoreError::Unavailable(format!("TOA_STORAGE_CA: not a PEM certificate: {error}"))
+        })?;
+        roots.add(certificate).map_err(|error| {
+            StoreError::Unavailable(format!("TOA_STORAGE_CA: a certificate is refused: {error}"))
+        })?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| StoreError::Unavailable(format!("TLS: {error}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
 impl Statements {

@@ -654,6 +654,59 @@ async fn a_call_with_a_record_whose_commit_lost_its_answer_is_applied_once() {
     assert_eq!(store.read("p1").await.unwrap(), expected);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_past_their_retention_are_deleted_by_the_next_replica_to_start() {
+    let application = format!("purge-{}", crate::component::client::new_id());
+    let open = |retention: Duration| {
+        let storage = Storage {
+            address: test_storage(),
+            application: application.clone(),
+        };
+        async move {
+            Backend::open(Some(&storage), "shop.stock", retention)
+                .await
+                .unwrap()
+        }
+    };
+    let first = open(Duration::from_millis(300)).await;
+    let outcome = json!({ "reply": 1 });
+    for key in ["c1", "c2"] {
+        assert_eq!(first.record(&record(key), &outcome).await, Ok(None));
+    }
+    let rows = || async {
+        let address = test_storage();
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&address.host)
+            .port(address.port)
+            .dbname(&address.database);
+        config.user(address.username.as_deref().unwrap_or("toa"));
+        if let Some(password) = &address.password {
+            config.password(password.expose());
+        }
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let schema = super::postgres::quote(&super::postgres::schema_of(&application));
+        let count = format!("SELECT count(*) FROM {schema}.toa_once");
+        client
+            .query_one(&count, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    assert_eq!(rows().await, 2);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let _second = open(Duration::from_millis(300)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rows().await != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the expired records are still there"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Which store a case of the conformance suite runs on: each runs on both.
 #[derive(Clone, Copy)]
 enum On {
@@ -701,6 +754,7 @@ pub fn test_storage() -> Address {
         database: url.path().trim_start_matches('/').to_owned(),
         username: Some(url.username().to_owned()).filter(|u| !u.is_empty()),
         password: url.password().map(toa_context::Secret::new),
+        ca: None,
     }
 }
 

@@ -61,3 +61,25 @@ fn a_missing_file_is_refused_naming_it() {
         "{error}"
     );
 }
+
+#[test]
+fn the_stores_certificates_are_its_own_and_turn_tls_on() {
+    let none = Map(HashMap::from([(CA, PEM.to_owned())]));
+    assert_eq!(
+        Roots::storage_from_vars(&none).unwrap(),
+        None,
+        "Redis's CA is not the store's"
+    );
+    let given = Map(HashMap::from([(STORAGE_CA, PEM.to_owned())]));
+    let roots = Roots::storage_from_vars(&given).unwrap().unwrap();
+    assert_eq!(roots.pem(), Some(PEM));
+    let missing = Map(HashMap::from([(
+        STORAGE_CA_FILE,
+        "/nonexistent/ca.crt".to_owned(),
+    )]));
+    let error = Roots::storage_from_vars(&missing).unwrap_err().to_string();
+    assert!(
+        error.starts_with("`TOA_STORAGE_CA_FILE`: cannot read"),
+        "{error}"
+    );
+}

@@ -318,6 +318,9 @@ fn the_agent_gets_the_context_and_credentials_from_the_environment() {
         ("TOA_AMQP_USERNAME", "amqp-username"),
         ("TOA_AMQP_PASSWORD", "amqp-password"),
         ("TOA_TLS_CA", "ca.crt"),
+        ("TOA_STORAGE_USERNAME", "storage-username"),
+        ("TOA_STORAGE_PASSWORD", "storage-password"),
+        ("TOA_STORAGE_CA", "storage-ca.crt"),
     ] {
         let reference = env[variable]
             .value_from
@@ -329,6 +332,60 @@ fn the_agent_gets_the_context_and_credentials_from_the_environment() {
         assert_eq!(reference.key, key);
         assert_eq!(reference.optional, Some(true));
     }
+}
+
+#[test]
+fn a_cloudnative_pg_cluster_gives_the_store_its_login_and_ca_and_the_operator_reads_neither() {
+    let mut spec = CompositionSpec::test();
+    spec.context.storage = Some("postgres://shop-db-rw:5432/app".into());
+    spec.credentials = Some(CredentialsSpec {
+        secret_name: "shop-backends".into(),
+    });
+    spec.storage = Some(crate::crd::StorageSpec {
+        cloud_native_pg: "shop-db".into(),
+    });
+    let desired = build(spec, 1);
+    let agent = agent_of(&desired);
+    let names: Vec<String> = agent
+        .env
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    let logins = names
+        .iter()
+        .filter(|n| *n == "TOA_STORAGE_USERNAME")
+        .count();
+    assert_eq!(
+        logins, 1,
+        "the credentials Secret's storage keys give way: {names:?}"
+    );
+    let env = env(&agent);
+    assert_eq!(
+        env["TOA_STORAGE"].value.as_deref(),
+        Some("postgres://shop-db-rw:5432/app")
+    );
+    for (variable, secret, key) in [
+        ("TOA_STORAGE_USERNAME", "shop-db-app", "username"),
+        ("TOA_STORAGE_PASSWORD", "shop-db-app", "password"),
+        ("TOA_STORAGE_CA", "shop-db-ca", "ca.crt"),
+    ] {
+        let reference = env[variable]
+            .value_from
+            .clone()
+            .unwrap()
+            .secret_key_ref
+            .unwrap();
+        assert_eq!(
+            (reference.name.as_str(), reference.key.as_str()),
+            (secret, key)
+        );
+        assert_eq!(reference.optional, Some(false), "{variable}");
+    }
+    // Redis's and the broker's still come from the credentials Secret.
+    let redis = env["TOA_REDIS_USERNAME"].value_from.clone().unwrap();
+    assert_eq!(redis.secret_key_ref.unwrap().name, "shop-backends");
 }
 
 #[test]

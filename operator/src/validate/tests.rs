@@ -215,14 +215,46 @@ fn a_manifest_without_program_is_refused_since_a_pod_runs_it() {
 }
 
 #[test]
-fn a_component_with_an_entity_is_refused_until_pods_share_a_store() {
+fn a_component_with_an_entity_needs_a_store_and_a_cluster_needs_a_store_to_serve() {
     let mut component = ComponentSpec::test("store", "orders");
     let entity = serde_json::json!({"properties": {"n": {"type": "integer"}}});
     component.manifest.insert("entity".into(), entity);
-    let spec = CompositionSpec::test().with_components(vec![component]);
+    let mut spec = CompositionSpec::test().with_components(vec![component]);
     assert_eq!(
         refused(&spec),
-        "`spec.components[0].manifest.entity`: component store.orders declares an entity; entities are served only in a local run until the PostgreSQL store comes (issue 20)"
+        "`spec.components[0].manifest.entity`: component store.orders declares an entity, and spec.context.storage names no store; pods keep objects in PostgreSQL (postgres://host:5432/database)"
+    );
+    spec.storage = Some(crate::crd::StorageSpec {
+        cloud_native_pg: "shop-db".into(),
+    });
+    assert!(refused(&spec).starts_with("`spec.components[0].manifest.entity`"));
+    spec.context.storage = Some("postgres://shop-db-rw:5432/app".into());
+    let valid = validate(&spec).unwrap();
+    assert_eq!(valid.cloud_native_pg.as_deref(), Some("shop-db"));
+    assert!(valid.components[0].entity.is_some());
+    spec.storage = Some(crate::crd::StorageSpec {
+        cloud_native_pg: "Shop_DB".into(),
+    });
+    assert!(
+        refused(&spec).starts_with(
+            "`spec.storage.cloudNativePG`: expected the name of a CloudNativePG Cluster"
+        ),
+        "{}",
+        refused(&spec)
+    );
+    // A cluster without a store to use it for.
+    let mut spec = CompositionSpec::test();
+    spec.storage = Some(crate::crd::StorageSpec {
+        cloud_native_pg: "shop-db".into(),
+    });
+    assert!(refused(&spec).starts_with("`spec.storage.cloudNativePG`: names where"));
+    // A store address with credentials in it is refused, not shown.
+    let mut spec = CompositionSpec::test();
+    spec.context.storage = Some("postgres://app:hunter2@db/shop".into());
+    let refusal = refused(&spec);
+    assert!(
+        refusal.contains("spec.context.storage") && !refusal.contains("hunter2"),
+        "{refusal}"
     );
 }
 

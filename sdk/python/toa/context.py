@@ -8,7 +8,8 @@
 - `context.atom.lock(keys, fn)`, `slots(total)`, `onassigned(listener)`, `meter(keys, deltas)`;
 - `context.local.<operation>(request, timeout=...)` and
   `context.remote.<namespace>.<component>.<operation>(request, timeout=...)`, where `request` is
-  `{"input": ..., "instance": ...}` as in the seeds; a failed call raises `CallError`.
+  `{"input": ..., "instance": ..., "query": ..., "key": ...}` as in the seeds (`key`: an
+  idempotency key); a failed call raises `CallError`.
 """
 
 from __future__ import annotations
@@ -171,6 +172,8 @@ class Calls:
             body["instance"] = request["instance"]
         if request.get("query") is not None:
             body["query"] = request["query"]
+        if request.get("key") is not None:
+            body["key"] = request["key"]
         if timeout is not None:
             body["timeout"] = timeout
         return self._agent.call(protocol.CALL, ".".join(component), operation, body)

@@ -114,6 +114,7 @@ class Component:
         }
 
     def run_command(self, name: str) -> None:
+        self.context._calls.call = None
         for function in self.commands.get(name, []):
             call_function(function, self.context)
 
@@ -124,6 +125,14 @@ class Component:
         `entry` (a component with an entity) the function is given it before the context, and a
         transition answers the entry as it left it too."""
         self.context._calls.call = call
+        try:
+            return self._operate(name, input, entry)
+        finally:
+            # The thread serves other requests after this one (the agent keeps its connections):
+            # a run command there has no call, and names none on the calls it makes.
+            self.context._calls.call = None
+
+    def _operate(self, name: str, input: Any, entry: Any) -> Decision:
         function = self.operations[name]
         if entry is ABSENT:
             result = call_function(function, input, self.context)

@@ -21,7 +21,7 @@ export const running = new AsyncLocalStorage()
 /** @typedef {import('./protocol.js').MeterResponse} MeterResponse */
 /** A held lock's signal. @typedef {AbortSignal & { readonly token: number, readonly error: unknown }} LockSignal */
 /** How long a call to one process waits. @typedef {{ timeout?: number, signal?: AbortSignal }} CallOptions */
-/** What a caller passes: the input, the process for a stateful operation, the object for an operation on one (`query: { id, version? }`). @typedef {{ input?: unknown, instance?: string, query?: import('./protocol.js').Query }} Request */
+/** What a caller passes: the input, the process for a stateful operation, the object for an operation on one (`query: { id, version? }`), an idempotency key. @typedef {{ input?: unknown, instance?: string, query?: import('./protocol.js').Query, key?: string }} Request */
 
 /** `slots` answers null when nothing was heard from the agent for this long: it writes a line at
  * least every second (the assignment on a change, a keep-alive otherwise), so two seconds of
@@ -277,6 +277,7 @@ async function call (agent, component, operation, request, { timeout, signal } =
   if (request.instance !== undefined) body.instance = request.instance
   if (timeout !== undefined) body.timeout = timeout
   if (request.query !== undefined) body.query = request.query
+  if (request.key !== undefined) body.key = request.key
   let answer
   try {
     const madeIn = running.getStore()

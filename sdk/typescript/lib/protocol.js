@@ -29,7 +29,7 @@ export const ENVIRONMENT = /** @type {const} */ ([
 /** @typedef {{ listener?: number, assignment?: Assignment | null }} AssignedEvent */
 /** @typedef {{ keys: string[], deltas: number[] }} MeterRequest */
 /** @typedef {{ debts: number[] }} MeterResponse */
-/** @typedef {{ input: unknown, instance?: string, timeout?: number, query?: Query }} CallRequest */
+/** @typedef {{ input: unknown, instance?: string, timeout?: number, query?: Query, key?: string }} CallRequest */
 /** @typedef {{ halt: string }} Halt */
 
 /** `GET /program`: the run commands the program exports and the operations it serves. @typedef {{ commands: string[], operations: string[], kinds: Record<string, string> }} Description */
@@ -59,7 +59,7 @@ const error = { error: { code: true, number: true, message: true } }
 /** @satisfies {Fields<Outcome>} */
 const outcome = { reply: true, error: { code: true, message: true } }
 /** @satisfies {Fields<CallRequest>} */
-const callRequest = { input: true, instance: true, timeout: true, query: { id: true, version: true } }
+const callRequest = { input: true, instance: true, timeout: true, key: true, query: { id: true, version: true } }
 /** @satisfies {Fields<Halt>} */
 const halt = { halt: true }
 

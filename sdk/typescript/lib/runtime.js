@@ -204,7 +204,7 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
       if (kind === 'operations' && component.operations.has(operation)) {
         if (pastDeadline(call)) return answer(response, 504, { message: PAST_DEADLINE })
         const run = () => component.operate(operation, input ?? null, entry)
-        const id = typeof call?.id === 'string' ? call.id : undefined
+        const id = typeof call?.id === 'string' && call.id !== '' ? call.id : undefined
         return answer(response, 200, await (id === undefined ? run() : running.run(id, run)))
       }
       return unknown(response, url)

@@ -89,9 +89,9 @@ function method (component, name, operation, indent, entity = false) {
   const optional = operation?.input === undefined || !operation.input.required?.length ? '?' : ''
   const query = !entity || operation?.query === false ? '' : `, query${operation?.query === true ? '' : '?'}: Query`
   if (operation?.stateful) {
-    return `${indent}${key(name)} (request: { input${optional}: ${input}, instance: string${query} }, options?: CallOptions): Promise<any>`
+    return `${indent}${key(name)} (request: { input${optional}: ${input}, instance: string${query}, key?: string }, options?: CallOptions): Promise<any>`
   }
-  return `${indent}${key(name)} (request: { input${optional}: ${input}${query} }): Promise<any>`
+  return `${indent}${key(name)} (request: { input${optional}: ${input}${query}, key?: string }): Promise<any>`
 }
 
 /** The input `enumerate` takes: a page of up to `limit` objects after the id `after`. */

@@ -6,7 +6,11 @@ from toa import CallError
 
 def transition(input, entry, context):
     try:
-        context.remote.billing.wallets.credit({"query": {"id": input["to"]}, "input": {"amount": entry["balance"]}})
+        request = {"query": {"id": input["to"]}, "input": {"amount": entry["balance"]}}
+        if input.get("key"):
+            # The same on every run: applied once by it, so the agent lets it through.
+            request["key"] = input["key"]
+        context.remote.billing.wallets.credit(request)
     except CallError as error:
         entry["DISCARD"] = True
         return {"refused": f"{error.name}: {error}"}

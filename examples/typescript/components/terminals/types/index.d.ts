@@ -69,42 +69,42 @@ export type ObserveInput = Components.Terminals.ObserveInput
 export type Configuration = Record<string, never>
 
 export interface Local {
-  charge (request: { input: Components.Terminals.ChargeInput, instance: string }, options?: CallOptions): Promise<any>
-  connect (request: { input: Components.Terminals.ConnectInput }): Promise<any>
-  assign (request: { input: Components.Terminals.AssignInput }): Promise<any>
-  observe (request: { input: Components.Terminals.ObserveInput }): Promise<any>
+  charge (request: { input: Components.Terminals.ChargeInput, instance: string, key?: string }, options?: CallOptions): Promise<any>
+  connect (request: { input: Components.Terminals.ConnectInput, key?: string }): Promise<any>
+  assign (request: { input: Components.Terminals.AssignInput, key?: string }): Promise<any>
+  observe (request: { input: Components.Terminals.ObserveInput, key?: string }): Promise<any>
 }
 
 export interface Remote {
   fulfilment: {
     stock: {
-      reserve (request: { input: Components.FulfilmentStock.ReserveInput, query: Query }): Promise<any>
-      transit (request: { input?: Components.FulfilmentStock.TransitInput, query?: Query }): Promise<any>
-      observe (request: { input?: Components.FulfilmentStock.ObserveInput, query: Query }): Promise<any>
-      enumerate (request: { input?: Components.FulfilmentStock.EnumerateInput }): Promise<any>
+      reserve (request: { input: Components.FulfilmentStock.ReserveInput, query: Query, key?: string }): Promise<any>
+      transit (request: { input?: Components.FulfilmentStock.TransitInput, query?: Query, key?: string }): Promise<any>
+      observe (request: { input?: Components.FulfilmentStock.ObserveInput, query: Query, key?: string }): Promise<any>
+      enumerate (request: { input?: Components.FulfilmentStock.EnumerateInput, key?: string }): Promise<any>
     }
   }
   notifications: {
-    send (request: { input: Components.Notifications.SendInput }): Promise<any>
-    drain (request: { input?: Components.Notifications.DrainInput }): Promise<any>
-    share (request: { input?: Components.Notifications.ShareInput }): Promise<any>
+    send (request: { input: Components.Notifications.SendInput, key?: string }): Promise<any>
+    drain (request: { input?: Components.Notifications.DrainInput, key?: string }): Promise<any>
+    share (request: { input?: Components.Notifications.ShareInput, key?: string }): Promise<any>
   }
   store: {
     catalog: {
-      appraise (request: { input: Components.StoreCatalog.AppraiseInput }): Promise<any>
-      price (request: { input: Components.StoreCatalog.PriceInput }): Promise<any>
-      polls (request: { input?: Components.StoreCatalog.PollsInput }): Promise<any>
+      appraise (request: { input: Components.StoreCatalog.AppraiseInput, key?: string }): Promise<any>
+      price (request: { input: Components.StoreCatalog.PriceInput, key?: string }): Promise<any>
+      polls (request: { input?: Components.StoreCatalog.PollsInput, key?: string }): Promise<any>
     }
     orders: {
-      settle (request: { input?: Components.StoreOrders.SettleInput }): Promise<any>
-      pay (request: { input: Components.StoreOrders.PayInput }): Promise<any>
+      settle (request: { input?: Components.StoreOrders.SettleInput, key?: string }): Promise<any>
+      pay (request: { input: Components.StoreOrders.PayInput, key?: string }): Promise<any>
     }
   }
   terminals: {
-    charge (request: { input: Components.Terminals.ChargeInput, instance: string }, options?: CallOptions): Promise<any>
-    connect (request: { input: Components.Terminals.ConnectInput }): Promise<any>
-    assign (request: { input: Components.Terminals.AssignInput }): Promise<any>
-    observe (request: { input: Components.Terminals.ObserveInput }): Promise<any>
+    charge (request: { input: Components.Terminals.ChargeInput, instance: string, key?: string }, options?: CallOptions): Promise<any>
+    connect (request: { input: Components.Terminals.ConnectInput, key?: string }): Promise<any>
+    assign (request: { input: Components.Terminals.AssignInput, key?: string }): Promise<any>
+    observe (request: { input: Components.Terminals.ObserveInput, key?: string }): Promise<any>
   }
 }
 
