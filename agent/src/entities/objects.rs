@@ -28,6 +28,9 @@ use toa_context::manifest::{self, Concurrency, Kind};
 use toa_context::query::Query;
 use tokio::time::Instant;
 
+/// How long after a call's deadline a call on the store is ended.
+const DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// One component's objects and how its operations reach them.
 pub struct Objects {
     component: String,
@@ -232,9 +235,30 @@ impl Objects {
                 format!("`query`: an {} takes no query", kind.name()),
             )),
             Kind::Effect | Kind::Computation => run.plain(None).await,
-            Kind::Observation => self.observe(run).await,
-            Kind::Assignment => self.assign(run).await,
-            Kind::Transition => self.transition(run).await,
+            _ => self.on_store(kind, run).await,
+        }
+    }
+
+    /// A call on the store, ended at its deadline: a store that stops answering (frozen, cut off
+    /// without the connection's end) does not hold the call past it. A write under way then may
+    /// or may not have been stored, and the answer says so. (The program's own runs end at the
+    /// deadline already; the margin lets their failure be the one told.)
+    async fn on_store(&self, kind: Kind, run: Run<'_>) -> Result<Outcome, ProgramError> {
+        let ends = run.deadline + DEADLINE_MARGIN;
+        let operation = run.operation.to_owned();
+        let on = async {
+            match kind {
+                Kind::Observation => self.observe(run).await,
+                Kind::Assignment => self.assign(run).await,
+                _ => self.transition(run).await,
+            }
+        };
+        match tokio::time::timeout_at(ends, on).await {
+            Ok(outcome) => outcome,
+            Err(_) => Ok(self.unavailable(format!(
+                "{operation}: the store did not answer by the call's deadline; a write under way \
+                 may have been stored"
+            ))),
         }
     }
 
@@ -693,6 +717,13 @@ mod tests {
         Component::new(Manifest::parse(&yaml, "m").unwrap(), ".".into()).unwrap()
     }
 
+    /// The objects of `stock` with `operations`, in memory, without a program's word.
+    fn objects_of(operations: &str) -> Objects {
+        Objects::new(&stock(operations), None, memory(), Default::default())
+            .unwrap()
+            .unwrap()
+    }
+
     fn memory() -> Backend {
         Backend::Memory(super::super::memory::Memory::default())
     }
@@ -800,14 +831,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_declared_once_is_applied_once_however_often_it_is_delivered() {
-        let objects = Objects::new(
-            &stock("{ transit: { once: true } }"),
-            None,
-            memory(),
-            Default::default(),
-        )
-        .unwrap()
-        .unwrap();
+        let objects = objects_of("{ transit: { once: true } }");
         let far = Instant::now() + std::time::Duration::from_secs(5);
         let meta = CallMeta {
             id: "c1".to_owned(),
@@ -835,14 +859,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_key_on_a_write_is_the_stores_record_and_names_one_input() {
-        let objects = Objects::new(
-            &stock("{ transit: {} }"),
-            None,
-            memory(),
-            Default::default(),
-        )
-        .unwrap()
-        .unwrap();
+        let objects = objects_of("{ transit: {} }");
         let far = Instant::now() + std::time::Duration::from_secs(5);
         let (one, two) = (CallMeta::default(), CallMeta::default());
         let key = Some("order-7");
@@ -877,9 +894,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_assignment_with_a_key_is_applied_once() {
-        let objects = Objects::new(&stock("{ assign: {} }"), None, memory(), Default::default())
-            .unwrap()
-            .unwrap();
+        let objects = objects_of("{ assign: {} }");
         let client = ProgramClient::new("stock", 1);
         let query = Query {
             id: Some("p1".to_owned()),
@@ -915,14 +930,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_waiting_for_its_turn_on_an_object_ends_at_its_deadline() {
-        let objects = Objects::new(
-            &stock("{ transit: {} }"),
-            None,
-            memory(),
-            Default::default(),
-        )
-        .unwrap()
-        .unwrap();
+        let objects = objects_of("{ transit: {} }");
         let held = objects.turns.take("p1").await;
         let started = Instant::now();
         let deadline = started + std::time::Duration::from_millis(100);
@@ -951,14 +959,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_inherited_transit_sets_properties_only() {
-        let objects = Objects::new(
-            &stock("{ transit: {} }"),
-            None,
-            memory(),
-            Default::default(),
-        )
-        .unwrap()
-        .unwrap();
+        let objects = objects_of("{ transit: {} }");
         let far = Instant::now() + std::time::Duration::from_secs(5);
         let input = json!({ "n": 1, "DELETE": true });
         let refused = transit(&objects, "p1", input, far)

@@ -45,6 +45,10 @@ pub const ATTEMPTS_KEPT: usize = 16;
 /// How long one statement may run (`statement_timeout`), and a connection may take to open.
 const STATEMENT_LIMIT: Duration = Duration::from_secs(5);
 const CONNECT_LIMIT: Duration = Duration::from_secs(5);
+/// How long the agent waits for a statement's answer: a server that took it answers within its
+/// `statement_timeout`; one that does not (frozen, or the network between cut without the
+/// connection's end) is treated as a connection lost.
+const ANSWER_LIMIT: Duration = Duration::from_secs(6);
 
 /// Where the store is, without credentials (the context's `storage`), and who logs in.
 #[derive(Clone)]
@@ -105,6 +109,8 @@ enum Tried {
     Unknown,
     /// The call's record was there already: nothing written.
     Recorded,
+    /// No answer within [`ANSWER_LIMIT`].
+    Silent,
 }
 
 /// An identifier, quoted for SQL: the names come from the application's and the component's
@@ -185,6 +191,14 @@ pub fn ddl(application: &str, component: &str) -> Vec<String> {
              attempts text[] NOT NULL)"
         ),
     ]
+}
+
+/// A statement the server did not answer in time.
+fn silent() -> StoreError {
+    StoreError::Unavailable(format!(
+        "the store did not answer within {} s (frozen, or cut off)",
+        ANSWER_LIMIT.as_secs()
+    ))
 }
 
 fn unavailable(error: impl std::error::Error + 'static) -> StoreError {
@@ -328,15 +342,19 @@ impl Postgres {
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
         for _ in 0..2 {
             let client = self.pool.get().await.map_err(unavailable)?;
-            match client.query(statement, parameters).await {
-                Ok(rows) => return Ok(rows),
-                Err(error) if lost_with_connection(&error) => discard(client),
-                Err(error) => return Err(unavailable(error)),
+            let answered = tokio::time::timeout(ANSWER_LIMIT, client.query(statement, parameters));
+            match answered.await {
+                Ok(Ok(rows)) => return Ok(rows),
+                Ok(Err(error)) if lost_with_connection(&error) => discard(client),
+                Ok(Err(error)) => return Err(unavailable(error)),
+                // A read is tried once more, on another connection.
+                Err(_) => discard(client),
             }
         }
-        Err(StoreError::Unavailable(
-            "the connection was lost twice".to_owned(),
-        ))
+        Err(StoreError::Unavailable(format!(
+            "the connection was lost, or the store did not answer within {} s, twice",
+            ANSWER_LIMIT.as_secs()
+        )))
     }
 
     async fn query_opt(
@@ -369,14 +387,21 @@ impl Postgres {
             state: Json(state),
             attempt,
         };
-        let done = match record {
-            None => self
-                .compare_and_set(&client, &change)
-                .await
-                .map(Tried::Rows),
-            Some(record) => self.recorded_write(&mut client, &change, record).await,
-        };
-        match done {
+        let done = tokio::time::timeout(ANSWER_LIMIT, async {
+            match record {
+                None => self
+                    .compare_and_set(&client, &change)
+                    .await
+                    .map(Tried::Rows),
+                Some(record) => self.recorded_write(&mut client, &change, record).await,
+            }
+        });
+        match done.await.unwrap_or(Ok(Tried::Silent)) {
+            // Sent, and no answer: applied or not, unknown; the connection is not used again.
+            Ok(Tried::Silent) => {
+                discard(client);
+                Ok(Tried::Unknown)
+            }
             Ok(tried) => Ok(tried),
             // The connection went away with the statement sent: applied or not, unknown.
             Err(error) if lost_with_connection(&error) => {
@@ -425,14 +450,7 @@ impl Postgres {
     ) -> Result<Tried, tokio_postgres::Error> {
         let transaction = client.transaction().await?;
         let outcome = Json(outcome);
-        let parameters: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
-            &self.component,
-            &record.operation,
-            &record.key,
-            &record.hash,
-            &outcome,
-            &self.retention,
-        ];
+        let parameters = self.record_parameters(record, &outcome);
         if transaction
             .execute(&self.statements.record, &parameters)
             .await?
@@ -487,6 +505,22 @@ async fn purge(pool: Pool, statement: String, component: String, retention: f64)
 }
 
 impl Postgres {
+    /// The parameters of the statement that makes `record` with `outcome`.
+    fn record_parameters<'a>(
+        &'a self,
+        record: &'a Record,
+        outcome: &'a Json<&'a Value>,
+    ) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 6] {
+        [
+            &self.component,
+            &record.operation,
+            &record.key,
+            &record.hash,
+            outcome,
+            &self.retention,
+        ]
+    }
+
     /// A record found there when writing it: what it says.
     async fn repeated(&self, record: &Record) -> Result<Recorded, StoreError> {
         match self.recorded(record).await? {
@@ -665,7 +699,7 @@ impl Store for Postgres {
             let changed = match self.try_commit(id, read, &write, &attempt, record).await? {
                 Tried::Rows(1) => return Ok(Committed::Stored { version: read + 1 }),
                 Tried::Rows(rows) => Some(rows),
-                Tried::Unknown => None,
+                Tried::Unknown | Tried::Silent => None,
                 Tried::Recorded => {
                     let record = record.expect("only a commit with a record finds one").0;
                     return self.repeated(record).await.map(Committed::Repeated);
@@ -723,25 +757,24 @@ impl Store for Postgres {
     ) -> Result<Option<Recorded>, StoreError> {
         let client = self.pool.get().await.map_err(unavailable)?;
         let outcome = Json(outcome);
-        let parameters: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
-            &self.component,
-            &record.operation,
-            &record.key,
-            &record.hash,
-            &outcome,
-            &self.retention,
-        ];
+        let parameters = self.record_parameters(record, &outcome);
         // A lost answer here costs nothing: the statement is repeated as it is, and a record
         // found then is this one's (or another delivery's, with the same outcome's call).
-        let made = match client.execute(&self.statements.record, &parameters).await {
-            Ok(rows) => rows,
-            Err(error) if lost_with_connection(&error) => {
+        let made = client.execute(&self.statements.record, &parameters);
+        let made = match tokio::time::timeout(ANSWER_LIMIT, made).await {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(error)) if lost_with_connection(&error) => {
                 discard(client);
                 let client = self.pool.get().await.map_err(unavailable)?;
                 let again = client.execute(&self.statements.record, &parameters);
-                again.await.map_err(unavailable)?
+                let again = tokio::time::timeout(ANSWER_LIMIT, again).await;
+                again.map_err(|_| silent())?.map_err(unavailable)?
             }
-            Err(error) => return Err(unavailable(error)),
+            Ok(Err(error)) => return Err(unavailable(error)),
+            Err(_) => {
+                discard(client);
+                return Err(silent());
+            }
         };
         if made == 1 {
             return Ok(None);

@@ -707,6 +707,67 @@ async fn records_past_their_retention_are_deleted_by_the_next_replica_to_start()
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_store_ends_the_call_at_its_deadline_and_a_fresh_connection_serves_the_next() {
+    use super::objects::{operate, Objects, Run};
+    use crate::component::client::{CallMeta, ProgramClient};
+    let cutter = Arc::new(Cutter::default());
+    let application = format!("frozen-{}", crate::component::client::new_id());
+    let store = store_at(&application, Some(cutting_proxy(cutter.clone()).await)).await;
+    let yaml = "name: stock\nentity: { associated: true, properties: { available: { type: integer } }, blank: { available: 0 } }\noperations: { transit: {} }\n";
+    let manifest = toa_context::Manifest::parse(yaml, "m").unwrap();
+    let component = crate::component::Component::new(manifest, ".".into()).unwrap();
+    let objects = Objects::new(&component, None, store, Default::default())
+        .unwrap()
+        .unwrap();
+    let client = ProgramClient::new("stock", 1);
+    let query = toa_context::query::Query {
+        id: Some("p1".to_owned()),
+        version: None,
+    };
+    let transit = |available: i64, within: Duration| {
+        let (objects, client, query) = (&objects, &client, &query);
+        async move {
+            let (input, meta) = (json!({ "available": available }), CallMeta::default());
+            let run = Run {
+                client,
+                operation: "transit",
+                input: &input,
+                query: Some(query),
+                meta: &meta,
+                deadline: Instant::now() + within,
+                key: None,
+            };
+            operate(Some(objects), run).await.unwrap()
+        }
+    };
+    let stored = transit(1, Duration::from_secs(10)).await;
+    assert_eq!(stored.to_json()["reply"]["VERSION"], json!(1), "{stored:?}");
+    *cutter.armed.lock().unwrap() = Some(Cut::Freeze);
+    let started = Instant::now();
+    let frozen = transit(2, Duration::from_millis(1500)).await;
+    let waited = started.elapsed();
+    assert_eq!(cutter.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let text = frozen.to_json().to_string();
+    assert!(
+        text.contains("UNAVAILABLE") && text.contains("did not answer by the call's deadline"),
+        "{text}"
+    );
+    assert!(
+        waited < Duration::from_millis(1900),
+        "the deadline kept: {waited:?}"
+    );
+    // The frozen connection is given up (within the answer limit) and another one serves.
+    let started = Instant::now();
+    let again = transit(3, Duration::from_secs(15)).await;
+    assert_eq!(again.to_json()["reply"]["VERSION"], json!(2), "{again:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(13),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// Which store a case of the conformance suite runs on: each runs on both.
 #[derive(Clone, Copy)]
 enum On {
@@ -848,6 +909,9 @@ enum Cut {
     BeforeForwarding,
     /// The transaction's `COMMIT`, after forwarding it: committed, its answer lost.
     AtCommit,
+    /// The next message, and everything after it on that connection, is held: a frozen server
+    /// (or a partition) that never ends the connection.
+    Freeze,
 }
 
 #[derive(Default)]
@@ -883,6 +947,19 @@ async fn pump(client: tokio::net::TcpStream, upstream: tokio::net::TcpStream, cu
         let chunk = &buffer[..n];
         let mut armed = prepared.take();
         let has = |word: &[u8]| chunk.windows(word.len()).any(|w| w == word);
+        let freeze = armed.is_none() && {
+            let mut waiting = cutter.armed.lock().unwrap();
+            *waiting == Some(Cut::Freeze) && waiting.take().is_some()
+        };
+        if freeze {
+            silenced.store(true, std::sync::atomic::Ordering::SeqCst);
+            cutter
+                .cuts
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            // Read and drop whatever comes, until the driver gives up the connection.
+            while let Ok(1..) = client_read.read(&mut buffer).await {}
+            break;
+        }
         if armed.is_none() {
             let mut waiting = cutter.armed.lock().unwrap();
             match *waiting {

@@ -1,9 +1,11 @@
 //! A PostgreSQL server of a test's own (own data directory and port), which the test may stop and
 //! start again; the shared server on 5432 is never touched. PostgreSQL refuses to run as root: it
-//! runs as `postgres`, the user Debian's package makes, and takes that user without a password on
-//! loopback.
+//! runs as `postgres`, the user Debian's package makes, and takes that user without a password
+//! over its socket and on loopback.
+//!
+//! Self-contained, so that the end-to-end suite (operator/tests/e2e) includes the same file for a
+//! server on the node's bridge, which pods log in to with a password.
 
-use super::free_port;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -13,74 +15,99 @@ const BIN: &str = "/usr/lib/postgresql/15/bin";
 static SERVERS: AtomicU32 = AtomicU32::new(0);
 
 pub struct PostgresServer {
+    /// The address it listens on.
+    pub ip: String,
     pub port: u16,
     dir: PathBuf,
     /// Taking TLS connections only, with this certificate and key.
     tls: Option<(PathBuf, PathBuf)>,
 }
 
-/// Runs a PostgreSQL program as `postgres`; panics with its output when it fails.
-fn as_postgres(program: &str, args: &[&str]) {
+/// Runs a PostgreSQL program as `postgres`; its output, or a panic with it when it fails.
+fn as_postgres(program: &str, args: &[&str]) -> String {
     let output = Command::new("runuser")
         .args(["-u", "postgres", "--", &format!("{BIN}/{program}")])
         .args(args)
         .output()
         .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
     assert!(
         output.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        "{program} {args:?}: {stdout}{stderr}"
     );
+    stdout.into_owned()
+}
+
+fn owned_by_postgres(path: &std::path::Path, mode: &str) {
+    let path = path.to_str().unwrap();
+    let chown = Command::new("chown")
+        .args(["postgres:postgres", path])
+        .status();
+    assert!(chown.unwrap().success());
+    assert!(Command::new("chmod")
+        .args([mode, path])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// A port nobody listens on at `ip` now.
+fn free_port_on(ip: &str) -> u16 {
+    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
+    listener.local_addr().unwrap().port()
 }
 
 impl PostgresServer {
+    /// On loopback; `postgres` logs in without a password.
     pub fn start() -> Self {
-        Self::start_with(None)
+        Self::start_with("127.0.0.1", None, "host all all 127.0.0.1/32 trust\n")
     }
 
     /// A server that takes TLS connections only (`hostssl`; a plain one is rejected), with the
     /// certificate and key given, copied where `postgres` may read them.
     pub fn start_with_tls(certificate: &std::path::Path, key: &std::path::Path) -> Self {
-        Self::start_with(Some((certificate.to_owned(), key.to_owned())))
+        let hba = "hostssl all all 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 reject\n";
+        Self::start_with("127.0.0.1", Some((certificate, key)), hba)
     }
 
-    fn start_with(tls: Option<(PathBuf, PathBuf)>) -> Self {
+    /// On `ip` (the node's bridge), where every connection logs in with a password (see
+    /// [`Self::login`]).
+    pub fn start_on(ip: &str) -> Self {
+        Self::start_with(ip, None, "host all all all scram-sha-256\n")
+    }
+
+    fn start_with(ip: &str, tls: Option<(&std::path::Path, &std::path::Path)>, hba: &str) -> Self {
         let n = SERVERS.fetch_add(1, Ordering::SeqCst);
         let dir = std::env::temp_dir().join(format!("toa-pg-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let owned = Command::new("chown")
-            .args(["postgres:postgres", dir.to_str().unwrap()])
-            .status()
-            .unwrap();
-        assert!(owned.success());
+        owned_by_postgres(&dir, "700");
         let data = dir.join("data");
+        let data_arg = data.to_str().unwrap();
         as_postgres(
             "initdb",
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-U",
-                "postgres",
-                "--auth=trust",
-            ],
+            &["-D", data_arg, "-U", "postgres", "--auth=trust"],
         );
         let tls = tls.map(|(certificate, key)| {
             let (copied, copied_key) = (dir.join("server.crt"), dir.join("server.key"));
             std::fs::copy(certificate, &copied).unwrap();
             std::fs::copy(key, &copied_key).unwrap();
-            for file in [&copied, &copied_key] {
-                let path = file.to_str().unwrap();
-                assert!(Command::new("chown").args(["postgres:postgres", path]).status().unwrap().success());
-                assert!(Command::new("chmod").args(["600", path]).status().unwrap().success());
-            }
-            let hba = "hostssl all all 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 reject\nlocal all all trust\n";
-            std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+            owned_by_postgres(&copied, "600");
+            owned_by_postgres(&copied_key, "600");
             (copied, copied_key)
         });
+        // The socket, for the test's own statements, always trusts `postgres`.
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            format!("local all all trust\n{hba}"),
+        )
+        .unwrap();
         let server = Self {
-            port: free_port(),
+            ip: ip.to_owned(),
+            port: free_port_on(ip),
             dir,
             tls,
         };
@@ -88,14 +115,40 @@ impl PostgresServer {
         server
     }
 
-    /// `postgres://127.0.0.1:PORT/postgres`: log in as `postgres`, no password.
+    /// `postgres://127.0.0.1:PORT/postgres`: log in as `postgres`, no password (loopback).
     pub fn address(&self) -> String {
-        format!("postgres://127.0.0.1:{}/postgres", self.port)
+        format!("postgres://{}:{}/postgres", self.ip, self.port)
+    }
+
+    /// Makes `role` with `password`, owning a database of its name: the store's address for it.
+    pub fn login(&self, role: &str, password: &str) -> String {
+        self.sql(&format!(
+            "CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'"
+        ));
+        self.sql(&format!("CREATE DATABASE \"{role}\" OWNER \"{role}\""));
+        format!("postgres://{}:{}/{role}", self.ip, self.port)
+    }
+
+    /// Runs `statement` as `postgres` in `database` over the server's socket: its output.
+    pub fn sql_in(&self, database: &str, statement: &str) -> String {
+        let socket = self.dir.display().to_string();
+        let port = self.port.to_string();
+        as_postgres(
+            "psql",
+            &[
+                "-h", &socket, "-p", &port, "-U", "postgres", "-d", database, "-tAc", statement,
+            ],
+        )
+    }
+
+    fn sql(&self, statement: &str) -> String {
+        self.sql_in("postgres", statement)
     }
 
     pub fn start_again(&self) {
         let mut options = format!(
-            "-c listen_addresses=127.0.0.1 -p {} -k {}",
+            "-c listen_addresses={} -p {} -k {}",
+            self.ip,
             self.port,
             self.dir.display()
         );

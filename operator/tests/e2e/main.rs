@@ -25,7 +25,8 @@
 //! what happens in its container and does what the harness asks of it.
 //!
 //! Layout: this file holds the entry points and the scenario lists only. The scenarios live by
-//! intent: [`deploy`] (a Composition deployed, or refused by the operator), [`admission`] (what
+//! intent: [`deploy`] (a Composition deployed, or refused by the operator), [`entities`] (an
+//! entity's objects shared by two pods through a PostgreSQL), [`admission`] (what
 //! the API server refuses: the CEL rule, Pod Security, a pod refused by admission), [`halt`],
 //! [`rollout`], [`atomicity`], [`pods`] (pods in trouble), [`leader`] (two replicas), [`image`]
 //! (the operator's own image), [`drain`] (who may drain a pod), [`deletion`], [`ownership`]
@@ -41,6 +42,7 @@ mod cluster;
 mod deletion;
 mod deploy;
 mod drain;
+mod entities;
 mod halt;
 mod harness;
 mod image;
@@ -113,6 +115,7 @@ async fn floor() {
 async fn run_on(release: &'static str, batches: Vec<Vec<(&'static str, Scenario)>>) {
     let started = Instant::now();
     let root = std::env::temp_dir().join(format!("toa-e2e-{release}-{}", std::process::id()));
+    forget_earlier_runs();
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
     let (plane, suite) = start(&root, release, started).await;
@@ -152,6 +155,26 @@ async fn run_on(release: &'static str, batches: Vec<Vec<(&'static str, Scenario)
     drop(plane);
     if std::env::var_os("TOA_E2E_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&root);
+    }
+}
+
+/// Stops what an earlier run left and removes its state: a failed run keeps its own, logs and
+/// all, for a look (some 700 MiB each, which filled the disk until the node's kubelet evicted
+/// every pod for DiskPressure), and a run killed at nextest's timeout leaves its node's bridge,
+/// which the next node cannot take. The suite's runs never overlap (nextest's `processes`
+/// group).
+fn forget_earlier_runs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with("toa-e2e-v") {
+            let _ = std::process::Command::new(cluster::repo().join("scripts/node"))
+                .arg("stop")
+                .arg(entry.path().join("n"))
+                .output();
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -258,6 +281,14 @@ fn batches() -> Vec<Vec<(&'static str, Scenario)>> {
         ("a_typescript_composition_answers_as_the_seed_says", |s| {
             Box::pin(typescript::a_typescript_composition_answers_as_the_seed_says(s))
         }),
+        (
+            "two_pods_sharing_a_store_sell_a_stock_of_100_exactly_once_each",
+            |s| {
+                Box::pin(
+                    entities::two_pods_sharing_a_store_sell_a_stock_of_100_exactly_once_each(s),
+                )
+            },
+        ),
         (
             "another_pods_drain_is_refused_and_the_kubelets_drains",
             |s| Box::pin(drain::another_pods_drain_is_refused_and_the_kubelets_drains(s)),
