@@ -55,7 +55,9 @@ export function typeOf (schema, indent = '', filled = false) {
 /** @param {Schema} schema @param {string} indent @param {boolean} filled @returns {string} */
 function objectType (schema, indent, filled) {
   const properties = Object.entries(schema.properties ?? {})
-  if (properties.length === 0) return 'Record<string, unknown>'
+  // A map: the values' schema, when it gives one (`paid: { additionalProperties: { type: integer } }`).
+  const values = typeof schema.additionalProperties === 'object' ? typeOf(schema.additionalProperties, indent, filled) : 'unknown'
+  if (properties.length === 0) return `Record<string, ${values}>`
   const required = new Set(schema.required ?? [])
   const present = (/** @type {string} */ name, /** @type {Schema} */ property) => required.has(name) || (filled && property?.default !== undefined)
   const inner = indent + '  '

@@ -146,8 +146,10 @@ describe('notifications', () => {
 describe('store.orders pay', () => {
   test('a killed terminal process is TERMINAL_OFFLINE, a timed-out charge TERMINAL_UNCERTAIN', async () => {
     const store = join(scratch(), 'terminals.json')
-    const context = contextFile('name: sdk-pay\namqp: amqp://localhost\naddressed:\n  timeout: 1500\n')
-    const env = { TERMINALS_STORE: store }
+    // store.orders keeps its orders in an entity: over a broker, in the PostgreSQL scripts/services
+    // starts.
+    const context = contextFile('name: sdk-pay\namqp: amqp://localhost\nstorage: postgres://127.0.0.1:5432/toa\naddressed:\n  timeout: 1500\n')
+    const env = { TERMINALS_STORE: store, TOA_STORAGE_USERNAME: 'toa', TOA_STORAGE_PASSWORD: 'toa' }
     // Two terminals processes: one holds the terminal, the other answers `observe` once it died.
     const tills = new Map()
     for (const name of ['till-1', 'till-2']) {
@@ -203,6 +205,44 @@ describe('types', () => {
     const checked = misspelt('fulfilment.stock/operations/reserve.ts', 'entry.available -=', 'entry.availble -=')
     assert.notEqual(checked.status, 0)
     assert.match(checked.stdout, /reserve\.ts.*availble/)
+  })
+})
+
+describe('store.orders approve and billing.wallets debit (seed 003, What a second run repeats)', () => {
+  test('two clicks on Approve take the money once: the debit is keyed by the order', async () => {
+    const stage = await start(['store.orders', 'billing.wallets'])
+    await stage.call('billing.wallets.transit', { query: { id: 'c1' }, input: { balance: 100 } })
+    const order = await stage.call('store.orders.transit', { input: { status: 'pending', customer: 'c1', total: 30 } })
+    assert.match(order.id, /^[0-9a-f]{32}$/, 'a new order gets an id of its own')
+    const clicks = await Promise.all([1, 2].map(() => stage.call('store.orders.approve', { query: { id: order.id } })))
+    assert.deepEqual(clicks.map((approved) => approved.status), ['approved', 'approved'])
+    const wallet = await stage.call('billing.wallets.observe', { query: { id: 'c1' } })
+    assert.deepEqual({ balance: wallet.balance, paid: wallet.paid }, { balance: 70, paid: { [order.id]: 30 } })
+    const approved = await stage.call('store.orders.observe', { query: { id: order.id } })
+    assert.equal(approved.VERSION, 2, 'stored once; the second click was discarded')
+    // A debit asked again for the same order: DISCARD, the balance answered, nothing taken.
+    const again = await stage.call('billing.wallets.debit', { query: { id: 'c1' }, input: { amount: 30, ref: order.id } })
+    assert.deepEqual(again, { balance: 70 })
+    assert.equal((await stage.call('billing.wallets.observe', { query: { id: 'c1' } })).VERSION, 2)
+    // A customer without the money: the wallet's error is approve's, and the order stays pending.
+    const unpaid = await stage.call('store.orders.transit', { input: { status: 'pending', customer: 'c2', total: 30 } })
+    const refused = await stage.call('store.orders.approve', { query: { id: unpaid.id } })
+    assert.ok(refused instanceof Error, JSON.stringify(refused))
+    assert.equal(refused.code, 'INSUFFICIENT_FUNDS')
+    assert.equal((await stage.call('store.orders.observe', { query: { id: unpaid.id } })).status, 'pending')
+  })
+})
+
+describe('fulfilment.shipments book (seed 003, When a lock is the answer)', () => {
+  test('three bookings of one order at once reach the carrier once, and read again inside the lock', async () => {
+    const bookings = join(scratch(), 'bookings')
+    const stage = await start(['fulfilment.shipments'], { env: { BOOKINGS: bookings } })
+    const book = () => stage.call('fulfilment.shipments.book', { input: { order: 'o1' } })
+    const answers = await Promise.all([book(), book(), book()])
+    assert.deepEqual(answers.map((shipment) => shipment.booking), Array(3).fill('parcel-o1'))
+    assert.equal(lines(bookings).length, 1, 'the carrier was asked once')
+    const shipment = await stage.call('fulfilment.shipments.observe', { query: { id: 'o1' } })
+    assert.deepEqual(shipment, { id: 'o1', booking: 'parcel-o1', VERSION: 1 })
   })
 })
 

@@ -5,6 +5,33 @@ import type { CallOptions, Context as Base } from 'toa-component'
 type Query = { id?: string, version?: number }
 
 declare namespace Components {
+  export namespace BillingWallets {
+    export type DebitInput = {
+      amount: number
+      ref: string
+    }
+    export type TransitInput = {
+      balance?: number
+    }
+    export type ObserveInput = null
+    export type EnumerateInput = {
+      limit?: number
+      after?: string
+    }
+  }
+  export namespace FulfilmentShipments {
+    export type BookInput = {
+      order: string
+    }
+    export type AssignInput = {
+      booking?: string
+    }
+    export type ObserveInput = null
+    export type EnumerateInput = {
+      limit?: number
+      after?: string
+    }
+  }
   export namespace FulfilmentStock {
     export type ReserveInput = {
       quantity: number
@@ -42,6 +69,17 @@ declare namespace Components {
       terminal: string
       amount: number
     }
+    export type ApproveInput = null
+    export type TransitInput = {
+      status?: "pending" | "approved"
+      customer?: string
+      total?: number
+    }
+    export type ObserveInput = null
+    export type EnumerateInput = {
+      limit?: number
+      after?: string
+    }
   }
   export namespace Terminals {
     export type ChargeInput = {
@@ -74,7 +112,21 @@ export interface Local {
 }
 
 export interface Remote {
+  billing: {
+    wallets: {
+      debit (request: { input: Components.BillingWallets.DebitInput, query: Query, key?: string }): Promise<any>
+      transit (request: { input?: Components.BillingWallets.TransitInput, query?: Query, key?: string }): Promise<any>
+      observe (request: { input?: Components.BillingWallets.ObserveInput, query: Query, key?: string }): Promise<any>
+      enumerate (request: { input?: Components.BillingWallets.EnumerateInput, key?: string }): Promise<any>
+    }
+  }
   fulfilment: {
+    shipments: {
+      book (request: { input: Components.FulfilmentShipments.BookInput, query?: Query, key?: string }): Promise<any>
+      assign (request: { input?: Components.FulfilmentShipments.AssignInput, query?: Query, key?: string }): Promise<any>
+      observe (request: { input?: Components.FulfilmentShipments.ObserveInput, query: Query, key?: string }): Promise<any>
+      enumerate (request: { input?: Components.FulfilmentShipments.EnumerateInput, key?: string }): Promise<any>
+    }
     stock: {
       reserve (request: { input: Components.FulfilmentStock.ReserveInput, query: Query, key?: string }): Promise<any>
       transit (request: { input?: Components.FulfilmentStock.TransitInput, query?: Query, key?: string }): Promise<any>
@@ -94,8 +146,12 @@ export interface Remote {
       polls (request: { input?: Components.StoreCatalog.PollsInput, key?: string }): Promise<any>
     }
     orders: {
-      settle (request: { input?: Components.StoreOrders.SettleInput, key?: string }): Promise<any>
-      pay (request: { input: Components.StoreOrders.PayInput, key?: string }): Promise<any>
+      settle (request: { input?: Components.StoreOrders.SettleInput, query?: Query, key?: string }): Promise<any>
+      pay (request: { input: Components.StoreOrders.PayInput, query?: Query, key?: string }): Promise<any>
+      approve (request: { input?: Components.StoreOrders.ApproveInput, query: Query, key?: string }): Promise<any>
+      transit (request: { input?: Components.StoreOrders.TransitInput, query?: Query, key?: string }): Promise<any>
+      observe (request: { input?: Components.StoreOrders.ObserveInput, query: Query, key?: string }): Promise<any>
+      enumerate (request: { input?: Components.StoreOrders.EnumerateInput, key?: string }): Promise<any>
     }
   }
   terminals: {
