@@ -409,8 +409,14 @@ impl Postgres {
                 Ok(Tried::Unknown)
             }
             // Refused by the server (a statement timeout, a read-only standby) or never sent:
-            // not applied.
-            Err(error) => Err(unavailable(error)),
+            // not applied. A standby's connection is not used again: after a failover the
+            // address leads to the new primary, which only a new connection reaches.
+            Err(error) => {
+                if read_only(&error) {
+                    discard(client);
+                }
+                Err(unavailable(error))
+            }
         }
     }
 
@@ -537,6 +543,12 @@ impl Postgres {
 /// Takes a connection found gone out of the pool, so that no other statement gets it.
 fn discard(client: deadpool_postgres::Object) {
     drop(deadpool_postgres::Object::take(client));
+}
+
+/// Whether the server refused a write as read-only (SQLSTATE 25006): a standby, or a primary
+/// being demoted.
+fn read_only(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION)
 }
 
 /// Whether `error` is the connection's end (closed, or an I/O error under it) rather than an
@@ -770,7 +782,12 @@ impl Store for Postgres {
                 let again = tokio::time::timeout(ANSWER_LIMIT, again).await;
                 again.map_err(|_| silent())?.map_err(unavailable)?
             }
-            Ok(Err(error)) => return Err(unavailable(error)),
+            Ok(Err(error)) => {
+                if read_only(&error) {
+                    discard(client);
+                }
+                return Err(unavailable(error));
+            }
             Err(_) => {
                 discard(client);
                 return Err(silent());

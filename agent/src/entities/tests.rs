@@ -768,6 +768,115 @@ async fn a_frozen_store_ends_the_call_at_its_deadline_and_a_fresh_connection_ser
     );
 }
 
+/// The agent's tests' PostgreSQL servers of their own (agent/tests/support), for a failover.
+#[allow(dead_code)]
+#[path = "../../tests/support/postgres.rs"]
+mod server;
+
+/// A TCP proxy to the loopback port `upstream` holds when a connection is made: the address
+/// that moves to the new primary in a failover (a Service, a DNS name). Its port.
+async fn moving_address(upstream: Arc<std::sync::atomic::AtomicU16>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let to = upstream.load(std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A primary with a synchronous standby (acknowledged means on the standby too: what a failover
+/// must not lose), and a store on the address that leads to the primary for now.
+async fn replicated() -> (
+    server::PostgresServer,
+    server::PostgresServer,
+    Arc<std::sync::atomic::AtomicU16>,
+    Backend,
+) {
+    let primary = tokio::task::spawn_blocking(server::PostgresServer::start)
+        .await
+        .unwrap();
+    primary.set("synchronous_standby_names", "*");
+    let standby = tokio::task::block_in_place(|| server::PostgresServer::standby_of(&primary));
+    let upstream = Arc::new(std::sync::atomic::AtomicU16::new(primary.port));
+    let port = moving_address(upstream.clone()).await;
+    let mut address = test_storage();
+    (address.host, address.port, address.database) = ("127.0.0.1".into(), port, "postgres".into());
+    (address.username, address.password) = (Some("postgres".into()), None);
+    let storage = Storage {
+        address,
+        application: "failover".into(),
+    };
+    let store = Backend::open(Some(&storage), "shop.stock", RETENTION)
+        .await
+        .unwrap();
+    (primary, standby, upstream, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_unavailable_meanwhile_and_applies_nothing_twice_or_loses_an_acknowledged_write(
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (primary, standby, upstream, store) = replicated().await;
+    stock(&store, 100).await;
+    for n in 0..10 {
+        let sold = reserve_once(&store, &record(&format!("c{n}")))
+            .await
+            .unwrap();
+        assert!(matches!(sold, Answer::Stored { .. }), "{sold:?}");
+    }
+    // The primary crashes; the address moves to the standby, not promoted yet.
+    tokio::task::block_in_place(|| primary.crash());
+    upstream.store(standby.port, SeqCst);
+    let meanwhile = reserve_once(&store, &record("c10")).await;
+    assert!(
+        matches!(meanwhile, Err(TransitionError::Store(_))),
+        "{meanwhile:?}"
+    );
+    let read = store.read("p1").await.unwrap();
+    assert_eq!(
+        read.version(),
+        11,
+        "every acknowledged write is on the standby: {read:?}"
+    );
+    tokio::task::block_in_place(|| standby.promote());
+    // The new primary has no standby of its own to wait for (its base backup copied the old
+    // primary's setting).
+    standby.set("synchronous_standby_names", "");
+    // The call again (its redelivery), until the promoted server takes it: applied once.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let applied = loop {
+        match reserve_once(&store, &record("c10")).await {
+            Ok(answer) => break answer,
+            Err(error) => assert!(Instant::now() < deadline, "still {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        matches!(applied, Answer::Stored { version: 12, .. }),
+        "{applied:?}"
+    );
+    let again = reserve_once(&store, &record("c10")).await.unwrap();
+    assert!(matches!(again, Answer::Repeated(_)), "{again:?}");
+    for n in 0..10 {
+        let repeat = reserve_once(&store, &record(&format!("c{n}")))
+            .await
+            .unwrap();
+        assert!(matches!(repeat, Answer::Repeated(_)), "c{n}: {repeat:?}");
+    }
+    let expected = Found::Live {
+        state: state(json!({ "available": 89 })),
+        version: 12,
+    };
+    assert_eq!(store.read("p1").await.unwrap(), expected);
+}
+
 /// Which store a case of the conformance suite runs on: each runs on both.
 #[derive(Clone, Copy)]
 enum On {

@@ -61,9 +61,61 @@ fn free_port_on(ip: &str) -> u16 {
 }
 
 impl PostgresServer {
-    /// On loopback; `postgres` logs in without a password.
+    /// On loopback; `postgres` logs in without a password, and a standby may replicate it.
     pub fn start() -> Self {
-        Self::start_with("127.0.0.1", None, "host all all 127.0.0.1/32 trust\n")
+        let hba = "host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n";
+        Self::start_with("127.0.0.1", None, hba)
+    }
+
+    /// A hot standby streaming from `primary` (a base backup of it, `-R`), on a port of its own;
+    /// [`Self::promote`] makes it a primary.
+    pub fn standby_of(primary: &Self) -> Self {
+        let n = SERVERS.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("toa-pg-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        owned_by_postgres(&dir, "700");
+        let data = dir.join("data");
+        let port = primary.port.to_string();
+        let source = ["-h", &primary.ip, "-p", &port, "-U", "postgres"];
+        let target = ["-D", data.to_str().unwrap(), "-R", "-X", "stream"];
+        as_postgres("pg_basebackup", &[&source[..], &target[..]].concat());
+        let server = Self {
+            ip: primary.ip.clone(),
+            port: free_port_on(&primary.ip),
+            dir,
+            tls: None,
+        };
+        server.start_again();
+        server
+    }
+
+    /// Ends recovery: the standby takes writes.
+    pub fn promote(&self) {
+        let data = self.dir.join("data");
+        as_postgres("pg_ctl", &["-D", data.to_str().unwrap(), "-w", "promote"]);
+    }
+
+    /// An immediate stop, as a crash: connections are cut, nothing is flushed that was not.
+    pub fn crash(&self) {
+        let data = self.dir.join("data");
+        as_postgres(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        );
+    }
+
+    /// Sets a server setting and reloads the configuration.
+    pub fn set(&self, setting: &str, value: &str) {
+        self.sql(&format!("ALTER SYSTEM SET {setting} = '{value}'"));
+        self.sql("SELECT pg_reload_conf()");
     }
 
     /// A server that takes TLS connections only (`hostssl`; a plain one is rejected), with the
