@@ -91,11 +91,12 @@ declare namespace Components {
       address: string
     }
     export type AssignInput = {
-      id: string
-      holder: string
+      holder?: string
     }
-    export type ObserveInput = {
-      id: string
+    export type ObserveInput = null
+    export type EnumerateInput = {
+      limit?: number
+      after?: string
     }
   }
 }
@@ -155,10 +156,11 @@ export interface Remote {
     }
   }
   terminals: {
-    charge (request: { input: Components.Terminals.ChargeInput, instance: string, key?: string }, options?: CallOptions): Promise<any>
-    connect (request: { input: Components.Terminals.ConnectInput, key?: string }): Promise<any>
-    assign (request: { input: Components.Terminals.AssignInput, key?: string }): Promise<any>
-    observe (request: { input: Components.Terminals.ObserveInput, key?: string }): Promise<any>
+    charge (request: { input: Components.Terminals.ChargeInput, instance: string, query?: Query, key?: string }, options?: CallOptions): Promise<any>
+    connect (request: { input: Components.Terminals.ConnectInput, query?: Query, key?: string }): Promise<any>
+    assign (request: { input?: Components.Terminals.AssignInput, query?: Query, key?: string }): Promise<any>
+    observe (request: { input?: Components.Terminals.ObserveInput, query: Query, key?: string }): Promise<any>
+    enumerate (request: { input?: Components.Terminals.EnumerateInput, key?: string }): Promise<any>
   }
 }
 

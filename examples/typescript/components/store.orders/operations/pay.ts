@@ -6,7 +6,7 @@ const ABANDONED = 404
 
 export async function effect (input: PayInput, context: Context) {
   const terminal = await context.remote.terminals.observe({
-    input: { id: input.terminal }
+    query: { id: input.terminal }
   })
 
   try {

@@ -6,6 +6,7 @@ export async function effect (input: ConnectInput, context: Context) {
   context.state.connections.set(input.terminal, await open(input.address))
 
   await context.local.assign({
-    input: { id: input.terminal, holder: context.instance }
+    query: { id: input.terminal },
+    input: { holder: context.instance }
   })
 }

@@ -91,11 +91,12 @@ declare namespace Components {
       address: string
     }
     export type AssignInput = {
-      id: string
-      holder: string
+      holder?: string
     }
-    export type ObserveInput = {
-      id: string
+    export type ObserveInput = null
+    export type EnumerateInput = {
+      limit?: number
+      after?: string
     }
   }
 }
@@ -104,13 +105,18 @@ export type ChargeInput = Components.Terminals.ChargeInput
 export type ConnectInput = Components.Terminals.ConnectInput
 export type AssignInput = Components.Terminals.AssignInput
 export type ObserveInput = Components.Terminals.ObserveInput
+export type EnumerateInput = Components.Terminals.EnumerateInput
+export type State = {
+  holder?: string
+} & { id: string, VERSION: number, DISCARD?: boolean, DELETE?: boolean }
 export type Configuration = Record<string, never>
 
 export interface Local {
-  charge (request: { input: Components.Terminals.ChargeInput, instance: string, key?: string }, options?: CallOptions): Promise<any>
-  connect (request: { input: Components.Terminals.ConnectInput, key?: string }): Promise<any>
-  assign (request: { input: Components.Terminals.AssignInput, key?: string }): Promise<any>
-  observe (request: { input: Components.Terminals.ObserveInput, key?: string }): Promise<any>
+  charge (request: { input: Components.Terminals.ChargeInput, instance: string, query?: Query, key?: string }, options?: CallOptions): Promise<any>
+  connect (request: { input: Components.Terminals.ConnectInput, query?: Query, key?: string }): Promise<any>
+  assign (request: { input?: Components.Terminals.AssignInput, query?: Query, key?: string }): Promise<any>
+  observe (request: { input?: Components.Terminals.ObserveInput, query: Query, key?: string }): Promise<any>
+  enumerate (request: { input?: Components.Terminals.EnumerateInput, key?: string }): Promise<any>
 }
 
 export interface Remote {
@@ -157,10 +163,11 @@ export interface Remote {
     }
   }
   terminals: {
-    charge (request: { input: Components.Terminals.ChargeInput, instance: string, key?: string }, options?: CallOptions): Promise<any>
-    connect (request: { input: Components.Terminals.ConnectInput, key?: string }): Promise<any>
-    assign (request: { input: Components.Terminals.AssignInput, key?: string }): Promise<any>
-    observe (request: { input: Components.Terminals.ObserveInput, key?: string }): Promise<any>
+    charge (request: { input: Components.Terminals.ChargeInput, instance: string, query?: Query, key?: string }, options?: CallOptions): Promise<any>
+    connect (request: { input: Components.Terminals.ConnectInput, query?: Query, key?: string }): Promise<any>
+    assign (request: { input?: Components.Terminals.AssignInput, query?: Query, key?: string }): Promise<any>
+    observe (request: { input?: Components.Terminals.ObserveInput, query: Query, key?: string }): Promise<any>
+    enumerate (request: { input?: Components.Terminals.EnumerateInput, key?: string }): Promise<any>
   }
 }
 
