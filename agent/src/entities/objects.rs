@@ -28,8 +28,9 @@ use toa_context::manifest::{self, Concurrency, Kind};
 use toa_context::query::Query;
 use tokio::time::Instant;
 
-/// How long after a call's deadline a call on the store is ended.
-const DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long after a call's deadline a call on the store is ended: the program's own runs end at
+/// the deadline, and their failure is the one to tell when it was theirs.
+const DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// One component's objects and how its operations reach them.
 pub struct Objects {
@@ -256,8 +257,8 @@ impl Objects {
         match tokio::time::timeout_at(ends, on).await {
             Ok(outcome) => outcome,
             Err(_) => Ok(self.unavailable(format!(
-                "{operation}: the store did not answer by the call's deadline; a write under way \
-                 may have been stored"
+                "{operation}: the call did not end by its deadline (the store, or the program, \
+                 did not answer); a write under way may have been stored"
             ))),
         }
     }

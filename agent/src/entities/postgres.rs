@@ -49,6 +49,8 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(5);
 /// `statement_timeout`; one that does not (frozen, or the network between cut without the
 /// connection's end) is treated as a connection lost.
 const ANSWER_LIMIT: Duration = Duration::from_secs(6);
+/// How long the server keeps a transaction whose client went quiet in it.
+const IDLE_IN_TRANSACTION_LIMIT: Duration = Duration::from_secs(10);
 
 /// Where the store is, without credentials (the context's `storage`), and who logs in.
 #[derive(Clone)]
@@ -341,14 +343,20 @@ impl Postgres {
         parameters: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
         for _ in 0..2 {
-            let client = self.pool.get().await.map_err(unavailable)?;
-            let answered = tokio::time::timeout(ANSWER_LIMIT, client.query(statement, parameters));
-            match answered.await {
-                Ok(Ok(rows)) => return Ok(rows),
-                Ok(Err(error)) if lost_with_connection(&error) => discard(client),
-                Ok(Err(error)) => return Err(unavailable(error)),
-                // A read is tried once more, on another connection.
-                Err(_) => discard(client),
+            let mut held = Held::from(&self.pool).await?;
+            let answered = held.client().query(statement, parameters);
+            match tokio::time::timeout(ANSWER_LIMIT, answered).await {
+                Ok(Ok(rows)) => {
+                    held.keep();
+                    return Ok(rows);
+                }
+                Ok(Err(error)) if !lost_with_connection(&error) => {
+                    held.keep();
+                    return Err(unavailable(error));
+                }
+                // Gone, or silent: the connection is dropped, and a read is tried once more, on
+                // another one.
+                Ok(Err(_)) | Err(_) => {}
             }
         }
         Err(StoreError::Unavailable(format!(
@@ -375,7 +383,7 @@ impl Postgres {
         attempt: &str,
         record: Option<(&Record, &Value)>,
     ) -> Result<Tried, StoreError> {
-        let mut client = self.pool.get().await.map_err(unavailable)?;
+        let mut held = Held::from(&self.pool).await?;
         let (deleted, state) = match write {
             Write::Put(state) => (false, Value::Object(state.clone())),
             Write::Delete => (true, Value::Object(State::new())),
@@ -387,33 +395,32 @@ impl Postgres {
             state: Json(state),
             attempt,
         };
+        let client = held.client();
         let done = tokio::time::timeout(ANSWER_LIMIT, async {
             match record {
                 None => self
-                    .compare_and_set(&client, &change)
+                    .compare_and_set(&*client, &change)
                     .await
                     .map(Tried::Rows),
-                Some(record) => self.recorded_write(&mut client, &change, record).await,
+                Some(record) => self.recorded_write(client, &change, record).await,
             }
         });
+        // The connection leaves the pool (`held` dropped) but where it is known to be sound.
         match done.await.unwrap_or(Ok(Tried::Silent)) {
-            // Sent, and no answer: applied or not, unknown; the connection is not used again.
-            Ok(Tried::Silent) => {
-                discard(client);
-                Ok(Tried::Unknown)
+            // Sent, and no answer: applied or not, unknown.
+            Ok(Tried::Silent) => Ok(Tried::Unknown),
+            Ok(tried) => {
+                held.keep();
+                Ok(tried)
             }
-            Ok(tried) => Ok(tried),
             // The connection went away with the statement sent: applied or not, unknown.
-            Err(error) if lost_with_connection(&error) => {
-                discard(client);
-                Ok(Tried::Unknown)
-            }
+            Err(error) if lost_with_connection(&error) => Ok(Tried::Unknown),
             // Refused by the server (a statement timeout, a read-only standby) or never sent:
             // not applied. A standby's connection is not used again: after a failover the
             // address leads to the new primary, which only a new connection reaches.
             Err(error) => {
-                if read_only(&error) {
-                    discard(client);
+                if !read_only(&error) {
+                    held.keep();
                 }
                 Err(unavailable(error))
             }
@@ -545,6 +552,37 @@ fn discard(client: deadpool_postgres::Object) {
     drop(deadpool_postgres::Object::take(client));
 }
 
+/// A pooled connection that goes back to the pool only when its work ended soundly
+/// ([`Held::keep`]): one dropped half-way (the call's deadline cut its statement, the server
+/// froze, the connection was lost) may be frozen or hold a transaction half done, and leaves the
+/// pool instead.
+struct Held(Option<deadpool_postgres::Object>);
+
+impl Held {
+    async fn from(pool: &Pool) -> Result<Self, StoreError> {
+        Ok(Self(Some(pool.get().await.map_err(unavailable)?)))
+    }
+
+    fn client(&mut self) -> &mut deadpool_postgres::Object {
+        self.0
+            .as_mut()
+            .expect("a held connection until kept or dropped")
+    }
+
+    /// Back to the pool: its work ended, and it answers.
+    fn keep(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            discard(client);
+        }
+    }
+}
+
 /// Whether the server refused a write as read-only (SQLSTATE 25006): a standby, or a primary
 /// being demoted.
 fn read_only(error: &tokio_postgres::Error) -> bool {
@@ -582,10 +620,14 @@ fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
         .port(address.port)
         .dbname(&address.database)
         .connect_timeout(CONNECT_LIMIT)
+        // A transaction left open by a client that went silent (frozen, partitioned) would hold
+        // its row and record locks until the server's TCP keepalive noticed, hours later.
         .options(format!(
-            "-c statement_timeout={}",
-            STATEMENT_LIMIT.as_millis()
+            "-c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+            STATEMENT_LIMIT.as_millis(),
+            IDLE_IN_TRANSACTION_LIMIT.as_millis()
         ))
+        .keepalives_idle(Duration::from_secs(10))
         .application_name("toa-agent");
     if let Some(username) = &address.username {
         config.user(username);
@@ -707,8 +749,17 @@ impl Store for Postgres {
         let attempt = crate::component::client::new_id();
         // At most twice: once more after an outcome lost with its connection and found not
         // applied.
-        for _ in 0..2 {
-            let changed = match self.try_commit(id, read, &write, &attempt, record).await? {
+        for again in [false, true] {
+            let tried = self.try_commit(id, read, &write, &attempt, record).await;
+            // A second try follows a first whose outcome was unknown: whatever this one says,
+            // the first may still be stored (a slow COMMIT that lands later).
+            let tried = tried.map_err(|error| match error {
+                StoreError::Unavailable(problem) if again => StoreError::Unavailable(format!(
+                    "{problem}; an earlier try's write of {id} may have been stored"
+                )),
+                other => other,
+            })?;
+            let changed = match tried {
                 Tried::Rows(1) => return Ok(Committed::Stored { version: read + 1 }),
                 Tried::Rows(rows) => Some(rows),
                 Tried::Unknown | Tried::Silent => None,
@@ -739,7 +790,7 @@ impl Store for Postgres {
             }
         }
         Err(StoreError::Unavailable(format!(
-            "the commit of {id} lost its connection twice"
+            "the commit of {id} lost its connection twice: it may have been stored"
         )))
     }
 
@@ -767,32 +818,30 @@ impl Store for Postgres {
         record: &Record,
         outcome: &Value,
     ) -> Result<Option<Recorded>, StoreError> {
-        let client = self.pool.get().await.map_err(unavailable)?;
         let outcome = Json(outcome);
         let parameters = self.record_parameters(record, &outcome);
-        // A lost answer here costs nothing: the statement is repeated as it is, and a record
-        // found then is this one's (or another delivery's, with the same outcome's call).
-        let made = client.execute(&self.statements.record, &parameters);
-        let made = match tokio::time::timeout(ANSWER_LIMIT, made).await {
-            Ok(Ok(rows)) => rows,
-            Ok(Err(error)) if lost_with_connection(&error) => {
-                discard(client);
-                let client = self.pool.get().await.map_err(unavailable)?;
-                let again = client.execute(&self.statements.record, &parameters);
-                let again = tokio::time::timeout(ANSWER_LIMIT, again).await;
-                again.map_err(|_| silent())?.map_err(unavailable)?
-            }
-            Ok(Err(error)) => {
-                if read_only(&error) {
-                    discard(client);
+        // A lost answer here costs nothing: the statement is made once more as it is, and a
+        // record found then is this one's (or another delivery's, of the same call).
+        let mut made = None;
+        for _ in 0..2 {
+            let mut held = Held::from(&self.pool).await?;
+            let statement = held.client().execute(&self.statements.record, &parameters);
+            match tokio::time::timeout(ANSWER_LIMIT, statement).await {
+                Ok(Ok(rows)) => {
+                    held.keep();
+                    made = Some(rows);
+                    break;
                 }
-                return Err(unavailable(error));
+                Ok(Err(error)) if !lost_with_connection(&error) => {
+                    if !read_only(&error) {
+                        held.keep();
+                    }
+                    return Err(unavailable(error));
+                }
+                Ok(Err(_)) | Err(_) => {}
             }
-            Err(_) => {
-                discard(client);
-                return Err(silent());
-            }
-        };
+        }
+        let made = made.ok_or_else(silent)?;
         if made == 1 {
             return Ok(None);
         }

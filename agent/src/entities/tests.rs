@@ -750,19 +750,19 @@ async fn a_frozen_store_ends_the_call_at_its_deadline_and_a_fresh_connection_ser
     assert_eq!(cutter.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
     let text = frozen.to_json().to_string();
     assert!(
-        text.contains("UNAVAILABLE") && text.contains("did not answer by the call's deadline"),
+        text.contains("UNAVAILABLE") && text.contains("did not end by its deadline"),
         "{text}"
     );
     assert!(
-        waited < Duration::from_millis(1900),
+        waited < Duration::from_millis(2100),
         "the deadline kept: {waited:?}"
     );
-    // The frozen connection is given up (within the answer limit) and another one serves.
+    // The frozen connection left the pool when the call was cut: another one serves at once.
     let started = Instant::now();
     let again = transit(3, Duration::from_secs(15)).await;
     assert_eq!(again.to_json()["reply"]["VERSION"], json!(2), "{again:?}");
     assert!(
-        started.elapsed() < Duration::from_secs(13),
+        started.elapsed() < Duration::from_secs(3),
         "{:?}",
         started.elapsed()
     );
@@ -791,19 +791,21 @@ async fn moving_address(upstream: Arc<std::sync::atomic::AtomicU16>) -> u16 {
     port
 }
 
-/// A primary with a synchronous standby (acknowledged means on the standby too: what a failover
-/// must not lose), and a store on the address that leads to the primary for now.
+/// A primary with two synchronous standbys (acknowledged means on both: what a failover must not
+/// lose), and a store on the address that leads to the primary for now.
 async fn replicated() -> (
     server::PostgresServer,
-    server::PostgresServer,
+    [server::PostgresServer; 2],
     Arc<std::sync::atomic::AtomicU16>,
     Backend,
 ) {
     let primary = tokio::task::spawn_blocking(server::PostgresServer::start)
         .await
         .unwrap();
-    primary.set("synchronous_standby_names", "*");
-    let standby = tokio::task::block_in_place(|| server::PostgresServer::standby_of(&primary));
+    let standbys = tokio::task::block_in_place(|| {
+        [0, 1].map(|_| server::PostgresServer::standby_of(&primary))
+    });
+    primary.set("synchronous_standby_names", "FIRST 2 (*)");
     let upstream = Arc::new(std::sync::atomic::AtomicU16::new(primary.port));
     let port = moving_address(upstream.clone()).await;
     let mut address = test_storage();
@@ -816,14 +818,14 @@ async fn replicated() -> (
     let store = Backend::open(Some(&storage), "shop.stock", RETENTION)
         .await
         .unwrap();
-    (primary, standby, upstream, store)
+    (primary, standbys, upstream, store)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_is_unavailable_meanwhile_and_applies_nothing_twice_or_loses_an_acknowledged_write(
 ) {
     use std::sync::atomic::Ordering::SeqCst;
-    let (primary, standby, upstream, store) = replicated().await;
+    let (primary, [stale, promoted], upstream, store) = replicated().await;
     stock(&store, 100).await;
     for n in 0..10 {
         let sold = reserve_once(&store, &record(&format!("c{n}")))
@@ -831,9 +833,9 @@ async fn a_failover_is_unavailable_meanwhile_and_applies_nothing_twice_or_loses_
             .unwrap();
         assert!(matches!(sold, Answer::Stored { .. }), "{sold:?}");
     }
-    // The primary crashes; the address moves to the standby, not promoted yet.
+    // The primary crashes; the address leads to a standby for a while, which is never promoted.
     tokio::task::block_in_place(|| primary.crash());
-    upstream.store(standby.port, SeqCst);
+    upstream.store(stale.port, SeqCst);
     let meanwhile = reserve_once(&store, &record("c10")).await;
     assert!(
         matches!(meanwhile, Err(TransitionError::Store(_))),
@@ -845,10 +847,12 @@ async fn a_failover_is_unavailable_meanwhile_and_applies_nothing_twice_or_loses_
         11,
         "every acknowledged write is on the standby: {read:?}"
     );
-    tokio::task::block_in_place(|| standby.promote());
-    // The new primary has no standby of its own to wait for (its base backup copied the old
-    // primary's setting).
-    standby.set("synchronous_standby_names", "");
+    // The other standby is promoted, and the address moves to it. The new primary has no standby
+    // of its own to wait for (its base backup copied the old primary's setting). Connections to
+    // the stale standby refuse writes (25006) until they are dropped.
+    tokio::task::block_in_place(|| promoted.promote());
+    promoted.set("synchronous_standby_names", "");
+    upstream.store(promoted.port, SeqCst);
     // The call again (its redelivery), until the promoted server takes it: applied once.
     let deadline = Instant::now() + Duration::from_secs(20);
     let applied = loop {

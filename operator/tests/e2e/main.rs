@@ -158,21 +158,36 @@ async fn run_on(release: &'static str, batches: Vec<Vec<(&'static str, Scenario)
     }
 }
 
-/// Stops what an earlier run left and removes its state: a failed run keeps its own, logs and
-/// all, for a look (some 700 MiB each, which filled the disk until the node's kubelet evicted
-/// every pod for DiskPressure), and a run killed at nextest's timeout leaves its node's bridge,
-/// which the next node cannot take. The suite's runs never overlap (nextest's `processes`
-/// group).
+/// Stops what an earlier run left, and removes its state once it is an hour old. A run killed
+/// at nextest's timeout leaves its node's bridge, which the next node cannot take; a failed run
+/// keeps its state, logs and all, for a look (some 700 MiB each, which filled the disk until the
+/// node's kubelet evicted every pod for DiskPressure), and the last hour's (this CI run's) stays
+/// for that look. A run whose process still lives (another clone's) is left alone; with
+/// `TOA_E2E_KEEP` nothing is removed.
 fn forget_earlier_runs() {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
         return;
     };
+    let keep = std::env::var_os("TOA_E2E_KEEP").is_some();
     for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with("toa-e2e-v") {
-            let _ = std::process::Command::new(cluster::repo().join("scripts/node"))
-                .arg("stop")
-                .arg(entry.path().join("n"))
-                .output();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("toa-e2e-v")
+            .and_then(|r| r.rsplit('-').next())
+        else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let _ = std::process::Command::new(cluster::repo().join("scripts/node"))
+            .arg("stop")
+            .arg(entry.path().join("n"))
+            .output();
+        let modified = entry.metadata().and_then(|m| m.modified());
+        let old =
+            modified.is_ok_and(|m| m.elapsed().unwrap_or_default() > Duration::from_secs(3600));
+        if old && !keep {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
