@@ -266,10 +266,17 @@ impl Objects {
     /// What the schema says of `state`: the first problem, naming the property.
     fn check(&self, state: &State) -> Result<(), String> {
         let value = Value::Object(state.clone());
-        let problem = self.schema.iter_errors(&value).next();
-        problem.map_or(Ok(()), |problem| {
-            Err(format!("{problem} (at {})", problem.instance_path()))
-        })
+        if let Some(problem) = self.schema.iter_errors(&value).next() {
+            return Err(format!("{problem} (at {})", problem.instance_path()));
+        }
+        // PostgreSQL's JSONB cannot hold it; every store refuses it alike, naming where it is.
+        match nul_at(&value, String::new()) {
+            Some(at) => Err(format!(
+                "a string holds the character U+0000, which no store keeps (at {})",
+                if at.is_empty() { "/" } else { &at }
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The object as an entry (`id`, `VERSION`, every property `blank` has), or `None`.
@@ -352,6 +359,25 @@ fn once_applies(component: &Component, name: &str, kind: Kind) -> Result<(), Com
             kind.name()
         ),
     })
+}
+
+/// Where in `value` a string (or a key) holds U+0000, as a JSON pointer.
+fn nul_at(value: &Value, at: String) -> Option<String> {
+    match value {
+        Value::String(text) => text.contains('\0').then_some(at),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| nul_at(item, format!("{at}/{i}"))),
+        Value::Object(fields) => fields.iter().find_map(|(key, field)| {
+            let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
+            if key.contains('\0') {
+                return Some(here);
+            }
+            nul_at(field, here)
+        }),
+        _ => None,
+    }
 }
 
 /// The kind of the operation `name`: the program's word (which the manifest's `type`, where
@@ -891,6 +917,46 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(objects.store.read("p1").await.unwrap().version(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_string_with_u0000_is_refused_naming_where_and_nothing_is_stored() {
+        let yaml = "name: notes\nentity: { associated: true, properties: { text: { type: string }, tags: { type: object } }, blank: {} }\noperations: { transit: {}, assign: {} }\n";
+        let component = Component::new(Manifest::parse(yaml, "m").unwrap(), ".".into()).unwrap();
+        let objects = Objects::new(&component, None, memory(), Default::default())
+            .unwrap()
+            .unwrap();
+        let far = Instant::now() + std::time::Duration::from_secs(5);
+        for (operation, input, at) in [
+            ("transit", json!({ "text": "a\u{0}b" }), "/text"),
+            ("assign", json!({ "tags": { "x\u{0}": 1 } }), "/tags/x\u{0}"),
+        ] {
+            let client = ProgramClient::new("notes", 1);
+            let query = Query {
+                id: Some("n1".to_owned()),
+                version: None,
+            };
+            let run = Run {
+                client: &client,
+                operation,
+                input: &input,
+                query: Some(&query),
+                meta: &CallMeta::default(),
+                deadline: far,
+                key: None,
+            };
+            let answer = objects.operate(run).await.unwrap();
+            let Outcome::Error { code, message } = answer else {
+                panic!("{operation}: {answer:?}")
+            };
+            let message = message.unwrap_or_default();
+            assert_eq!(code, "INVALID_ENTRY", "{operation}: {message}");
+            assert!(
+                message.contains("U+0000") && message.contains(&format!("(at {at})")),
+                "{operation}: {message}"
+            );
+        }
+        assert_eq!(objects.store.read("n1").await.unwrap(), Found::Missing);
     }
 
     #[tokio::test]
