@@ -54,6 +54,16 @@ fn owned_by_postgres(path: &std::path::Path, mode: &str) {
         .success());
 }
 
+/// A directory of a server's own, empty, that `postgres` owns.
+fn new_dir() -> PathBuf {
+    let n = SERVERS.fetch_add(1, Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("toa-pg-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    owned_by_postgres(&dir, "700");
+    dir
+}
+
 /// A port nobody listens on at `ip` now.
 fn free_port_on(ip: &str) -> u16 {
     let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
@@ -70,11 +80,7 @@ impl PostgresServer {
     /// A hot standby streaming from `primary` (a base backup of it, `-R`), on a port of its own;
     /// [`Self::promote`] makes it a primary.
     pub fn standby_of(primary: &Self) -> Self {
-        let n = SERVERS.fetch_add(1, Ordering::SeqCst);
-        let dir = std::env::temp_dir().join(format!("toa-pg-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        owned_by_postgres(&dir, "700");
+        let dir = new_dir();
         let data = dir.join("data");
         let port = primary.port.to_string();
         let source = ["-h", &primary.ip, "-p", &port, "-U", "postgres"];
@@ -132,11 +138,7 @@ impl PostgresServer {
     }
 
     fn start_with(ip: &str, tls: Option<(&std::path::Path, &std::path::Path)>, hba: &str) -> Self {
-        let n = SERVERS.fetch_add(1, Ordering::SeqCst);
-        let dir = std::env::temp_dir().join(format!("toa-pg-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        owned_by_postgres(&dir, "700");
+        let dir = new_dir();
         let data = dir.join("data");
         let data_arg = data.to_str().unwrap();
         as_postgres(
