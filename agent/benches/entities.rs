@@ -7,7 +7,8 @@
 //! Ours: a caller → the agent's local API (HTTP) → the inherited `transit` (read, compare-and-set)
 //! → PostgreSQL, and back; the program is not asked (the inherited operations are the agent's).
 //! The baseline: the same read and compare-and-set update, sent by this process straight to the
-//! server over a pool of as many connections as callers. Observation: `observe` through the agent
+//! server over as many connections as the agent's pool (8), with its statements prepared once, as
+//! the agent's are. Observation: `observe` through the agent
 //! against a bare SELECT plus one bare loopback HTTP round trip (the local call a caller makes).
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,9 @@ mod common;
 use common::{line, measure, rss_mb};
 
 const CALLERS: usize = 16;
+/// The bare baseline's connections: as many as the agent's pool has (entities/backend.rs), so
+/// that both have the same connections to the server; 16 callers share them.
+const CONNECTIONS: usize = 8;
 const CALLS: usize = 4_000;
 const OBJECTS: usize = 1_000;
 
@@ -67,8 +71,17 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// One connection of the bare baseline, with its statements prepared once (as the agent's
+/// are, per pooled connection).
+struct Bare {
+    client: tokio_postgres::Client,
+    read: tokio_postgres::Statement,
+    insert: tokio_postgres::Statement,
+    update: tokio_postgres::Statement,
+}
+
 /// The bare baseline's table and pool: `connections` clients.
-async fn bare(connections: usize) -> (Arc<Vec<tokio_postgres::Client>>, String) {
+async fn bare(connections: usize) -> (Arc<Vec<Bare>>, String) {
     let mut clients = Vec::new();
     for _ in 0..connections {
         let (client, connection) = tokio_postgres::connect(
@@ -89,34 +102,46 @@ async fn bare(connections: usize) -> (Arc<Vec<tokio_postgres::Client>>, String) 
         ))
         .await
         .unwrap();
-    (Arc::new(clients), table)
+    let mut bare = Vec::new();
+    for client in clients {
+        let read = format!("SELECT version, state FROM {table} WHERE id = $1");
+        let insert = format!(
+            "INSERT INTO {table} (id, version, state, attempt) VALUES ($1, 1, $2, $3) \
+             ON CONFLICT (id) DO NOTHING"
+        );
+        let update = format!(
+            "UPDATE {table} SET version = version + 1, state = $3, attempt = $4 \
+             WHERE id = $1 AND version = $2"
+        );
+        let (read, insert, update) = (
+            client.prepare(&read).await.unwrap(),
+            client.prepare(&insert).await.unwrap(),
+            client.prepare(&update).await.unwrap(),
+        );
+        bare.push(Bare {
+            client,
+            read,
+            insert,
+            update,
+        });
+    }
+    (Arc::new(bare), table)
 }
 
 /// One bare transition: read, then compare-and-set, again on a lost write.
-async fn bare_transit(client: &tokio_postgres::Client, table: &str, id: &str, n: i64) {
+async fn bare_transit(bare: &Bare, id: &str, n: i64) {
+    let client = &bare.client;
     loop {
-        let read = format!("SELECT version, state FROM {table} WHERE id = $1");
-        let row = client.query_opt(&read, &[&id]).await.unwrap();
+        let row = client.query_opt(&bare.read, &[&id]).await.unwrap();
         let state = serde_json::json!({ "available": n });
         let state = tokio_postgres::types::Json(state);
         let attempt = format!("{n}");
         let changed = match row {
-            None => {
-                let insert = format!(
-                    "INSERT INTO {table} (id, version, state, attempt) VALUES ($1, 1, $2, $3) \
-                     ON CONFLICT (id) DO NOTHING"
-                );
-                client.execute(&insert, &[&id, &state, &attempt]).await
-            }
+            None => client.execute(&bare.insert, &[&id, &state, &attempt]).await,
             Some(row) => {
                 let version: i64 = row.get(0);
-                let update = format!(
-                    "UPDATE {table} SET version = version + 1, state = $3, attempt = $4 \
-                     WHERE id = $1 AND version = $2"
-                );
-                client
-                    .execute(&update, &[&id, &version, &state, &attempt])
-                    .await
+                let changes = [&id as _, &version as _, &state as _, &attempt as _];
+                client.execute(&bare.update, &changes).await
             }
         };
         if changed.unwrap() == 1 {
@@ -146,7 +171,8 @@ async fn main() {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let base = format!("http://127.0.0.1:{port}/v1/call/fulfilment.stock");
     wait_ready(&http, port).await;
-    let (clients, table) = bare(CALLERS).await;
+    let (clients, table) = bare(CONNECTIONS).await;
+    let mut plain_many = None;
     for (name, objects) in [("hot", 1), ("many", OBJECTS)] {
         let url = format!("{base}/transit");
         let http = http.clone();
@@ -159,12 +185,12 @@ async fn main() {
             async move { post(&http, &url, body).await }
         })
         .await;
-        let (clients, table) = (clients.clone(), table.clone());
+        let clients = clients.clone();
         let baseline = measure(CALLERS, CALLS, move |n| {
-            let (clients, table) = (clients.clone(), table.clone());
+            let clients = clients.clone();
             async move {
                 let id = format!("{name}-{}", n % objects);
-                bare_transit(&clients[n % CALLERS], &table, &id, n as i64).await;
+                bare_transit(&clients[n % CONNECTIONS], &id, n as i64).await;
             }
         })
         .await;
@@ -178,10 +204,13 @@ async fn main() {
             ours.rate,
             Some(baseline.rate),
         );
+        plain_many = Some(ours);
     }
-    observation(&http, &base, &clients, &table).await;
+    keyed(&http, &base, plain_many.expect("measured")).await;
+    observation(&http, &base, &clients).await;
     line("agent_rss_mb", rss_mb(agent.0.id()), None);
     clients[0]
+        .client
         .batch_execute(&format!(
             "DROP TABLE {table}; DROP SCHEMA IF EXISTS \"toa_{application}\" CASCADE"
         ))
@@ -189,14 +218,29 @@ async fn main() {
         .unwrap();
 }
 
+/// The same transitions on many objects, each with a caller's idempotency key: the store keeps
+/// its record in the write's transaction (four statements instead of one). Against the plain
+/// ones (`plain`), to show what the record costs.
+async fn keyed(http: &reqwest::Client, base: &str, plain: common::Figures) {
+    let url = format!("{base}/transit");
+    let client = http.clone();
+    let run = std::process::id();
+    let ours = measure(CALLERS, CALLS, move |n| {
+        let (http, url) = (client.clone(), url.clone());
+        let body = format!(
+            r#"{{"query": {{"id": "many-{}"}}, "input": {{"available": {n}}}, "key": "k-{run}-{n}"}}"#,
+            n % OBJECTS
+        );
+        async move { post(&http, &url, body).await }
+    })
+    .await;
+    line("transit_keyed_p50_us", ours.p50, Some(plain.p50));
+    line("transit_keyed_per_s", ours.rate, Some(plain.rate));
+}
+
 /// `observe` through the agent, one caller, against a bare SELECT plus a bare loopback HTTP
 /// round trip.
-async fn observation(
-    http: &reqwest::Client,
-    base: &str,
-    clients: &Arc<Vec<tokio_postgres::Client>>,
-    table: &str,
-) {
+async fn observation(http: &reqwest::Client, base: &str, clients: &Arc<Vec<Bare>>) {
     let url = format!("{base}/observe");
     let client = http.clone();
     let ours = measure(1, 2_000, move |n| {
@@ -205,13 +249,16 @@ async fn observation(
         async move { post(&http, &url, body).await }
     })
     .await;
-    let (clients, table) = (clients.clone(), table.to_owned());
+    let clients = clients.clone();
     let select = measure(1, 2_000, move |n| {
-        let (clients, table) = (clients.clone(), table.clone());
+        let clients = clients.clone();
         async move {
-            let read = format!("SELECT version, state FROM {table} WHERE id = $1");
             let id = format!("many-{}", n % OBJECTS);
-            clients[0].query_opt(&read, &[&id]).await.unwrap();
+            clients[0]
+                .client
+                .query_opt(&clients[0].read, &[&id])
+                .await
+                .unwrap();
         }
     })
     .await;

@@ -603,3 +603,74 @@ fn a_store_restarted_answers_unavailable_meanwhile_loses_no_acknowledged_write_a
         "the refused write was not stored"
     );
 }
+
+/// A context of its own on the tests' PostgreSQL: the application's name and the context's path.
+fn stored_context(prefix: &str) -> (String, String) {
+    let application = format!("{prefix}-{}", std::process::id());
+    let context = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
+    std::fs::write(&context, format!("name: {application}\n{STORAGE}")).unwrap();
+    (application, context.display().to_string())
+}
+
+/// A call of `billing.accounts.<operation>`: the status and the answer.
+fn account(agent: &Composition, operation: &str, body: Value) -> (u16, Value) {
+    let target = format!("billing.accounts.{operation}");
+    call_with(&agent.agent, &target, "", &body.to_string())
+}
+
+#[test]
+fn a_changed_schema_applies_from_the_next_write_and_enumerate_migrates_what_was_stored() {
+    let (application, context) = stored_context("migrated");
+    let before = ["agent/tests/components/accounts", "--context", &context];
+    let agent = Composition::start(&before, &STORAGE_LOGIN);
+    agent.wait_ready();
+    // 250 accounts, the first 20 overdrawn (balances -20 to -1).
+    for n in 0..250_i64 {
+        let body = json!({"query": {"id": format!("a{n:03}")}, "input": {"balance": n - 20}});
+        let (status, answer) = account(&agent, "transit", body);
+        assert_eq!(status, 200, "{answer}");
+    }
+    drop(agent);
+    let after = ["agent/tests/components/accounts-v2", "--context", &context];
+    let agent = Composition::start(&after, &STORAGE_LOGIN);
+    agent.wait_ready();
+    // Stored before, observed after: `owed` reads as blank's 0, the balance as stored although
+    // the schema now refuses it.
+    let a005 = json!({"query": {"id": "a005"}});
+    let (_, seen) = account(&agent, "observe", a005.clone());
+    let before = json!({"id": "a005", "VERSION": 1, "balance": -15, "owed": 0});
+    assert_eq!(seen["reply"], before);
+    // A write must leave a valid object: one leaving the balance below zero names it.
+    let touched = json!({"query": {"id": "a005"}, "input": {"owed": 1}});
+    let (status, refused) = account(&agent, "transit", touched);
+    assert_eq!(
+        (status, code(&refused)),
+        (422, "INVALID_ENTRY"),
+        "{refused}"
+    );
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("(at /balance)"), "{message}");
+    assert_eq!(account(&agent, "observe", a005.clone()).1["reply"], before);
+    // The migration in the docs: pages of 100 through enumerate, each account written at the
+    // version it was read at.
+    let migrate = |limit: u64| account(&agent, "migrate", json!({"input": {"limit": limit}}));
+    let (status, migrated) = migrate(100);
+    assert_eq!(status, 200, "{migrated}");
+    assert_eq!(migrated["reply"], json!({"moved": 20, "skipped": 0}));
+    let moved = json!({"id": "a005", "VERSION": 2, "balance": 0, "owed": 15});
+    assert_eq!(account(&agent, "observe", a005).1["reply"], moved);
+    let untouched = json!({"query": {"id": "a100"}});
+    let (_, seen) = account(&agent, "observe", untouched);
+    assert_eq!(
+        seen["reply"],
+        json!({"id": "a100", "VERSION": 1, "balance": 80, "owed": 0})
+    );
+    // A write of one property of an object stored before keeps blank's value of the other.
+    let one = json!({"query": {"id": "a101"}, "input": {"balance": 82}});
+    let written = json!({"id": "a101", "VERSION": 2, "balance": 82, "owed": 0});
+    assert_eq!(account(&agent, "transit", one).1["reply"], written);
+    // Run again, it finds nothing left to move.
+    assert_eq!(migrate(1000).1["reply"], json!({"moved": 0, "skipped": 0}));
+    drop(agent);
+    psql(&format!("DROP SCHEMA \"toa_{application}\" CASCADE"));
+}

@@ -270,7 +270,7 @@ impl Objects {
             return Err(format!("{problem} (at {})", problem.instance_path()));
         }
         // PostgreSQL's JSONB cannot hold it; every store refuses it alike, naming where it is.
-        match nul_at(&value, String::new()) {
+        match super::store::nul_at(&value, String::new()) {
             Some(at) => Err(format!(
                 "a string holds the character U+0000, which no store keeps (at {})",
                 if at.is_empty() { "/" } else { &at }
@@ -359,25 +359,6 @@ fn once_applies(component: &Component, name: &str, kind: Kind) -> Result<(), Com
             kind.name()
         ),
     })
-}
-
-/// Where in `value` a string (or a key) holds U+0000, as a JSON pointer.
-fn nul_at(value: &Value, at: String) -> Option<String> {
-    match value {
-        Value::String(text) => text.contains('\0').then_some(at),
-        Value::Array(items) => items
-            .iter()
-            .enumerate()
-            .find_map(|(i, item)| nul_at(item, format!("{at}/{i}"))),
-        Value::Object(fields) => fields.iter().find_map(|(key, field)| {
-            let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
-            if key.contains('\0') {
-                return Some(here);
-            }
-            nul_at(field, here)
-        }),
-        _ => None,
-    }
 }
 
 /// The kind of the operation `name`: the program's word (which the manifest's `type`, where
@@ -720,7 +701,9 @@ impl Objects {
                     TransitionError::PreconditionFailed { .. } => "PRECONDITION_FAILED",
                     TransitionError::Conflict { .. } => "CONFLICT",
                     TransitionError::Contended { .. } => "CONTENDED",
-                    TransitionError::Invalid { .. } => "INVALID_ENTRY",
+                    TransitionError::Invalid { .. } | TransitionError::Unkept { .. } => {
+                        "INVALID_ENTRY"
+                    }
                     TransitionError::NoId => "RequestContract",
                     TransitionError::Store(_) => "UNAVAILABLE",
                     TransitionError::Program(_) => "FAILED",

@@ -114,3 +114,23 @@ pub trait Store: Send + Sync {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<(String, State, u64)>, StoreError>> + Send;
 }
+
+/// Where in `value` a string (or a key) holds U+0000, as a JSON pointer: PostgreSQL's JSONB
+/// cannot keep it, so no store does (objects, and the outcomes records keep).
+pub fn nul_at(value: &Value, at: String) -> Option<String> {
+    match value {
+        Value::String(text) => text.contains('\0').then_some(at),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| nul_at(item, format!("{at}/{i}"))),
+        Value::Object(fields) => fields.iter().find_map(|(key, field)| {
+            let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
+            if key.contains('\0') {
+                return Some(here);
+            }
+            nul_at(field, here)
+        }),
+        _ => None,
+    }
+}

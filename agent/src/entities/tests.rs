@@ -601,6 +601,40 @@ async fn a_call_with_a_record_is_applied_once_and_its_repeats_get_its_outcome(on
     assert_eq!(store.read("p1").await.unwrap().version(), 3);
 }
 
+async fn a_reply_no_store_can_keep_with_the_calls_record_stores_nothing(on: On) {
+    let store = on.store().await;
+    stock(&store, 5).await;
+    let returns = |note: &str| {
+        let note = note.to_owned();
+        move |mut entry: State| {
+            entry.insert("available".into(), json!(4));
+            let returned = Some(json!({ "notes": [note.clone()] }));
+            Decision::Left { entry, returned }
+        }
+    };
+    let mut once = call(Some("p1"), None, Concurrency::Retry);
+    let c1 = record("c1");
+    once.record = Some(&c1);
+    let unkept = on_stock(&store, &once, returns("a\u{0}b")).await;
+    let at = "/notes/0".to_owned();
+    assert_eq!(
+        unkept,
+        Err(TransitionError::Unkept {
+            id: "p1".into(),
+            at
+        })
+    );
+    assert_eq!(store.read("p1").await.unwrap().version(), 1);
+    assert_eq!(store.recorded(&c1).await, Ok(None));
+    // Without a record the reply is only answered: the write is stored.
+    let plain = call(Some("p1"), None, Concurrency::Retry);
+    let stored = on_stock(&store, &plain, returns("a\u{0}b")).await;
+    assert!(
+        matches!(stored, Ok(Answer::Stored { version: 2, .. })),
+        "{stored:?}"
+    );
+}
+
 async fn a_record_is_kept_with_its_write_or_not_at_all_and_for_its_retention_only(on: On) {
     let store = on.keeping(Duration::from_millis(600)).await;
     stock(&store, 2).await;
@@ -709,17 +743,32 @@ async fn records_past_their_retention_are_deleted_by_the_next_replica_to_start()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_store_ends_the_call_at_its_deadline_and_a_fresh_connection_serves_the_next() {
-    use super::objects::{operate, Objects, Run};
+    // Frozen at the read: nothing written. Frozen once the write went out: the server applied
+    // it and its answer never came, so the next call finds it (version 2) and writes on it.
+    for (freeze, next) in [(Cut::Freeze, 2), (Cut::FreezeAtWrite, 3)] {
+        frozen_once(freeze, next).await;
+    }
+}
+
+/// A stock component's objects (the inherited `transit` only) on `store`.
+fn stock_objects(store: Backend) -> super::objects::Objects {
+    let yaml = "name: stock\nentity: { associated: true, properties: { available: { type: integer } }, blank: { available: 0 } }\noperations: { transit: {} }\n";
+    let manifest = toa_context::Manifest::parse(yaml, "m").unwrap();
+    let component = crate::component::Component::new(manifest, ".".into()).unwrap();
+    super::objects::Objects::new(&component, None, store, Default::default())
+        .unwrap()
+        .unwrap()
+}
+
+/// A transit of p1 stored, the next one frozen by `freeze`, and a third that serves at once at
+/// `next`.
+async fn frozen_once(freeze: Cut, next: u64) {
+    use super::objects::{operate, Run};
     use crate::component::client::{CallMeta, ProgramClient};
     let cutter = Arc::new(Cutter::default());
     let application = format!("frozen-{}", crate::component::client::new_id());
     let store = store_at(&application, Some(cutting_proxy(cutter.clone()).await)).await;
-    let yaml = "name: stock\nentity: { associated: true, properties: { available: { type: integer } }, blank: { available: 0 } }\noperations: { transit: {} }\n";
-    let manifest = toa_context::Manifest::parse(yaml, "m").unwrap();
-    let component = crate::component::Component::new(manifest, ".".into()).unwrap();
-    let objects = Objects::new(&component, None, store, Default::default())
-        .unwrap()
-        .unwrap();
+    let objects = stock_objects(store);
     let client = ProgramClient::new("stock", 1);
     let query = toa_context::query::Query {
         id: Some("p1".to_owned()),
@@ -738,29 +787,32 @@ async fn a_frozen_store_ends_the_call_at_its_deadline_and_a_fresh_connection_ser
                 deadline: Instant::now() + within,
                 key: None,
             };
-            operate(Some(objects), run).await.unwrap()
+            operate(Some(objects), run).await.unwrap().to_json()
         }
     };
     let stored = transit(1, Duration::from_secs(10)).await;
-    assert_eq!(stored.to_json()["reply"]["VERSION"], json!(1), "{stored:?}");
-    *cutter.armed.lock().unwrap() = Some(Cut::Freeze);
+    assert_eq!(stored["reply"]["VERSION"], json!(1), "{stored}");
+    *cutter.armed.lock().unwrap() = Some(freeze);
     let started = Instant::now();
-    let frozen = transit(2, Duration::from_millis(1500)).await;
+    let frozen = transit(2, Duration::from_millis(1500)).await.to_string();
     let waited = started.elapsed();
     assert_eq!(cutter.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
-    let text = frozen.to_json().to_string();
     assert!(
-        text.contains("UNAVAILABLE") && text.contains("did not end by its deadline"),
-        "{text}"
+        frozen.contains("UNAVAILABLE") && frozen.contains("did not end by its deadline"),
+        "{freeze:?}: {frozen}"
     );
     assert!(
         waited < Duration::from_millis(2100),
-        "the deadline kept: {waited:?}"
+        "{freeze:?}: {waited:?}"
     );
     // The frozen connection left the pool when the call was cut: another one serves at once.
     let started = Instant::now();
     let again = transit(3, Duration::from_secs(15)).await;
-    assert_eq!(again.to_json()["reply"]["VERSION"], json!(2), "{again:?}");
+    assert_eq!(
+        again["reply"]["VERSION"],
+        json!(next),
+        "{freeze:?}: {again}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",
@@ -967,6 +1019,7 @@ on_both!(
     a_deleted_associated_object_is_blank_again_at_the_tombstones_version,
     a_call_with_a_record_is_applied_once_and_its_repeats_get_its_outcome,
     a_record_is_kept_with_its_write_or_not_at_all_and_for_its_retention_only,
+    a_reply_no_store_can_keep_with_the_calls_record_stores_nothing,
 );
 
 #[tokio::test]
@@ -998,7 +1051,8 @@ async fn two_applications_on_one_database_never_meet() {
 }
 
 /// A TCP proxy to the tests' PostgreSQL that, once armed, cuts the connection carrying the next
-/// `UPDATE`'s execution: after forwarding it (the server applies it; its answer is lost) or before
+/// `UPDATE`'s execution (the statement's text goes out the first time a connection prepares it,
+/// which each test's first update on a fresh store does): after forwarding it (the server applies it; its answer is lost) or before
 /// (never applied); or, [`Cut::AtCommit`], the next `COMMIT` after forwarding it. Its port.
 async fn cutting_proxy(cutter: Arc<Cutter>) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1025,6 +1079,9 @@ enum Cut {
     /// The next message, and everything after it on that connection, is held: a frozen server
     /// (or a partition) that never ends the connection.
     Freeze,
+    /// The next `UPDATE`'s execution is forwarded (the server applies it), then the connection
+    /// freezes as under [`Cut::Freeze`]: frozen at the commit.
+    FreezeAtWrite,
 }
 
 #[derive(Default)]
@@ -1035,23 +1092,29 @@ struct Cutter {
     cuts: std::sync::atomic::AtomicUsize,
 }
 
+/// The server's answers to the driver until `silenced`; after it they are dropped, the
+/// connection still open, so the driver notices only when the connection ends.
+async fn answer(
+    mut upstream: tokio::net::tcp::OwnedReadHalf,
+    mut client: tokio::net::tcp::OwnedWriteHalf,
+    silenced: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer = vec![0u8; 64 * 1024];
+    while let Ok(n @ 1..) = upstream.read(&mut buffer).await {
+        let open = !silenced.load(std::sync::atomic::Ordering::SeqCst);
+        if open && client.write_all(&buffer[..n]).await.is_err() {
+            break;
+        }
+    }
+}
+
 async fn pump(client: tokio::net::TcpStream, upstream: tokio::net::TcpStream, cutter: Arc<Cutter>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut upstream_read, mut upstream_write) = upstream.into_split();
-    // Answers pass until the cut; after it they are dropped, the connection still open, so the
-    // driver notices only when the connection ends.
+    let (mut client_read, client_write) = client.into_split();
+    let (upstream_read, mut upstream_write) = upstream.into_split();
     let silenced = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let silent = silenced.clone();
-    let answers = tokio::spawn(async move {
-        let mut buffer = vec![0u8; 64 * 1024];
-        while let Ok(n @ 1..) = upstream_read.read(&mut buffer).await {
-            let open = !silent.load(std::sync::atomic::Ordering::SeqCst);
-            if open && client_write.write_all(&buffer[..n]).await.is_err() {
-                break;
-            }
-        }
-    });
+    let answers = tokio::spawn(answer(upstream_read, client_write, silenced.clone()));
     let mut buffer = vec![0u8; 64 * 1024];
     // The driver prepares a statement (its text), then binds and executes it (the next write):
     // the cut comes with the execution.
@@ -1064,7 +1127,11 @@ async fn pump(client: tokio::net::TcpStream, upstream: tokio::net::TcpStream, cu
             let mut waiting = cutter.armed.lock().unwrap();
             *waiting == Some(Cut::Freeze) && waiting.take().is_some()
         };
-        if freeze {
+        let at_write = armed == Some(Cut::FreezeAtWrite);
+        if at_write && upstream_write.write_all(chunk).await.is_err() {
+            break;
+        }
+        if freeze || at_write {
             silenced.store(true, std::sync::atomic::Ordering::SeqCst);
             cutter
                 .cuts

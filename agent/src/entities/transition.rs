@@ -112,6 +112,11 @@ pub enum TransitionError {
     Contended { id: String, attempts: u32 },
     #[error("the entry left for {id} is not valid: {message}; nothing was stored")]
     Invalid { id: String, message: String },
+    #[error(
+        "what the transition returned for {id} holds the character U+0000 (at {at}), which no \
+         store keeps as the call's record; nothing was stored"
+    )]
+    Unkept { id: String, at: String },
     #[error("a transition on an associated entity needs query.id")]
     NoId,
     #[error(transparent)]
@@ -159,6 +164,7 @@ where
             let discarded = Answer::Discarded { reply, version };
             return Ok(remember(store, call, discarded).await);
         };
+        keepable(call, &id, returned.as_ref())?;
         let commit = Commit {
             id: &id,
             read: version,
@@ -265,6 +271,19 @@ fn current(
         Found::Missing | Found::Deleted { .. } => {
             Err(TransitionError::NotFound { id: id.to_owned() })
         }
+    }
+}
+
+/// A call with a record keeps what it answers with its write: what the function returned must
+/// be something a store can keep.
+fn keepable(call: &Call<'_>, id: &str, returned: Option<&Value>) -> Result<(), TransitionError> {
+    let kept = returned.filter(|_| call.record.is_some());
+    match kept.and_then(|reply| super::store::nul_at(reply, String::new())) {
+        Some(at) => Err(TransitionError::Unkept {
+            id: id.to_owned(),
+            at,
+        }),
+        None => Ok(()),
     }
 }
 
