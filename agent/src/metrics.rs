@@ -7,6 +7,7 @@
 //! | locks held    | `toa_locks_held`             | gauge     |
 //! | slots owned   | `toa_slots_assigned`, `toa_slots_replicas` (`i` of `n`, 0 of 0 while none) | gauges |
 //! | meter calls   | `toa_meter_calls_total`      | counter   |
+//! | (events)      | `toa_events_waiting_seconds`: how long the oldest event not yet published has waited (0: none) | gauge |
 //!
 //! Every series carries `group`, the component (`namespace.name`), and `application`.
 
@@ -45,7 +46,11 @@ pub struct Metrics {
     slots_replicas: Family<Labels, Gauge>,
     meter_calls: Family<Labels, Counter>,
     calls_dead_lettered: Family<Labels, Counter>,
+    events_waiting: Family<Labels, Waiting>,
 }
+
+/// Seconds, as a float gauge.
+pub type Waiting = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 fn wait_histogram() -> Histogram {
     // 100 µs to about 30 minutes.
@@ -61,6 +66,13 @@ impl Metrics {
         let slots_replicas = Family::<Labels, Gauge>::default();
         let meter_calls = Family::<Labels, Counter>::default();
         let calls_dead_lettered = Family::<Labels, Counter>::default();
+        let events_waiting = Family::<Labels, Waiting>::default();
+        registry.register_with_unit(
+            "events_waiting",
+            "How long the oldest event of a component's outbox not yet published has waited (0: none)",
+            prometheus_client::registry::Unit::Seconds,
+            events_waiting.clone(),
+        );
         registry.register(
             "calls_dead_lettered",
             "Calls delivered limits.deliveries times without an answer, whose callers were told",
@@ -92,7 +104,15 @@ impl Metrics {
             slots_replicas,
             meter_calls,
             calls_dead_lettered,
+            events_waiting,
         })
+    }
+
+    /// How long one component's oldest unpublished event has waited.
+    pub fn events_waiting(&self, application: &str, component: &str) -> Waiting {
+        self.events_waiting
+            .get_or_create(&Labels::of(application, component))
+            .clone()
     }
 
     /// The count of one component's dead-lettered calls.

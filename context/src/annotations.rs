@@ -20,6 +20,7 @@
 //! | `limits.deliveries`    | `TOA_LIMIT_DELIVERIES`   | 5 deliveries of one call, then dead-lettered |
 //! | `limits.idempotency`   | `TOA_LIMIT_IDEMPOTENCY`  | 600000 ms: how long a call's idempotency key is remembered |
 //! | `limits.once`          | `TOA_LIMIT_ONCE`         | 604800000 ms (7 days): how long the record of a write applied once (`once`, or a key) is kept |
+//! | `limits.events`        | `TOA_LIMIT_EVENTS`       | 86400000 ms (1 day): how long a published event's outbox row is kept |
 //! | `limits.inflight`      | `TOA_LIMIT_INFLIGHT`     | 256 calls a component's program has in flight at once |
 //! | `limits.message`       | `TOA_LIMIT_MESSAGE`      | 16777216 bytes (16 MiB) of a program's answer or a broker message |
 //!
@@ -101,6 +102,9 @@ pub struct Limits {
     /// first outcome.
     #[serde(with = "millis")]
     pub once: Duration,
+    /// How long the outbox keeps an event once it was published (DESIGN 18).
+    #[serde(with = "millis")]
+    pub events: Duration,
     /// How many calls a component's program may have in flight through its agent at once; one
     /// more waits for a slot, within its deadline.
     pub inflight: u32,

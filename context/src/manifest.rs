@@ -89,7 +89,17 @@ pub struct Manifest {
     /// The objects the component's transitions, assignments and observations work on (DESIGN 17).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entity: Option<Entity>,
+    /// The events the entity's stored changes publish (DESIGN 18), by name:
+    /// `events: { approved: {} }` publishes `namespace.name.approved` on every stored change.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub events: BTreeMap<String, Event>,
 }
+
+/// An event a component declares. Nothing to set yet: every stored change of its entity
+/// publishes it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {}
 
 /// A component's entity, as seed 003 writes it:
 ///
@@ -319,6 +329,7 @@ impl Manifest {
         self.validate_program()?;
         self.validate_operations()?;
         self.validate_entity()?;
+        self.validate_events()?;
         self.validate_pulses()
     }
 
@@ -353,6 +364,42 @@ impl Manifest {
             ));
         }
         Ok(())
+    }
+
+    /// Events need an entity, whose stored changes they publish; their names are a lowercase
+    /// letter, then letters, digits or '_' (at most 63): the last part of a label
+    /// (`namespace.name.event`), which is a routing key on the broker.
+    fn validate_events(&self) -> Result<(), String> {
+        let Some(name) = self.events.keys().next() else {
+            return Ok(());
+        };
+        if self.entity.is_none() {
+            return Err(format!(
+                "`events.{name}`: the component declares no entity, whose stored changes an \
+                 event publishes"
+            ));
+        }
+        let fits = |text: &str| {
+            text.len() <= 63
+                && text.starts_with(|c: char| c.is_ascii_lowercase())
+                && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        };
+        match self.events.keys().find(|name| !fits(name)) {
+            Some(name) => Err(format!(
+                "`events`: expected an event's name to be a lowercase letter, then letters, \
+                 digits or '_' (at most 63), got {name:?}"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The labels of the events the component publishes: `namespace.name.event`.
+    pub fn event_labels(&self) -> Vec<String> {
+        let component = self.full_name();
+        self.events
+            .keys()
+            .map(|event| format!("{component}.{event}"))
+            .collect()
     }
 
     /// The operations a component with an entity has without declaring them: `observe` (one
@@ -638,6 +685,34 @@ operations:
         assert!(
             error.starts_with("m.yaml: `entity.blank`:") && error.contains('m'),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn events_need_an_entity_and_names_that_make_a_label() {
+        let yaml = "name: orders\nnamespace: store\nentity: { properties: { n: { type: integer } } }\nevents: { approved: {}, cancelled: {} }\n";
+        let manifest = Manifest::parse(yaml, "m.yaml").unwrap();
+        assert_eq!(
+            manifest.event_labels(),
+            ["store.orders.approved", "store.orders.cancelled"]
+        );
+        let refused = |yaml: &str| Manifest::parse(yaml, "m.yaml").unwrap_err().to_string();
+        assert_eq!(
+            refused("name: c\nevents: { approved: {} }\n"),
+            "m.yaml: `events.approved`: the component declares no entity, whose stored changes an event publishes"
+        );
+        let named = |event: &str| {
+            refused(&format!(
+                "name: c\nentity: {{ properties: {{ n: {{ type: integer }} }} }}\nevents: {{ {event}: {{}} }}\n"
+            ))
+        };
+        assert!(named("Approved").contains("got \"Approved\""));
+        assert!(named("'a.b'").contains("got \"a.b\""));
+        let unknown = "name: c\nentity: { properties: { n: { type: integer } } }\nevents: { approved: { when: x } }\n";
+        assert!(
+            refused(unknown).contains("unknown field `when`"),
+            "{}",
+            refused(unknown)
         );
     }
 }

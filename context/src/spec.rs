@@ -67,6 +67,10 @@ pub struct LimitsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub once: Option<i64>,
+    /// How long a published event's outbox row is kept, in ms: 1 day (default 86400000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub events: Option<i64>,
     /// Calls a component's program may have in flight at once; one more waits (default 256).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4294967295u32))]

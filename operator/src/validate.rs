@@ -266,20 +266,38 @@ fn components(spec: &CompositionSpec, progress: &Progress) -> Result<Vec<Manifes
                 ),
             ));
         }
-        if manifest.entity.is_some() && spec.context.storage.is_none() {
-            // Replicas keeping objects of their own would disagree, and a pod's memory goes with
-            // the pod: in pods, objects are PostgreSQL's.
-            return Err(invalid(
-                &format!("spec.components[{index}].manifest.entity"),
-                format!(
-                    "component {full_name} declares an entity, and spec.context.storage names no \
-                     store; pods keep objects in PostgreSQL (postgres://host:5432/database)"
-                ),
-            ));
-        }
+        backed(spec, index, &manifest)?;
         manifests.push(manifest);
     }
     Ok(manifests)
+}
+
+/// What a component's manifest needs of the context in a pod: a store for an entity, a broker
+/// for events.
+fn backed(spec: &CompositionSpec, index: usize, manifest: &Manifest) -> Result<(), InvalidSpec> {
+    let full_name = manifest.full_name();
+    if manifest.entity.is_some() && spec.context.storage.is_none() {
+        // Replicas keeping objects of their own would disagree, and a pod's memory goes with
+        // the pod: in pods, objects are PostgreSQL's.
+        return Err(invalid(
+            &format!("spec.components[{index}].manifest.entity"),
+            format!(
+                "component {full_name} declares an entity, and spec.context.storage names no \
+                 store; pods keep objects in PostgreSQL (postgres://host:5432/database)"
+            ),
+        ));
+    }
+    if !manifest.events.is_empty() && spec.context.amqp.is_none() {
+        // Events leave through the broker; a pod has no process-local bus to fall back on.
+        return Err(invalid(
+            &format!("spec.components[{index}].manifest.events"),
+            format!(
+                "component {full_name} declares events, and spec.context.amqp names no \
+                 broker; events leave through RabbitMQ (amqp://host:5672)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Each component's configuration checked against its manifest's schema, defaults filled in,

@@ -3,7 +3,7 @@
 
 use super::memory::Memory;
 use super::postgres::{Address, Postgres};
-use super::store::{Committed, Found, Record, Recorded, State, Store, StoreError, Write};
+use super::store::{Committed, Event, Found, Record, Recorded, State, Store, StoreError, Write};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -15,12 +15,40 @@ pub struct Storage {
     pub application: String,
 }
 
+/// How long the store keeps what it keeps for a while: the records of calls applied once
+/// (`limits.once`) and the events published (`limits.events`).
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    pub once: Duration,
+    pub events: Duration,
+}
+
+/// Both for as long: the tests' stores.
+impl From<Duration> for Retention {
+    fn from(both: Duration) -> Self {
+        Self {
+            once: both,
+            events: both,
+        }
+    }
+}
+
+impl Retention {
+    pub fn of(limits: &toa_context::Limits) -> Self {
+        Self {
+            once: limits.once,
+            events: limits.events,
+        }
+    }
+}
+
 /// Connections per component's pool: a transition holds one only for a statement.
 const CONNECTIONS: usize = 8;
 
 pub enum Backend {
     Memory(Memory),
-    Postgres(Postgres),
+    /// Boxed: it holds its pool and statements, ten times the in-process store's handle.
+    Postgres(Box<Postgres>),
 }
 
 impl Backend {
@@ -30,15 +58,16 @@ impl Backend {
     pub async fn open(
         storage: Option<&Storage>,
         component: &str,
-        retention: Duration,
+        retention: impl Into<Retention>,
     ) -> Result<Self, StoreError> {
+        let retention = retention.into();
         match storage {
-            None => Ok(Self::Memory(Memory::new(retention))),
+            None => Ok(Self::Memory(Memory::new(retention.once))),
             Some(storage) => {
                 let (address, application) = (&storage.address, &storage.application);
                 let opened =
                     Postgres::open(address, application, component, CONNECTIONS, retention).await?;
-                Ok(Self::Postgres(opened))
+                Ok(Self::Postgres(Box::new(opened)))
             }
         }
     }
@@ -58,10 +87,32 @@ impl Store for Backend {
         read: u64,
         write: Write,
         record: Option<(&Record, &Value)>,
+        events: &[Event],
     ) -> Result<Committed, StoreError> {
         match self {
-            Self::Memory(store) => store.commit(id, read, write, record).await,
-            Self::Postgres(store) => store.commit(id, read, write, record).await,
+            Self::Memory(store) => store.commit(id, read, write, record, events).await,
+            Self::Postgres(store) => store.commit(id, read, write, record, events).await,
+        }
+    }
+
+    async fn claim(&self, lease: Duration, limit: usize) -> Result<Vec<Event>, StoreError> {
+        match self {
+            Self::Memory(store) => store.claim(lease, limit).await,
+            Self::Postgres(store) => store.claim(lease, limit).await,
+        }
+    }
+
+    async fn published(&self, events: &[Event]) -> Result<(), StoreError> {
+        match self {
+            Self::Memory(store) => store.published(events).await,
+            Self::Postgres(store) => store.published(events).await,
+        }
+    }
+
+    async fn waiting(&self) -> Result<Option<Duration>, StoreError> {
+        match self {
+            Self::Memory(store) => store.waiting().await,
+            Self::Postgres(store) => store.waiting().await,
         }
     }
 

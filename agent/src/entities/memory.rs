@@ -1,8 +1,11 @@
 //! The in-process store: a local `compose` without `storage` keeps its objects here, with the
 //! semantics of the PostgreSQL store (versions, compare-and-set, tombstones, the records of calls
-//! applied once), so the README's first command needs nothing installed. Gone with the process.
+//! applied once, the outbox of events), so the README's first command needs nothing installed.
+//! Gone with the process, events not yet published included.
 
-use super::store::{Committed, Found, Record, Recorded, State, Store, StoreError, Write};
+use super::store::{
+    Committed, Event, Found, Record, Recorded, State, Store, StoreError, Write, LEASE,
+};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
@@ -24,6 +27,9 @@ struct Held {
     records: HashMap<(String, String), (Recorded, Instant)>,
     /// Records made since expired ones were last swept out.
     made: usize,
+    /// Events not yet published, by when they were stored: each with its lease's end. A
+    /// published one leaves at once (nothing outlives the process to look it up).
+    outbox: Vec<(Event, Instant, Instant)>,
 }
 
 /// Records made between two sweeps of the expired ones.
@@ -81,6 +87,7 @@ impl Store for Memory {
         read: u64,
         write: Write,
         record: Option<(&Record, &Value)>,
+        events: &[Event],
     ) -> Result<Committed, StoreError> {
         let mut held = self.held.lock().expect("held");
         if let Some(recorded) = record.and_then(|(record, _)| held.kept(record, self.retention)) {
@@ -99,6 +106,9 @@ impl Store for Memory {
         if let Some((record, outcome)) = record {
             held.keep(record, outcome, self.retention);
         }
+        let now = Instant::now();
+        let leased = events.iter().map(|event| (event.clone(), now, now + LEASE));
+        held.outbox.extend(leased);
         Ok(Committed::Stored { version })
     }
 
@@ -118,6 +128,30 @@ impl Store for Memory {
         }
         held.keep(record, outcome, self.retention);
         Ok(None)
+    }
+
+    async fn claim(&self, lease: Duration, limit: usize) -> Result<Vec<Event>, StoreError> {
+        let mut held = self.held.lock().expect("held");
+        let now = Instant::now();
+        let due = held.outbox.iter_mut().filter(|(_, _, until)| *until <= now);
+        Ok(due
+            .take(limit)
+            .map(|(event, _, until)| {
+                *until = now + lease;
+                event.clone()
+            })
+            .collect())
+    }
+
+    async fn published(&self, events: &[Event]) -> Result<(), StoreError> {
+        let mut held = self.held.lock().expect("held");
+        held.outbox.retain(|(kept, _, _)| !events.contains(kept));
+        Ok(())
+    }
+
+    async fn waiting(&self) -> Result<Option<Duration>, StoreError> {
+        let held = self.held.lock().expect("held");
+        Ok(held.outbox.first().map(|(_, at, _)| at.elapsed()))
     }
 
     async fn enumerate(

@@ -11,6 +11,9 @@
 //! - [`objects`]: a component's objects as calls reach them: each operation's kind, the
 //!   inherited operations, observations, assignments and transitions against the store.
 //!
+//! - [`outbox`]: the events stored writes publish, published by their committer and relayed by
+//!   every replica.
+//!
 //! - [`retrying`]: the calls running as transitions under `retry`, whose calls to an operation
 //!   declaring `once` are refused.
 //!
@@ -20,6 +23,7 @@
 pub(crate) mod backend;
 pub(crate) mod memory;
 pub(crate) mod objects;
+pub(crate) mod outbox;
 pub(crate) mod postgres;
 pub(crate) mod retrying;
 pub(crate) mod store;

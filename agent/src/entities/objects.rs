@@ -16,8 +16,9 @@
 //! API answers with 404, 412, 409, 409 and 503.
 
 use super::backend::Backend;
+use super::outbox::Outbox;
 use super::retrying::Retrying;
-use super::store::{Committed, Found, Record, Recorded, State, Store, Write};
+use super::store::{Committed, Event, Found, Record, Recorded, State, Store, Write};
 use super::transition::{self, Answer, Call, Decision, Entity, TransitionError, Turns};
 use crate::component::client::{CallMeta, Outcome, ProgramClient, ProgramError};
 use crate::component::{Component, ComponentError};
@@ -45,7 +46,10 @@ pub struct Objects {
     inherited: BTreeSet<String>,
     /// The operations declaring `once`.
     once: BTreeSet<String>,
-    store: Backend,
+    store: Arc<Backend>,
+    /// The labels of the events a stored write publishes, and their outbox (`None`: none).
+    labels: Vec<String>,
+    outbox: Option<Arc<Outbox>>,
     turns: Turns,
     /// This process's calls running as transitions under `retry` (shared by its components).
     retrying: Arc<Retrying>,
@@ -137,8 +141,14 @@ impl Objects {
                 message: format!("`entity.properties`: {error}"),
             }
         })?;
+        let store = Arc::new(store);
+        let labels = component.manifest.event_labels();
+        let outbox =
+            (!labels.is_empty()).then(|| Arc::new(Outbox::new(&component.name, store.clone())));
         Ok(Some(Self {
             component: component.name.clone(),
+            labels,
+            outbox,
             associated: entity.associated,
             blank: entity.blank.clone(),
             schema,
@@ -150,6 +160,18 @@ impl Objects {
             turns: Turns::default(),
             retrying,
         }))
+    }
+
+    /// The component's outbox, when it declares events.
+    pub fn outbox(&self) -> Option<&Arc<Outbox>> {
+        self.outbox.as_ref()
+    }
+
+    /// Hands the events of a write just stored to the outbox, to publish.
+    fn stored(&self, events: Vec<Event>) {
+        if let Some(outbox) = &self.outbox {
+            outbox.sent(events);
+        }
     }
 
     /// Whether calls of `operation` write to the store: a caller's key on them is a record the
@@ -515,12 +537,13 @@ impl Objects {
         let entry = self.entry_of(id, stored).unwrap_or(Value::Null);
         let outcome = json!({ "reply": entry });
         let recorded = record.map(|record| (record, &outcome));
-        match self
-            .store
-            .commit(id, read, Write::Put(state), recorded)
-            .await
-        {
-            Ok(Committed::Stored { .. }) => Ok(Some(Outcome::Reply(entry))),
+        let write = Write::Put(state);
+        let events = Event::of(&self.labels, id, read + 1, &write);
+        match self.store.commit(id, read, write, recorded, &events).await {
+            Ok(Committed::Stored { .. }) => {
+                self.stored(events);
+                Ok(Some(Outcome::Reply(entry)))
+            }
             Ok(Committed::Repeated(found)) => {
                 let record = record.expect("a record is found only by a commit with one");
                 self.repeat(run, record, found).map(Some)
@@ -619,14 +642,17 @@ impl Objects {
             record: record.as_ref(),
         };
         let check = |state: &State| self.check(state);
+        let stored = |events| self.stored(events);
         let entity = Entity {
             associated: self.associated,
             blank: &self.blank,
             check: &check,
+            events: &self.labels,
+            stored: &stored,
         };
         let failed = std::sync::Mutex::new(None);
         let decide = |entry: State| self.decide(&run, entry, inherited, &failed, call.deadline);
-        let answer = transition::transit(&self.store, &entity, &call, decide).await;
+        let answer = transition::transit(&*self.store, &entity, &call, decide).await;
         if let Some(failure) = failed.lock().expect("failed").take() {
             return Err(failure);
         }

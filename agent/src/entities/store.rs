@@ -7,6 +7,10 @@ use std::future::Future;
 /// An object's properties, without `id`, `VERSION`, `DISCARD` or `DELETE`, which are never stored.
 pub type State = Map<String, Value>;
 
+/// How long the process that stored a write has to publish its events before another
+/// replica's relay may claim them (and how long a relay's claim lasts).
+pub const LEASE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What is stored under an id.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Found {
@@ -72,6 +76,51 @@ pub struct Recorded {
     pub outcome: Value,
 }
 
+/// An event a stored write publishes (DESIGN 18): its row is written to the outbox in the
+/// write's transaction, so that it exists exactly when the write was stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// `namespace.name.event`: the routing key on the broker.
+    pub label: String,
+    /// The object's id.
+    pub object: String,
+    /// The version the write stored.
+    pub version: u64,
+    /// The object as stored, with its `id` and `VERSION` (a deletion: `DELETED: true` beside
+    /// them instead of properties).
+    pub payload: Value,
+}
+
+impl Event {
+    /// The events `labels` publish for a write of `id` at `version`.
+    pub fn of(labels: &[String], id: &str, version: u64, write: &Write) -> Vec<Self> {
+        if labels.is_empty() {
+            return Vec::new();
+        }
+        let mut payload = match write {
+            Write::Put(state) => state.clone(),
+            Write::Delete => Map::from_iter([("DELETED".to_owned(), Value::Bool(true))]),
+        };
+        payload.insert("id".to_owned(), Value::from(id));
+        payload.insert("VERSION".to_owned(), Value::from(version));
+        let payload = Value::Object(payload);
+        labels
+            .iter()
+            .map(|label| Self {
+                label: label.clone(),
+                object: id.to_owned(),
+                version,
+                payload: payload.clone(),
+            })
+            .collect()
+    }
+
+    /// The same on every publication of this event: a receiver tells copies apart by it.
+    pub fn message_id(&self) -> String {
+        format!("{}/{}/{}", self.label, self.object, self.version)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     #[error("the store is unavailable: {0}")]
@@ -84,14 +133,34 @@ pub trait Store: Send + Sync {
     /// Writes `write` at version `read + 1` if the object is still at `read` (0: never written);
     /// otherwise writes nothing and says where the object is. With a record, the record and the
     /// write are stored together or not at all, and a record there already (within the
-    /// retention) writes nothing: [`Committed::Repeated`].
+    /// retention) writes nothing: [`Committed::Repeated`]. So are `events` (the outbox's rows
+    /// of the write, leased to this process for [`LEASE`]: it publishes them itself).
     fn commit(
         &self,
         id: &str,
         read: u64,
         write: Write,
         record: Option<(&Record, &Value)>,
+        events: &[Event],
     ) -> impl Future<Output = Result<Committed, StoreError>> + Send;
+
+    /// Up to `limit` events not published whose lease ran out (their committer did not publish
+    /// them: it stopped, or the broker did not take them), leased now to this process for
+    /// `lease`: no other claims them meanwhile.
+    fn claim(
+        &self,
+        lease: std::time::Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+
+    /// Marks `events` published (the broker confirmed them); they are deleted after
+    /// `limits.events`.
+    fn published(&self, events: &[Event]) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// How long the oldest event not yet published has waited, if there is one.
+    fn waiting(
+        &self,
+    ) -> impl Future<Output = Result<Option<std::time::Duration>, StoreError>> + Send;
 
     /// What the record of a call says, if it is kept (younger than the retention).
     fn recorded(

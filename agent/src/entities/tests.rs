@@ -6,7 +6,9 @@
 use super::backend::{Backend, Storage};
 use super::memory::Memory;
 use super::postgres::Address;
-use super::store::{Committed, Found, Record, Recorded, State, Store, StoreError, Write};
+use super::store::{
+    Committed, Event, Found, Record, Recorded, State, Store, StoreError, Write, LEASE,
+};
 use super::transition::{
     transit, Answer, Call, Concurrency, Decision, Entity, TransitionError, Turns, ATTEMPTS,
 };
@@ -60,6 +62,8 @@ async fn on_stock<S: Store>(
         associated: true,
         blank: &blank,
         check: &at_least_zero,
+        events: &[],
+        stored: &|_| {},
     };
     transit(store, &entity, call, |entry| {
         let decision = decide(entry);
@@ -318,6 +322,8 @@ async fn on_orders(
         associated: false,
         blank: &blank,
         check: &|_: &State| Ok(()),
+        events: &[],
+        stored: &|_| {},
     };
     let run = |mut entry: State| async move {
         if delete {
@@ -397,10 +403,11 @@ impl Store for Hot {
         read: u64,
         write: Write,
         record: Option<(&Record, &Value)>,
+        events: &[Event],
     ) -> Result<Committed, StoreError> {
         let theirs = Write::Put(state(json!({ "available": 1 })));
-        self.0.commit(id, read, theirs, None).await?;
-        self.0.commit(id, read, write, record).await
+        self.0.commit(id, read, theirs, None, &[]).await?;
+        self.0.commit(id, read, write, record, events).await
     }
 
     async fn recorded(&self, record: &Record) -> Result<Option<Recorded>, StoreError> {
@@ -421,6 +428,18 @@ impl Store for Hot {
         limit: usize,
     ) -> Result<Vec<(String, State, u64)>, StoreError> {
         self.0.enumerate(after, limit).await
+    }
+
+    async fn claim(&self, lease: Duration, limit: usize) -> Result<Vec<Event>, StoreError> {
+        self.0.claim(lease, limit).await
+    }
+
+    async fn published(&self, events: &[Event]) -> Result<(), StoreError> {
+        self.0.published(events).await
+    }
+
+    async fn waiting(&self) -> Result<Option<Duration>, StoreError> {
+        self.0.waiting().await
     }
 }
 
@@ -635,6 +654,124 @@ async fn a_reply_no_store_can_keep_with_the_calls_record_stores_nothing(on: On) 
     );
 }
 
+const CHANGED: &str = "shop.stock.changed";
+
+/// A transition on the stock entity publishing `changed` on every stored write: the events
+/// handed over to publish are pushed on `handed`.
+async fn publishing<S: Store>(
+    store: &S,
+    call: &Call<'_>,
+    decide: impl Fn(State) -> Decision,
+    handed: &std::sync::Mutex<Vec<Event>>,
+) -> Result<Answer, TransitionError> {
+    let blank = state(json!({ "available": 0 }));
+    let labels = [CHANGED.to_owned()];
+    let stored = |events: Vec<Event>| handed.lock().unwrap().extend(events);
+    let entity = Entity {
+        associated: true,
+        blank: &blank,
+        check: &at_least_zero,
+        events: &labels,
+        stored: &stored,
+    };
+    transit(store, &entity, call, |entry| {
+        std::future::ready(Ok(decide(entry)))
+    })
+    .await
+}
+
+/// Eight writers adding one to p1 at once, each retried on its lost writes.
+async fn eight_racing(store: &Arc<Backend>, handed: &Arc<std::sync::Mutex<Vec<Event>>>) {
+    let racing: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, handed) = (store.clone(), handed.clone());
+            tokio::spawn(async move {
+                let add = |mut entry: State| {
+                    let available = entry["available"].as_i64().unwrap();
+                    entry.insert("available".into(), json!(available + 1));
+                    Decision::Left {
+                        entry,
+                        returned: None,
+                    }
+                };
+                let retry = call(Some("p1"), None, Concurrency::Retry);
+                publishing(&*store, &retry, add, &handed).await
+            })
+        })
+        .collect();
+    for one in racing {
+        assert!(matches!(one.await.unwrap(), Ok(Answer::Stored { .. })));
+    }
+}
+
+/// The committer holds its rows for [`LEASE`]: no relay takes them meanwhile; then one does,
+/// each row once, and they are the events `handed` over. What it claimed.
+async fn claimed_after_the_lease<S: Store>(store: &S, handed: &[Event]) -> Vec<Event> {
+    assert_eq!(store.claim(LEASE, 100).await, Ok(Vec::new()));
+    assert!(store.waiting().await.unwrap().is_some());
+    tokio::time::sleep(LEASE + Duration::from_millis(200)).await;
+    let claimed = store.claim(Duration::from_secs(60), 100).await.unwrap();
+    let rows = |events: &[Event]| {
+        let mut rows: Vec<(u64, Value)> = events
+            .iter()
+            .map(|e| (e.version, e.payload.clone()))
+            .collect();
+        rows.sort_by_key(|row| row.0);
+        rows
+    };
+    assert_eq!(
+        rows(&claimed),
+        rows(handed),
+        "the stored rows are the events handed over"
+    );
+    assert_eq!(
+        store.claim(Duration::from_secs(60), 100).await,
+        Ok(Vec::new())
+    );
+    claimed
+}
+
+async fn events_are_stored_with_their_write_and_only_with_it(on: On) {
+    let store = Arc::new(on.store().await);
+    let handed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let retry = || call(Some("p1"), None, Concurrency::Retry);
+    let stocked = publishing(&*store, &retry(), set(json!({ "available": 1 })), &handed).await;
+    assert!(matches!(stocked, Ok(Answer::Stored { version: 1, .. })));
+    // Refused, discarded and lost writes publish nothing.
+    publishing(&*store, &retry(), reserve, &handed)
+        .await
+        .unwrap();
+    let refused = publishing(&*store, &retry(), reserve, &handed).await;
+    assert!(matches!(refused, Ok(Answer::Refused(_))), "{refused:?}");
+    let discard = |mut entry: State| {
+        entry.insert("DISCARD".into(), json!(true));
+        Decision::Left {
+            entry,
+            returned: None,
+        }
+    };
+    publishing(&*store, &retry(), discard, &handed)
+        .await
+        .unwrap();
+    let lost = Event::of(&[CHANGED.to_owned()], "p1", 1, &Write::Delete);
+    let stale = store.commit("p1", 0, Write::Delete, None, &lost).await;
+    assert_eq!(stale, Ok(Committed::Lost { current: 2 }));
+    // Eight writers racing on one object, retried on every lost write: each publishes once.
+    eight_racing(&store, &handed).await;
+    let handed = handed.lock().unwrap().clone();
+    let versions: Vec<u64> = handed.iter().map(|e| e.version).collect();
+    assert_eq!(versions.len(), 10, "{versions:?}");
+    let sorted: std::collections::BTreeSet<u64> = versions.iter().copied().collect();
+    assert_eq!(sorted, (1..=10).collect(), "one event per stored version");
+    assert_eq!(
+        handed[1].payload,
+        json!({ "available": 0, "id": "p1", "VERSION": 2 })
+    );
+    let claimed = claimed_after_the_lease(&*store, &handed).await;
+    store.published(&claimed).await.unwrap();
+    assert_eq!(store.waiting().await, Ok(None), "nothing left to publish");
+}
+
 async fn a_record_is_kept_with_its_write_or_not_at_all_and_for_its_retention_only(on: On) {
     let store = on.keeping(Duration::from_millis(600)).await;
     stock(&store, 2).await;
@@ -642,7 +779,7 @@ async fn a_record_is_kept_with_its_write_or_not_at_all_and_for_its_retention_onl
     let outcome = json!({ "reply": 1 });
     let put = || Write::Put(state(json!({ "available": 1 })));
     let (c1, c4) = (record("c1"), record("c4"));
-    let lost = store.commit("p1", 0, put(), Some((&c1, &outcome)));
+    let lost = store.commit("p1", 0, put(), Some((&c1, &outcome)), &[]);
     assert_eq!(lost.await, Ok(Committed::Lost { current: 1 }));
     assert_eq!(store.recorded(&record("c1")).await, Ok(None));
     // An outcome that wrote nothing (DISCARD, the operation's own error) is a record alone.
@@ -655,12 +792,12 @@ async fn a_record_is_kept_with_its_write_or_not_at_all_and_for_its_retention_onl
     };
     assert_eq!(kept, Ok(Some(first)), "the first outcome stays");
     // Past the retention a record is forgotten: the call would be applied again.
-    let kept = store.commit("p1", 1, put(), Some((&c4, &outcome)));
+    let kept = store.commit("p1", 1, put(), Some((&c4, &outcome)), &[]);
     assert_eq!(kept.await, Ok(Committed::Stored { version: 2 }));
     assert!(store.recorded(&record("c4")).await.unwrap().is_some());
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(store.recorded(&record("c4")).await, Ok(None));
-    let again = store.commit("p1", 2, put(), Some((&c4, &outcome)));
+    let again = store.commit("p1", 2, put(), Some((&c4, &outcome)), &[]);
     assert_eq!(again.await, Ok(Committed::Stored { version: 3 }));
 }
 
@@ -1020,7 +1157,52 @@ on_both!(
     a_call_with_a_record_is_applied_once_and_its_repeats_get_its_outcome,
     a_record_is_kept_with_its_write_or_not_at_all_and_for_its_retention_only,
     a_reply_no_store_can_keep_with_the_calls_record_stores_nothing,
+    events_are_stored_with_their_write_and_only_with_it,
 );
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_never_claim_one_event_and_together_claim_them_all() {
+    // Two replicas of one component: two stores (two pools) on one application's tables.
+    let application = format!("relays-{}", crate::component::client::new_id());
+    let (one, two) = (
+        store_at(&application, None).await,
+        store_at(&application, None).await,
+    );
+    let labels = [CHANGED.to_owned()];
+    for n in 0..300 {
+        let id = format!("o{n:03}");
+        let write = Write::Put(state(json!({ "available": n })));
+        let events = Event::of(&labels, &id, 1, &write);
+        let stored = one.commit(&id, 0, write, None, &events).await;
+        assert_eq!(stored, Ok(Committed::Stored { version: 1 }));
+    }
+    // Their committer stopped before publishing: after the lease, both relays claim at once.
+    tokio::time::sleep(LEASE + Duration::from_millis(200)).await;
+    let relay = |store: Backend| {
+        tokio::spawn(async move {
+            let mut claimed = Vec::new();
+            loop {
+                let batch = store.claim(Duration::from_secs(60), 3).await.unwrap();
+                if batch.is_empty() {
+                    return claimed;
+                }
+                claimed.extend(batch.into_iter().map(|event| event.object));
+            }
+        })
+    };
+    let (first, second) = (relay(one), relay(two));
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert!(
+        !first.is_empty() && !second.is_empty(),
+        "both relays took part: {} and {}",
+        first.len(),
+        second.len()
+    );
+    let mut all: Vec<String> = first.iter().chain(&second).cloned().collect();
+    all.sort();
+    let expected: Vec<String> = (0..300).map(|n| format!("o{n:03}")).collect();
+    assert_eq!(all, expected, "every event claimed once");
+}
 
 #[tokio::test]
 async fn two_applications_on_one_database_never_meet() {
@@ -1040,7 +1222,7 @@ async fn two_applications_on_one_database_never_meet() {
     );
     let stocked = Write::Put(state(json!({ "available": 3 })));
     assert_eq!(
-        shop.commit("p1", 0, stocked, None).await,
+        shop.commit("p1", 0, stocked, None, &[]).await,
         Ok(Committed::Stored { version: 1 })
     );
     assert_eq!(other.read("p1").await, Ok(Found::Missing));
@@ -1200,7 +1382,13 @@ async fn a_commit_whose_answer_is_lost_is_found_applied_or_made_once_more() {
         let cutter = Arc::new(Cutter::default());
         let application = format!("cut-{}", crate::component::client::new_id());
         let store = store_at(&application, Some(cutting_proxy(cutter.clone()).await)).await;
-        let first = store.commit("p1", 0, Write::Put(state(json!({ "available": 1 }))), None);
+        let first = store.commit(
+            "p1",
+            0,
+            Write::Put(state(json!({ "available": 1 }))),
+            None,
+            &[],
+        );
         assert_eq!(first.await, Ok(Committed::Stored { version: 1 }));
         *cutter.armed.lock().unwrap() = Some(way);
         let another = (way == AfterForwardingThenAnotherWrites).then(|| {
@@ -1211,10 +1399,16 @@ async fn a_commit_whose_answer_is_lost_is_found_applied_or_made_once_more() {
                 tokio::time::sleep(Duration::from_millis(150)).await;
                 let other = store_at(&application, None).await;
                 let theirs = Write::Put(state(json!({ "available": 5 })));
-                other.commit("p1", 2, theirs, None).await
+                other.commit("p1", 2, theirs, None, &[]).await
             })
         });
-        let second = store.commit("p1", 1, Write::Put(state(json!({ "available": 0 }))), None);
+        let second = store.commit(
+            "p1",
+            1,
+            Write::Put(state(json!({ "available": 0 }))),
+            None,
+            &[],
+        );
         assert_eq!(
             second.await,
             Ok(Committed::Stored { version: 2 }),

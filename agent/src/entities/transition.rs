@@ -13,7 +13,7 @@
 //! - [`Turns`]: one run at a time per object in a process, so a process's own calls never lose
 //!   writes to each other; lost writes come only from other replicas.
 
-use super::store::{Committed, Found, Record, Recorded, State, Store, StoreError, Write};
+use super::store::{Committed, Event, Found, Record, Recorded, State, Store, StoreError, Write};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::future::Future;
@@ -40,6 +40,10 @@ pub struct Entity<'a> {
     pub blank: &'a State,
     /// The entity's schema, applied to what the program leaves (the message names the property).
     pub check: &'a (dyn Fn(&State) -> Result<(), String> + Sync),
+    /// The labels of the events a stored write publishes (DESIGN 18), and who is handed them
+    /// once it is stored, to publish.
+    pub events: &'a [String],
+    pub stored: &'a (dyn Fn(Vec<Event>) + Sync),
 }
 
 /// One call of a transition.
@@ -172,7 +176,7 @@ where
             returned,
             attempt,
         };
-        match commit.made(store, call).await? {
+        match commit.made(store, call, entity).await? {
             Ok(answer) => return Ok(answer),
             Err(current) => {
                 expect(call, &id, current)?;
@@ -204,6 +208,7 @@ impl Commit<'_> {
         self,
         store: &S,
         call: &Call<'_>,
+        entity: &Entity<'_>,
     ) -> Result<Result<Answer, u64>, StoreError> {
         let Commit {
             id,
@@ -221,15 +226,23 @@ impl Commit<'_> {
         let reply = returned.unwrap_or_else(|| Value::Object(entry(&stored, id, read + 1)));
         let outcome = json!({ "reply": reply });
         let record = call.record.map(|record| (record, &outcome));
-        Ok(match store.commit(id, read, write, record).await? {
-            Committed::Stored { version } => Ok(Answer::Stored {
-                reply,
-                version,
-                attempts: attempt,
-            }),
-            Committed::Repeated(recorded) => Ok(Answer::Repeated(recorded)),
-            Committed::Lost { current } => Err(current),
-        })
+        let events = Event::of(entity.events, id, read + 1, &write);
+        Ok(
+            match store.commit(id, read, write, record, &events).await? {
+                Committed::Stored { version } => {
+                    if !events.is_empty() {
+                        (entity.stored)(events);
+                    }
+                    Ok(Answer::Stored {
+                        reply,
+                        version,
+                        attempts: attempt,
+                    })
+                }
+                Committed::Repeated(recorded) => Ok(Answer::Repeated(recorded)),
+                Committed::Lost { current } => Err(current),
+            },
+        )
     }
 }
 

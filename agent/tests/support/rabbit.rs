@@ -233,6 +233,7 @@ impl Drop for Queues {
             .collect();
         // On a thread of its own: the test may be async, and a runtime cannot block in another.
         let url = self.url.clone();
+        let events = format!("{}#events", self.prefix.trim_end_matches('.'));
         let cleanup = std::thread::spawn(move || {
             runtime().block_on(async move {
                 let Ok(connection) =
@@ -247,6 +248,12 @@ impl Drop for Queues {
                             .queue_delete(name.as_str().into(), Default::default())
                             .await;
                     }
+                }
+                // The application's events exchange, if any of its agents published.
+                if let Ok(channel) = connection.create_channel().await {
+                    let _ = channel
+                        .exchange_delete(events.as_str().into(), Default::default())
+                        .await;
                 }
                 let _ = connection.close(200, "done".into()).await;
             })

@@ -88,6 +88,7 @@ pub const SETTINGS: &[Setting] = &[
     row("limits.deliveries",  "TOA_LIMIT_DELIVERIES",   Kind::Count,     IfAbsent::Count(5)),
     row("limits.idempotency", "TOA_LIMIT_IDEMPOTENCY",  Kind::Millis,    ms(600_000)),
     row("limits.once",        "TOA_LIMIT_ONCE",         Kind::Millis,    ms(604_800_000)),
+    row("limits.events",      "TOA_LIMIT_EVENTS",       Kind::Millis,    ms(86_400_000)),
     row("limits.inflight",    "TOA_LIMIT_INFLIGHT",     Kind::Count,     IfAbsent::Count(256)),
     row("limits.message",     "TOA_LIMIT_MESSAGE",      Kind::Count,     IfAbsent::Count(16 << 20)),
 ];

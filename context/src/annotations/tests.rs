@@ -51,7 +51,7 @@ fn refused_annotations_name_the_key_and_what_was_expected() {
         ("name: a\nlimits:\n  queue: 0\n", "`limits.queue`: expected a whole number from 1 to 4294967295, got 0"),
         ("name: a\nlimits:\n  deliveries: many\n", "`limits.deliveries`: expected a positive whole number, got many"),
         ("name: a\nlimits:\n  drain: -1\n", "`limits.drain`: expected a positive whole number of milliseconds, got -1"),
-        ("name: a\nlimits:\n  run_command: 5\n", "`limits.run_command`: unknown key; expected one of: operation, runCommand, drain, queue, deliveries, idempotency, once, inflight, message"),
+        ("name: a\nlimits:\n  run_command: 5\n", "`limits.run_command`: unknown key; expected one of: operation, runCommand, drain, queue, deliveries, idempotency, once, events, inflight, message"),
         ("name: a\natomicity:\n  redis: redis://a\n  intervl: 5\n", "`atomicity.intervl`: unknown key; expected one of: redis, interval, ttl"),
         ("name: a\natomicity:\n  redis: redis://a\n  interval: 0\n", "`atomicity.interval`: expected a positive whole number of milliseconds, got 0"),
         ("name: a\natomicity:\n  redis: redis://a\n  interval: -5\n", "`atomicity.interval`: expected a positive whole number of milliseconds, got -5"),
@@ -133,6 +133,7 @@ fn limits_are_read_with_their_defaults() {
             deliveries: 2,
             idempotency: Duration::from_secs(600),
             once: Duration::from_secs(7 * 24 * 3600),
+            events: Duration::from_secs(24 * 3600),
             inflight: 8,
             message: 1024,
         }
@@ -173,7 +174,7 @@ mod generated {
         let atomicity = prop::option::of((redis, millis(), millis()));
         let amqp = prop::option::of((host, 1u16..u16::MAX, "[a-z]{0,6}"));
         let limits = (
-            (millis(), millis(), millis()),
+            (millis(), millis(), millis(), millis()),
             (1u32.., 1u32.., millis(), millis(), 1u32.., 1u32..),
         );
         (name, atomicity, millis(), amqp, limits).prop_map(
@@ -189,7 +190,7 @@ mod generated {
                     AmqpAddress::parse(&format!("amqp://{host}:{port}/{vhost}"), "amqp").unwrap()
                 });
                 let (
-                    (operation, run_command, drain),
+                    (operation, run_command, drain, events),
                     (queue, deliveries, idempotency, once, inflight, message),
                 ) = limits;
                 Context {
@@ -206,6 +207,7 @@ mod generated {
                         deliveries,
                         idempotency,
                         once,
+                        events,
                         inflight,
                         message,
                     },

@@ -403,6 +403,7 @@ fn without_atomicity_broker_or_credentials_their_variables_are_absent() {
             "TOA_KUBERNETES_NAMESPACE",
             "TOA_LIMIT_DELIVERIES",
             "TOA_LIMIT_DRAIN",
+            "TOA_LIMIT_EVENTS",
             "TOA_LIMIT_IDEMPOTENCY",
             "TOA_LIMIT_INFLIGHT",
             "TOA_LIMIT_MESSAGE",

@@ -266,3 +266,26 @@ fn the_program_is_kept_in_the_valid_manifests() {
         Some(&["python3".to_owned(), "orders.py".to_owned()][..])
     );
 }
+
+#[test]
+fn a_component_with_events_needs_a_broker() {
+    let mut component = ComponentSpec::test("store", "orders");
+    let entity = serde_json::json!({"properties": {"n": {"type": "integer"}}});
+    component.manifest.insert("entity".into(), entity);
+    component
+        .manifest
+        .insert("events".into(), serde_json::json!({"changed": {}}));
+    let mut spec = CompositionSpec::test().with_components(vec![component]);
+    spec.context.storage = Some("postgres://shop-db-rw:5432/app".into());
+    spec.context.amqp = None;
+    assert_eq!(
+        refused(&spec),
+        "`spec.components[0].manifest.events`: component store.orders declares events, and spec.context.amqp names no broker; events leave through RabbitMQ (amqp://host:5672)"
+    );
+    spec.context.amqp = Some("amqp://rabbitmq:5672".into());
+    spec.credentials = Some(CredentialsSpec {
+        secret_name: "shop-secrets".into(),
+    });
+    let valid = validate(&spec);
+    assert!(valid.is_ok(), "{:?}", valid.err());
+}

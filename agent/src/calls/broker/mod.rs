@@ -7,7 +7,8 @@
 //! - `toa.app.{component}@{instance}`: calls to one process, declared *exclusive* by that process,
 //!   so only one process holds a name. Another process given the same name logs
 //!   `Instance name taken` and keeps trying until the name is free;
-//! - a server-named exclusive queue per process for its replies.
+//! - a server-named exclusive queue per process for its replies;
+//! - `toa.app#events`, a durable topic exchange: events, by label ([`events`]).
 //!
 //! A call to one process is published `mandatory` with publisher confirms: unroutable means no
 //! process holds the name (`Addressee`); no reply before the deadline means `Abandoned`. It carries
@@ -41,6 +42,7 @@ use toa_context::tls::Roots;
 use toa_context::{AmqpAddress, Credentials, Limits};
 use tokio::sync::watch;
 
+mod events;
 mod headers;
 mod queues;
 mod serve;

@@ -52,6 +52,11 @@ impl Names {
         format!("{}{component}#dead", self.prefix)
     }
 
+    /// The application's events exchange (a topic exchange; routing keys are labels).
+    pub fn events(&self) -> String {
+        format!("{}#events", self.prefix.trim_end_matches('.'))
+    }
+
     pub fn own(&self, component: &str, instance: &str) -> String {
         format!("{}{component}@{instance}", self.prefix)
     }

@@ -40,7 +40,8 @@ pub(super) struct Session {
     /// Calls waiting for their reply, by correlation id. Dropped with the session, which tells
     /// every waiting caller that its reply will never come.
     pending: Mutex<HashMap<String, oneshot::Sender<Value>>>,
-    /// Shared queues declared on this connection: declaring costs a round trip.
+    /// Shared queues (and the events exchange) declared on this connection: declaring costs a
+    /// round trip.
     pub declared: Mutex<HashSet<String>>,
     /// Cancelled once the connection is gone.
     pub lost: CancellationToken,

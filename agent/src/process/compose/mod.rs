@@ -27,6 +27,7 @@ use crate::control::component_tokens::ComponentTokens;
 use crate::coordination::atom::{Atom, Mode};
 use crate::entities::backend::{Backend, Storage};
 use crate::entities::objects::Objects;
+use crate::entities::outbox::Sink;
 use crate::instance::Instance;
 use crate::metrics::Metrics;
 use crate::process::drain;
@@ -45,6 +46,9 @@ use toa_context::tls::Roots;
 use toa_context::{Context, Credentials, RunCommand};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
+
+/// How many events this process's bus holds for a receiver that is behind (without a broker).
+const EVENTS_BUS: usize = 1024;
 
 /// What `compose` was asked to run.
 pub struct Options {
@@ -272,9 +276,14 @@ impl Composition {
         self.watch_programs();
         let calls = self.calls();
         let calls = match self.context.amqp.clone() {
-            None => Arc::new(calls),
+            None => {
+                let (bus, _) = tokio::sync::broadcast::channel(EVENTS_BUS);
+                self.publish_events(&Sink::Local(bus));
+                Arc::new(calls)
+            }
             Some(_) => {
                 let broker = watch.watched(self.connect()).await?;
+                self.publish_events(&Sink::Broker(broker.clone()));
                 let catalog = Catalog::new(
                     &self.loaded,
                     prepare::sources(&self.components, self.declarations.clone()),
@@ -390,6 +399,20 @@ impl Composition {
             self.activity.clone(),
         )
         .refusing_once_from(self.retrying.clone())
+    }
+
+    /// Where the components' events go from now on, and their relays.
+    fn publish_events(&self, sink: &Sink) {
+        for member in &self.members {
+            let Some(outbox) = member.objects.as_ref().and_then(|o| o.outbox()) else {
+                continue;
+            };
+            outbox.connect(sink.clone());
+            let waiting = self
+                .metrics
+                .events_waiting(&self.context.name, &member.component.name);
+            tokio::spawn(outbox.clone().relay(waiting));
+        }
     }
 
     /// Connects the broker and offers it every component.

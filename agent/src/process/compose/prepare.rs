@@ -172,7 +172,7 @@ async fn open_stores(
                 component.name
             )));
         }
-        let retention = options.context.limits.once;
+        let retention = crate::entities::backend::Retention::of(&options.context.limits);
         let store = Backend::open(options.storage.as_ref(), &component.name, retention)
             .await
             .map_err(|error| ComposeError::Setup(format!("{}: {error}", component.name)))?;

@@ -29,7 +29,8 @@
 //! small pool with wait, create and recycle timeouts; sqlx would add compile-time query checking this crate cannot use (its SQL
 //! names tables at run time) and much more to build.
 
-use super::store::{Committed, Found, Record, Recorded, State, Store, StoreError, Write};
+use super::backend::Retention;
+use super::store::{Committed, Event, Found, Record, Recorded, State, Store, StoreError, Write};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde_json::Value;
 use std::time::Duration;
@@ -37,7 +38,7 @@ use tokio_postgres::types::Json;
 
 /// The layout of the runtime's tables this agent writes; an agent refuses a schema a newer one
 /// recorded.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// How many of a row's last writes it names: enough that a write whose answer was lost finds
 /// itself there although other replicas wrote since.
@@ -66,7 +67,10 @@ pub struct Address {
     pub ca: Option<String>,
 }
 
-/// How often a replica deletes the records past `limits.once`.
+mod outbox;
+
+/// How often a replica deletes the records past `limits.once` (and the events past
+/// `limits.events`).
 const PURGE_EVERY: Duration = Duration::from_secs(3600);
 
 /// One component's objects in PostgreSQL.
@@ -78,6 +82,7 @@ pub struct Postgres {
     /// How long a record is kept (`limits.once`), in seconds.
     retention: f64,
     statements: Statements,
+    outbox: outbox::Statements,
     /// Deletes the records past their retention, once the tables are there; stopped with the
     /// store.
     purge: Option<tokio::task::JoinHandle<()>>,
@@ -165,7 +170,7 @@ pub fn ddl_of(application: &str, dirs: &[std::path::PathBuf]) -> Result<String, 
 pub fn ddl(application: &str, component: &str) -> Vec<String> {
     let schema = quote(&schema_of(application));
     let table = format!("{schema}.{}", quote(component));
-    vec![
+    let mut statements = vec![
         format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
         format!(
             "CREATE TABLE IF NOT EXISTS {schema}.toa_runtime (key text PRIMARY KEY, value integer NOT NULL)"
@@ -193,7 +198,9 @@ pub fn ddl(application: &str, component: &str) -> Vec<String> {
              state jsonb NOT NULL, \
              attempts text[] NOT NULL)"
         ),
-    ]
+    ];
+    statements.extend(outbox::ddl(&schema));
+    statements
 }
 
 /// A statement the server did not answer in time.
@@ -225,13 +232,14 @@ fn described(error: &(dyn std::error::Error + 'static)) -> String {
 
 impl Postgres {
     /// Connects, and makes the component's table when missing (under an advisory lock).
-    /// `retention`: how long the records of calls applied once are kept.
+    /// `retention`: how long the records of calls applied once and the events published are
+    /// kept.
     pub async fn open(
         address: &Address,
         application: &str,
         component: &str,
         connections: usize,
-        retention: Duration,
+        retention: Retention,
     ) -> Result<Self, StoreError> {
         let pool = pool(address, connections)?;
         let schema = quote(&schema_of(application));
@@ -240,18 +248,20 @@ impl Postgres {
         let mut store = Self {
             pool,
             statements,
+            outbox: outbox::Statements::for_table(&format!("{schema}.toa_outbox")),
             table,
             component: component.to_owned(),
-            retention: retention.as_secs_f64(),
+            retention: retention.once.as_secs_f64(),
             purge: None,
         };
         store.migrate(application, component).await?;
-        store.purge = Some(tokio::spawn(purge(
-            store.pool.clone(),
-            store.statements.purge.clone(),
-            component.to_owned(),
-            store.retention,
-        )));
+        let purging = Purging {
+            records: store.statements.purge.clone(),
+            events: store.outbox.purge.clone(),
+            component: component.to_owned(),
+            retention: (store.retention, retention.events.as_secs_f64()),
+        };
+        store.purge = Some(tokio::spawn(purge(store.pool.clone(), purging)));
         Ok(store)
     }
 
@@ -262,12 +272,12 @@ impl Postgres {
         let schema = quote(&schema_of(application));
         let runtime = format!("{schema}.toa_runtime");
         let client = self.pool.get().await.map_err(unavailable)?;
-        let once = format!("{schema}.toa_once");
+        let (once, outbox) = (format!("{schema}.toa_once"), format!("{schema}.toa_outbox"));
         let made = client
             .query_one(
                 "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
-                 AND to_regclass($3) IS NOT NULL",
-                &[&runtime, &self.table, &once],
+                 AND to_regclass($3) IS NOT NULL AND to_regclass($4) IS NOT NULL",
+                &[&runtime, &self.table, &once, &outbox],
             )
             .await
             .map_err(unavailable)?;
@@ -379,15 +389,14 @@ impl Postgres {
         Ok(self.query(statement, parameters).await?.into_iter().next())
     }
 
-    /// One try of a commit: the compare-and-set alone, or with the call's record in one
-    /// transaction.
+    /// One try of a commit: the compare-and-set alone, or with the call's record and the
+    /// write's events in one transaction.
     async fn try_commit(
         &self,
-        id: &str,
-        read: u64,
-        write: &Write,
+        (id, read, write): (&str, u64, &Write),
         attempt: &str,
         record: Option<(&Record, &Value)>,
+        events: &[Event],
     ) -> Result<Tried, StoreError> {
         let mut held = Held::from(&self.pool).await?;
         let (deleted, state) = match write {
@@ -403,13 +412,12 @@ impl Postgres {
         };
         let client = held.client();
         let done = tokio::time::timeout(ANSWER_LIMIT, async {
-            match record {
-                None => self
-                    .compare_and_set(&*client, &change)
-                    .await
-                    .map(Tried::Rows),
-                Some(record) => self.recorded_write(client, &change, record).await,
+            if record.is_none() && events.is_empty() {
+                let rows = self.compare_and_set(&*client, &change).await;
+                return rows.map(Tried::Rows);
             }
+            self.transactional_write(client, &change, record, events)
+                .await
         });
         // The connection leaves the pool (`held` dropped) but where it is known to be sound.
         match done.await.unwrap_or(Ok(Tried::Silent)) {
@@ -460,25 +468,30 @@ impl Postgres {
         }
     }
 
-    /// The record, then the compare-and-set, in one transaction: both or neither.
-    async fn recorded_write(
+    /// The record (if any), the compare-and-set and the write's events, in one transaction:
+    /// all or nothing.
+    async fn transactional_write(
         &self,
         client: &mut deadpool_postgres::Object,
         change: &Change<'_>,
-        (record, outcome): (&Record, &Value),
+        record: Option<(&Record, &Value)>,
+        events: &[Event],
     ) -> Result<Tried, tokio_postgres::Error> {
         let transaction = client.transaction().await?;
-        let outcome = Json(outcome);
-        let parameters = self.record_parameters(record, &outcome);
-        let statement = transaction.prepare_cached(&self.statements.record).await?;
-        if transaction.execute(&statement, &parameters).await? == 0 {
-            transaction.rollback().await?;
-            return Ok(Tried::Recorded);
+        if let Some((record, outcome)) = record {
+            let outcome = Json(outcome);
+            let parameters = self.record_parameters(record, &outcome);
+            let statement = transaction.prepare_cached(&self.statements.record).await?;
+            if transaction.execute(&statement, &parameters).await? == 0 {
+                transaction.rollback().await?;
+                return Ok(Tried::Recorded);
+            }
         }
         let rows = self.compare_and_set(&transaction, change).await?;
         if rows == 0 {
             transaction.rollback().await?;
         } else {
+            self.insert_events(&transaction, events).await?;
             transaction.commit().await?;
         }
         Ok(Tried::Rows(rows))
@@ -494,9 +507,24 @@ struct Change<'a> {
     attempt: &'a str,
 }
 
-/// Deletes `component`'s records older than `retention` seconds, at start and every
+/// What the hourly purge deletes: its two statements, whose, and their retentions (records',
+/// events') in seconds.
+struct Purging {
+    records: String,
+    events: String,
+    component: String,
+    retention: (f64, f64),
+}
+
+/// Deletes `component`'s records and published events past their retention, at start and every
 /// [`PURGE_EVERY`]; every replica does, which costs nothing when another did just before.
-async fn purge(pool: Pool, statement: String, component: String, retention: f64) {
+async fn purge(pool: Pool, purging: Purging) {
+    let Purging {
+        records: statement,
+        events,
+        component,
+        retention: (retention, events_retention),
+    } = purging;
     let mut every = tokio::time::interval(PURGE_EVERY);
     loop {
         every.tick().await;
@@ -507,6 +535,7 @@ async fn purge(pool: Pool, statement: String, component: String, retention: f64)
                 continue;
             }
         };
+        outbox::purge(&client, &events, &component, events_retention).await;
         match client.execute(&statement, &[&component, &retention]).await {
             Ok(0) => {}
             Ok(deleted) => {
@@ -748,12 +777,15 @@ impl Store for Postgres {
         read: u64,
         write: Write,
         record: Option<(&Record, &Value)>,
+        events: &[Event],
     ) -> Result<Committed, StoreError> {
         let attempt = crate::component::client::new_id();
         // At most twice: once more after an outcome lost with its connection and found not
         // applied.
         for again in [false, true] {
-            let tried = self.try_commit(id, read, &write, &attempt, record).await;
+            let tried = self
+                .try_commit((id, read, &write), &attempt, record, events)
+                .await;
             // A second try follows a first whose outcome was unknown: whatever this one says,
             // the first may still be stored (a slow COMMIT that lands later).
             let tried = tried.map_err(|error| match error {
@@ -849,6 +881,18 @@ impl Store for Postgres {
             return Ok(None);
         }
         self.repeated(record).await.map(Some)
+    }
+
+    async fn claim(&self, lease: Duration, limit: usize) -> Result<Vec<Event>, StoreError> {
+        self.claim_events(lease, limit).await
+    }
+
+    async fn published(&self, events: &[Event]) -> Result<(), StoreError> {
+        self.mark_published(events).await
+    }
+
+    async fn waiting(&self) -> Result<Option<Duration>, StoreError> {
+        self.oldest_waiting().await
     }
 
     async fn enumerate(

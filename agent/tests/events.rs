@@ -1,0 +1,192 @@
+//! Events from stored writes (DESIGN 18) over the tests' RabbitMQ and PostgreSQL: a stored
+//! change's events leave through the outbox, and the events of a process that stopped between
+//! its commits and their publication are published by another replica's relay; the record of
+//! what reached a queue of the test's own (bound to every label) is checked afterwards.
+
+mod support;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+use support::{call_with, Composition};
+
+const ORDERS: &str = "agent/tests/components/orders-events";
+const BROKER: &str = "amqp://127.0.0.1:5672";
+const STORAGE: &str = "storage: postgres://127.0.0.1:5432/toa\n";
+const LOGIN: [(&str, &str); 2] = [
+    ("TOA_STORAGE_USERNAME", "toa"),
+    ("TOA_STORAGE_PASSWORD", "toa"),
+];
+
+/// A queue of the test's own bound to every event of `application`: what reaches it.
+async fn listen(application: &str) -> (lapin::Connection, lapin::Consumer) {
+    use lapin::options::{BasicConsumeOptions, ExchangeDeclareOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    let connection = lapin::Connection::connect(BROKER, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    // As the agents declare it: a durable topic exchange.
+    let exchange = format!("toa.{application}#events");
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let topic = lapin::ExchangeKind::Topic;
+    channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            topic,
+            durable,
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let exclusive = QueueDeclareOptions {
+        exclusive: true,
+        auto_delete: true,
+        ..Default::default()
+    };
+    let queue = channel
+        .queue_declare("".into(), exclusive, FieldTable::default())
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            queue.name().as_str().into(),
+            exchange.as_str().into(),
+            "#".into(),
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let no_ack = BasicConsumeOptions {
+        no_ack: true,
+        ..Default::default()
+    };
+    let consumer = channel
+        .basic_consume(
+            queue.name().as_str().into(),
+            "".into(),
+            no_ack,
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (connection, consumer)
+}
+
+/// What reached the queue: each message's id, how often, and its payload; until `expected`
+/// distinct ids came (or 30 s passed), and for 1.5 s more, so that a copy or an event of a
+/// write that was not stored would be seen too.
+async fn received(
+    consumer: &mut lapin::Consumer,
+    expected: usize,
+) -> (BTreeMap<String, (usize, Value)>, Instant) {
+    let mut seen: BTreeMap<String, (usize, Value)> = BTreeMap::new();
+    let mut last = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut quiet_until: Option<Instant> = None;
+    loop {
+        let until = quiet_until.unwrap_or(deadline).min(deadline);
+        let wait = until.saturating_duration_since(Instant::now());
+        let Ok(Some(Ok(delivery))) = tokio::time::timeout(wait, consumer.next()).await else {
+            return (seen, last);
+        };
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .to_string();
+        let payload: Value = serde_json::from_slice(&delivery.data).unwrap();
+        let label = delivery.routing_key.to_string();
+        assert!(id.starts_with(&label), "{id} published as {label}");
+        seen.entry(id).or_insert((0, payload)).0 += 1;
+        last = Instant::now();
+        if seen.len() >= expected && quiet_until.is_none() {
+            quiet_until = Some(Instant::now() + Duration::from_millis(1500));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_stored_change_is_published_once_even_when_its_committer_stops_before_publishing() {
+    let (context, application, _queues) = support::broker_context_with("events", BROKER, STORAGE);
+    let context = context.display().to_string();
+    let (_connection, mut consumer) = listen(&application).await;
+    // `held` stores its writes and never publishes them, as a process that stops right after
+    // its commits; `relaying` is another replica, whose relay finds them after their lease.
+    let holding: Vec<(&str, &str)> = LOGIN
+        .into_iter()
+        .chain([("TOA_TEST_HOLD_EVENTS", "1")])
+        .collect();
+    let held = Composition::start(&[ORDERS, "--context", &context], &holding);
+    let relaying = Composition::start(&[ORDERS, "--context", &context], &LOGIN);
+    held.wait_ready();
+    relaying.wait_ready();
+    let call = |agent: &Composition, operation: &str, body: Value| {
+        let target = format!("store.orders.{operation}");
+        call_with(&agent.agent, &target, "", &body.to_string())
+    };
+    // 30 orders through each; 15 of each approved through the other; a write the schema
+    // refuses, which publishes nothing.
+    let mut stored: BTreeSet<(String, u64)> = BTreeSet::new();
+    for n in 0..30 {
+        for (agent, side) in [(&held, "h"), (&relaying, "r")] {
+            let id = format!("{side}{n:02}");
+            let order = json!({"query": {"id": id}, "input": {"total": n}});
+            let (status, answer) = call(agent, "transit", order);
+            assert_eq!(status, 200, "{answer}");
+            stored.insert((id, 1));
+        }
+    }
+    for n in 0..15 {
+        for (agent, side) in [(&relaying, "h"), (&held, "r")] {
+            let id = format!("{side}{n:02}");
+            let (status, answer) = call(agent, "approve", json!({"query": {"id": id}}));
+            assert_eq!(
+                (status, &answer["reply"]["VERSION"]),
+                (200, &json!(2)),
+                "{answer}"
+            );
+            stored.insert((id, 2));
+        }
+    }
+    let refused = json!({"query": {"id": "r00"}, "input": {"total": -1}});
+    assert_eq!(call(&relaying, "transit", refused).0, 422);
+    held.kill();
+    let killed = Instant::now();
+    let (seen, last) = received(&mut consumer, stored.len() * 2).await;
+    let expected: BTreeSet<String> = stored
+        .iter()
+        .flat_map(|(id, version)| {
+            ["changed", "noted"].map(|event| format!("store.orders.{event}/{id}/{version}"))
+        })
+        .collect();
+    let ids: BTreeSet<String> = seen.keys().cloned().collect();
+    assert_eq!(
+        ids, expected,
+        "every stored change's events, and nothing else"
+    );
+    let twice: Vec<&String> = seen
+        .iter()
+        .filter(|(_, (n, _))| *n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "published twice from the outbox: {twice:?}"
+    );
+    let approved = &seen["store.orders.changed/h03/2"].1;
+    assert_eq!(
+        approved,
+        &json!({"id": "h03", "VERSION": 2, "status": "approved", "total": 3})
+    );
+    eprintln!(
+        "the stopped process's last event arrived {:.1} s after it was killed",
+        last.duration_since(killed).as_secs_f64()
+    );
+}
