@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use support::{call_with, Composition};
 
 const ORDERS: &str = "agent/tests/components/orders-events";
+/// The events' lease (agent/src/entities/store.rs), as docs/events.md states it.
+const LEASE: Duration = Duration::from_secs(5);
 const BROKER: &str = "amqp://127.0.0.1:5672";
 const STORAGE: &str = "storage: postgres://127.0.0.1:5432/toa\n";
 const LOGIN: [(&str, &str); 2] = [
@@ -79,8 +81,8 @@ async fn listen(application: &str) -> (lapin::Connection, lapin::Consumer) {
 }
 
 /// What reached the queue: each message's id, how often, and its payload; until `expected`
-/// distinct ids came (or 30 s passed), and for 1.5 s more, so that a copy or an event of a
-/// write that was not stored would be seen too.
+/// distinct ids came (or 30 s passed), and for a lease and 1.5 s more, so that a copy (a relay
+/// publishes only after the lease) or an event of a write that was not stored would be seen too.
 async fn received(
     consumer: &mut lapin::Consumer,
     expected: usize,
@@ -107,7 +109,7 @@ async fn received(
         seen.entry(id).or_insert((0, payload)).0 += 1;
         last = Instant::now();
         if seen.len() >= expected && quiet_until.is_none() {
-            quiet_until = Some(Instant::now() + Duration::from_millis(1500));
+            quiet_until = Some(Instant::now() + LEASE + Duration::from_millis(1500));
         }
     }
 }
@@ -117,8 +119,9 @@ async fn every_stored_change_is_published_once_even_when_its_committer_stops_bef
     let (context, application, _queues) = support::broker_context_with("events", BROKER, STORAGE);
     let context = context.display().to_string();
     let (_connection, mut consumer) = listen(&application).await;
-    // `held` stores its writes and never publishes them, as a process that stops right after
-    // its commits; `relaying` is another replica, whose relay finds them after their lease.
+    // `held` stores its writes and publishes nothing (neither itself nor by its relay), as a
+    // process that stops right after its commits; `relaying` is another replica, whose relay
+    // finds them after their lease.
     let holding: Vec<(&str, &str)> = LOGIN
         .into_iter()
         .chain([("TOA_TEST_HOLD_EVENTS", "1")])
@@ -189,4 +192,80 @@ async fn every_stored_change_is_published_once_even_when_its_committer_stops_bef
         "the stopped process's last event arrived {:.1} s after it was killed",
         last.duration_since(killed).as_secs_f64()
     );
+}
+
+/// `relaying` with its control endpoint on a free port (token `TOKEN`): the process and port.
+fn with_control(context: &str) -> (Composition, u16) {
+    let token = std::env::temp_dir().join(format!("toa-events-token-{}", std::process::id()));
+    std::fs::write(&token, TOKEN).unwrap();
+    let port = support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let args = [
+        ORDERS,
+        "--context",
+        context,
+        "--control-listen",
+        &listen,
+        "--control-token-file",
+        token.to_str().unwrap(),
+    ];
+    (Composition::start(&args, &LOGIN), port)
+}
+
+const TOKEN: &str = "events-test-token";
+
+/// Asks the control endpoint for `action` (`halt`, `resume`) of halt `h-1`: the phase after it.
+fn control(port: u16, action: &str) -> String {
+    let path = format!("/control/{action}");
+    let (code, body) = support::control(port, "POST", &path, Some(TOKEN), r#"{"halt":"h-1"}"#);
+    assert_eq!(code, 200, "{body}");
+    body["phase"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_replica_relays_nothing_until_it_resumes() {
+    let (context, application, _queues) =
+        support::broker_context_with("paused-relay", BROKER, STORAGE);
+    let context = context.display().to_string();
+    let (_connection, mut consumer) = listen(&application).await;
+    // Alone, so every call is its own: ten orders stored, never published, and it is killed.
+    let holding: Vec<(&str, &str)> = LOGIN
+        .into_iter()
+        .chain([("TOA_TEST_HOLD_EVENTS", "1")])
+        .collect();
+    let held = Composition::start(&[ORDERS, "--context", &context], &holding);
+    held.wait_ready();
+    for n in 0..10 {
+        let order = json!({"query": {"id": format!("p{n}")}, "input": {"total": n}});
+        let (status, answer) =
+            call_with(&held.agent, "store.orders.transit", "", &order.to_string());
+        assert_eq!(status, 200, "{answer}");
+    }
+    held.kill();
+    // Another replica, halted as soon as its control endpoint answers (while it starts, long
+    // before the events' lease runs out): its relay never starts.
+    let (relaying, port) = with_control(&context);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "no control endpoint:\n{}",
+            relaying.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let phase = control(port, "halt");
+    assert!(["starting", "paused"].contains(&phase.as_str()), "{phase}");
+    relaying.wait_ready();
+    // Past the events' lease and two of the relay's rounds, nothing came.
+    let quiet = LEASE + Duration::from_millis(2500);
+    let early = tokio::time::timeout(quiet, consumer.next()).await;
+    assert!(
+        early.is_err(),
+        "an event while the only relay was paused: {early:?}"
+    );
+    assert_eq!(control(port, "resume"), "running");
+    let (seen, _) = received(&mut consumer, 20).await;
+    assert_eq!(seen.len(), 20, "{:?}", seen.keys());
+    assert!(seen.values().all(|(n, _)| *n == 1), "{seen:?}");
 }

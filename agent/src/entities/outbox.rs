@@ -19,6 +19,7 @@ use super::backend::Backend;
 use super::store::{Event, Store, LEASE};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// How often the relay looks for events whose lease ran out.
 const RELAY_EVERY: Duration = Duration::from_secs(1);
@@ -61,9 +62,11 @@ impl Sink {
 pub struct Outbox {
     component: String,
     store: Arc<Backend>,
-    sink: OnceLock<Sink>,
-    /// A test's hook (`TOA_TEST_HOLD_EVENTS=1`): this process does not publish what it stores,
-    /// as one that stops between the commit and the publication; its relay still runs.
+    /// Where events go, and the gauge of how long the oldest unpublished one waited: known once
+    /// the process connected.
+    sink: OnceLock<(Sink, crate::metrics::Waiting)>,
+    /// A test's hook (`TOA_TEST_HOLD_EVENTS=1`): this process publishes nothing, neither what
+    /// it stores nor by its relay, as one that stopped right after its commits.
     hold: bool,
 }
 
@@ -77,67 +80,95 @@ impl Outbox {
         }
     }
 
-    /// Where events go from now on; until then they wait for the relay.
-    pub fn connect(&self, sink: Sink) {
-        let _ = self.sink.set(sink);
+    /// Where events go from now on, and the gauge the relay keeps; until then they wait for
+    /// the relay.
+    pub fn connect(&self, sink: Sink, waiting: crate::metrics::Waiting) {
+        let _ = self.sink.set((sink, waiting));
     }
 
-    /// The events of a write just stored: published now, off the caller's path.
+    /// The events of a write just stored: published now, off the caller's path, within half
+    /// their lease (what is left then waits for a relay, after the lease: never two publishers
+    /// at once).
     pub fn sent(self: &Arc<Self>, events: Vec<Event>) {
         if self.hold || self.sink.get().is_none() {
             return;
         }
         let outbox = self.clone();
-        tokio::spawn(async move { outbox.publish(&events).await });
+        let until = Instant::now() + LEASE / 2;
+        tokio::spawn(async move { outbox.publish(&events, until).await });
     }
 
-    /// Publishes `events` in order, and marks those the sink took; the first refused stops it
-    /// (the rest wait for the relay, after their lease).
-    async fn publish(&self, events: &[Event]) -> usize {
-        let Some(sink) = self.sink.get() else {
+    /// Publishes `events` until `until`, and marks those the sink took. One the sink refuses
+    /// waits for a relay after its lease; the others go on.
+    async fn publish(&self, events: &[Event], until: Instant) -> usize {
+        let Some((sink, _)) = self.sink.get() else {
             return 0;
         };
-        let mut taken = 0;
+        let mut taken = Vec::new();
         for event in events {
-            if let Err(error) = sink.publish(event).await {
-                tracing::warn!(component = %self.component, event = %event.message_id(), %error, "an event was not published: the relay publishes it after its lease");
+            if Instant::now() >= until {
                 break;
             }
-            taken += 1;
+            match sink.publish(event).await {
+                Ok(()) => taken.push(event.clone()),
+                Err(error) => {
+                    tracing::warn!(component = %self.component, event = %event.message_id(), %error, "an event was not published: a relay publishes it after its lease");
+                }
+            }
         }
-        if taken > 0 {
-            if let Err(error) = self.store.published(&events[..taken]).await {
-                // Published and not marked: the relay publishes them again after their lease,
-                // a copy receivers recognise.
+        if !taken.is_empty() {
+            if let Err(error) = self.store.published(&taken).await {
+                // Published and not marked: a relay publishes them again after their lease,
+                // a copy receivers recognise by its message id.
                 tracing::warn!(component = %self.component, %error, "published events were not marked published");
             }
         }
-        taken
+        taken.len()
     }
 
-    /// Every [`RELAY_EVERY`]: claims the events whose lease ran out and publishes them, and
-    /// tells `waiting` how long the oldest unpublished one has waited. Runs until the process
-    /// stops.
-    pub async fn relay(self: Arc<Self>, waiting: crate::metrics::Waiting) {
+    /// Whether this process's relay may claim events: not while it holds them (the test's
+    /// hook), and not from a shared store into this process's bus, which no other process
+    /// hears (a local run with `storage` and no broker would take events from processes on a
+    /// broker).
+    fn relays(&self) -> bool {
+        let local = matches!(self.sink.get(), Some((Sink::Local(_), _)));
+        let shared = matches!(*self.store, Backend::Postgres(_));
+        !(self.hold || local && shared)
+    }
+
+    /// Every [`RELAY_EVERY`] (at once again while whole batches are published): claims the events
+    /// whose lease ran out and publishes them within half the lease it took, and sets the gauge
+    /// of how long the oldest unpublished one has waited. Runs until aborted (a pause, the
+    /// process's end): a claim cut short leaves its events to the next relay, after their lease.
+    pub async fn relay(self: Arc<Self>) {
         let mut every = tokio::time::interval(RELAY_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
-            if self.sink.get().is_none() {
+            let Some((_, waiting)) = self.sink.get() else {
                 continue;
-            }
-            match self.store.claim(LEASE, CLAIM_LIMIT).await {
-                Ok(due) if !due.is_empty() => {
-                    let published = self.publish(&due).await;
-                    tracing::info!(component = %self.component, claimed = due.len(), published, "relayed events their committer did not publish");
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::warn!(component = %self.component, %error, "the relay could not claim events now")
-                }
-            }
+            };
+            while self.relays() && self.relay_once().await == CLAIM_LIMIT {}
             if let Ok(age) = self.store.waiting().await {
                 waiting.set(age.map_or(0.0, |age| age.as_secs_f64()));
+            }
+        }
+    }
+
+    /// One claim and its publication: how many events were published (a full batch: there may
+    /// be more).
+    async fn relay_once(&self) -> usize {
+        let claimed = Instant::now();
+        match self.store.claim(LEASE, CLAIM_LIMIT).await {
+            Ok(due) if !due.is_empty() => {
+                let published = self.publish(&due, claimed + LEASE / 2).await;
+                tracing::info!(component = %self.component, claimed = due.len(), published, "relayed events their committer did not publish");
+                published
+            }
+            Ok(_) => 0,
+            Err(error) => {
+                tracing::warn!(component = %self.component, %error, "the relay could not claim events now");
+                0
             }
         }
     }

@@ -704,10 +704,9 @@ async fn eight_racing(store: &Arc<Backend>, handed: &Arc<std::sync::Mutex<Vec<Ev
     }
 }
 
-/// The committer holds its rows for [`LEASE`]: no relay takes them meanwhile; then one does,
-/// each row once, and they are the events `handed` over. What it claimed.
+/// Once the committer's lease ran out a relay claims the rows, each once, and they are the events
+/// `handed` over. What it claimed.
 async fn claimed_after_the_lease<S: Store>(store: &S, handed: &[Event]) -> Vec<Event> {
-    assert_eq!(store.claim(LEASE, 100).await, Ok(Vec::new()));
     assert!(store.waiting().await.unwrap().is_some());
     tokio::time::sleep(LEASE + Duration::from_millis(200)).await;
     let claimed = store.claim(Duration::from_secs(60), 100).await.unwrap();
@@ -737,6 +736,8 @@ async fn events_are_stored_with_their_write_and_only_with_it(on: On) {
     let retry = || call(Some("p1"), None, Concurrency::Retry);
     let stocked = publishing(&*store, &retry(), set(json!({ "available": 1 })), &handed).await;
     assert!(matches!(stocked, Ok(Answer::Stored { version: 1, .. })));
+    // The committer holds its rows for LEASE: no relay takes them meanwhile.
+    assert_eq!(store.claim(LEASE, 100).await, Ok(Vec::new()));
     // Refused, discarded and lost writes publish nothing.
     publishing(&*store, &retry(), reserve, &handed)
         .await
@@ -1349,6 +1350,29 @@ async fn pump(client: tokio::net::TcpStream, upstream: tokio::net::TcpStream, cu
         }
     }
     answers.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_with_events_whose_answer_is_lost_keeps_one_row_per_stored_version() {
+    let cutter = Arc::new(Cutter::default());
+    let application = format!("cut-events-{}", crate::component::client::new_id());
+    let store = store_at(&application, Some(cutting_proxy(cutter.clone()).await)).await;
+    let labels = [CHANGED.to_owned()];
+    let put = |available: i64| Write::Put(state(json!({ "available": available })));
+    let events = |version: u64| Event::of(&labels, "p1", version, &put(0));
+    let first = store.commit("p1", 0, put(1), None, &events(1)).await;
+    assert_eq!(first, Ok(Committed::Stored { version: 1 }));
+    // The write (one statement with its rows) is applied and its answer lost: the write is
+    // found applied, and its row is there once (not written again by a second try).
+    *cutter.armed.lock().unwrap() = Some(Cut::AfterForwarding);
+    let second = store.commit("p1", 1, put(0), None, &events(2)).await;
+    assert_eq!(second, Ok(Committed::Stored { version: 2 }));
+    assert_eq!(cutter.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    tokio::time::sleep(LEASE + Duration::from_millis(200)).await;
+    let claimed = store.claim(Duration::from_secs(60), 100).await.unwrap();
+    let mut versions: Vec<u64> = claimed.iter().map(|e| e.version).collect();
+    versions.sort_unstable();
+    assert_eq!(versions, [1, 2]);
 }
 
 /// A store of a new application on the tests' server, through `port` when given.

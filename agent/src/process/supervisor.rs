@@ -11,6 +11,10 @@
 //! (phase `running`, `failure` naming the halt), so the operator calls the halt off; the same halt
 //! is not tried again. A `resume` that fails leaves the process paused, reporting the failure; the
 //! operator asks again.
+//!
+//! The outboxes' relays (events their committer did not publish) run as the pulses do: stopped
+//! at `pause`, started again at `resume`. Events of writes the process commits while paused (calls
+//! call a halt off) are still published by their committer.
 
 use crate::calls::activity::Activity;
 use crate::calls::router::Calls;
@@ -271,7 +275,13 @@ fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
     let Some(calls) = &work.calls else {
         return Vec::new();
     };
-    let mut tasks = Vec::new();
+    let outboxes = work
+        .members
+        .iter()
+        .filter_map(|m| m.objects.as_ref().and_then(|o| o.outbox()));
+    let mut tasks: Vec<JoinHandle<()>> = outboxes
+        .map(|outbox| tokio::spawn(outbox.clone().relay()))
+        .collect();
     for member in &work.members {
         for (operation, interval) in &member.component.manifest.pulses {
             let (calls, component, operation) = (

@@ -30,7 +30,7 @@ impl Broker {
         let body = serde_json::to_vec(&event.payload).expect("JSON");
         let sent = async {
             session
-                .channel
+                .events
                 .basic_publish(
                     exchange.as_str().into(),
                     event.label.as_str().into(),
@@ -71,7 +71,7 @@ async fn declare(session: &Session, exchange: &str) -> Result<(), String> {
         ..Default::default()
     };
     session
-        .channel
+        .events
         .exchange_declare(
             exchange.into(),
             ExchangeKind::Topic,

@@ -36,6 +36,9 @@ pub(super) struct Session {
     pub channel: Channel,
     /// Replies are published here, without confirms: a lost reply is the caller's `Abandoned`.
     pub plain: Channel,
+    /// Events are published here, with confirms: a channel of their own, so that the broker
+    /// closing it (an exchange it refuses) never takes the calls' channel down.
+    pub events: Channel,
     pub replies: String,
     /// Calls waiting for their reply, by correlation id. Dropped with the session, which tells
     /// every waiting caller that its reply will never come.
@@ -111,6 +114,15 @@ impl Opening {
     }
 }
 
+/// A channel of `connection` with publisher confirms.
+async fn confirming(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
 impl Session {
     async fn open(settings: Settings) -> Result<Arc<Self>, lapin::Error> {
         let settings = &settings;
@@ -119,11 +131,9 @@ impl Session {
         let connection = connect(settings, properties).await?;
         let lost = CancellationToken::new();
         watch_connection(&connection, lost.clone());
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+        let channel = confirming(&connection).await?;
         let plain = connection.create_channel().await?;
+        let events = confirming(&connection).await?;
         let replies = channel
             .queue_declare(
                 "".into(),
@@ -154,6 +164,7 @@ impl Session {
             connection,
             channel,
             plain,
+            events,
             replies,
             pending: Mutex::default(),
             declared: Mutex::default(),

@@ -101,6 +101,9 @@ struct Statements {
     read: String,
     insert: String,
     update: String,
+    /// `insert` and `update` with the write's events ([`outbox::with_events`]).
+    insert_events: String,
+    update_events: String,
     attempt: String,
     enumerate: String,
     /// The records': one kept, one made (or an expired one replaced), the expired deleted.
@@ -244,7 +247,11 @@ impl Postgres {
         let pool = pool(address, connections)?;
         let schema = quote(&schema_of(application));
         let table = format!("{schema}.{}", quote(component));
-        let statements = Statements::for_tables(&table, &format!("{schema}.toa_once"));
+        let statements = Statements::for_tables(
+            &table,
+            &format!("{schema}.toa_once"),
+            &format!("{schema}.toa_outbox"),
+        );
         let mut store = Self {
             pool,
             statements,
@@ -412,9 +419,18 @@ impl Postgres {
         };
         let client = held.client();
         let done = tokio::time::timeout(ANSWER_LIMIT, async {
-            if record.is_none() && events.is_empty() {
-                let rows = self.compare_and_set(&*client, &change).await;
-                return rows.map(Tried::Rows);
+            match (record, events.is_empty()) {
+                (None, true) => {
+                    return self
+                        .compare_and_set(&*client, &change)
+                        .await
+                        .map(Tried::Rows)
+                }
+                (None, false) => {
+                    let rows = self.write_with_events(&*client, &change, events).await;
+                    return rows.map(Tried::Rows);
+                }
+                (Some(_), _) => {}
             }
             self.transactional_write(client, &change, record, events)
                 .await
@@ -487,11 +503,14 @@ impl Postgres {
                 return Ok(Tried::Recorded);
             }
         }
-        let rows = self.compare_and_set(&transaction, change).await?;
+        let rows = if events.is_empty() {
+            self.compare_and_set(&transaction, change).await?
+        } else {
+            self.write_with_events(&transaction, change, events).await?
+        };
         if rows == 0 {
             transaction.rollback().await?;
         } else {
-            self.insert_events(&transaction, events).await?;
             transaction.commit().await?;
         }
         Ok(Tried::Rows(rows))
@@ -710,19 +729,23 @@ fn tls(pem: &str) -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError
 }
 
 impl Statements {
-    fn for_tables(table: &str, once: &str) -> Self {
+    fn for_tables(table: &str, once: &str, outbox: &str) -> Self {
         let past = "now() - make_interval(secs => $2::float8)";
+        let insert = format!(
+            "INSERT INTO {table} (id, version, deleted, state, attempts) \
+             VALUES ($1, 1, $2, $3, ARRAY[$4::text]) ON CONFLICT (id) DO NOTHING"
+        );
+        let update = format!(
+            "UPDATE {table} SET version = version + 1, deleted = $3, state = $4, \
+             attempts = (ARRAY[$5::text] || attempts)[1:{ATTEMPTS_KEPT}] \
+             WHERE id = $1 AND version = $2"
+        );
         Self {
             read: format!("SELECT version, deleted, state FROM {table} WHERE id = $1"),
-            insert: format!(
-                "INSERT INTO {table} (id, version, deleted, state, attempts) \
-                 VALUES ($1, 1, $2, $3, ARRAY[$4::text]) ON CONFLICT (id) DO NOTHING"
-            ),
-            update: format!(
-                "UPDATE {table} SET version = version + 1, deleted = $3, state = $4, \
-                 attempts = (ARRAY[$5::text] || attempts)[1:{ATTEMPTS_KEPT}] \
-                 WHERE id = $1 AND version = $2"
-            ),
+            insert_events: outbox::with_events(&insert, outbox, 4),
+            update_events: outbox::with_events(&update, outbox, 5),
+            insert,
+            update,
             attempt: format!("SELECT version, $2::text = ANY(attempts) FROM {table} WHERE id = $1"),
             enumerate: format!(
                 "SELECT id, version, state FROM {table} \

@@ -9,9 +9,11 @@ use crate::entities::store::{Event, StoreError};
 use std::time::Duration;
 use tokio_postgres::types::Json;
 
+/// The most published rows one statement of the purge deletes.
+const PURGE_BATCH: usize = 10_000;
+
 /// The outbox's statements, with its table's name in place.
 pub(super) struct Statements {
-    insert: String,
     claim: String,
     published: String,
     waiting: String,
@@ -37,17 +39,32 @@ pub(super) fn ddl(schema: &str) -> Vec<String> {
             "CREATE INDEX IF NOT EXISTS toa_outbox_waiting ON {schema}.toa_outbox (component, at) \
              WHERE published IS NULL"
         ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS toa_outbox_published ON {schema}.toa_outbox \
+             (component, published) WHERE published IS NOT NULL"
+        ),
     ]
+}
+
+/// `write` (the insert or the compare-and-set update, whose parameters end at `$last`) and its
+/// events' rows as one statement: the rows are inserted for the version `write` stored, and
+/// none when it stored nothing, so the write and its events are one round trip and atomic. The
+/// statement's count is the rows inserted: 0 when the write lost. Its own parameters follow
+/// `write`'s: the component, the labels (`text[]`), the payload, the lease in seconds.
+pub(super) fn with_events(write: &str, outbox: &str, last: usize) -> String {
+    let [component, labels, payload, lease] = [1, 2, 3, 4].map(|n| format!("${}", last + n));
+    format!(
+        "WITH written AS ({write} RETURNING version) \
+         INSERT INTO {outbox} (component, object, version, label, payload, lease) \
+         SELECT {component}, $1, written.version, label, {payload}, \
+         clock_timestamp() + make_interval(secs => {lease}::float8) \
+         FROM written, unnest({labels}::text[]) AS label"
+    )
 }
 
 impl Statements {
     pub(super) fn for_table(outbox: &str) -> Self {
-        let leased = "now() + make_interval(secs => $6::float8)";
         Self {
-            insert: format!(
-                "INSERT INTO {outbox} (component, object, version, label, payload, lease) \
-                 VALUES ($1, $2, $3, $4, $5, {leased})"
-            ),
             claim: format!(
                 "WITH due AS (SELECT object, version, label FROM {outbox} \
                  WHERE component = $1 AND published IS NULL AND lease <= now() \
@@ -67,37 +84,52 @@ impl Statements {
                 "SELECT extract(epoch FROM now() - min(at))::float8 FROM {outbox} \
                  WHERE component = $1 AND published IS NULL"
             ),
+            // In batches: one statement each, within the statement timeout however many rows
+            // a long outage left.
             purge: format!(
-                "DELETE FROM {outbox} WHERE component = $1 \
-                 AND published <= now() - make_interval(secs => $2::float8)"
+                "DELETE FROM {outbox} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {outbox} \
+                 WHERE component = $1 AND published <= now() - make_interval(secs => $2::float8) \
+                 LIMIT {PURGE_BATCH}))"
             ),
         }
     }
 }
 
 impl Postgres {
-    /// The rows of `events`, in the write's transaction, leased to this process.
-    pub(super) async fn insert_events(
+    /// The write of `change` and its `events` in one statement ([`with_events`]): the rows it
+    /// changed (1, or 0 when another writer wrote first).
+    pub(super) async fn write_with_events(
         &self,
-        transaction: &deadpool_postgres::Transaction<'_>,
+        client: &impl deadpool_postgres::GenericClient,
+        change: &super::Change<'_>,
         events: &[Event],
-    ) -> Result<(), tokio_postgres::Error> {
-        let statement = transaction.prepare_cached(&self.outbox.insert).await?;
+    ) -> Result<u64, tokio_postgres::Error> {
+        let super::Change {
+            id,
+            read,
+            deleted,
+            state,
+            attempt,
+        } = change;
+        let labels: Vec<&str> = events.iter().map(|e| e.label.as_str()).collect();
+        // Every label of one write publishes the same payload.
+        let payload = Json(&events[0].payload);
         let lease = crate::entities::store::LEASE.as_secs_f64();
-        for event in events {
-            let version = event.version as i64;
-            let payload = Json(&event.payload);
-            let parameters: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
-                &self.component,
-                &event.object,
-                &version,
-                &event.label,
-                &payload,
-                &lease,
-            ];
-            transaction.execute(&statement, &parameters).await?;
-        }
-        Ok(())
+        let read = *read as i64;
+        type Parameter<'p> = &'p (dyn tokio_postgres::types::ToSql + Sync);
+        let mut parameters: Vec<Parameter<'_>> = vec![id];
+        let statement = if read == 0 {
+            &self.statements.insert_events
+        } else {
+            parameters.push(&read);
+            &self.statements.update_events
+        };
+        let events: [Parameter<'_>; 4] = [&self.component, &labels, &payload, &lease];
+        parameters.extend([deleted as Parameter<'_>, state, attempt]);
+        parameters.extend(events);
+        let statement = client.prepare_cached(statement).await?;
+        let rows = client.execute(&statement, &parameters).await?;
+        Ok(u64::from(rows > 0))
     }
 
     pub(super) async fn claim_events(
@@ -144,22 +176,27 @@ impl Postgres {
     }
 }
 
-/// Deletes `component`'s events published longer than `retention` seconds ago: one step of the
-/// store's hourly purge.
+/// Deletes `component`'s events published longer than `retention` seconds ago, a batch at a
+/// time: one step of the store's hourly purge.
 pub(super) async fn purge(
     client: &deadpool_postgres::Object,
     statement: &str,
     component: &str,
     retention: f64,
 ) {
-    match client.execute(statement, &[&component, &retention]).await {
-        Ok(0) => {}
-        Ok(deleted) => {
-            tracing::info!(%component, deleted, "deleted the events published longer ago than limits.events")
+    let mut deleted = 0;
+    loop {
+        match client.execute(statement, &[&component, &retention]).await {
+            Ok(0) => break,
+            Ok(rows) => deleted += rows,
+            Err(error) => {
+                let error = described(&error);
+                tracing::warn!(%component, %error, "the events past limits.events were not deleted now");
+                break;
+            }
         }
-        Err(error) => {
-            let error = described(&error);
-            tracing::warn!(%component, %error, "the events past limits.events were not deleted now")
-        }
+    }
+    if deleted > 0 {
+        tracing::info!(%component, deleted, "deleted the events published longer ago than limits.events");
     }
 }

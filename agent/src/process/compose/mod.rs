@@ -401,17 +401,17 @@ impl Composition {
         .refusing_once_from(self.retrying.clone())
     }
 
-    /// Where the components' events go from now on, and their relays.
+    /// Where the components' events go from now on (their relays run with the pulses:
+    /// `process::supervisor`).
     fn publish_events(&self, sink: &Sink) {
         for member in &self.members {
             let Some(outbox) = member.objects.as_ref().and_then(|o| o.outbox()) else {
                 continue;
             };
-            outbox.connect(sink.clone());
             let waiting = self
                 .metrics
                 .events_waiting(&self.context.name, &member.component.name);
-            tokio::spawn(outbox.clone().relay(waiting));
+            outbox.connect(sink.clone(), waiting);
         }
     }
 

@@ -1,0 +1,296 @@
+//! Events through the outbox against bare PostgreSQL and RabbitMQ, from the same process, on
+//! the tests' servers (scripts/services: PostgreSQL 127.0.0.1:5432, RabbitMQ 127.0.0.1:5672).
+//!
+//!   cargo bench -p toa-agent --bench events
+//!
+//! Prints `BENCH <name> <ours> <baseline> <ratio>`; latencies in µs, rates per second.
+//! - `transit_*`: a transition with one event (agent/tests/components/orders-events, two events
+//!   declared: each write stores and publishes two) against the same transition on a component
+//!   without events (stock-retry), both through one agent: what the outbox adds to a call.
+//! - `events_per_s`: stored writes whose events all reached a queue of this process's own, per
+//!   second, against a bare pair from this process: a transaction that updates the row and
+//!   inserts its two event rows, then two confirmed publishes.
+
+use futures::StreamExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{line, measure};
+
+const CALLERS: usize = 16;
+const CALLS: usize = 3_000;
+const OBJECTS: usize = 1_000;
+const BROKER: &str = "amqp://127.0.0.1:5672";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// `toa-agent compose` of both components, on `port`; killed when dropped.
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_agent(port: u16, application: &str) -> Agent {
+    let context = std::env::temp_dir().join(format!("toa-bench-events-{port}.yaml"));
+    let text =
+        format!("name: {application}\namqp: {BROKER}\nstorage: postgres://127.0.0.1:5432/toa\n");
+    std::fs::write(&context, text).unwrap();
+    let child = Command::new(Path::new(env!("CARGO_BIN_EXE_toa-agent")))
+        .current_dir(root())
+        .args(["compose", "agent/tests/components/orders-events"])
+        .args(["agent/tests/components/stock-retry", "--context"])
+        .arg(&context)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("TOA_STORAGE_USERNAME", "toa")
+        .env("TOA_STORAGE_PASSWORD", "toa")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    Agent(child)
+}
+
+/// A queue of this process's own bound to every label of `exchange` (declared as the agent
+/// does), and its consumer.
+async fn listen(exchange: &str) -> (lapin::Channel, lapin::Consumer) {
+    use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    let connection = lapin::Connection::connect(BROKER, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let topic = lapin::ExchangeKind::Topic;
+    channel
+        .exchange_declare(exchange.into(), topic, durable, FieldTable::default())
+        .await
+        .unwrap();
+    let exclusive = QueueDeclareOptions {
+        exclusive: true,
+        auto_delete: true,
+        ..Default::default()
+    };
+    let queue = channel
+        .queue_declare("".into(), exclusive, FieldTable::default())
+        .await
+        .unwrap();
+    let name = queue.name().as_str();
+    let bind = Default::default();
+    channel
+        .queue_bind(
+            name.into(),
+            exchange.into(),
+            "#".into(),
+            bind,
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let no_ack = lapin::options::BasicConsumeOptions {
+        no_ack: true,
+        ..Default::default()
+    };
+    let consumer = channel
+        .basic_consume(name.into(), "".into(), no_ack, FieldTable::default())
+        .await
+        .unwrap();
+    (channel, consumer)
+}
+
+/// Takes `count` messages off `consumer`: when the last came.
+async fn drained(consumer: &mut lapin::Consumer, count: usize) -> Instant {
+    for _ in 0..count {
+        let next = tokio::time::timeout(Duration::from_secs(60), consumer.next()).await;
+        next.expect("the events came within 60 s").unwrap().unwrap();
+    }
+    Instant::now()
+}
+
+async fn post(http: &reqwest::Client, url: &str, body: String) {
+    let response = http
+        .post(url)
+        .body(body)
+        .header("content-type", "application/json");
+    let answer = response.send().await.unwrap();
+    assert!(
+        answer.status().is_success(),
+        "{}",
+        answer.text().await.unwrap()
+    );
+}
+
+/// `CALLS` transits of `component` on `OBJECTS` objects through the agent.
+async fn transits(
+    http: &reqwest::Client,
+    port: u16,
+    component: &str,
+    property: &str,
+) -> common::Figures {
+    let url = format!("http://127.0.0.1:{port}/v1/call/{component}/transit");
+    let http = http.clone();
+    let property = property.to_owned();
+    measure(CALLERS, CALLS, move |n| {
+        let (http, url) = (http.clone(), url.clone());
+        let body = format!(
+            r#"{{"query": {{"id": "o-{}"}}, "input": {{"{property}": {n}}}}}"#,
+            n % OBJECTS
+        );
+        async move { post(&http, &url, body).await }
+    })
+    .await
+}
+
+#[tokio::main]
+async fn main() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let application = format!("bench-events-{}", std::process::id());
+    let _agent = start_agent(port, &application);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    wait_ready(&http, port).await;
+    let (_channel, mut consumer) = listen(&format!("toa.{application}#events")).await;
+    // Warm both paths (tables, pools, the exchange's declaration).
+    transits(&http, port, "fulfilment.stock", "available").await;
+    let started = Instant::now();
+    let with = transits(&http, port, "store.orders", "total").await;
+    // `measure` makes CALLS / CALLERS calls per caller; each write publishes two events.
+    let writes = CALLS / CALLERS * CALLERS;
+    let last = drained(&mut consumer, writes * 2).await;
+    let plain = transits(&http, port, "fulfilment.stock", "available").await;
+    line("transit_with_events_p50_us", with.p50, Some(plain.p50));
+    line("transit_with_events_p99_us", with.p99, Some(plain.p99));
+    line("transit_with_events_per_s", with.rate, Some(plain.rate));
+    let ours = writes as f64 / last.duration_since(started).as_secs_f64();
+    let bare = bare_pair(&format!("toa.{application}#bare")).await;
+    line("events_per_s", ours, Some(bare));
+    cleanup(&application).await;
+}
+
+async fn wait_ready(http: &reqwest::Client, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    loop {
+        if let Ok(answer) = http.get(&url).send().await {
+            if answer.status().is_success() {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "the agent was not ready in 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The bare pair, `CALLS` times from `CALLERS` tasks over 8 connections and one confirming
+/// channel: a transaction updating a row and inserting two event rows, then two confirmed
+/// publishes to `exchange`. Writes per second.
+async fn bare_pair(exchange: &str) -> f64 {
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let (client, connection) = tokio_postgres::connect(
+            "host=127.0.0.1 port=5432 user=toa password=toa dbname=toa",
+            tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        clients.push(tokio::sync::Mutex::new(client));
+    }
+    let table = format!("bench_events_{}", std::process::id());
+    clients[0]
+        .lock()
+        .await
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id text PRIMARY KEY, version bigint NOT NULL, state jsonb NOT NULL); \
+             CREATE TABLE {table}_outbox (id text, version bigint, label text, payload jsonb, \
+             at timestamptz DEFAULT now(), PRIMARY KEY (id, version, label)); \
+             INSERT INTO {table} SELECT 'o-' || n, 0, '{{}}' FROM generate_series(0, {}) n",
+            OBJECTS - 1
+        ))
+        .await
+        .unwrap();
+    let (channel, _consumer) = listen(exchange).await;
+    channel.confirm_select(Default::default()).await.unwrap();
+    let shared = Arc::new((clients, channel, table.clone(), exchange.to_owned()));
+    let figures = measure(CALLERS, CALLS, move |n| {
+        let shared = shared.clone();
+        async move {
+            let (clients, channel, table, exchange) = &*shared;
+            let id = format!("o-{}", n % OBJECTS);
+            let state = tokio_postgres::types::Json(serde_json::json!({ "total": n }));
+            let mut client = clients[n % clients.len()].lock().await;
+            let transaction = client.transaction().await.unwrap();
+            let row = transaction
+                .query_one(&format!("UPDATE {table} SET version = version + 1, state = $2 WHERE id = $1 RETURNING version"), &[&id, &state])
+                .await
+                .unwrap();
+            let version: i64 = row.get(0);
+            for label in ["changed", "noted"] {
+                transaction
+                    .execute(&format!("INSERT INTO {table}_outbox (id, version, label, payload) VALUES ($1, $2, $3, $4)"), &[&id, &version, &label, &state])
+                    .await
+                    .unwrap();
+            }
+            transaction.commit().await.unwrap();
+            drop(client);
+            for label in ["changed", "noted"] {
+                let body = serde_json::to_vec(&state.0).unwrap();
+                let confirm = channel
+                    .basic_publish(exchange.as_str().into(), label.into(), Default::default(), &body, lapin::BasicProperties::default().with_delivery_mode(2))
+                    .await
+                    .unwrap();
+                confirm.await.unwrap();
+            }
+        }
+    })
+    .await;
+    figures.rate
+}
+
+/// Drops the bare tables, the application's schema and its exchange.
+async fn cleanup(application: &str) {
+    let (client, connection) = tokio_postgres::connect(
+        "host=127.0.0.1 port=5432 user=toa password=toa dbname=toa",
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let table = format!("bench_events_{}", std::process::id());
+    let _ = client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_outbox; \
+             DROP SCHEMA IF EXISTS \"toa_{application}\" CASCADE"
+        ))
+        .await;
+    if let Ok(connection) =
+        lapin::Connection::connect(BROKER, lapin::ConnectionProperties::default()).await
+    {
+        if let Ok(channel) = connection.create_channel().await {
+            for exchange in ["events", "bare"] {
+                let name = format!("toa.{application}#{exchange}");
+                let _ = channel
+                    .exchange_delete(name.as_str().into(), Default::default())
+                    .await;
+            }
+        }
+    }
+}
