@@ -11,13 +11,12 @@
 //! the agent's are. Observation: `observe` through the agent
 //! against a bare SELECT plus one bare loopback HTTP round trip (the local call a caller makes).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 mod common;
-use common::{line, measure, rss_mb};
+use common::{free_port, line, measure, post, root, rss_mb, wait_ready, Agent};
 
 const CALLERS: usize = 16;
 /// The bare baseline's connections: as many as the agent's pool has (entities/backend.rs), so
@@ -26,23 +25,7 @@ const CONNECTIONS: usize = 8;
 const CALLS: usize = 4_000;
 const OBJECTS: usize = 1_000;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
-
-/// `toa-agent compose` of the stock component with the store, on `port`; killed when dropped.
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
+/// `toa-agent compose` of the stock component with the store, on `port`.
 fn start_agent(port: u16, application: &str) -> Agent {
     let context = std::env::temp_dir().join(format!("toa-bench-entities-{port}.yaml"));
     let text = format!("name: {application}\nstorage: postgres://127.0.0.1:5432/toa\n");
@@ -61,14 +44,6 @@ fn start_agent(port: u16, application: &str) -> Agent {
         .spawn()
         .unwrap();
     Agent(child)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One connection of the bare baseline, with its statements prepared once (as the agent's
@@ -148,19 +123,6 @@ async fn bare_transit(bare: &Bare, id: &str, n: i64) {
             return;
         }
     }
-}
-
-async fn post(http: &reqwest::Client, url: &str, body: String) {
-    let response = http
-        .post(url)
-        .body(body)
-        .header("content-type", "application/json");
-    let answer = response.send().await.unwrap();
-    assert!(
-        answer.status().is_success(),
-        "{}",
-        answer.text().await.unwrap()
-    );
 }
 
 #[tokio::main]
@@ -283,18 +245,4 @@ async fn echo_server() -> String {
     let app = axum::Router::new().route("/", axum::routing::post(|| async { "{}" }));
     tokio::spawn(async move { axum::serve(listener, app).await });
     url
-}
-
-async fn wait_ready(http: &reqwest::Client, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let url = format!("http://127.0.0.1:{port}/readyz");
-    loop {
-        if let Ok(answer) = http.get(&url).send().await {
-            if answer.status().is_success() {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "the agent was not ready in 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }

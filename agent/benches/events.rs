@@ -12,36 +12,20 @@
 //!   inserts its two event rows, then two confirmed publishes.
 
 use futures::StreamExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{line, measure};
+use common::{free_port, line, measure, post, root, wait_ready, Agent};
 
 const CALLERS: usize = 16;
 const CALLS: usize = 3_000;
 const OBJECTS: usize = 1_000;
 const BROKER: &str = "amqp://127.0.0.1:5672";
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
-
-/// `toa-agent compose` of both components, on `port`; killed when dropped.
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
+/// `toa-agent compose` of both components, on `port`.
 fn start_agent(port: u16, application: &str) -> Agent {
     let context = std::env::temp_dir().join(format!("toa-bench-events-{port}.yaml"));
     let text =
@@ -122,19 +106,6 @@ async fn drained(consumer: &mut lapin::Consumer, count: usize) -> Instant {
     Instant::now()
 }
 
-async fn post(http: &reqwest::Client, url: &str, body: String) {
-    let response = http
-        .post(url)
-        .body(body)
-        .header("content-type", "application/json");
-    let answer = response.send().await.unwrap();
-    assert!(
-        answer.status().is_success(),
-        "{}",
-        answer.text().await.unwrap()
-    );
-}
-
 /// `CALLS` transits of `component` on `OBJECTS` objects through the agent.
 async fn transits(
     http: &reqwest::Client,
@@ -158,11 +129,7 @@ async fn transits(
 
 #[tokio::main]
 async fn main() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let application = format!("bench-events-{}", std::process::id());
     let _agent = start_agent(port, &application);
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
@@ -185,34 +152,13 @@ async fn main() {
     cleanup(&application).await;
 }
 
-async fn wait_ready(http: &reqwest::Client, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let url = format!("http://127.0.0.1:{port}/readyz");
-    loop {
-        if let Ok(answer) = http.get(&url).send().await {
-            if answer.status().is_success() {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "the agent was not ready in 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The bare pair, `CALLS` times from `CALLERS` tasks over 8 connections and one confirming
 /// channel: a transaction updating a row and inserting two event rows, then two confirmed
 /// publishes to `exchange`. Writes per second.
 async fn bare_pair(exchange: &str) -> f64 {
     let mut clients = Vec::new();
     for _ in 0..8 {
-        let (client, connection) = tokio_postgres::connect(
-            "host=127.0.0.1 port=5432 user=toa password=toa dbname=toa",
-            tokio_postgres::NoTls,
-        )
-        .await
-        .unwrap();
-        tokio::spawn(connection);
-        clients.push(tokio::sync::Mutex::new(client));
+        clients.push(tokio::sync::Mutex::new(connect().await));
     }
     let table = format!("bench_events_{}", std::process::id());
     clients[0]
@@ -267,13 +213,7 @@ async fn bare_pair(exchange: &str) -> f64 {
 
 /// Drops the bare tables, the application's schema and its exchange.
 async fn cleanup(application: &str) {
-    let (client, connection) = tokio_postgres::connect(
-        "host=127.0.0.1 port=5432 user=toa password=toa dbname=toa",
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
-    tokio::spawn(connection);
+    let client = connect().await;
     let table = format!("bench_events_{}", std::process::id());
     let _ = client
         .batch_execute(&format!(
@@ -293,4 +233,16 @@ async fn cleanup(application: &str) {
             }
         }
     }
+}
+
+/// A connection to the tests' PostgreSQL as its owner.
+async fn connect() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(
+        "host=127.0.0.1 port=5432 user=toa password=toa dbname=toa",
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    client
 }

@@ -122,11 +122,7 @@ async fn every_stored_change_is_published_once_even_when_its_committer_stops_bef
     // `held` stores its writes and publishes nothing (neither itself nor by its relay), as a
     // process that stops right after its commits; `relaying` is another replica, whose relay
     // finds them after their lease.
-    let holding: Vec<(&str, &str)> = LOGIN
-        .into_iter()
-        .chain([("TOA_TEST_HOLD_EVENTS", "1")])
-        .collect();
-    let held = Composition::start(&[ORDERS, "--context", &context], &holding);
+    let held = holding(&context);
     let relaying = Composition::start(&[ORDERS, "--context", &context], &LOGIN);
     held.wait_ready();
     relaying.wait_ready();
@@ -194,6 +190,16 @@ async fn every_stored_change_is_published_once_even_when_its_committer_stops_bef
     );
 }
 
+/// A process of the orders that publishes nothing (`TOA_TEST_HOLD_EVENTS=1`: neither what it
+/// stores nor by its relay), as one that stops right after its commits.
+fn holding(context: &str) -> Composition {
+    let env: Vec<(&str, &str)> = LOGIN
+        .into_iter()
+        .chain([("TOA_TEST_HOLD_EVENTS", "1")])
+        .collect();
+    Composition::start(&[ORDERS, "--context", context], &env)
+}
+
 /// `relaying` with its control endpoint on a free port (token `TOKEN`): the process and port.
 fn with_control(context: &str) -> (Composition, u16) {
     let token = std::env::temp_dir().join(format!("toa-events-token-{}", std::process::id()));
@@ -229,11 +235,7 @@ async fn a_paused_replica_relays_nothing_until_it_resumes() {
     let context = context.display().to_string();
     let (_connection, mut consumer) = listen(&application).await;
     // Alone, so every call is its own: ten orders stored, never published, and it is killed.
-    let holding: Vec<(&str, &str)> = LOGIN
-        .into_iter()
-        .chain([("TOA_TEST_HOLD_EVENTS", "1")])
-        .collect();
-    let held = Composition::start(&[ORDERS, "--context", &context], &holding);
+    let held = holding(&context);
     held.wait_ready();
     for n in 0..10 {
         let order = json!({"query": {"id": format!("p{n}")}, "input": {"total": n}});

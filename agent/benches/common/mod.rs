@@ -1,7 +1,8 @@
 //! What the benches share: the figures of a load, the lines they print, a process's memory.
 #![allow(dead_code)] // each bench uses part of it
 
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// Prints `BENCH <name> <ours> <baseline> <ratio>`.
 pub fn line(name: &str, ours: f64, baseline: Option<f64>) {
@@ -60,4 +61,60 @@ pub fn rss_mb(pid: u32) -> f64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// The workspace's root, where the benches' agents run.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// An agent process (`toa-agent compose`), killed when dropped.
+pub struct Agent(pub std::process::Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A POST of JSON `body`, which must succeed.
+pub async fn post(http: &reqwest::Client, url: &str, body: String) {
+    let response = http
+        .post(url)
+        .body(body)
+        .header("content-type", "application/json");
+    let answer = response.send().await.unwrap();
+    assert!(
+        answer.status().is_success(),
+        "{}",
+        answer.text().await.unwrap()
+    );
+}
+
+/// Waits (60 s at most) for the agent on `port` to be ready.
+pub async fn wait_ready(http: &reqwest::Client, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    loop {
+        if let Ok(answer) = http.get(&url).send().await {
+            if answer.status().is_success() {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "the agent was not ready in 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -65,6 +65,9 @@ pub struct Outbox {
     /// Where events go, and the gauge of how long the oldest unpublished one waited: known once
     /// the process connected.
     sink: OnceLock<(Sink, crate::metrics::Waiting)>,
+    /// Events published, to mark so in the store: one statement for all that came meanwhile,
+    /// not one per write.
+    marks: OnceLock<tokio::sync::mpsc::UnboundedSender<Event>>,
     /// A test's hook (`TOA_TEST_HOLD_EVENTS=1`): this process publishes nothing, neither what
     /// it stores nor by its relay, as one that stopped right after its commits.
     hold: bool,
@@ -76,6 +79,7 @@ impl Outbox {
             component: component.to_owned(),
             store,
             sink: OnceLock::new(),
+            marks: OnceLock::new(),
             hold: std::env::var("TOA_TEST_HOLD_EVENTS").is_ok_and(|v| v == "1"),
         }
     }
@@ -83,6 +87,10 @@ impl Outbox {
     /// Where events go from now on, and the gauge the relay keeps; until then they wait for
     /// the relay.
     pub fn connect(&self, sink: Sink, waiting: crate::metrics::Waiting) {
+        let (marks, marked) = tokio::sync::mpsc::unbounded_channel();
+        if self.marks.set(marks).is_ok() {
+            tokio::spawn(mark(self.store.clone(), self.component.clone(), marked));
+        }
         let _ = self.sink.set((sink, waiting));
     }
 
@@ -104,26 +112,24 @@ impl Outbox {
         let Some((sink, _)) = self.sink.get() else {
             return 0;
         };
-        let mut taken = Vec::new();
+        let mut taken = 0;
         for event in events {
             if Instant::now() >= until {
                 break;
             }
             match sink.publish(event).await {
-                Ok(()) => taken.push(event.clone()),
+                Ok(()) => {
+                    taken += 1;
+                    if let Some(marks) = self.marks.get() {
+                        let _ = marks.send(event.clone());
+                    }
+                }
                 Err(error) => {
                     tracing::warn!(component = %self.component, event = %event.message_id(), %error, "an event was not published: a relay publishes it after its lease");
                 }
             }
         }
-        if !taken.is_empty() {
-            if let Err(error) = self.store.published(&taken).await {
-                // Published and not marked: a relay publishes them again after their lease,
-                // a copy receivers recognise by its message id.
-                tracing::warn!(component = %self.component, %error, "published events were not marked published");
-            }
-        }
-        taken.len()
+        taken
     }
 
     /// Whether this process's relay may claim events: not while it holds them (the test's
@@ -171,5 +177,25 @@ impl Outbox {
                 0
             }
         }
+    }
+}
+
+/// The most events one statement marks published.
+const MARK_BATCH: usize = 1_000;
+
+/// Marks the events published as they come, all that came meanwhile in one statement.
+async fn mark(
+    store: Arc<Backend>,
+    component: String,
+    mut marked: tokio::sync::mpsc::UnboundedReceiver<Event>,
+) {
+    let mut batch = Vec::new();
+    while marked.recv_many(&mut batch, MARK_BATCH).await > 0 {
+        if let Err(error) = store.published(&batch).await {
+            // Published and not marked: a relay publishes them again after their lease, a copy
+            // receivers recognise by its message id.
+            tracing::warn!(%component, %error, count = batch.len(), "published events were not marked published");
+        }
+        batch.clear();
     }
 }
