@@ -73,6 +73,13 @@ pub fn stdout_of(command: &mut Command) -> Result<String, String> {
 
 /// A free port on 127.0.0.1 followed by `count - 1` free ones, from `range`.
 pub fn free_ports(range: std::ops::Range<u16>, count: u16) -> u16 {
+    // A port the suite binds again later (an operator restarted, a control plane's four) must
+    // not be one the kernel hands out to outgoing connections meanwhile: stop 34's CI lost a
+    // restarted operator's port 38900 that way.
+    assert!(
+        range.end <= EPHEMERAL_START,
+        "{range:?} overlaps the kernel's ephemeral ports (from {EPHEMERAL_START})"
+    );
     for _ in 0..200 {
         let base = range.start + rand_below(range.end - range.start - count);
         if (base..base + count).all(|port| TcpListener::bind(("127.0.0.1", port)).is_ok()) {
@@ -81,6 +88,13 @@ pub fn free_ports(range: std::ops::Range<u16>, count: u16) -> u16 {
     }
     panic!("no {count} free ports in a row in {range:?}");
 }
+
+/// Where a control plane's ports and an operator's `/metrics` are picked: apart, and below the
+/// ephemeral ports (and below NodePorts, 30000-32767).
+pub const CONTROL_PLANE_PORTS: std::ops::Range<u16> = 21000..29000;
+pub const METRICS_PORTS: std::ops::Range<u16> = 12000..20000;
+/// Where Linux's default `ip_local_port_range` starts.
+const EPHEMERAL_START: u16 = 32768;
 
 fn rand_below(bound: u16) -> u16 {
     let nanos = std::time::SystemTime::now()
@@ -113,7 +127,7 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts one of `release` with its state in `dir`; panics (never skips) when it cannot.
     pub fn start(dir: &Path, release: &'static str) -> Self {
-        let port = free_ports(40000..50000, 4);
+        let port = free_ports(CONTROL_PLANE_PORTS, 4);
         let mut plane = Self {
             dir: dir.to_path_buf(),
             kubeconfig: PathBuf::new(),
@@ -267,7 +281,7 @@ pub async fn install_release(
     release: &str,
     sets: &[&str],
 ) -> Chart {
-    let metrics_port = free_ports(30000..40000, 1);
+    let metrics_port = free_ports(METRICS_PORTS, 1);
     let metrics = format!("metrics.port={metrics_port}");
     let values: Vec<&str> = sets
         .iter()

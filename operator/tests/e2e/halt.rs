@@ -6,7 +6,9 @@ use kube::ResourceExt;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use toa_operator::Composition;
 
+use crate::node::PodView;
 use crate::support::{
     agent_status, apply, assert_disposed_before_stopped, assert_no_failed_hooks,
     broker_credentials, components_of, composition, compositions, condition, control_tokens, count,
@@ -202,8 +204,10 @@ pub async fn halt_of_a_composition_called_by_another(suite: Arc<Suite>) {
         &caller.name,
         json!({ "do": "call", "target": "e2e.callee.echo" }),
     );
+    // Three answered calls: the caller's calls flow (a first call can meet the callee's queue
+    // while it is still being bound, and wait out its deadline).
     eventually("the caller calls the callee", PATIENCE, || async {
-        if count(&suite, &caller, "called") > 0 {
+        if count(&suite, &caller, "called") >= 3 {
             Ok(())
         } else {
             Err(format!("{:?}", suite.harness.names(&caller.name)))
@@ -211,17 +215,13 @@ pub async fn halt_of_a_composition_called_by_another(suite: Arc<Suite>) {
     })
     .await;
     apply(&suite, &of("callee", "callee", true)).await;
-    let called_off = wait_condition(
-        &suite,
-        namespace,
-        "callee",
-        "Halted",
-        "False",
-        Some("HaltCalledOff"),
-        PATIENCE,
-    )
-    .await;
+    let called_off = decided_halt(&suite, namespace, "callee").await;
     let message = condition(&called_off, "Halted").unwrap().message;
+    assert!(
+        condition(&called_off, "Halted").unwrap().reason == "HaltCalledOff",
+        "the callee was halted while called: {message}; the caller's last calls: {:?}",
+        last_events(&suite, &caller, 12)
+    );
     // Received calls, running or ended, whichever the pod's last report had: a call can be in
     // flight at the very moment of the check (a CI run saw `1 calls in flight`).
     assert!(
@@ -241,6 +241,41 @@ pub async fn halt_of_a_composition_called_by_another(suite: Arc<Suite>) {
         "e2e: halt_called: Halted=True {:.1} s after the caller stopped",
         start.elapsed().as_secs_f64()
     );
+}
+
+/// Waits until the Composition's halt was decided, either way: called off or halted.
+async fn decided_halt(suite: &Suite, namespace: &str, name: &str) -> Composition {
+    let api = compositions(suite, namespace);
+    eventually(
+        &format!("{namespace}/{name}'s halt is decided"),
+        PATIENCE,
+        || {
+            let api = api.clone();
+            async move {
+                let composition = api.get(name).await.map_err(|e| e.to_string())?;
+                let decided = condition(&composition, "Halted").is_some_and(|c| {
+                    (c.reason == "HaltCalledOff" || c.status == "True")
+                        && c.observed_generation == composition.metadata.generation
+                });
+                if decided {
+                    Ok(composition)
+                } else {
+                    Err(describe(&composition))
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// The pod's recorder's last `n` reports, with their details and times.
+fn last_events(suite: &Suite, pod: &PodView, n: usize) -> Vec<String> {
+    let events = suite.harness.events(&pod.name);
+    events
+        .iter()
+        .skip(events.len().saturating_sub(n))
+        .map(|e| format!("{} {:?}", e.event, e.details))
+        .collect()
 }
 
 /// A pod whose agent does not answer (SIGSTOP) during a halt: `Degraded=True` names it and the

@@ -103,7 +103,7 @@ impl Operator {
     /// `--lease-identity` of its own, `/metrics` on a port of its own and a log of its own
     /// (`operator-<identity>.log`, beside this one's).
     pub fn replica(&self, identity: &str) -> Self {
-        let metrics_port = crate::cluster::free_ports(30000..40000, 1);
+        let metrics_port = crate::cluster::free_ports(crate::cluster::METRICS_PORTS, 1);
         let mut args: Vec<String> = self
             .args
             .iter()
