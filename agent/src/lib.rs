@@ -24,7 +24,7 @@
 //! - [`api`]: the local HTTP API for components in any language;
 //! - `component/`: a component's manifest, program and input checks;
 //! - [`config`]: every flag and variable of `compose`, read and checked before anything starts;
-//! - [`instance`]: the process's name;
+//! - [`instance`]: the process's name; [`requeue`]: dead-lettered events sent back;
 //! - [`metrics`]: Prometheus metrics; [`telemetry`]: logging setup.
 //!
 //! The groups are crate-private. The Rust API, at the paths it always had: the primitives
@@ -44,6 +44,7 @@ pub(crate) mod entities;
 pub mod instance;
 pub mod metrics;
 pub(crate) mod process;
+pub mod requeue;
 pub mod telemetry;
 
 pub use control::component_tokens;

@@ -5,6 +5,7 @@
 //!   toa-agent demo                      the examples' flows, end to end
 //!   toa-agent drain                     drain a local composition: dispose, then exit
 //!   toa-agent storage ddl --application NAME DIR...   the entities' tables, as SQL
+//!   toa-agent requeue COMPONENT         dead-lettered events back to their receivers
 
 // Functions stay short (clippy.toml: at most 60 lines): each says one step.
 #![warn(clippy::too_many_lines)]
@@ -59,6 +60,17 @@ enum Command {
         #[arg(long, default_value_t = format!("http://127.0.0.1:{LOCAL_PORT}"), env = "TOA_AGENT")]
         agent: String,
     },
+    /// Send the events a receiving component dead-lettered back to its receivers' queue.
+    Requeue {
+        /// The receiving component: `namespace.name`.
+        component: String,
+        /// The application's context (in a pod: its `TOA_*` variables instead).
+        #[arg(long, default_value = toa_context::agent_args::DEFAULT_CONTEXT, env = "TOA_CONTEXT")]
+        context: std::path::PathBuf,
+        /// The environment chain the context is read for.
+        #[arg(long, default_value = toa_context::agent_args::DEFAULT_ENVIRONMENT, env = "TOA_ENV")]
+        environment: String,
+    },
     /// The entities' store (PostgreSQL).
     Storage {
         #[command(subcommand)]
@@ -97,6 +109,20 @@ async fn main() -> ExitCode {
             task,
         } => call::run(&target, &request, &agent, task).await,
         Command::Compose(args) => compose(args).await,
+        Command::Requeue {
+            component,
+            context,
+            environment,
+        } => match toa_agent::requeue::run(&component, &context, &environment).await {
+            Ok(moved) => {
+                println!("{moved} events of {component} sent back to its receivers");
+                ExitCode::SUCCESS
+            }
+            Err(message) => {
+                eprintln!("{message}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Storage {
             command:
                 StorageCommand::Ddl {

@@ -8,6 +8,7 @@
 //! | slots owned   | `toa_slots_assigned`, `toa_slots_replicas` (`i` of `n`, 0 of 0 while none) | gauges |
 //! | meter calls   | `toa_meter_calls_total`      | counter   |
 //! | (events)      | `toa_events_waiting_seconds`: how long the oldest event not yet published has waited (0: none) | gauge |
+//! | (receivers)   | `toa_events_dead_lettered_total`: events a receiver gave up on (`toa-agent requeue` sends them again) | counter |
 //!
 //! Every series carries `group`, the component (`namespace.name`), and `application`.
 
@@ -47,6 +48,7 @@ pub struct Metrics {
     meter_calls: Family<Labels, Counter>,
     calls_dead_lettered: Family<Labels, Counter>,
     events_waiting: Family<Labels, Waiting>,
+    events_dead_lettered: Family<Labels, Counter>,
 }
 
 /// Seconds, as a float gauge.
@@ -67,6 +69,12 @@ impl Metrics {
         let meter_calls = Family::<Labels, Counter>::default();
         let calls_dead_lettered = Family::<Labels, Counter>::default();
         let events_waiting = Family::<Labels, Waiting>::default();
+        let events_dead_lettered = Family::<Labels, Counter>::default();
+        registry.register(
+            "events_dead_lettered",
+            "Events a receiving component gave up on (dead-lettered: never handled, or not within limits.deliveries)",
+            events_dead_lettered.clone(),
+        );
         registry.register_with_unit(
             "events_waiting",
             "How long the oldest event of a component's outbox not yet published has waited (0: none)",
@@ -105,12 +113,20 @@ impl Metrics {
             meter_calls,
             calls_dead_lettered,
             events_waiting,
+            events_dead_lettered,
         })
     }
 
     /// How long one component's oldest unpublished event has waited.
     pub fn events_waiting(&self, application: &str, component: &str) -> Waiting {
         self.events_waiting
+            .get_or_create(&Labels::of(application, component))
+            .clone()
+    }
+
+    /// The count of the events one receiving component dead-lettered.
+    pub fn events_dead_lettered(&self, application: &str, component: &str) -> Counter {
+        self.events_dead_lettered
             .get_or_create(&Labels::of(application, component))
             .clone()
     }

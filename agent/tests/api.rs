@@ -573,6 +573,7 @@ async fn the_openapi_file_documents_routes_that_exist() {
         // Served by the program, the control port, or only by a running composition.
         if path.starts_with("/lifecycle")
             || path.starts_with("/operations")
+            || path.starts_with("/receivers")
             || path == "/program"
             || path.starts_with("/control")
             || path == "/v1/drain"

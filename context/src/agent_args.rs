@@ -10,8 +10,10 @@ use std::path::PathBuf;
 /// The agent's executable in its image.
 pub const AGENT: &str = "toa-agent";
 
-const DEFAULT_CONTEXT: &str = "context.toa.yaml";
-const DEFAULT_ENVIRONMENT: &str = "local";
+/// Where a local run reads its context.
+pub const DEFAULT_CONTEXT: &str = "context.toa.yaml";
+/// The environment a local run reads the context for.
+pub const DEFAULT_ENVIRONMENT: &str = "local";
 
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], LOCAL_PORT))

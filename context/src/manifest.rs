@@ -93,6 +93,43 @@ pub struct Manifest {
     /// `events: { approved: {} }` publishes `namespace.name.approved` on every stored change.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub events: BTreeMap<String, Event>,
+    /// The events the component receives, by label, and the operation each runs (DESIGN 18):
+    /// `receivers: { store.orders.approved: notify }`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub receivers: BTreeMap<String, Receiver>,
+}
+
+/// What a received event runs: an operation of the component, as `label: operation` or
+/// `label: { operation }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Receiver {
+    Operation(String),
+    Declared(ReceiverDeclaration),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiverDeclaration {
+    pub operation: String,
+}
+
+impl Receiver {
+    /// The operation it runs.
+    pub fn operation(&self) -> &str {
+        match self {
+            Self::Operation(operation) | Self::Declared(ReceiverDeclaration { operation }) => {
+                operation
+            }
+        }
+    }
+}
+
+/// An event's name: a lowercase letter, then letters, digits or '_' (at most 63).
+fn event_name_fits(text: &str) -> bool {
+    text.len() <= 63
+        && text.starts_with(|c: char| c.is_ascii_lowercase())
+        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 /// An event a component declares. Nothing to set yet: every stored change of its entity
@@ -330,6 +367,7 @@ impl Manifest {
         self.validate_operations()?;
         self.validate_entity()?;
         self.validate_events()?;
+        self.validate_receivers()?;
         self.validate_pulses()
     }
 
@@ -379,18 +417,51 @@ impl Manifest {
                  event publishes"
             ));
         }
-        let fits = |text: &str| {
-            text.len() <= 63
-                && text.starts_with(|c: char| c.is_ascii_lowercase())
-                && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        };
-        match self.events.keys().find(|name| !fits(name)) {
+        match self.events.keys().find(|name| !event_name_fits(name)) {
             Some(name) => Err(format!(
                 "`events`: expected an event's name to be a lowercase letter, then letters, \
                  digits or '_' (at most 63), got {name:?}"
             )),
             None => Ok(()),
         }
+    }
+
+    /// A receiver's label names a component and one of its events (`namespace.name.event`, as
+    /// published), and its operation is one the component declares that may act on it: not an
+    /// observation, which writes nothing.
+    fn validate_receivers(&self) -> Result<(), String> {
+        for (label, receiver) in &self.receivers {
+            let fits = label.rsplit_once('.').is_some_and(|(component, event)| {
+                label.len() <= 255
+                    && event_name_fits(event)
+                    && component.split('.').all(|part| {
+                        part.starts_with(|c: char| c.is_ascii_lowercase())
+                            && part
+                                .bytes()
+                                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    })
+            });
+            if !fits {
+                return Err(format!(
+                    "`receivers`: expected an event's label, namespace.name.event as the \
+                     publishing component declares it, got {label:?}"
+                ));
+            }
+            let operation = receiver.operation();
+            let Some(declared) = self.operations.get(operation) else {
+                return Err(format!(
+                    "`receivers.{label}`: the component declares no operation {operation:?} to \
+                     run"
+                ));
+            };
+            if declared.kind == Some(Kind::Observation) {
+                return Err(format!(
+                    "`receivers.{label}`: {operation} is an observation, which changes nothing; \
+                     a receiver runs a transition, an assignment or an effect"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The labels of the events the component publishes: `namespace.name.event`.
@@ -714,5 +785,44 @@ operations:
             "{}",
             refused(unknown)
         );
+    }
+
+    #[test]
+    fn receivers_name_a_label_and_an_operation_that_acts() {
+        let head =
+            "name: ledger\noperations: { record: { type: effect }, look: { type: observation } }\n";
+        let manifest = Manifest::parse(
+            &format!("{head}receivers: {{ store.orders.approved: record, orders.cancelled: {{ operation: record }} }}\n"),
+            "m.yaml",
+        )
+        .unwrap();
+        let operations: Vec<&str> = manifest
+            .receivers
+            .values()
+            .map(Receiver::operation)
+            .collect();
+        assert_eq!(operations, ["record", "record"]);
+        let refused = |receivers: &str| {
+            Manifest::parse(&format!("{head}receivers: {receivers}\n"), "m.yaml")
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            refused("{ store.orders.approved: send }"),
+            "m.yaml: `receivers.store.orders.approved`: the component declares no operation \"send\" to run"
+        );
+        assert!(refused("{ store.orders.approved: look }").contains("look is an observation"));
+        for label in [
+            "approved",
+            "Store.orders.approved",
+            "store.orders.",
+            "store..x",
+        ] {
+            assert!(
+                refused(&format!("{{ '{label}': record }}")).contains(&format!("got {label:?}")),
+                "{label}"
+            );
+        }
+        assert!(refused("{ a.b: { operation: record, when: x } }").contains("receivers"));
     }
 }

@@ -45,6 +45,12 @@ pub fn operation_path(operation: &str) -> String {
     format!("/operations/{operation}")
 }
 
+/// The adaptation of the event `label` to its receiver's request: `POST {"payload": <the
+/// event>}`, answered `{"request": {"input"?, "query"?, "instance"?}}`.
+pub fn receiver_path(label: &str) -> String {
+    format!("/receivers/{label}")
+}
+
 /// What the program says it serves (optional): `GET`, answered with a [`Description`].
 pub const PROGRAM_PATH: &str = "/program";
 
@@ -59,6 +65,10 @@ pub struct Description {
     /// module exports; the manifest's `type`, where declared, must agree.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub kinds: std::collections::BTreeMap<String, crate::manifest::Kind>,
+    /// The labels of the events whose request the program makes itself (a module
+    /// `receivers/<label>` exporting `request(payload)`): [`receiver_path`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub receivers: Vec<String>,
 }
 
 /// The body of an operation's request: its input, the object it works on (a transition's or

@@ -297,6 +297,16 @@ fn backed(spec: &CompositionSpec, index: usize, manifest: &Manifest) -> Result<(
             ),
         ));
     }
+    if !manifest.receivers.is_empty() && spec.context.amqp.is_none() {
+        // Events reach a pod's receivers only through the broker.
+        return Err(invalid(
+            &format!("spec.components[{index}].manifest.receivers"),
+            format!(
+                "component {full_name} receives events, and spec.context.amqp names no \
+                 broker; events arrive through RabbitMQ (amqp://host:5672)"
+            ),
+        ));
+    }
     Ok(())
 }
 

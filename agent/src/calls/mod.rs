@@ -7,7 +7,8 @@
 //! - [`once`]: calls given an idempotency key run once;
 //! - [`catalog`]: the declarations of every component this process may call;
 //! - [`inflight`]: at most `limits.inflight` calls in flight per callee, the rest waiting;
-//! - [`activity`]: calls made and received, and in flight, for the halt.
+//! - [`activity`]: calls made and received, and in flight, for the halt;
+//! - [`receivers`]: what a received event runs (through the router), and the inbox.
 //!
 //! Nothing here uses the control endpoint (`tests/tests/source.rs` checks both).
 
@@ -17,4 +18,5 @@ pub(crate) mod catalog;
 pub(crate) mod contract;
 pub(crate) mod inflight;
 pub(crate) mod once;
+pub(crate) mod receivers;
 pub(crate) mod router;

@@ -164,6 +164,42 @@ impl Calls {
         broker.call(call, timeout).await
     }
 
+    /// Runs a received event's `request` on `operation` of `component`, a component of this
+    /// process: here, or over the broker when it names another process (`instance`). An
+    /// operation that writes to the store keeps `inbox` as the call's key, a record stored with
+    /// the write, so a copy of the event runs nothing; any other runs for every copy.
+    pub async fn receive(
+        &self,
+        component: &str,
+        operation: &str,
+        mut request: Request,
+        inbox: &str,
+    ) -> Result<Outcome, CallError> {
+        let callee = self
+            .callees
+            .get(component)
+            .ok_or_else(|| CallError::UnknownComponent(component.to_owned()))?;
+        let records = callee
+            .objects
+            .as_ref()
+            .is_some_and(|objects| objects.records(operation));
+        request.key = records.then(|| inbox.to_owned());
+        let stateful = check_contract(&callee.component, operation, &request, false)?;
+        let elsewhere = stateful && request.instance.as_deref() != Some(self.instance.as_str());
+        if elsewhere && self.broker.is_some() {
+            return self.call(component, operation, request, false, None).await;
+        }
+        let in_flight = self.activity.begin();
+        let call = Local {
+            component,
+            operation,
+            request,
+            task: false,
+            stateful,
+        };
+        self.in_process(call, in_flight).await
+    }
+
     /// A call `made_in` a transition running here under `retry` may not be to an operation
     /// declaring `once`: a run made again after a lost write would make it again.
     fn repeatable(

@@ -303,6 +303,35 @@ impl ProgramClient {
         }
     }
 
+    /// The request the program's adaptation makes of the event `label`'s `payload`
+    /// (`receivers/<label>` exporting `request(payload)`): what its `{"request"}` holds.
+    pub async fn adapt(
+        &self,
+        label: &str,
+        payload: &Value,
+        limit: Duration,
+    ) -> Result<Value, ProgramError> {
+        let body = json!({ "payload": payload });
+        let response = self
+            .post(&program::receiver_path(label), &body, limit)
+            .await?;
+        let status = response.status().as_u16();
+        let body = self.body(response, limit).await?;
+        if !(200..300).contains(&status) {
+            return Err(self.failed_with(status, &body));
+        }
+        match serde_json::from_str::<Value>(&body) {
+            Ok(Value::Object(mut answer)) if answer.get("request").is_some_and(Value::is_object) => {
+                Ok(answer.remove("request").expect("checked"))
+            }
+            _ => Err(ProgramError::Contract(format!(
+                "{}: the receiver of {label} answered something that is not {{\"request\": {{...}}}}: {}",
+                self.component,
+                quoted(&body)
+            ))),
+        }
+    }
+
     /// Posts an operation's call: the answer's status, its JSON and its text.
     async fn exchange(
         &self,
@@ -402,6 +431,7 @@ mod tests {
                 commands: vec!["preflight".into()],
                 operations: vec!["send".into()],
                 kinds: Default::default(),
+                receivers: Vec::new(),
             })
         );
         // Something else answered with 200 (a catch-all page): no description.

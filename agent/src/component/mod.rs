@@ -175,6 +175,29 @@ impl Component {
         self.manifest.exports(command)
     }
 
+    /// The labels whose receiver's request the program makes (`receivers/<label>` modules),
+    /// each one the manifest receives: an adaptation of an event the component does not
+    /// receive is a mismatch, naming it.
+    pub fn adapted(
+        &self,
+        description: Option<&client::Description>,
+    ) -> Result<Vec<String>, ComponentError> {
+        let adapted = description.map_or(&[][..], |d| d.receivers.as_slice());
+        match adapted
+            .iter()
+            .find(|label| !self.manifest.receivers.contains_key(*label))
+        {
+            Some(label) => Err(ComponentError::Mismatch {
+                component: self.name.clone(),
+                message: format!(
+                    "it has a receiver module for {label:?}, which the manifest's receivers do \
+                     not name"
+                ),
+            }),
+            None => Ok(adapted.to_vec()),
+        }
+    }
+
     /// The run commands to run for a program that says what it serves, checked against the
     /// manifest: every declared operation served; the run commands the manifest lists, when it
     /// lists any, exactly those exported; `pause` only with `resume`. Without a description, the
@@ -261,6 +284,7 @@ mod tests {
             commands: commands.iter().map(|c| (*c).to_owned()).collect(),
             operations: operations.iter().map(|o| (*o).to_owned()).collect(),
             kinds: Default::default(),
+            receivers: Vec::new(),
         }
     }
 

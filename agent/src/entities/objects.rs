@@ -769,6 +769,7 @@ mod tests {
             commands: Vec::new(),
             operations: operations.iter().map(|o| (*o).to_owned()).collect(),
             kinds: kinds.iter().map(|(o, k)| ((*o).to_owned(), *k)).collect(),
+            receivers: Vec::new(),
         }
     }
 

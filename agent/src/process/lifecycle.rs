@@ -15,6 +15,8 @@ pub struct Member {
     pub commands: Vec<RunCommand>,
     /// Its objects, when it declares an entity (known once the program said its kinds).
     pub objects: Option<Arc<crate::entities::objects::Objects>>,
+    /// The labels of the events whose receiver's request its program makes.
+    pub adapted: Vec<String>,
 }
 
 /// Runs `command` on every member that exports it, concurrently.

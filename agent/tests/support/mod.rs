@@ -21,6 +21,24 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A free port for a server a test stops and starts again on it: below the kernel's ephemeral
+/// ports (32768-60999), so no outgoing connection takes it while the server is down, and no
+/// probe of it connects to itself (a connection from an ephemeral port to the same port, with
+/// nothing listening, succeeds: a CI run saw a broker "up" that was not). Apart from the ports
+/// the operator's end-to-end suite picks (12000-20000, 21000-29000).
+pub fn restartable_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = 29000 + (std::process::id() % 500) as u16 * 2;
+    for _ in 0..1000 {
+        let port = 29000 + (start - 29000 + NEXT.fetch_add(1, Ordering::SeqCst)) % 1000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 29000-30000")
+}
+
 /// Removes cargo's variables for this test (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`) from a process
 /// that may run cargo (a manifest's `program: [cargo, run, …]`). Build scripts watch some of them
 /// (ring's `CARGO_MANIFEST_DIR`): a nested cargo that saw them reran ring's and rebuilt everything

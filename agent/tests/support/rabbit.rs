@@ -1,7 +1,7 @@
 //! A RabbitMQ node of a test's own (own node name, ports and data directory), which the test may
 //! stop, kill and start again; the shared broker on 5672 is never touched.
 
-use super::free_port;
+use super::restartable_port;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command};
@@ -34,8 +34,8 @@ impl RabbitNode {
         std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
         std::fs::write(dir.join("rabbitmq.conf"), config).unwrap();
         let mut node = Self {
-            port: free_port(),
-            dist_port: free_port(),
+            port: restartable_port(),
+            dist_port: restartable_port(),
             name,
             dir,
             child: None,
@@ -74,7 +74,12 @@ impl RabbitNode {
 
     fn wait_port(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        // A connection whose local port is the port itself connected to itself: nothing listens.
+        let listening = |port: u16| {
+            std::net::TcpStream::connect(("127.0.0.1", port))
+                .is_ok_and(|stream| stream.local_addr().is_ok_and(|local| local.port() != port))
+        };
+        while !listening(self.port) {
             assert!(
                 Instant::now() < deadline,
                 "RabbitMQ node {} did not open {} within {limit:?}:\n{}",

@@ -289,3 +289,28 @@ fn a_component_with_events_needs_a_broker() {
     let valid = validate(&spec);
     assert!(valid.is_ok(), "{:?}", valid.err());
 }
+
+#[test]
+fn a_component_with_receivers_needs_a_broker() {
+    let mut component = ComponentSpec::test("store", "ledger");
+    component.manifest.insert(
+        "operations".into(),
+        serde_json::json!({"note": {"type": "effect"}}),
+    );
+    component.manifest.insert(
+        "receivers".into(),
+        serde_json::json!({"store.orders.changed": "note"}),
+    );
+    let mut spec = CompositionSpec::test().with_components(vec![component]);
+    spec.context.amqp = None;
+    assert_eq!(
+        refused(&spec),
+        "`spec.components[0].manifest.receivers`: component store.ledger receives events, and spec.context.amqp names no broker; events arrive through RabbitMQ (amqp://host:5672)"
+    );
+    spec.context.amqp = Some("amqp://rabbitmq:5672".into());
+    spec.credentials = Some(CredentialsSpec {
+        secret_name: "shop-secrets".into(),
+    });
+    let valid = validate(&spec);
+    assert!(valid.is_ok(), "{:?}", valid.err());
+}

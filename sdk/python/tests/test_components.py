@@ -189,6 +189,14 @@ class Refusals(unittest.TestCase):
         self.assertIn('the manifest declares ["ghost"] and the program has no module for them',
                       self.refused("shop.ghost"))
 
+    def test_a_receiver_module_for_an_event_not_received_does_not_start(self):
+        self.assertIn("it has a receiver module for \"shop.orders.cancelled\", which the "
+                      "manifest's receivers do not name", self.refused("shop.stray"))
+
+    def test_a_receiver_module_without_request_does_not_start(self):
+        self.assertIn("receivers/shop.orders.approved.py: expected a function named "
+                      "request(payload)", self.refused("shop.requestless"))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -118,12 +118,17 @@ class Halt(TypedDict):
 # --- The program's side (the agent calls it) -------------------------------------------------
 
 
-class Description(TypedDict):
-    """`GET /program`: the run commands the program exports and the operations it serves."""
-
+class Described(TypedDict):
     commands: List[str]
     operations: List[str]
     kinds: Dict[str, str]
+
+
+class Description(Described, total=False):
+    """`GET /program`: the run commands the program exports and the operations it serves, and
+    the events whose receiver's request it makes (only when there are any)."""
+
+    receivers: List[str]
 
 
 class CallInfo(TypedDict, total=False):
@@ -139,6 +144,24 @@ class OperationRequest(TypedDict, total=False):
     input: Any
     entry: Optional[Dict[str, Any]]
     call: CallInfo
+
+
+class AdaptRequest(TypedDict):
+    """`POST /receivers/<label>`: the event, as published."""
+
+    payload: Dict[str, Any]
+
+
+class Adapted(TypedDict, total=False):
+    """The request an event makes of its receiver's operation."""
+
+    input: Any
+    query: Query
+    instance: str
+
+
+class Adaptation(TypedDict):
+    request: Adapted
 
 
 class Route(NamedTuple):
@@ -183,9 +206,11 @@ PROGRAM = Route("GET", "/program", headers=("Authorization",), response=Descript
 LIFECYCLE = Route("POST", "/lifecycle/{command}", headers=("Authorization",))
 OPERATIONS = Route("POST", "/operations/{name}", headers=("Authorization",),
                    request=OperationRequest, response=Decision)
+RECEIVERS = Route("POST", "/receivers/{label}", headers=("Authorization",), request=AdaptRequest,
+                  response=Adaptation)
 # The control endpoint, as the stage uses it (the token itself, not a signature).
 HALT = Route("POST", "/control/halt", headers=("Authorization",), request=Halt)
 RESUME = Route("POST", "/control/resume", headers=("Authorization",), request=Halt)
 
 ROUTES = (LOCK, SLOTS, ONASSIGNED, FAILED, METER, CALL, TASK, READYZ, DRAIN, PROGRAM, LIFECYCLE,
-          OPERATIONS, HALT, RESUME)
+          OPERATIONS, RECEIVERS, HALT, RESUME)

@@ -9,7 +9,9 @@ and serves the agent's protocol on 127.0.0.1:$TOA_PORT:
 - `POST /lifecycle/<command>`: every module's function of that name, in the modules' order;
 - `POST /operations/<name>`: the module's function, with `input` (and, in a component with an
   entity, a transition's or an observation's `entry`) and the context. A transition answers the
-  entry as it left it and what it returned (nothing when it returned the entry itself).
+  entry as it left it and what it returned (nothing when it returned the entry itself);
+- `POST /receivers/<label>`: `request(payload)` of `receivers/<label>.py` (seed 001's adaptation
+  of an event to its receiver's request: `input`, `query`, `instance`).
 """
 
 from __future__ import annotations
@@ -26,17 +28,19 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union, cast
 
 from . import protocol
 from .agent import read_token
 from .context import Context, State, call_function
 from .errors import Error
-from .protocol import CallInfo, Decision, Description, OperationRequest
+from .protocol import (AdaptRequest, Adaptation, Adapted, CallInfo, Decision, Description,
+                       OperationRequest)
 
 Operations = Dict[str, Callable[..., Any]]
 Commands = Dict[str, List[Callable[..., Any]]]
 Kinds = Dict[str, str]
+Receivers = Dict[str, Callable[..., Any]]
 
 COMMANDS = ("preflight", "settle", "ready", "pause", "resume", "dispose")
 KINDS = ("effect", "computation", "transition", "observation", "assignment")
@@ -98,20 +102,44 @@ def load(directory: Union[str, Path]) -> Tuple[Operations, Commands, Kinds]:
     return operations, commands, kinds_of
 
 
+def load_receivers(directory: Union[str, Path]) -> Receivers:
+    """The adaptations of received events (label → `request`): `receivers/<label>.py`, each
+    exporting `request(payload)`."""
+    receivers: Receivers = {}
+    for path in sorted(Path(directory, "receivers").glob("*.py")):
+        request = getattr(_module(path), "request", None)
+        if not callable(request):
+            raise Refused(f"receivers/{path.name}: expected a function named request(payload)")
+        receivers[path.stem] = request
+    return receivers
+
+
 class Component:
     def __init__(self, operations: Operations, commands: Commands, context: Context,
-                 kinds: Optional[Kinds] = None) -> None:
+                 kinds: Optional[Kinds] = None, receivers: Optional[Receivers] = None) -> None:
         self.operations = operations
         self.commands = commands
         self.context = context
         self.kinds = kinds or {}
+        self.receivers = receivers or {}
 
     def description(self) -> Optional[Description]:
-        return {
+        description: Description = {
             "commands": [name for name in COMMANDS if name in self.commands],
             "operations": sorted(self.operations),
             "kinds": dict(self.kinds),
         }
+        if self.receivers:
+            description["receivers"] = sorted(self.receivers)
+        return description
+
+    def adapt(self, label: str, payload: Any) -> Adaptation:
+        """The request the event makes: what `request(payload)` returns, a dict."""
+        request = call_function(self.receivers[label], payload)
+        if not isinstance(request, dict):
+            raise TypeError(f"receivers/{label}.py: request(payload) returned {type(request).__name__}, "
+                            "expected a dict of input, query and instance")
+        return {"request": cast(Adapted, request)}
 
     def run_command(self, name: str) -> None:
         self.context._calls.call = None
@@ -212,6 +240,9 @@ def handler(component: Component) -> Type[BaseHTTPRequestHandler]:
                 if kind == "lifecycle" and name in COMMANDS:
                     component.run_command(name)
                     return self._answer(200, {})
+                if kind == "receivers" and name in component.receivers:
+                    payload = cast(AdaptRequest, request).get("payload")
+                    return self._answer(200, component.adapt(name, payload))
                 if kind == "operations" and name in component.operations:
                     if past_deadline(request.get("call")):
                         return self._answer(504, {"message": PAST_DEADLINE})
@@ -253,11 +284,12 @@ def main() -> None:
             raise Refused(f"TOA_PORT: expected the port to serve on, got {os.environ.get('TOA_PORT')!r}: "
                           "a component's program is started by toa-agent, which sets it")
         operations, commands, kinds = load(Path.cwd())
+        receivers = load_receivers(Path.cwd())
         context = Context()
     except (Refused, RuntimeError, ValueError) as refused:
         print(f"{name}: {refused}", file=sys.stderr)
         sys.exit(1)
-    serve(Component(operations, commands, context, kinds))
+    serve(Component(operations, commands, context, kinds, receivers))
 
 
 if __name__ == "__main__":

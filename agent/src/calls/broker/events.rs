@@ -1,7 +1,7 @@
 //! Events on the broker (DESIGN 18): one durable topic exchange per application,
 //! `toa.<app>#events`, declared by the first process that publishes on a connection. An event
 //! is published persistent, with its label as the routing key, its identity as the message id
-//! (`label/id/version`) and the object's id and version as headers, and counts as sent once the
+//! (`label/id/version`) and the object's id, version and label as headers, and counts as sent once the
 //! broker confirmed it. With no queue bound (no receiver yet) the broker drops it: a receiver
 //! sees the events published after its queue exists.
 
@@ -15,6 +15,9 @@ use lapin::{BasicProperties, Confirmation, ExchangeKind};
 /// The headers naming an event's object and version.
 pub const OBJECT: &str = "toa-object";
 pub const VERSION: &str = "toa-version";
+/// The header naming an event's label: the routing key is the label only on the way from the
+/// exchange (a dead-lettered event is requeued under its queue's name).
+pub const LABEL: &str = "toa-label";
 
 impl Broker {
     /// Publishes `event`; `Ok` once the broker confirmed it.
@@ -57,7 +60,7 @@ impl Broker {
 }
 
 /// The events exchange, declared once per session (a declaration is a round trip).
-async fn declare(session: &Session, exchange: &str) -> Result<(), String> {
+pub(super) async fn declare(session: &Session, exchange: &str) -> Result<(), String> {
     if session
         .declared
         .lock()
@@ -96,6 +99,10 @@ fn properties(event: &Event) -> BasicProperties {
     headers.insert(
         ShortString::from(VERSION),
         AMQPValue::LongLongInt(event.version as i64),
+    );
+    headers.insert(
+        ShortString::from(LABEL),
+        AMQPValue::LongString(event.label.as_str().into()),
     );
     BasicProperties::default()
         .with_delivery_mode(2)

@@ -42,9 +42,14 @@ use toa_context::tls::Roots;
 use toa_context::{AmqpAddress, Credentials, Limits};
 use tokio::sync::watch;
 
+pub use receive::{pause, Incoming, Receive, Receiving, Verdict};
+pub use requeue::requeue;
+
 mod events;
 mod headers;
 mod queues;
+mod receive;
+mod requeue;
 mod serve;
 mod session;
 
@@ -154,6 +159,8 @@ pub struct Broker {
     /// The open session; `None` while reconnecting.
     current: watch::Sender<Option<Arc<Session>>>,
     served: tokio::sync::Mutex<Vec<Served>>,
+    /// The components receiving events here.
+    receiving: tokio::sync::Mutex<Vec<Receiving>>,
     draining: watch::Sender<bool>,
 }
 
@@ -321,6 +328,7 @@ impl Broker {
             prefetch,
             current,
             served: tokio::sync::Mutex::default(),
+            receiving: tokio::sync::Mutex::default(),
             draining: watch::channel(false).0,
         });
         tokio::spawn(keep_connected(Arc::downgrade(&broker)));
@@ -643,6 +651,17 @@ impl Broker {
         activity.settled(budget).await
     }
 
+    /// Serves and receives on a new session what the last one did.
+    async fn replay(&self, session: &Arc<Session>) -> Result<(), BrokerError> {
+        for one in self.served.lock().await.iter() {
+            self.serve_on(session, one).await?;
+        }
+        for one in self.receiving.lock().await.iter() {
+            self.receive_on(session, one).await?;
+        }
+        Ok(())
+    }
+
     async fn serve_on(&self, session: &Arc<Session>, served: &Served) -> Result<(), BrokerError> {
         let name = &served.component.name;
         let queues = serve::Queues {
@@ -696,14 +715,7 @@ async fn keep_connected(broker: Weak<Broker>) {
                     break;
                 }
                 Ok(session) => {
-                    let served = this.served.lock().await;
-                    let mut replayed = Ok(());
-                    for one in served.iter() {
-                        replayed = this.serve_on(&session, one).await;
-                        if replayed.is_err() {
-                            break;
-                        }
-                    }
+                    let replayed = this.replay(&session).await;
                     match replayed {
                         Ok(()) => {
                             this.current.send_replace(Some(session));

@@ -17,6 +17,9 @@
 //! - `toa.app.c#dead`: durable; calls and tasks that reached the delivery limit. The agents
 //!   serving `c` answer each one's caller (if it waits) with a failure, and count it.
 //! - `toa.app.c@instance`: one process's calls (exclusive to it).
+//! - `toa.app.c#receivers`: the events `c` receives, bound to `toa.app#events` by their labels;
+//!   declared by `c`'s agents with the tasks' arguments, dead-lettering to
+//!   `toa.app.c#receivers-dead`, which only `toa-agent requeue` reads ([`super::receive`]).
 //!
 //! The `#tasks` name is the plan for changing the queue's *kind* of arguments: a new kind gets a
 //! new name, served beside the old one during the rollout. A changed *value* (a new
@@ -50,6 +53,16 @@ impl Names {
 
     pub fn dead(&self, component: &str) -> String {
         format!("{}{component}#dead", self.prefix)
+    }
+
+    /// The queue of the events `component` receives (quorum, as tasks).
+    pub fn receivers(&self, component: &str) -> String {
+        format!("{}{component}#receivers", self.prefix)
+    }
+
+    /// Where its events go at the delivery limit, until they are requeued.
+    pub fn receivers_dead(&self, component: &str) -> String {
+        format!("{}{component}#receivers-dead", self.prefix)
     }
 
     /// The application's events exchange (a topic exchange; routing keys are labels).

@@ -18,8 +18,9 @@ mod servers;
 
 use crate::api::{self, Host};
 use crate::calls::activity::Activity;
-use crate::calls::broker::{Broker, Offer};
+use crate::calls::broker::{Broker, Offer, Receiving};
 use crate::calls::catalog::Catalog;
+use crate::calls::receivers::{listen_locally, Receivers};
 use crate::calls::router::{Callee, Calls};
 use crate::component::program::Program;
 use crate::component::{Component, ComponentError};
@@ -275,23 +276,23 @@ impl Composition {
         watch.watched(self.describe()).await?;
         self.watch_programs();
         let calls = self.calls();
-        let calls = match self.context.amqp.clone() {
+        let (calls, sink, broker) = match self.context.amqp.clone() {
             None => {
                 let (bus, _) = tokio::sync::broadcast::channel(EVENTS_BUS);
-                self.publish_events(&Sink::Local(bus));
-                Arc::new(calls)
+                (Arc::new(calls), Sink::Local(bus), None)
             }
             Some(_) => {
                 let broker = watch.watched(self.connect()).await?;
-                self.publish_events(&Sink::Broker(broker.clone()));
                 let catalog = Catalog::new(
                     &self.loaded,
                     prepare::sources(&self.components, self.declarations.clone()),
                 );
                 catalog.keep_reloading();
-                Arc::new(calls.over_broker(broker, catalog))
+                let calls = Arc::new(calls.over_broker(broker.clone(), catalog));
+                (calls, Sink::Broker(broker.clone()), Some(broker))
             }
         };
+        self.publish_events(&sink);
         self.calls = Some(calls.clone());
         self.serve_local(&mut watch.servers, local, calls.clone());
         tracing::info!(agent = %agent_url, instance = %self.instance, "serving the local API");
@@ -299,6 +300,9 @@ impl Composition {
             .watched(lifecycle::run_up(&self.members, &self.serving))
             .await?;
         self.lifecycle_done.send_replace(true);
+        watch
+            .watched(self.receive_events(&sink, broker.as_ref(), &calls))
+            .await?;
         let names: Vec<&str> = self.loaded.iter().map(|c| c.name.as_str()).collect();
         tracing::info!(components = ?names, "Composition complete");
         if let Some(on_ready) = self.on_ready.take() {
@@ -323,6 +327,7 @@ impl Composition {
                         client: client.with_limits(&self.context.limits),
                         commands: component.manifest.lifecycle.clone(),
                         objects: None,
+                        adapted: Vec::new(),
                     });
                 }
                 Err(error) => {
@@ -347,6 +352,7 @@ impl Composition {
                         message: error.to_string(),
                     })?;
             member.commands = member.component.commands(description.as_ref())?;
+            member.adapted = member.component.adapted(description.as_ref())?;
             if let Some(store) = self.stores.remove(&member.component.name) {
                 let retrying = self.retrying.clone();
                 let description = description.as_ref();
@@ -413,6 +419,49 @@ impl Composition {
                 .events_waiting(&self.context.name, &member.component.name);
             outbox.connect(sink.clone(), waiting);
         }
+    }
+
+    /// The components' receivers take events from now on: off the broker, or the process's
+    /// bus in a local run without one.
+    async fn receive_events(
+        &self,
+        sink: &Sink,
+        broker: Option<&Arc<Broker>>,
+        calls: &Arc<Calls>,
+    ) -> Result<(), ComposeError> {
+        let deliveries = self.context.limits.deliveries;
+        for member in &self.members {
+            let component = &member.component;
+            if component.manifest.receivers.is_empty() {
+                continue;
+            }
+            let receivers = Arc::new(Receivers::new(
+                component.clone(),
+                calls.clone(),
+                member.client.clone(),
+                &member.adapted,
+                self.context.limits.operation,
+            ));
+            match (sink, broker) {
+                (Sink::Local(bus), _) => listen_locally(bus.subscribe(), receivers, deliveries),
+                (_, Some(broker)) => {
+                    let receiving = Receiving {
+                        component: component.name.clone(),
+                        labels: receivers.labels(),
+                        receiver: receivers,
+                        dead_lettered: self
+                            .metrics
+                            .events_dead_lettered(&self.context.name, &component.name),
+                    };
+                    broker
+                        .receive(receiving)
+                        .await
+                        .map_err(|e| ComposeError::Setup(e.to_string()))?;
+                }
+                (Sink::Broker(_), None) => unreachable!("a broker sink comes with its broker"),
+            }
+        }
+        Ok(())
     }
 
     /// Connects the broker and offers it every component.

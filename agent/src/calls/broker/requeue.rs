@@ -1,0 +1,117 @@
+//! `toa-agent requeue COMPONENT`: the events dead-lettered for a receiving component
+//! (`#receivers-dead`) sent back to its receivers' queue, each removed from the dead letters only
+//! once the broker confirmed it in the queue, so none is lost if the command stops midway (one
+//! may then be in both, and its receiver's record answers the copy).
+
+use super::{Broker, BrokerError};
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::Confirmation;
+
+/// The headers the broker wrote when it dead-lettered or counted a message: the requeued one
+/// starts afresh without them.
+const BROKERS: [&str; 4] = [
+    "x-death",
+    "x-delivery-count",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+];
+
+/// Moves what `component`'s dead letters hold now (not what arrives meanwhile) back to its
+/// receivers' queue; how many moved.
+pub async fn requeue(broker: &Broker, component: &str) -> Result<u64, BrokerError> {
+    let dead = broker.names.receivers_dead(component);
+    let queue = broker.names.receivers(component);
+    let refused = |what: &str, e: lapin::Error| BrokerError::Refused {
+        what: format!("{what} {dead}"),
+        message: e.to_string(),
+    };
+    let session = broker.session().ok_or_else(|| BrokerError::Unreachable {
+        address: broker.settings.shown.clone(),
+        message: "the connection ended".to_owned(),
+    })?;
+    let channel = session
+        .connection
+        .create_channel()
+        .await
+        .map_err(|e| refused("a channel for", e))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| refused("confirms for", e))?;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let found = channel
+        .queue_declare(dead.as_str().into(), passive, FieldTable::default())
+        .await
+        .map_err(|e| refused("finding", e))?;
+    let mut moved = 0;
+    for _ in 0..found.message_count() {
+        let Some(message) = channel
+            .basic_get(dead.as_str().into(), BasicGetOptions::default())
+            .await
+            .map_err(|e| refused("reading", e))?
+        else {
+            break;
+        };
+        move_one(&channel, message.delivery, &queue, moved).await?;
+        moved += 1;
+    }
+    Ok(moved)
+}
+
+/// Publishes `delivery` to `queue` without the broker's headers, and removes it from the dead
+/// letters once the broker confirmed it; `moved`: how many moved before it (for the error).
+async fn move_one(
+    channel: &lapin::Channel,
+    delivery: lapin::message::Delivery,
+    queue: &str,
+    moved: u64,
+) -> Result<(), BrokerError> {
+    let refused = |e: lapin::Error| BrokerError::Refused {
+        what: format!("requeueing to {queue}"),
+        message: e.to_string(),
+    };
+    let mut headers = FieldTable::default();
+    for (name, value) in delivery.properties.headers().iter().flat_map(|h| h.inner()) {
+        if !BROKERS.contains(&name.as_str()) {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+    let properties = delivery.properties.clone().with_headers(headers);
+    let options = BasicPublishOptions {
+        mandatory: true,
+        ..Default::default()
+    };
+    let confirmed = channel
+        .basic_publish("".into(), queue.into(), options, &delivery.data, properties)
+        .await
+        .map_err(refused)?
+        .await
+        .map_err(refused)?;
+    if !matches!(&confirmed, Confirmation::Ack(None)) {
+        let keep = BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        };
+        let _ = delivery.acker.nack(keep).await;
+        return Err(BrokerError::Refused {
+            what: format!("requeueing to {queue}"),
+            message: format!(
+                "the broker did not take the event (the queue is missing or full); {moved} moved \
+                 before it"
+            ),
+        });
+    }
+    delivery
+        .acker
+        .ack(BasicAckOptions::default())
+        .await
+        .map(|_| ())
+        .map_err(refused)
+}

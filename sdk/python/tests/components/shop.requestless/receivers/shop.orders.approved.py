@@ -1,0 +1,2 @@
+def adapt(payload):
+    return {"input": payload}

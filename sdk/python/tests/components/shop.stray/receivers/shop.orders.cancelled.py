@@ -1,0 +1,2 @@
+def request(payload):
+    return {"input": payload}
