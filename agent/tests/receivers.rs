@@ -13,6 +13,7 @@ use support::{call_with, Composition};
 
 const ORDERS: &str = "agent/tests/components/orders-events";
 const LEDGER: &str = "agent/tests/components/ledger";
+const FOLLOWER: &str = "agent/tests/components/follower";
 const BROKER: &str = "amqp://127.0.0.1:5672";
 const STORAGE: &str = "storage: postgres://127.0.0.1:5432/toa\n";
 const LOGIN: [(&str, &str); 2] = [
@@ -146,9 +147,9 @@ fn order(orders: &Composition) -> BTreeSet<(String, u64)> {
     stored
 }
 
-/// Publishes `events` again to the application's exchange, as a relay's copy would come, and
-/// one message that is no event (not JSON).
-async fn publish_copies(application: &str, events: &[(String, u64)]) {
+/// Publishes `events` (id, version, payload) of `store.orders.changed` to the application's
+/// exchange as a relay would, and with `garbage` a message that is no event (not JSON).
+async fn publish(application: &str, events: &[(String, u64, Value)], garbage: bool) {
     use lapin::options::BasicPublishOptions;
     use lapin::types::{AMQPValue, FieldTable};
     let connection = lapin::Connection::connect(BROKER, lapin::ConnectionProperties::default())
@@ -157,39 +158,44 @@ async fn publish_copies(application: &str, events: &[(String, u64)]) {
     let channel = connection.create_channel().await.unwrap();
     let exchange = format!("toa.{application}#events");
     let label = "store.orders.changed";
-    for (id, version) in events {
-        let status = if *version == 1 { "new" } else { "approved" };
-        let total = id[1..].parse::<u64>().unwrap();
-        let payload = json!({"id": id, "VERSION": version, "status": status, "total": total});
+    let send = |body: Vec<u8>, properties: lapin::BasicProperties| {
+        let channel = channel.clone();
+        let exchange = exchange.clone();
+        async move {
+            let options = BasicPublishOptions::default();
+            channel
+                .basic_publish(
+                    exchange.as_str().into(),
+                    label.into(),
+                    options,
+                    &body,
+                    properties,
+                )
+                .await
+                .unwrap();
+        }
+    };
+    for (id, version, payload) in events {
         let mut headers = FieldTable::default();
         headers.insert("toa-label".into(), AMQPValue::LongString(label.into()));
         let properties = lapin::BasicProperties::default()
             .with_message_id(format!("{label}/{id}/{version}").into())
             .with_headers(headers);
-        let body = payload.to_string();
-        channel
-            .basic_publish(
-                exchange.as_str().into(),
-                label.into(),
-                BasicPublishOptions::default(),
-                body.as_bytes(),
-                properties,
-            )
-            .await
-            .unwrap();
+        send(payload.to_string().into_bytes(), properties).await;
     }
-    let garbage = lapin::BasicProperties::default().with_message_id("garbage/1".into());
-    channel
-        .basic_publish(
-            exchange.as_str().into(),
-            label.into(),
-            BasicPublishOptions::default(),
-            b"not json",
-            garbage,
-        )
-        .await
-        .unwrap();
+    if garbage {
+        let properties = lapin::BasicProperties::default().with_message_id("garbage/1".into());
+        send(b"not json".to_vec(), properties).await;
+    }
     let _ = connection.close(200, "done".into()).await;
+}
+
+/// An order as store.orders publishes it at `version`.
+fn order_event(id: &str, version: u64) -> (String, u64, Value) {
+    let status = format!("s{version}");
+    let total = id[1..].parse::<u64>().unwrap_or(0);
+    let payload = json!({"id": id, "VERSION": version, "status": status, "total": total});
+    (id.to_owned(), version, payload)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,8 +211,16 @@ async fn every_event_runs_its_receivers_transition_once_however_often_it_comes()
     let stored = order(&orders);
     // Copies of half the events, and a message that is no event: the copies run nothing, the
     // bad one is dead-lettered, and neither stops the others.
-    let copies: Vec<(String, u64)> = stored.iter().step_by(2).cloned().collect();
-    publish_copies(&application, &copies).await;
+    let copies: Vec<(String, u64, Value)> = stored
+        .iter()
+        .step_by(2)
+        .map(|(id, version)| {
+            let (id, version, mut payload) = order_event(id, *version);
+            payload["status"] = json!(if version == 1 { "new" } else { "approved" });
+            (id, version, payload)
+        })
+        .collect();
+    publish(&application, &copies, true).await;
     let expected: BTreeMap<(String, u64), usize> = stored.iter().map(|k| (k.clone(), 1)).collect();
     let kept = settle(
         Duration::from_secs(30),
@@ -394,4 +408,94 @@ fn a_thousand_transitions_under_a_broker_restart_each_run_their_receivers_transi
     let keys: BTreeSet<(String, u64)> = files.noted().keys().cloned().collect();
     assert_eq!(keys, stored, "the effect ran at least once for every event");
     eprintln!("the broker restarted after {restarted_at} transitions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latest_receiver_stores_each_objects_events_in_rising_versions_only() {
+    let (context, application, _queues) = support::broker_context_with("latest", BROKER, STORAGE);
+    let context = context.display().to_string();
+    let follower = Composition::start(&[FOLLOWER, "--context", &context], &LOGIN);
+    follower.wait_ready();
+    // Three orders' events out of order, with copies, taken 32 at a time at once.
+    let versions = [3, 1, 2, 6, 5, 4, 6, 2, 1];
+    let ids = ["f1", "f2", "f3"];
+    let events: Vec<(String, u64, Value)> = versions
+        .iter()
+        .flat_map(|version| ids.map(|id| order_event(id, *version)))
+        .collect();
+    publish(&application, &events, false).await;
+    let observe = |id: &str| {
+        let body = json!({"query": {"id": id}});
+        let (status, answer) = call(&follower, "store.follower.observe", &body);
+        assert_eq!(status, 200, "{answer}");
+        answer["reply"].clone()
+    };
+    let seen = settle(
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+        || ids.map(observe),
+        |orders| orders.iter().all(|order| order["status"] == "s6"),
+    );
+    for order in &seen {
+        let stored: Vec<u64> = order["seen"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        assert!(
+            stored.windows(2).all(|pair| pair[0] < pair[1]) && stored.last() == Some(&6),
+            "each version stored after an older one only, the newest last: {order}"
+        );
+    }
+    eprintln!(
+        "versions stored: {:?}",
+        seen.iter().map(|o| o["seen"].clone()).collect::<Vec<_>>()
+    );
+}
+
+/// The pid of the program `agent` started (its one child).
+fn program_of(agent: &Composition) -> i32 {
+    let output = std::process::Command::new("pgrep")
+        .args(["-P", &agent.pid().to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_wait_while_the_receivers_program_is_down_and_none_is_dead_lettered() {
+    let (context, application, _queues) = support::broker_context_with("down", BROKER, STORAGE);
+    let context = context.display().to_string();
+    let files = Files::new("down");
+    let first = Composition::start(&[LEDGER, "--context", &context], &files.env());
+    first.wait_ready();
+    // The program goes away; its agent stays: the events it would take wait for another.
+    // SAFETY: signalling a process of the test's own.
+    unsafe { libc::kill(program_of(&first), libc::SIGKILL) };
+    settle(
+        Duration::from_secs(10),
+        Duration::ZERO,
+        || first.log(),
+        |log| log.contains("the program is down"),
+    );
+    let events: Vec<(String, u64, Value)> =
+        (0..10).map(|n| order_event(&format!("d{n}"), 1)).collect();
+    publish(&application, &events, false).await;
+    // Longer than the pauses of every delivery a failing receiver would get.
+    std::thread::sleep(Duration::from_secs(4));
+    let second = Composition::start(&[LEDGER, "--context", &context], &files.env());
+    second.wait_ready();
+    let kept = settle(
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || ledger(&second),
+        |kept| kept.len() >= events.len(),
+    );
+    let expected: BTreeMap<(String, u64), usize> =
+        (0..10).map(|n| ((format!("d{n}"), 1), 1)).collect();
+    assert_eq!(kept, expected);
+    let log = first.log();
+    assert!(!log.contains("dead-lettered"), "{log}");
 }

@@ -100,7 +100,7 @@ pub struct Manifest {
 }
 
 /// What a received event runs: an operation of the component, as `label: operation` or
-/// `label: { operation }`.
+/// `label: { operation, latest? }`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Receiver {
@@ -112,16 +112,28 @@ pub enum Receiver {
 #[serde(deny_unknown_fields)]
 pub struct ReceiverDeclaration {
     pub operation: String,
+    /// Runs only for an event newer than the newest it ran for, per object (the versions it
+    /// applied are kept with its writes): a transition or an assignment only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub latest: bool,
 }
 
 impl Receiver {
     /// The operation it runs.
     pub fn operation(&self) -> &str {
         match self {
-            Self::Operation(operation) | Self::Declared(ReceiverDeclaration { operation }) => {
+            Self::Operation(operation) | Self::Declared(ReceiverDeclaration { operation, .. }) => {
                 operation
             }
         }
+    }
+
+    /// Whether it runs only for events newer than it ran for (`latest: true`).
+    pub fn latest(&self) -> bool {
+        matches!(
+            self,
+            Self::Declared(ReceiverDeclaration { latest: true, .. })
+        )
     }
 }
 
@@ -454,10 +466,12 @@ impl Manifest {
                      run"
                 ));
             };
-            if declared.kind == Some(Kind::Observation) {
+            if let Some(kind @ (Kind::Observation | Kind::Computation)) = declared.kind {
                 return Err(format!(
-                    "`receivers.{label}`: {operation} is an observation, which changes nothing; \
-                     a receiver runs a transition, an assignment or an effect"
+                    "`receivers.{label}`: {operation} is {} {}, which changes nothing; a \
+                     receiver runs a transition, an assignment or an effect",
+                    if kind == Kind::Observation { "an" } else { "a" },
+                    kind.name()
                 ));
             }
         }
@@ -792,7 +806,7 @@ operations:
         let head =
             "name: ledger\noperations: { record: { type: effect }, look: { type: observation } }\n";
         let manifest = Manifest::parse(
-            &format!("{head}receivers: {{ store.orders.approved: record, orders.cancelled: {{ operation: record }} }}\n"),
+            &format!("{head}receivers: {{ store.orders.approved: record, orders.cancelled: {{ operation: record, latest: true }} }}\n"),
             "m.yaml",
         )
         .unwrap();
@@ -802,6 +816,12 @@ operations:
             .map(Receiver::operation)
             .collect();
         assert_eq!(operations, ["record", "record"]);
+        let latest: Vec<bool> = manifest.receivers.values().map(Receiver::latest).collect();
+        assert_eq!(
+            latest,
+            [true, false],
+            "by label: orders.cancelled, store.orders.approved"
+        );
         let refused = |receivers: &str| {
             Manifest::parse(&format!("{head}receivers: {receivers}\n"), "m.yaml")
                 .unwrap_err()
@@ -812,6 +832,14 @@ operations:
             "m.yaml: `receivers.store.orders.approved`: the component declares no operation \"send\" to run"
         );
         assert!(refused("{ store.orders.approved: look }").contains("look is an observation"));
+        let computing = Manifest::parse(
+            "name: c\noperations: { sum: { type: computation } }\nreceivers: { a.b: sum }\n",
+            "m.yaml",
+        );
+        assert!(computing
+            .unwrap_err()
+            .to_string()
+            .contains("sum is a computation"));
         for label in [
             "approved",
             "Store.orders.approved",

@@ -36,6 +36,10 @@ pub struct Request {
     /// The object a call works on, in a component with an entity.
     #[serde(default)]
     pub query: Option<Query>,
+    /// A received event's run: how it is recorded, its `key` naming the event (or, `latest`, its
+    /// object). Never a caller's (not read from a request).
+    #[serde(skip)]
+    pub receipt: Option<crate::entities::store::Receipt>,
 }
 
 /// A call's query against what the operation declares: refused by a component without an entity
@@ -213,6 +217,7 @@ mod tests {
 
     fn request(input: Value, instance: Option<&str>, timeout: Option<u64>) -> Request {
         Request {
+            receipt: None,
             input,
             instance: instance.map(str::to_owned),
             timeout,

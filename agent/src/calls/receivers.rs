@@ -15,7 +15,8 @@ use crate::calls::router::Calls;
 use crate::component::client::{Outcome, ProgramClient};
 use crate::component::Component;
 use crate::coordination::atom::repeats::input_hash;
-use crate::entities::store::Event;
+use crate::entities::objects::STALE;
+use crate::entities::store::{Event, Receipt};
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -66,33 +67,25 @@ impl Receivers {
             return Verdict::Dead(format!("{component} receives no {}", incoming.label));
         };
         let operation = receiver.operation();
-        let request = match self.request(incoming).await {
+        let mut request = match self.request(incoming).await {
             Ok(request) => request,
             Err(verdict) => return verdict,
         };
+        if receiver.latest() {
+            match watermark(incoming) {
+                Ok((source, version)) => {
+                    request.key = Some(source);
+                    request.receipt = Some(Receipt::Latest(version));
+                }
+                Err(reason) => return Verdict::Dead(reason),
+            }
+        }
         let inbox = inbox_key(&incoming.id);
-        match self
+        let answered = self
             .calls
             .receive(component, operation, request, &inbox)
-            .await
-        {
-            Ok(Outcome::Reply(_)) => Verdict::Done,
-            Ok(Outcome::Error { code, message }) if PASSING.contains(&code.as_str()) => {
-                let message = message.unwrap_or_default();
-                Verdict::Again(format!("{operation} answered {code}: {message}"))
-            }
-            Ok(Outcome::Error { code, message }) => {
-                // The operation's own answer: the event was handled, as the operation decided.
-                tracing::info!(event = %incoming.id, %operation, %code, ?message, "a receiver's operation answered an error of its own");
-                Verdict::Done
-            }
-            Err(
-                error @ (CallError::RequestContract(_)
-                | CallError::Unrepeatable { .. }
-                | CallError::UnknownComponent(_)),
-            ) => Verdict::Dead(format!("{component}.{operation}: {error}")),
-            Err(error) => Verdict::Again(format!("{component}.{operation}: {error}")),
-        }
+            .await;
+        verdict(&format!("{component}.{operation}"), incoming, answered)
     }
 
     /// The request the event makes: the adaptation's, else `{ input: <the event> }`.
@@ -134,14 +127,60 @@ fn parse_request(made: Value) -> Result<Request, String> {
     serde_json::from_value(made).map_err(|e| e.to_string())
 }
 
-/// The record an event's run keeps: `event:<its id>`, or the id's hash when that is longer than
-/// a key may be.
-fn inbox_key(id: &str) -> String {
-    let key = format!("event:{id}");
-    if key.chars().count() <= crate::calls::once::MAX_KEY {
-        key
+/// What becomes of an event its `target`'s operation answered so.
+fn verdict(target: &str, incoming: &Incoming, answered: Result<Outcome, CallError>) -> Verdict {
+    match answered {
+        Ok(Outcome::Reply(_)) => Verdict::Done,
+        Ok(Outcome::Error { code, .. }) if code == STALE => {
+            tracing::debug!(event = %incoming.id, %target, "an event older than the one applied: not run");
+            Verdict::Done
+        }
+        Ok(Outcome::Error { code, message }) if PASSING.contains(&code.as_str()) => {
+            let message = message.unwrap_or_default();
+            Verdict::Again(format!("{target} answered {code}: {message}"))
+        }
+        Ok(Outcome::Error { code, message }) => {
+            // The operation's own answer: the event was handled, as the operation decided.
+            tracing::info!(event = %incoming.id, %target, %code, ?message, "a receiver's operation answered an error of its own");
+            Verdict::Done
+        }
+        Err(
+            error @ (CallError::RequestContract(_)
+            | CallError::Unrepeatable { .. }
+            | CallError::UnknownComponent(_)),
+        ) => Verdict::Dead(format!("{target}: {error}")),
+        Err(error) => Verdict::Again(format!("{target}: {error}")),
+    }
+}
+
+/// A `latest` receiver's watermark of an event: its object (`label/id`, as a key: hashed past a
+/// key's length) and its version, from the event as published.
+fn watermark(incoming: &Incoming) -> Result<(String, u64), String> {
+    let id = incoming.payload.get("id").and_then(Value::as_str);
+    let version = incoming.payload.get("VERSION").and_then(Value::as_u64);
+    let (Some(id), Some(version)) = (id, version) else {
+        return Err(format!(
+            "{}: a `latest` receiver orders events by their object's id and VERSION, and this \
+             one has no string id or no whole VERSION",
+            incoming.id
+        ));
+    };
+    let source = format!("{}/{id}", incoming.label);
+    let source = if source.chars().count() <= crate::calls::once::MAX_KEY - "latest:".len() {
+        source
     } else {
-        format!("event#{}", input_hash(&Value::from(id)))
+        format!("#{}", input_hash(&Value::from(source)))
+    };
+    Ok((source, version))
+}
+
+/// What names an event's record: its id, or the id's hash when `event:<id>` would be longer
+/// than a key may be.
+fn inbox_key(id: &str) -> String {
+    if id.chars().count() + "event:".len() <= crate::calls::once::MAX_KEY {
+        id.to_owned()
+    } else {
+        format!("#{}", input_hash(&Value::from(id)))
     }
 }
 
@@ -222,11 +261,11 @@ mod tests {
     fn an_inbox_key_is_the_events_id_within_a_keys_length() {
         assert_eq!(
             inbox_key("store.orders.approved/o1/3"),
-            "event:store.orders.approved/o1/3"
+            "store.orders.approved/o1/3"
         );
         let long = "x".repeat(300);
         let key = inbox_key(&long);
-        assert!(key.starts_with("event#") && key.chars().count() <= crate::calls::once::MAX_KEY);
+        assert!(key.starts_with('#') && key.chars().count() + 6 <= crate::calls::once::MAX_KEY);
         assert_ne!(key, inbox_key(&"x".repeat(299)));
     }
 }

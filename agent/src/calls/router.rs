@@ -11,6 +11,7 @@ use crate::component::client::{self, Outcome, ProgramClient, ProgramError};
 use crate::component::Component;
 use crate::entities::objects::{self, Objects, Run};
 use crate::entities::retrying::Retrying;
+use crate::entities::store::Receipt;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -166,8 +167,9 @@ impl Calls {
 
     /// Runs a received event's `request` on `operation` of `component`, a component of this
     /// process: here, or over the broker when it names another process (`instance`). An
-    /// operation that writes to the store keeps `inbox` as the call's key, a record stored with
-    /// the write, so a copy of the event runs nothing; any other runs for every copy.
+    /// operation that writes to the store keeps the event's `inbox` record with the write, so a
+    /// copy of the event runs nothing (over the broker, as the call's key); any other runs for
+    /// every copy. A `latest` request keeps its watermark instead (its key names the object).
     pub async fn receive(
         &self,
         component: &str,
@@ -183,10 +185,31 @@ impl Calls {
             .objects
             .as_ref()
             .is_some_and(|objects| objects.records(operation));
-        request.key = records.then(|| inbox.to_owned());
+        let latest = matches!(request.receipt, Some(Receipt::Latest(_)));
+        if latest && !records {
+            // Checked at start; a watermark is kept only with a write.
+            return Err(CallError::RequestContract(format!(
+                "{component}.{operation}: `latest` takes a transition or an assignment"
+            )));
+        }
+        if !latest {
+            request.key = records.then(|| inbox.to_owned());
+            request.receipt = records.then_some(Receipt::Inbox);
+        }
         let stateful = check_contract(&callee.component, operation, &request, false)?;
         let elsewhere = stateful && request.instance.as_deref() != Some(self.instance.as_str());
+        if elsewhere && latest {
+            // The watermark travels with the run, not in a call over the broker.
+            return Err(CallError::RequestContract(format!(
+                "{component}.{operation}: a `latest` receiver runs where the event is received; \
+                 its request may not name another process"
+            )));
+        }
         if elsewhere && self.broker.is_some() {
+            // Over the broker the inbox record is the call's key: a copy with another request
+            // (an adaptation changed meanwhile) is refused, not run.
+            request.key = records.then(|| format!("event:{inbox}"));
+            request.receipt = None;
             return self.call(component, operation, request, false, None).await;
         }
         let in_flight = self.activity.begin();
@@ -335,7 +358,11 @@ fn run_here(
     let repeats = callee.repeats.clone();
     let objects = callee.objects.clone();
     let Request {
-        input, key, query, ..
+        input,
+        key,
+        query,
+        receipt,
+        ..
     } = request;
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     let meta = client::first_call(
@@ -359,6 +386,7 @@ fn run_here(
                 meta: &meta,
                 deadline: tokio::time::Instant::now() + left,
                 key: stored_key,
+                receipt,
             };
             objects::operate(objects.as_deref(), run).await
         };
@@ -366,20 +394,30 @@ fn run_here(
             &repeats, &operation, key, &input, deadline, window, program,
         )
         .await;
-        match once {
-            Once::Ran(result) => result.map_err(|e| match e {
-                ProgramError::Contract(message) => CallError::RequestContract(message),
-                error if stateful && error.past_deadline() => abandoned_error(&operation, left),
-                other => CallError::Failed(other.to_string()),
-            }),
-            Once::Repeated(outcome) => Ok(outcome),
-            Once::Refused(message) => Err(CallError::RequestContract(message)),
-            Once::StillRunning if stateful => Err(abandoned_error(&operation, left)),
-            Once::StillRunning => Err(CallError::Failed(format!(
-                "{operation}: the first call with this key still runs"
-            ))),
-            Once::Unavailable(message) => Err(CallError::Unavailable(message)),
-        }
+        answer_of(once, &operation, stateful, left)
+    }
+}
+
+/// What the caller of an in-process run gets (`left`: the time it had).
+fn answer_of(
+    once: Once,
+    operation: &str,
+    stateful: bool,
+    left: Duration,
+) -> Result<Outcome, CallError> {
+    match once {
+        Once::Ran(result) => result.map_err(|e| match e {
+            ProgramError::Contract(message) => CallError::RequestContract(message),
+            error if stateful && error.past_deadline() => abandoned_error(operation, left),
+            other => CallError::Failed(other.to_string()),
+        }),
+        Once::Repeated(outcome) => Ok(outcome),
+        Once::Refused(message) => Err(CallError::RequestContract(message)),
+        Once::StillRunning if stateful => Err(abandoned_error(operation, left)),
+        Once::StillRunning => Err(CallError::Failed(format!(
+            "{operation}: the first call with this key still runs"
+        ))),
+        Once::Unavailable(message) => Err(CallError::Unavailable(message)),
     }
 }
 

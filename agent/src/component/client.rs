@@ -324,10 +324,11 @@ impl ProgramClient {
             Ok(Value::Object(mut answer)) if answer.get("request").is_some_and(Value::is_object) => {
                 Ok(answer.remove("request").expect("checked"))
             }
+            // Not quoted: an adaptation's answer holds the event's data.
             _ => Err(ProgramError::Contract(format!(
-                "{}: the receiver of {label} answered something that is not {{\"request\": {{...}}}}: {}",
+                "{}: the receiver of {label} answered something that is not {{\"request\": {{...}}}} ({} bytes)",
                 self.component,
-                quoted(&body)
+                body.len()
             ))),
         }
     }

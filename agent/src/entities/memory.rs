@@ -53,7 +53,15 @@ impl Default for Memory {
 
 impl Held {
     /// The record, if it is younger than `retention`.
+    /// The record kept under `record`'s key within the retention, if it answers `record` (a
+    /// watermark at its version or past it; any other record).
     fn kept(&self, record: &Record, retention: Duration) -> Option<Recorded> {
+        self.found(record, retention)
+            .filter(|recorded| record.answered_by(recorded))
+    }
+
+    /// The record kept under `record`'s key within the retention, whatever it says.
+    fn found(&self, record: &Record, retention: Duration) -> Option<Recorded> {
         let key = (record.operation.clone(), record.key.clone());
         let (recorded, made) = self.records.get(&key)?;
         (made.elapsed() < retention).then(|| recorded.clone())
@@ -114,7 +122,7 @@ impl Store for Memory {
 
     async fn recorded(&self, record: &Record) -> Result<Option<Recorded>, StoreError> {
         let held = self.held.lock().expect("held");
-        Ok(held.kept(record, self.retention))
+        Ok(held.found(record, self.retention))
     }
 
     async fn record(

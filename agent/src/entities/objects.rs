@@ -18,7 +18,7 @@
 use super::backend::Backend;
 use super::outbox::Outbox;
 use super::retrying::Retrying;
-use super::store::{Committed, Event, Found, Record, Recorded, State, Store, Write};
+use super::store::{Committed, Event, Found, Receipt, Record, Recorded, State, Store, Write};
 use super::transition::{self, Answer, Call, Decision, Entity, TransitionError, Turns};
 use crate::component::client::{CallMeta, Outcome, ProgramClient, ProgramError};
 use crate::component::{Component, ComponentError};
@@ -67,6 +67,9 @@ pub struct Run<'a> {
     /// The caller's idempotency key, when the operation writes to the store (see
     /// [`Objects::records`]); the others' keys are Redis's (`crate::calls::once`).
     pub key: Option<&'a str>,
+    /// A received event's run: `key` names the event (its inbox record) or, for a `latest`
+    /// receiver, its object (a watermark at its version), instead of a caller's key.
+    pub receipt: Option<Receipt>,
 }
 
 impl Run<'_> {
@@ -95,6 +98,24 @@ pub async fn operate(objects: Option<&Objects>, run: Run<'_>) -> Result<Outcome,
 }
 
 /// The operation's own error with the runtime's `code`.
+/// The answer to a `latest` receiver's event older than what it applied (or a copy of it): it
+/// ran nothing.
+fn stale(component: &str, record: &Record, recorded: &Recorded) -> Outcome {
+    let version = |hash: &str| hash.trim_start_matches('0').parse::<u64>().unwrap_or(0);
+    error(
+        STALE,
+        format!(
+            "{component}: {} at version {}, and version {} was applied already: not run",
+            record.key.trim_start_matches("latest:"),
+            version(&record.hash),
+            version(&recorded.hash)
+        ),
+    )
+}
+
+/// The code of a `latest` receiver's stale event (acknowledged, not run).
+pub const STALE: &str = "STALE";
+
 fn error(code: &str, message: String) -> Outcome {
     Outcome::Error {
         code: code.to_owned(),
@@ -186,6 +207,15 @@ impl Objects {
     /// The record that makes `run` apply once: by the caller's key, else by the call's id when
     /// the operation declares `once`.
     fn record_of(&self, run: &Run<'_>) -> Result<Option<Record>, ProgramError> {
+        match (run.receipt, run.key) {
+            (Some(Receipt::Latest(version)), Some(source)) => {
+                return Ok(Some(Record::watermark(run.operation, source, version)))
+            }
+            (Some(Receipt::Inbox), Some(event)) => {
+                return Ok(Some(Record::inbox(run.operation, event)))
+            }
+            _ => {}
+        }
         let key = match run.key {
             Some(key) => format!("key:{key}"),
             None if !self.once.contains(run.operation) => return Ok(None),
@@ -203,6 +233,7 @@ impl Objects {
             operation: run.operation.to_owned(),
             key,
             hash: crate::coordination::atom::repeats::input_hash(&named),
+            latest: false,
         }))
     }
 
@@ -215,8 +246,10 @@ impl Objects {
             return Ok((None, None));
         };
         let repeat = match self.store.recorded(&record).await {
-            Ok(Some(recorded)) => Some(self.repeat(run, &record, recorded)?),
-            Ok(None) => None,
+            Ok(Some(recorded)) if record.answered_by(&recorded) => {
+                Some(self.repeat(run, &record, recorded)?)
+            }
+            Ok(_) => None,
             Err(problem) => Some(self.unavailable(problem)),
         };
         Ok((Some(record), repeat))
@@ -230,6 +263,9 @@ impl Objects {
         record: &Record,
         recorded: Recorded,
     ) -> Result<Outcome, ProgramError> {
+        if record.latest {
+            return Ok(stale(&self.component, record, &recorded));
+        }
         if recorded.hash != record.hash {
             let message = "`key`: given before with another input (limits.once); a key names \
                            one call"
@@ -862,6 +898,7 @@ mod tests {
             meta,
             deadline,
             key,
+            receipt: None,
         };
         objects.operate(run).await
     }
@@ -954,6 +991,7 @@ mod tests {
                 meta: &CallMeta::default(),
                 deadline: far,
                 key: None,
+                receipt: None,
             };
             let answer = objects.operate(run).await.unwrap();
             let Outcome::Error { code, message } = answer else {
@@ -991,6 +1029,7 @@ mod tests {
                     meta: &meta,
                     deadline: far,
                     key: Some("set-5"),
+                    receipt: None,
                 };
                 objects.operate(run).await
             }

@@ -66,6 +66,50 @@ pub struct Record {
     pub key: String,
     /// What the input hashes to: a key given again with another input is refused.
     pub hash: String,
+    /// A receiver's `latest` watermark: `key` names an event's object (`latest:<label>/<id>`)
+    /// and `hash` the event's version ([`Record::watermark`]). A record there with an older
+    /// version is replaced with the write; one at this version or a newer one (within the
+    /// retention) writes nothing, as a repeat does.
+    pub latest: bool,
+}
+
+/// How a received event's run is recorded with its write (DESIGN 18): its key names the event
+/// (`Inbox`: a copy finds the record, whatever its request) or the event's object (`Latest`: a
+/// watermark at the event's version).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Receipt {
+    Inbox,
+    Latest(u64),
+}
+
+impl Record {
+    /// The inbox record of the event `id`: any run of a copy finds it, whatever request a
+    /// receiver's adaptation made this time.
+    pub fn inbox(operation: &str, id: &str) -> Self {
+        Self {
+            operation: operation.to_owned(),
+            key: format!("event:{id}"),
+            hash: "event".to_owned(),
+            latest: false,
+        }
+    }
+
+    /// The watermark of `operation` for the events of `source` (`label/id`) at `version`.
+    pub fn watermark(operation: &str, source: &str, version: u64) -> Self {
+        Self {
+            operation: operation.to_owned(),
+            key: format!("latest:{source}"),
+            // Zero-padded, so that comparing the texts compares the versions.
+            hash: format!("{version:020}"),
+            latest: true,
+        }
+    }
+
+    /// Whether what `recorded` keeps answers this record: the same call kept, or a watermark at
+    /// this version or past it.
+    pub fn answered_by(&self, recorded: &Recorded) -> bool {
+        !self.latest || recorded.hash >= self.hash
+    }
 }
 
 /// What a record keeps: the hash of the input it was made with, and the call's outcome as the

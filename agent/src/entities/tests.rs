@@ -48,6 +48,7 @@ fn record(key: &str) -> Record {
         operation: "reserve".to_owned(),
         key: format!("call:{key}"),
         hash: "h".to_owned(),
+        latest: false,
     }
 }
 
@@ -924,6 +925,7 @@ async fn frozen_once(freeze: Cut, next: u64) {
                 meta: &meta,
                 deadline: Instant::now() + within,
                 key: None,
+                receipt: None,
             };
             operate(Some(objects), run).await.unwrap().to_json()
         }
@@ -1123,6 +1125,54 @@ pub fn test_storage() -> Address {
 }
 
 /// Each case, once on each store.
+/// A `latest` receiver's watermark over the events of one source object: a newer version is
+/// stored with its write, an older one or the same again writes nothing (the record it finds
+/// is what it says), and neither a lost write nor a record alone moves it back.
+async fn a_watermark_takes_newer_versions_only_and_moves_with_its_write(on: On) {
+    let store = on.store().await;
+    let outcome = json!({ "reply": 1 });
+    let put = |n: i64| Write::Put(state(json!({ "available": n })));
+    let at = |version: u64| Record::watermark("record", "store.orders.changed/o1", version);
+    let commit = |read: u64, version: u64| {
+        let store = &store;
+        let outcome = &outcome;
+        async move {
+            let mark = at(version);
+            store
+                .commit("p1", read, put(version as i64), Some((&mark, outcome)), &[])
+                .await
+        }
+    };
+    assert_eq!(commit(0, 3).await, Ok(Committed::Stored { version: 1 }));
+    // Older, and the same again: a repeat, naming the version kept.
+    for older in [2, 3] {
+        match commit(1, older).await {
+            Ok(Committed::Repeated(kept)) => assert_eq!(kept.hash, at(3).hash, "v{older}"),
+            other => panic!("v{older}: {other:?}"),
+        }
+    }
+    let kept = store.recorded(&at(2)).await.unwrap().unwrap();
+    assert!(!at(4).answered_by(&kept) && at(3).answered_by(&kept) && at(2).answered_by(&kept));
+    // Newer: stored, and the mark moves with it.
+    assert_eq!(commit(1, 5).await, Ok(Committed::Stored { version: 2 }));
+    // A newer one whose write is lost keeps the mark where it was.
+    assert_eq!(commit(1, 9).await, Ok(Committed::Lost { current: 2 }));
+    assert_eq!(
+        store.recorded(&at(9)).await.unwrap().unwrap().hash,
+        at(5).hash
+    );
+    // A newer one that writes nothing (DISCARD) still moves it: an older event after it is
+    // stale; an older one is not kept.
+    assert_eq!(store.record(&at(7), &outcome).await, Ok(None));
+    let found = store.record(&at(6), &outcome).await.unwrap();
+    assert_eq!(found.map(|kept| kept.hash), Some(at(7).hash));
+    match commit(2, 6).await {
+        Ok(Committed::Repeated(kept)) => assert_eq!(kept.hash, at(7).hash),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.read("p1").await.unwrap().version(), 2);
+}
+
 macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -1159,6 +1209,7 @@ on_both!(
     a_record_is_kept_with_its_write_or_not_at_all_and_for_its_retention_only,
     a_reply_no_store_can_keep_with_the_calls_record_stores_nothing,
     events_are_stored_with_their_write_and_only_with_it,
+    a_watermark_takes_newer_versions_only_and_moves_with_its_write,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -301,6 +301,7 @@ fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
                         timeout: None,
                         key: None,
                         query: None,
+                        receipt: None,
                     };
                     if let Err(error) = calls
                         .call(&component, &operation, request, false, None)

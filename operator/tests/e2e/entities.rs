@@ -6,7 +6,7 @@
 // The agent's tests' server, shared; they use the parts this suite does not.
 #[allow(dead_code)]
 #[path = "../../../agent/tests/support/postgres.rs"]
-mod postgres;
+pub mod postgres;
 
 use serde_json::{json, Value};
 use std::sync::Arc;

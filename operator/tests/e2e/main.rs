@@ -43,6 +43,7 @@ mod deletion;
 mod deploy;
 mod drain;
 mod entities;
+mod events;
 mod halt;
 mod harness;
 mod image;
@@ -296,6 +297,10 @@ fn batches() -> Vec<Vec<(&'static str, Scenario)>> {
         ("a_typescript_composition_answers_as_the_seed_says", |s| {
             Box::pin(typescript::a_typescript_composition_answers_as_the_seed_says(s))
         }),
+        (
+            "an_event_crosses_two_compositions_once_per_stored_change",
+            |s| Box::pin(events::an_event_crosses_two_compositions_once_per_stored_change(s)),
+        ),
         (
             "two_pods_sharing_a_store_sell_a_stock_of_100_exactly_once_each",
             |s| {

@@ -96,6 +96,27 @@ pub(super) fn arguments(limits: &Limits, dead: &str) -> FieldTable {
     table
 }
 
+/// How many more deliveries than `limits.deliveries` the broker allows an event: the agent
+/// dead-letters at the limit itself (logged, counted); the broker's own limit, which counts
+/// returns at reconnections too and tells nobody, is the backstop for a process that dies on
+/// the event.
+pub(super) const RECEIVERS_MARGIN: i64 = 5;
+
+/// The receivers' queue's arguments: the tasks', with the margin over the delivery limit, and
+/// dead letters kept at least once (the broker holds one until the dead letters confirm it).
+pub(super) fn receivers_arguments(limits: &Limits, dead: &str) -> FieldTable {
+    let mut table = arguments(limits, dead);
+    table.insert(
+        ShortString::from("x-delivery-limit"),
+        AMQPValue::LongLongInt(i64::from(limits.deliveries) - 1 + RECEIVERS_MARGIN),
+    );
+    table.insert(
+        ShortString::from("x-dead-letter-strategy"),
+        AMQPValue::LongString(LongString::from("at-least-once")),
+    );
+    table
+}
+
 /// How the shared queue was found.
 pub(super) enum Declared {
     /// With our arguments.
@@ -138,6 +159,25 @@ pub(super) async fn declare_dead(session: &Session, queue: &str) -> Result<(), l
     let channel = session.connection.create_channel().await?;
     channel
         .queue_declare(queue.into(), durable(), FieldTable::default())
+        .await?;
+    let _ = channel.close(200, "declared".into()).await;
+    Ok(())
+}
+
+/// Declares a dead-letter queue as a quorum queue (replicated, and a target the at-least-once
+/// dead-lettering confirms into).
+pub(super) async fn declare_dead_quorum(
+    session: &Session,
+    queue: &str,
+) -> Result<(), lapin::Error> {
+    let channel = session.connection.create_channel().await?;
+    let mut quorum = FieldTable::default();
+    quorum.insert(
+        ShortString::from("x-queue-type"),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    channel
+        .queue_declare(queue.into(), durable(), quorum)
         .await?;
     let _ = channel.close(200, "declared".into()).await;
     Ok(())

@@ -19,6 +19,7 @@ use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// An event as a receiver gets it.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +57,8 @@ pub struct Receiving {
     pub component: String,
     pub labels: Vec<String>,
     pub receiver: Arc<dyn Receive>,
+    /// Whether the component's program answers: while it does not, its events go elsewhere.
+    pub alive: watch::Receiver<bool>,
     /// `toa_events_dead_lettered_total` of the component.
     pub dead_lettered: Counter,
 }
@@ -95,10 +98,10 @@ impl Broker {
             message: e.to_string(),
         };
         let dead = self.names.receivers_dead(&receiving.component);
-        queues::declare_dead(session, &dead)
+        queues::declare_dead_quorum(session, &dead)
             .await
             .map_err(refused)?;
-        let arguments = queues::arguments(&self.limits, &dead);
+        let arguments = queues::receivers_arguments(&self.limits, &dead);
         if let Declared::AsFound(refusal) = queues::declare_shared(session, &queue, arguments)
             .await
             .map_err(refused)?
@@ -110,38 +113,19 @@ impl Broker {
             .basic_qos(self.prefetch, BasicQosOptions::default())
             .await
             .map_err(refused)?;
-        let consumer = channel
-            .basic_consume(
-                queue.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(refused)?;
-        session.consuming(Consuming {
-            channel,
-            tag: consumer.tag(),
-            queue,
-            own: false,
-        });
         let taking = Taking {
             session: session.clone(),
+            channel,
+            queue: queue.clone(),
             receiving: receiving.clone(),
             deliveries: self.limits.deliveries,
+            message_limit: self.limits.message as usize,
             draining: self.draining.subscribe(),
         };
+        let consumer = taking.consume().await.map_err(refused)?;
         tokio::spawn(take(taking, consumer));
         Ok(())
     }
-}
-
-/// What a consumer of a receivers' queue works with.
-struct Taking {
-    session: Arc<Session>,
-    receiving: Receiving,
-    deliveries: u32,
-    draining: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Broker {
@@ -182,34 +166,144 @@ impl Broker {
     }
 }
 
-/// Takes the queue's deliveries, each on a task of its own, until the consumer ends: with the
-/// session, at the drain, or under a living connection (the queue deleted, the broker's
-/// consumer timeout), when a new session receives again.
-async fn take(taking: Taking, mut consumer: lapin::Consumer) {
-    let Taking {
-        session,
-        receiving,
-        deliveries,
-        draining,
-    } = taking;
-    while let Some(Ok(delivery)) = consumer.next().await {
-        let receiving = receiving.clone();
-        tokio::spawn(async move { handle(delivery, &receiving, deliveries).await });
+/// What a consumer of a receivers' queue works with.
+#[derive(Clone)]
+struct Taking {
+    session: Arc<Session>,
+    channel: lapin::Channel,
+    queue: String,
+    receiving: Receiving,
+    deliveries: u32,
+    /// The largest event taken, in bytes (`limits.message`).
+    message_limit: usize,
+    draining: watch::Receiver<bool>,
+}
+
+impl Taking {
+    /// A consumer of the queue, registered with the session (the drain cancels it).
+    async fn consume(&self) -> Result<lapin::Consumer, lapin::Error> {
+        let consumer = self
+            .channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        self.session.consuming(Consuming {
+            channel: self.channel.clone(),
+            tag: consumer.tag(),
+            queue: self.queue.clone(),
+            own: false,
+        });
+        Ok(consumer)
     }
-    if !session.is_lost() && !*draining.borrow() {
-        tracing::warn!(component = %receiving.component, "the receivers' consumer stopped: opening a new session");
-        session.lost.cancel();
+
+    fn given_up(&self) -> bool {
+        self.session.is_lost() || *self.draining.borrow()
     }
 }
 
-async fn handle(delivery: Delivery, receiving: &Receiving, deliveries: u32) {
-    let incoming = match incoming(&delivery) {
+/// Takes the queue's deliveries, each on a task of its own, until the consumer ends: with the
+/// session, at the drain, or under a living connection (the queue deleted, the broker's
+/// consumer timeout), when a new session receives again. While the program is down the
+/// consumer steps back (its events go to other replicas) and comes back with it.
+async fn take(taking: Taking, mut consumer: lapin::Consumer) {
+    let mut alive = taking.receiving.alive.clone();
+    loop {
+        let stepped_back = loop {
+            tokio::select! {
+                delivery = consumer.next() => match delivery {
+                    Some(Ok(delivery)) => {
+                        let taking = taking.clone();
+                        tokio::spawn(async move { handle(delivery, &taking).await });
+                    }
+                    _ => break false,
+                },
+                _ = alive.wait_for(|alive| !*alive) => break true,
+            }
+        };
+        if !stepped_back {
+            break;
+        }
+        match step_back(&taking, consumer, &mut alive).await {
+            Some(again) => consumer = again,
+            None => return,
+        }
+    }
+    if !taking.given_up() {
+        let component = &taking.receiving.component;
+        tracing::warn!(%component, "the receivers' consumer stopped: opening a new session");
+        taking.session.lost.cancel();
+    }
+}
+
+/// Cancels the consumer of a program that is down (what it holds goes back to the broker),
+/// waits for the program, and consumes again: the new consumer, or `None` once the session or
+/// the process ends meanwhile.
+async fn step_back(
+    taking: &Taking,
+    mut consumer: lapin::Consumer,
+    alive: &mut watch::Receiver<bool>,
+) -> Option<lapin::Consumer> {
+    let queue = &taking.queue;
+    tracing::warn!(%queue, "the program is down: its events go to other replicas until it is back");
+    let _ = taking
+        .channel
+        .basic_cancel(consumer.tag(), Default::default())
+        .await;
+    while let Some(Ok(delivery)) = consumer.next().await {
+        give_back(&delivery).await;
+    }
+    tokio::select! {
+        _ = alive.wait_for(|alive| *alive) => {}
+        () = taking.session.lost.cancelled() => return None,
+    }
+    if taking.given_up() {
+        return None;
+    }
+    match taking.consume().await {
+        Ok(consumer) => Some(consumer),
+        Err(error) => {
+            tracing::warn!(%error, %queue, "cannot take events again; the session will be replaced");
+            taking.session.lost.cancel();
+            None
+        }
+    }
+}
+
+/// Gives `delivery` back at once, for another replica (or this one, later).
+async fn give_back(delivery: &Delivery) {
+    let again = BasicNackOptions {
+        requeue: true,
+        ..Default::default()
+    };
+    if let Err(error) = delivery.acker.nack(again).await {
+        tracing::debug!(%error, "an event could not be given back: it comes again with the next connection");
+    }
+}
+
+/// Runs one delivery once the program answers: acknowledged, given back or dead-lettered as its
+/// receiver says. At the drain it is given back unrun.
+async fn handle(delivery: Delivery, taking: &Taking) {
+    let receiving = &taking.receiving;
+    let incoming = match incoming(&delivery, taking.message_limit) {
         Ok(incoming) => incoming,
         Err(reason) => {
             let id = message_id(&delivery);
             return dead(&delivery, receiving, &id, &reason).await;
         }
     };
+    let (mut alive, mut draining) = (receiving.alive.clone(), taking.draining.clone());
+    tokio::select! {
+        _ = alive.wait_for(|alive| *alive) => {}
+        _ = draining.wait_for(|draining| *draining) => {}
+    }
+    if *draining.borrow() {
+        return give_back(&delivery).await;
+    }
+    let deliveries = taking.deliveries;
     match receiving.receiver.receive(&incoming).await {
         Verdict::Done => {
             if let Err(error) = delivery.acker.ack(BasicAckOptions::default()).await {
@@ -224,13 +318,7 @@ async fn handle(delivery: Delivery, receiving: &Receiving, deliveries: u32) {
         Verdict::Again(reason) => {
             tracing::warn!(event = %incoming.id, delivery = incoming.delivery, %reason, "an event was not handled: it comes again");
             tokio::time::sleep(pause(incoming.delivery)).await;
-            let again = BasicNackOptions {
-                requeue: true,
-                ..Default::default()
-            };
-            if let Err(error) = delivery.acker.nack(again).await {
-                tracing::warn!(%error, event = %incoming.id, "an event could not be given back: it comes again with the next connection");
-            }
+            give_back(&delivery).await;
         }
     }
 }
@@ -257,18 +345,41 @@ pub fn pause(delivery: u32) -> Duration {
 }
 
 /// The event a delivery carries, or why it is none: any client of the broker user can publish
-/// to the exchange.
-fn incoming(delivery: &Delivery) -> Result<Incoming, String> {
-    let payload: Value = serde_json::from_slice(&delivery.data)
-        .map_err(|error| format!("the message is not JSON: {error}"))?;
-    if !payload.is_object() {
-        return Err("the message is not a JSON object (an object as stored)".to_owned());
+/// to the exchange, so the message must be an object as stored (`id`, `VERSION`) whose message
+/// id is its `label/id/version` (an id its receiver's record is kept by), within `limit` bytes.
+/// What is wrong is said without the message's content.
+fn incoming(delivery: &Delivery, limit: usize) -> Result<Incoming, String> {
+    if delivery.data.len() > limit {
+        return Err(format!(
+            "the message holds {} bytes, more than the {limit} of limits.message",
+            delivery.data.len()
+        ));
     }
+    let payload: Value = serde_json::from_slice(&delivery.data).map_err(|error| {
+        format!(
+            "the message is not JSON (at line {}, column {})",
+            error.line(),
+            error.column()
+        )
+    })?;
     let headers = delivery.properties.headers().as_ref();
     let label = match header(headers, super::events::LABEL) {
         Some(AMQPValue::LongString(label)) => label.to_string(),
         _ => delivery.routing_key.to_string(),
     };
+    let id = payload.get("id").and_then(Value::as_str);
+    let version = payload.get("VERSION").and_then(Value::as_u64);
+    let (Some(id), Some(version)) = (id, version) else {
+        return Err(
+            "the message is not an object as stored, with a string id and a whole VERSION"
+                .to_owned(),
+        );
+    };
+    if message_id(delivery) != format!("{label}/{id}/{version}") {
+        return Err(format!(
+            "the message id is not {label}/<its id>/<its VERSION>, which an event's is"
+        ));
+    }
     let returns = match header(headers, DELIVERY_COUNT) {
         Some(AMQPValue::LongLongInt(n)) => u32::try_from(*n).unwrap_or(u32::MAX),
         Some(AMQPValue::LongInt(n)) => u32::try_from(*n).unwrap_or(u32::MAX),

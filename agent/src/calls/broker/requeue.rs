@@ -8,7 +8,7 @@ use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
     QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::Confirmation;
 
 /// The headers the broker wrote when it dead-lettered or counted a message: the requeued one
@@ -19,6 +19,23 @@ const BROKERS: [&str; 4] = [
     "x-first-death-exchange",
     "x-first-death-queue",
 ];
+
+/// The routing key a dead-lettered message first came with (`x-death[0].routing-keys[0]`).
+fn first_routing_key(headers: Option<&FieldTable>) -> Option<String> {
+    let Some(AMQPValue::FieldArray(deaths)) = headers?.inner().get("x-death") else {
+        return None;
+    };
+    let Some(AMQPValue::FieldTable(death)) = deaths.as_slice().first() else {
+        return None;
+    };
+    let Some(AMQPValue::FieldArray(keys)) = death.inner().get("routing-keys") else {
+        return None;
+    };
+    match keys.as_slice().first() {
+        Some(AMQPValue::LongString(key)) => Some(key.to_string()),
+        _ => None,
+    }
+}
 
 /// Moves what `component`'s dead letters hold now (not what arrives meanwhile) back to its
 /// receivers' queue; how many moved.
@@ -81,6 +98,16 @@ async fn move_one(
     for (name, value) in delivery.properties.headers().iter().flat_map(|h| h.inner()) {
         if !BROKERS.contains(&name.as_str()) {
             headers.insert(name.clone(), value.clone());
+        }
+    }
+    // An event of an agent before the label header: its label was the routing key it came
+    // with, which the broker wrote in `x-death`.
+    if !headers.inner().contains_key(super::events::LABEL) {
+        if let Some(label) = first_routing_key(delivery.properties.headers().as_ref()) {
+            headers.insert(
+                super::events::LABEL.into(),
+                AMQPValue::LongString(label.into()),
+            );
         }
     }
     let properties = delivery.properties.clone().with_headers(headers);

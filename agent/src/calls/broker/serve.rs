@@ -518,6 +518,7 @@ impl Call {
             timeout: None,
             key: request.key.clone(),
             query: request.query.clone(),
+            receipt: None,
         };
         let checked = crate::calls::contract::check_contract(
             &served.component,
@@ -568,6 +569,7 @@ impl Call {
                 meta: &meta,
                 deadline: tokio::time::Instant::now() + limit,
                 key: stored_key,
+                receipt: None,
             };
             crate::entities::objects::operate(objects, run).await
         };

@@ -574,7 +574,7 @@ impl Postgres {
         &'a self,
         record: &'a Record,
         outcome: &'a Json<&'a Value>,
-    ) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 6] {
+    ) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 7] {
         [
             &self.component,
             &record.operation,
@@ -582,6 +582,8 @@ impl Postgres {
             &record.hash,
             outcome,
             &self.retention,
+            // A watermark's older version is replaced (the hash is the version, zero-padded).
+            &record.latest,
         ]
     }
 
@@ -759,7 +761,8 @@ impl Statements {
                 "INSERT INTO {once} AS o (component, operation, key, hash, outcome) \
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT (component, operation, key) \
                  DO UPDATE SET hash = EXCLUDED.hash, outcome = EXCLUDED.outcome, at = now() \
-                 WHERE o.at <= now() - make_interval(secs => $6::float8)"
+                 WHERE o.at <= now() - make_interval(secs => $6::float8) \
+                 OR ($7::bool AND o.hash < EXCLUDED.hash)"
             ),
             purge: format!("DELETE FROM {once} WHERE component = $1 AND at <= {past}"),
         }

@@ -430,11 +430,12 @@ impl Composition {
         calls: &Arc<Calls>,
     ) -> Result<(), ComposeError> {
         let deliveries = self.context.limits.deliveries;
-        for member in &self.members {
+        for (member, alive) in self.members.iter().zip(&self.alive) {
             let component = &member.component;
             if component.manifest.receivers.is_empty() {
                 continue;
             }
+            latest_on_the_store(member)?;
             let receivers = Arc::new(Receivers::new(
                 component.clone(),
                 calls.clone(),
@@ -449,6 +450,7 @@ impl Composition {
                         component: component.name.clone(),
                         labels: receivers.labels(),
                         receiver: receivers,
+                        alive: alive.clone(),
                         dead_lettered: self
                             .metrics
                             .events_dead_lettered(&self.context.name, &component.name),
@@ -700,5 +702,33 @@ pub fn signals() -> impl Future<Output = ()> {
             _ = interrupt.recv() => {}
             _ = term.recv() => {}
         }
+    }
+}
+
+/// A receiver declaring `latest` keeps the versions it applied with its writes: its operation
+/// must be a transition or an assignment (known once the program said its kinds).
+fn latest_on_the_store(member: &Member) -> Result<(), ComposeError> {
+    let component = &member.component;
+    let records = |operation: &str| {
+        member
+            .objects
+            .as_ref()
+            .is_some_and(|objects| objects.records(operation))
+    };
+    match component
+        .manifest
+        .receivers
+        .iter()
+        .find(|(_, receiver)| receiver.latest() && !records(receiver.operation()))
+    {
+        Some((label, receiver)) => Err(ComposeError::Component(ComponentError::Mismatch {
+            component: component.name.clone(),
+            message: format!(
+                "`receivers.{label}`: `latest` keeps the versions applied with the writes, and \
+                 {} is not a transition or an assignment",
+                receiver.operation()
+            ),
+        })),
+        None => Ok(()),
     }
 }
