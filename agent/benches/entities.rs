@@ -11,12 +11,10 @@
 //! the agent's are. Observation: `observe` through the agent
 //! against a bare SELECT plus one bare loopback HTTP round trip (the local call a caller makes).
 
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 mod common;
-use common::{free_port, line, measure, post, root, rss_mb, wait_ready, Agent};
+use common::{compose, connect, free_port, line, measure, post, rss_mb, wait_ready};
 
 const CALLERS: usize = 16;
 /// The bare baseline's connections: as many as the agent's pool has (entities/backend.rs), so
@@ -24,27 +22,6 @@ const CALLERS: usize = 16;
 const CONNECTIONS: usize = 8;
 const CALLS: usize = 4_000;
 const OBJECTS: usize = 1_000;
-
-/// `toa-agent compose` of the stock component with the store, on `port`.
-fn start_agent(port: u16, application: &str) -> Agent {
-    let context = std::env::temp_dir().join(format!("toa-bench-entities-{port}.yaml"));
-    let text = format!("name: {application}\nstorage: postgres://127.0.0.1:5432/toa\n");
-    std::fs::write(&context, text).unwrap();
-    let agent = Path::new(env!("CARGO_BIN_EXE_toa-agent"));
-    let child = Command::new(agent)
-        .current_dir(root())
-        .args(["compose", "agent/tests/components/stock-retry", "--context"])
-        .arg(&context)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("TOA_STORAGE_USERNAME", "toa")
-        .env("TOA_STORAGE_PASSWORD", "toa")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    Agent(child)
-}
 
 /// One connection of the bare baseline, with its statements prepared once (as the agent's
 /// are, per pooled connection).
@@ -59,14 +36,7 @@ struct Bare {
 async fn bare(connections: usize) -> (Arc<Vec<Bare>>, String) {
     let mut clients = Vec::new();
     for _ in 0..connections {
-        let (client, connection) = tokio_postgres::connect(
-            "host=127.0.0.1 port=5432 user=toa password=toa dbname=toa",
-            tokio_postgres::NoTls,
-        )
-        .await
-        .unwrap();
-        tokio::spawn(connection);
-        clients.push(client);
+        clients.push(connect().await);
     }
     let table = format!("bench_bare_{}", std::process::id());
     clients[0]
@@ -129,7 +99,9 @@ async fn bare_transit(bare: &Bare, id: &str, n: i64) {
 async fn main() {
     let port = free_port();
     let application = format!("bench-{}", std::process::id());
-    let agent = start_agent(port, &application);
+    let context = "storage: postgres://127.0.0.1:5432/toa\n";
+    let components = ["agent/tests/components/stock-retry"];
+    let agent = compose(port, (&application, context), &components, &[]);
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let base = format!("http://127.0.0.1:{port}/v1/call/fulfilment.stock");
     wait_ready(&http, port).await;

@@ -12,40 +12,16 @@
 //!   inserts its two event rows, then two confirmed publishes.
 
 use futures::StreamExt;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{free_port, line, measure, post, root, wait_ready, Agent};
+use common::{compose, connect, free_port, line, measure, post, wait_ready};
 
 const CALLERS: usize = 16;
 const CALLS: usize = 3_000;
 const OBJECTS: usize = 1_000;
 const BROKER: &str = "amqp://127.0.0.1:5672";
-
-/// `toa-agent compose` of both components, on `port`.
-fn start_agent(port: u16, application: &str) -> Agent {
-    let context = std::env::temp_dir().join(format!("toa-bench-events-{port}.yaml"));
-    let text =
-        format!("name: {application}\namqp: {BROKER}\nstorage: postgres://127.0.0.1:5432/toa\n");
-    std::fs::write(&context, text).unwrap();
-    let child = Command::new(Path::new(env!("CARGO_BIN_EXE_toa-agent")))
-        .current_dir(root())
-        .args(["compose", "agent/tests/components/orders-events"])
-        .args(["agent/tests/components/stock-retry", "--context"])
-        .arg(&context)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("TOA_STORAGE_USERNAME", "toa")
-        .env("TOA_STORAGE_PASSWORD", "toa")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    Agent(child)
-}
 
 /// A queue of this process's own bound to every label of `exchange` (declared as the agent
 /// does), and its consumer.
@@ -131,7 +107,12 @@ async fn transits(
 async fn main() {
     let port = free_port();
     let application = format!("bench-events-{}", std::process::id());
-    let _agent = start_agent(port, &application);
+    let context = format!("amqp: {BROKER}\nstorage: postgres://127.0.0.1:5432/toa\n");
+    let components = [
+        "agent/tests/components/orders-events",
+        "agent/tests/components/stock-retry",
+    ];
+    let _agent = compose(port, (&application, &context), &components, &[]);
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     wait_ready(&http, port).await;
     let (_channel, mut consumer) = listen(&format!("toa.{application}#events")).await;
@@ -233,16 +214,4 @@ async fn cleanup(application: &str) {
             }
         }
     }
-}
-
-/// A connection to the tests' PostgreSQL as its owner.
-async fn connect() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(
-        "host=127.0.0.1 port=5432 user=toa password=toa dbname=toa",
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
-    tokio::spawn(connection);
-    client
 }

@@ -118,3 +118,43 @@ pub async fn wait_ready(http: &reqwest::Client, port: u16) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// `toa-agent compose` of `components` on `port`, in `application` with `context` (its other
+/// lines: `amqp`, `storage`), the tests' PostgreSQL login and `env` given; killed when dropped.
+pub fn compose(
+    port: u16,
+    (application, context): (&str, &str),
+    components: &[&str],
+    env: &[(&str, &str)],
+) -> Agent {
+    let file = std::env::temp_dir().join(format!("toa-bench-{application}-{port}.yaml"));
+    std::fs::write(&file, format!("name: {application}\n{context}")).unwrap();
+    let child = std::process::Command::new(Path::new(env!("CARGO_BIN_EXE_toa-agent")))
+        .current_dir(root())
+        .arg("compose")
+        .args(components)
+        .arg("--context")
+        .arg(&file)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("TOA_STORAGE_USERNAME", "toa")
+        .env("TOA_STORAGE_PASSWORD", "toa")
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    Agent(child)
+}
+
+/// A connection to the tests' PostgreSQL as its owner.
+pub async fn connect() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(
+        "host=127.0.0.1 port=5432 user=toa password=toa dbname=toa",
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    client
+}

@@ -299,10 +299,12 @@ impl Composition {
         watch
             .watched(lifecycle::run_up(&self.members, &self.serving))
             .await?;
-        self.lifecycle_done.send_replace(true);
+        // Receiving before the process says it is ready: a ready replica's queue is bound, so
+        // the events published from then on reach it (a bench saw the first ones dropped).
         watch
             .watched(self.receive_events(&sink, broker.as_ref(), &calls))
             .await?;
+        self.lifecycle_done.send_replace(true);
         let names: Vec<&str> = self.loaded.iter().map(|c| c.name.as_str()).collect();
         tracing::info!(components = ?names, "Composition complete");
         if let Some(on_ready) = self.on_ready.take() {
