@@ -78,14 +78,6 @@ LACKING = {
                "request input", "request instance", "request timeout", "request key",
                "request query", "request query.id", "request query.version",
                "header toa-call", *ERROR),
-
-        # No receivers' adaptations yet (receivers/<label>.ts): events reach a TypeScript
-        # component's receivers as `{ input: <the event> }`.
-        "GET /program response receivers",
-        *route("POST /receivers/{label}", "path label", "header Authorization", "request payload",
-               "response request", "response request.input", "response request.query",
-               "response request.query.id", "response request.query.version",
-               "response request.instance"),
     },
 }
 

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use support::{call_with, Composition};
 
 const ORDERS: &str = "agent/tests/components/orders-events";
+/// The orders with an event whose condition the program keeps.
+const CONDITIONAL: &str = "agent/tests/components/orders-conditional";
 /// The events' lease (agent/src/entities/store.rs), as docs/events.md states it.
 const LEASE: Duration = Duration::from_secs(5);
 const BROKER: &str = "amqp://127.0.0.1:5672";
@@ -269,5 +271,63 @@ async fn a_paused_replica_relays_nothing_until_it_resumes() {
     assert_eq!(control(port, "resume"), "running");
     let (seen, _) = received(&mut consumer, 20).await;
     assert_eq!(seen.len(), 20, "{:?}", seen.keys());
+    assert!(seen.values().all(|(n, _)| *n == 1), "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_condition_decides_which_events_a_write_publishes_from_the_object_and_what_it_was() {
+    let (context, application, _queues) =
+        support::broker_context_with("conditions", BROKER, STORAGE);
+    let context = context.display().to_string();
+    let (_connection, mut consumer) = listen(&application).await;
+    let orders = Composition::start(&[CONDITIONAL, "--context", &context], &LOGIN);
+    orders.wait_ready();
+    let call = |operation: &str, body: Value| {
+        let target = format!("store.orders.{operation}");
+        call_with(&orders.agent, &target, "", &body.to_string())
+    };
+    let on = |input: Value| json!({"query": {"id": "o1"}, "input": input});
+    // v1 new, v2 approved, v3 approved still (its total changed), then by assignments: v4 new,
+    // v5 approved again.
+    let writes = [
+        ("transit", on(json!({"total": 5}))),
+        ("approve", json!({"query": {"id": "o1"}})),
+        ("transit", on(json!({"total": 6}))),
+        ("assign", on(json!({"status": "new"}))),
+        ("assign", on(json!({"status": "approved"}))),
+    ];
+    for (version, (operation, body)) in (1..).zip(writes) {
+        let (status, answer) = call(operation, body);
+        assert_eq!(status, 200, "{operation}: {answer}");
+        assert_eq!(answer["reply"]["VERSION"], json!(version), "{answer}");
+    }
+    // The condition fails: so does the write, and nothing of it is stored or published.
+    let (status, failed) = call(
+        "transit",
+        json!({"query": {"id": "o2"}, "input": {"total": 13}}),
+    );
+    assert!(status >= 500, "{status} {failed}");
+    assert!(
+        !failed.to_string().contains("13 is refused"),
+        "the condition's message holds the object's data and is not passed on: {failed}"
+    );
+    let (status, missing) = call("observe", json!({"query": {"id": "o2"}}));
+    assert_eq!(
+        (status, &missing["reply"]["VERSION"]),
+        (200, &json!(0)),
+        "{missing}"
+    );
+    let (seen, _) = received(&mut consumer, 7).await;
+    let ids: BTreeSet<&str> = seen.keys().map(String::as_str).collect();
+    let expected = BTreeSet::from([
+        "store.orders.changed/o1/1",
+        "store.orders.changed/o1/2",
+        "store.orders.changed/o1/3",
+        "store.orders.changed/o1/4",
+        "store.orders.changed/o1/5",
+        "store.orders.approved/o1/2",
+        "store.orders.approved/o1/5",
+    ]);
+    assert_eq!(ids, expected, "{}", orders.log());
     assert!(seen.values().all(|(n, _)| *n == 1), "{seen:?}");
 }

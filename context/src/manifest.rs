@@ -480,11 +480,15 @@ impl Manifest {
 
     /// The labels of the events the component publishes: `namespace.name.event`.
     pub fn event_labels(&self) -> Vec<String> {
-        let component = self.full_name();
         self.events
             .keys()
-            .map(|event| format!("{component}.{event}"))
+            .map(|name| self.event_label(name))
             .collect()
+    }
+
+    /// The label of the component's event `name`: `namespace.name.event`.
+    pub fn event_label(&self, name: &str) -> String {
+        format!("{}.{name}", self.full_name())
     }
 
     /// The operations a component with an entity has without declaring them: `observe` (one

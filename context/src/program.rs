@@ -51,6 +51,20 @@ pub fn receiver_path(label: &str) -> String {
     format!("/receivers/{label}")
 }
 
+/// Which of the events a stored write publishes, of those whose condition the program keeps
+/// (`events/<name>` exporting `condition(entry, previous)`): `POST` with a [`Conditions`],
+/// answered `{"publish": [<the names of those whose condition holds>]}`.
+pub const CONDITIONS_PATH: &str = "/conditions";
+
+/// The body of a [`CONDITIONS_PATH`] request: the object as the write stores it (with its `id`
+/// and new `VERSION`; a deletion: `DELETED: true` instead of properties) and as it was before
+/// (`null`: there was none: the write creates it, or it was deleted).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Conditions<'a> {
+    pub entry: &'a Value,
+    pub previous: Option<&'a Value>,
+}
+
 /// What the program says it serves (optional): `GET`, answered with a [`Description`].
 pub const PROGRAM_PATH: &str = "/program";
 
@@ -69,6 +83,11 @@ pub struct Description {
     /// `receivers/<label>` exporting `request(payload)`): [`receiver_path`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub receivers: Vec<String>,
+    /// The names of the events whose condition the program keeps (a module `events/<name>`
+    /// exporting `condition(entry, previous)`): [`CONDITIONS_PATH`]. The others publish on
+    /// every stored change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<String>,
 }
 
 /// The body of an operation's request: its input, the object it works on (a transition's or

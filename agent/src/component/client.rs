@@ -26,6 +26,10 @@ pub enum ProgramError {
         "{component} answered more than {limit} bytes (limits.message); the answer is dropped"
     )]
     TooLarge { component: String, limit: usize },
+    /// The program answered a question of the agent's (which events a write publishes) with
+    /// something that is not an answer to it; not quoted: the question held the object's data.
+    #[error("{component}: {message}")]
+    Unanswered { component: String, message: String },
     /// The call breaks what the operation takes, found where it runs (a query an effect does not
     /// take, no id for an object): the caller's `RequestContract`.
     #[error("{0}")]
@@ -333,6 +337,55 @@ impl ProgramClient {
         }
     }
 
+    /// Which of the events whose condition the program keeps hold for a write that stores
+    /// `entry` over `previous` (`None`: there was none): their names, each one of `asked`.
+    pub async fn conditions(
+        &self,
+        entry: &Value,
+        previous: Option<&Value>,
+        asked: &[String],
+        limit: Duration,
+    ) -> Result<Vec<String>, ProgramError> {
+        // As for any run of the program: one that could not finish before the caller stops
+        // waiting does not start.
+        if limit <= program::START_MARGIN {
+            let component = self.component.clone();
+            return Err(ProgramError::TimedOut { component, limit });
+        }
+        let body = program::Conditions { entry, previous };
+        let body = serde_json::to_value(body).expect("JSON values serialise");
+        let response = self.post(program::CONDITIONS_PATH, &body, limit).await?;
+        let status = response.status().as_u16();
+        let body = self.body(response, limit).await?;
+        let unanswered = |what: String| ProgramError::Unanswered {
+            component: self.component.clone(),
+            message: format!("its events' conditions answered {what}; nothing was stored"),
+        };
+        if !(200..300).contains(&status) {
+            // Not quoted: what a failing condition says may quote the object.
+            let length = body.len();
+            let failed = format!("{status} ({length} bytes, in the program's log if anywhere)");
+            return Err(unanswered(failed));
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Answer {
+            publish: Vec<String>,
+        }
+        let answer: Answer = serde_json::from_str(&body).map_err(|_| {
+            unanswered(format!(
+                "something that is not {{\"publish\": [names]}} ({} bytes)",
+                body.len()
+            ))
+        })?;
+        match answer.publish.iter().find(|name| !asked.contains(name)) {
+            Some(name) => Err(unanswered(format!(
+                "{name:?}, which is no event with a condition of its"
+            ))),
+            None => Ok(answer.publish),
+        }
+    }
+
     /// Posts an operation's call: the answer's status, its JSON and its text.
     async fn exchange(
         &self,
@@ -433,6 +486,7 @@ mod tests {
                 operations: vec!["send".into()],
                 kinds: Default::default(),
                 receivers: Vec::new(),
+                conditions: Vec::new(),
             })
         );
         // Something else answered with 200 (a catch-all page): no description.

@@ -175,6 +175,29 @@ impl Component {
         self.manifest.exports(command)
     }
 
+    /// Checks that every event whose condition the program keeps (`events/<name>` modules) is
+    /// one the manifest declares: a condition of an event never published is a mismatch,
+    /// naming it.
+    pub fn conditioned(
+        &self,
+        description: Option<&client::Description>,
+    ) -> Result<(), ComponentError> {
+        let conditions = description.map_or(&[][..], |d| d.conditions.as_slice());
+        match conditions
+            .iter()
+            .find(|name| !self.manifest.events.contains_key(*name))
+        {
+            Some(name) => Err(ComponentError::Mismatch {
+                component: self.name.clone(),
+                message: format!(
+                    "it has a condition module for the event {name:?} (events/{name}), which \
+                     the manifest's events do not name"
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The labels whose receiver's request the program makes (`receivers/<label>` modules),
     /// each one the manifest receives: an adaptation of an event the component does not
     /// receive is a mismatch, naming it.
@@ -285,6 +308,7 @@ mod tests {
             operations: operations.iter().map(|o| (*o).to_owned()).collect(),
             kinds: Default::default(),
             receivers: Vec::new(),
+            conditions: Vec::new(),
         }
     }
 

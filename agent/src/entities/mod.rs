@@ -11,7 +11,8 @@
 //! - [`objects`]: a component's objects as calls reach them: each operation's kind, the
 //!   inherited operations, observations, assignments and transitions against the store.
 //!
-//! - [`outbox`]: the events stored writes publish, published by their committer and relayed by
+//! - [`conditions`]: which events a stored write publishes (the program's conditions);
+//!   [`outbox`]: the events stored writes publish, published by their committer and relayed by
 //!   every replica.
 //!
 //! - [`retrying`]: the calls running as transitions under `retry`, whose calls to an operation
@@ -21,6 +22,7 @@
 //! write ([`store::Record`]), in the same transaction.
 
 pub(crate) mod backend;
+pub(crate) mod conditions;
 pub(crate) mod memory;
 pub(crate) mod objects;
 pub(crate) mod outbox;

@@ -16,6 +16,7 @@
 //! API answers with 404, 412, 409, 409 and 503.
 
 use super::backend::Backend;
+use super::conditions::Publishing;
 use super::outbox::Outbox;
 use super::retrying::Retrying;
 use super::store::{Committed, Event, Found, Receipt, Record, Recorded, State, Store, Write};
@@ -47,8 +48,8 @@ pub struct Objects {
     /// The operations declaring `once`.
     once: BTreeSet<String>,
     store: Arc<Backend>,
-    /// The labels of the events a stored write publishes, and their outbox (`None`: none).
-    labels: Vec<String>,
+    /// The events a stored write publishes, and their outbox (`None`: none).
+    publishing: Publishing,
     outbox: Option<Arc<Outbox>>,
     turns: Turns,
     /// This process's calls running as transitions under `retry` (shared by its components).
@@ -163,12 +164,12 @@ impl Objects {
             }
         })?;
         let store = Arc::new(store);
-        let labels = component.manifest.event_labels();
+        let publishing = Publishing::new(component, description)?;
         let outbox =
-            (!labels.is_empty()).then(|| Arc::new(Outbox::new(&component.name, store.clone())));
+            (!publishing.is_empty()).then(|| Arc::new(Outbox::new(&component.name, store.clone())));
         Ok(Some(Self {
             component: component.name.clone(),
-            labels,
+            publishing,
             outbox,
             associated: entity.associated,
             blank: entity.blank.clone(),
@@ -553,6 +554,8 @@ impl Objects {
             let message = precondition(id, expected, read);
             return Ok(Some(error("PRECONDITION_FAILED", message)));
         }
+        let previous = self.publishes();
+        let previous = previous.then(|| transition::as_before(&found, id, &self.blank));
         let mut state = match found {
             Found::Live { state, .. } => state,
             Found::Deleted { .. } if !self.associated => {
@@ -574,7 +577,9 @@ impl Objects {
         let outcome = json!({ "reply": entry });
         let recorded = record.map(|record| (record, &outcome));
         let write = Write::Put(state);
-        let events = Event::of(&self.labels, id, read + 1, &write);
+        let events = self
+            .events_of(run, id, read + 1, &write, previous.flatten())
+            .await?;
         match self.store.commit(id, read, write, recorded, &events).await {
             Ok(Committed::Stored { .. }) => {
                 self.stored(events);
@@ -587,6 +592,32 @@ impl Objects {
             Ok(Committed::Lost { .. }) => Ok(None),
             Err(problem) => Ok(Some(self.unavailable(problem))),
         }
+    }
+
+    fn publishes(&self) -> bool {
+        !self.publishing.is_empty()
+    }
+
+    /// The events an assignment's write of `id` at `version` publishes, over the object as it
+    /// was (`previous`); a condition the program could not answer is the call's failure.
+    async fn events_of(
+        &self,
+        run: &Run<'_>,
+        id: &str,
+        version: u64,
+        write: &Write,
+        previous: Option<Value>,
+    ) -> Result<Vec<Event>, ProgramError> {
+        if !self.publishes() {
+            return Ok(Vec::new());
+        }
+        let payload = Event::payload(id, version, write);
+        let (client, deadline) = (run.client, run.deadline);
+        let labels = self
+            .publishing
+            .decide(client, deadline, &payload, previous.as_ref());
+        let labels = labels.await?;
+        Ok(Event::all(&labels, id, version, payload))
     }
 
     /// An outcome that wrote nothing (the operation's own error), kept as the call's record when
@@ -679,14 +710,14 @@ impl Objects {
         };
         let check = |state: &State| self.check(state);
         let stored = |events| self.stored(events);
+        let failed = std::sync::Mutex::new(None);
         let entity = Entity {
             associated: self.associated,
             blank: &self.blank,
             check: &check,
-            events: &self.labels,
+            events: &self.publishing.of_call(run.client, run.deadline, &failed),
             stored: &stored,
         };
-        let failed = std::sync::Mutex::new(None);
         let decide = |entry: State| self.decide(&run, entry, inherited, &failed, call.deadline);
         let answer = transition::transit(&*self.store, &entity, &call, decide).await;
         if let Some(failure) = failed.lock().expect("failed").take() {
@@ -806,6 +837,7 @@ mod tests {
             operations: operations.iter().map(|o| (*o).to_owned()).collect(),
             kinds: kinds.iter().map(|(o, k)| ((*o).to_owned(), *k)).collect(),
             receivers: Vec::new(),
+            conditions: Vec::new(),
         }
     }
 

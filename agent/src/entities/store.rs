@@ -137,17 +137,28 @@ pub struct Event {
 
 impl Event {
     /// The events `labels` publish for a write of `id` at `version`.
+    #[cfg(test)]
     pub fn of(labels: &[String], id: &str, version: u64, write: &Write) -> Vec<Self> {
         if labels.is_empty() {
             return Vec::new();
         }
+        Self::all(labels, id, version, Self::payload(id, version, write))
+    }
+
+    /// What an event of a write of `id` at `version` carries: the object as stored, with its
+    /// `id` and `VERSION` (a deletion: `DELETED: true` beside them instead of properties).
+    pub fn payload(id: &str, version: u64, write: &Write) -> Value {
         let mut payload = match write {
             Write::Put(state) => state.clone(),
             Write::Delete => Map::from_iter([("DELETED".to_owned(), Value::Bool(true))]),
         };
         payload.insert("id".to_owned(), Value::from(id));
         payload.insert("VERSION".to_owned(), Value::from(version));
-        let payload = Value::Object(payload);
+        Value::Object(payload)
+    }
+
+    /// The events `labels` publish, each carrying `payload` (see [`Event::payload`]).
+    pub fn all(labels: &[String], id: &str, version: u64, payload: Value) -> Vec<Self> {
         labels
             .iter()
             .map(|label| Self {

@@ -63,7 +63,7 @@ async fn on_stock<S: Store>(
         associated: true,
         blank: &blank,
         check: &at_least_zero,
-        events: &[],
+        events: &Vec::new(),
         stored: &|_| {},
     };
     transit(store, &entity, call, |entry| {
@@ -323,7 +323,7 @@ async fn on_orders(
         associated: false,
         blank: &blank,
         check: &|_: &State| Ok(()),
-        events: &[],
+        events: &Vec::new(),
         stored: &|_| {},
     };
     let run = |mut entry: State| async move {
@@ -666,7 +666,7 @@ async fn publishing<S: Store>(
     handed: &std::sync::Mutex<Vec<Event>>,
 ) -> Result<Answer, TransitionError> {
     let blank = state(json!({ "available": 0 }));
-    let labels = [CHANGED.to_owned()];
+    let labels = vec![CHANGED.to_owned()];
     let stored = |events: Vec<Event>| handed.lock().unwrap().extend(events);
     let entity = Entity {
         associated: true,

@@ -14,6 +14,7 @@
 //!   writes to each other; lost writes come only from other replicas.
 
 use super::store::{Committed, Event, Found, Record, Recorded, State, Store, StoreError, Write};
+use futures::future::BoxFuture;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::future::Future;
@@ -40,10 +41,39 @@ pub struct Entity<'a> {
     pub blank: &'a State,
     /// The entity's schema, applied to what the program leaves (the message names the property).
     pub check: &'a (dyn Fn(&State) -> Result<(), String> + Sync),
-    /// The labels of the events a stored write publishes (DESIGN 18), and who is handed them
-    /// once it is stored, to publish.
-    pub events: &'a [String],
+    /// Which events a stored write publishes (DESIGN 18), and who is handed them once it is
+    /// stored, to publish.
+    pub events: &'a dyn Publishes,
     pub stored: &'a (dyn Fn(Vec<Event>) + Sync),
+}
+
+/// Which of a component's events a write publishes.
+pub trait Publishes: Sync {
+    /// Whether the component declares any.
+    fn any(&self) -> bool;
+
+    /// The labels of those a write storing `entry` over `previous` (`None`: there was none)
+    /// publishes; `entry` is the events' payload.
+    fn labels<'a>(
+        &'a self,
+        entry: &'a Value,
+        previous: Option<&'a Value>,
+    ) -> BoxFuture<'a, Result<Vec<String>, TransitionError>>;
+}
+
+/// These labels, on every write.
+impl Publishes for Vec<String> {
+    fn any(&self) -> bool {
+        !self.is_empty()
+    }
+
+    fn labels<'a>(
+        &'a self,
+        _: &'a Value,
+        _: Option<&'a Value>,
+    ) -> BoxFuture<'a, Result<Vec<String>, TransitionError>> {
+        Box::pin(std::future::ready(Ok(self.clone())))
+    }
 }
 
 /// One call of a transition.
@@ -148,14 +178,11 @@ where
         (None, true) => return Err(TransitionError::NoId),
     };
     for attempt in 1..=ATTEMPTS {
-        let found = if new {
-            Found::Missing
-        } else {
-            store.read(&id).await?
-        };
+        let found = read(store, &id, new).await?;
         // The caller's version first: a caller who saw an object since deleted learns that it
         // changed, whatever it became.
         expect(call, &id, found.version())?;
+        let previous = entity.before(&found, &id);
         let (state, version) = current(found, entity, &id, new)?;
         let (left, returned) = match run(entry(&state, &id, version)).await? {
             Decision::Refused(error) => {
@@ -172,6 +199,7 @@ where
         let commit = Commit {
             id: &id,
             read: version,
+            previous,
             write,
             returned,
             attempt,
@@ -191,10 +219,30 @@ where
     })
 }
 
+/// The object `id` as the store has it (`new`: one made by this call, never written).
+async fn read<S: Store>(store: &S, id: &str, new: bool) -> Result<Found, StoreError> {
+    if new {
+        return Ok(Found::Missing);
+    }
+    store.read(id).await
+}
+
+impl Entity<'_> {
+    /// The object as it was before a write, when events' conditions may ask (see
+    /// [`as_before`]).
+    fn before(&self, found: &Found, id: &str) -> Option<Value> {
+        self.events
+            .any()
+            .then(|| as_before(found, id, self.blank))?
+    }
+}
+
 /// A commit of what one run left.
 struct Commit<'a> {
     id: &'a str,
     read: u64,
+    /// The object as it was, when the component has events (their conditions' `previous`).
+    previous: Option<Value>,
     write: Write,
     /// What the function returned (`None`: the entry).
     returned: Option<Value>,
@@ -209,10 +257,11 @@ impl Commit<'_> {
         store: &S,
         call: &Call<'_>,
         entity: &Entity<'_>,
-    ) -> Result<Result<Answer, u64>, StoreError> {
+    ) -> Result<Result<Answer, u64>, TransitionError> {
         let Commit {
             id,
             read,
+            previous,
             write,
             returned,
             attempt,
@@ -226,7 +275,13 @@ impl Commit<'_> {
         let reply = returned.unwrap_or_else(|| Value::Object(entry(&stored, id, read + 1)));
         let outcome = json!({ "reply": reply });
         let record = call.record.map(|record| (record, &outcome));
-        let events = Event::of(entity.events, id, read + 1, &write);
+        let events = if entity.events.any() {
+            let payload = Event::payload(id, read + 1, &write);
+            let labels = entity.events.labels(&payload, previous.as_ref()).await?;
+            Event::all(&labels, id, read + 1, payload)
+        } else {
+            Vec::new()
+        };
         Ok(
             match store.commit(id, read, write, record, &events).await? {
                 Committed::Stored { version } => {
@@ -261,6 +316,20 @@ async fn remember<S: Store>(store: &S, call: &Call<'_>, answer: Answer) -> Answe
             answer
         }
     }
+}
+
+/// The object as it was before a write (`None`: there was none), as an event's payload has it,
+/// with `blank`'s value for a property it lacks (one added to the schema since it was written),
+/// as the program is given it.
+pub fn as_before(found: &Found, id: &str, blank: &State) -> Option<Value> {
+    let Found::Live { state, version } = found else {
+        return None;
+    };
+    let mut before = entry(state, id, *version);
+    for (key, value) in blank {
+        before.entry(key).or_insert_with(|| value.clone());
+    }
+    Some(Value::Object(before))
 }
 
 /// The object as the program is given it, and its version. A missing property reads as

@@ -24,6 +24,7 @@ EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(HERE.parent))
 
 from toa import CallError, Error  # noqa: E402
+from toa.runtime import Component  # noqa: E402
 from toa.stage import compose  # noqa: E402
 
 
@@ -176,6 +177,28 @@ class Packaging(unittest.TestCase):
         self.assertIs(composition.call("shop.catalog.started", {"input": {}})["started"], True)
 
 
+class Conditions(unittest.TestCase):
+    """`events/<name>.py`'s condition(entry, previous), as the program answers POST /conditions."""
+
+    def component(self, **conditions):
+        return Component({}, {}, None, conditions=conditions)  # type: ignore[arg-type]
+
+    def test_the_events_whose_condition_holds_with_entry_and_previous_as_objects(self):
+        component = self.component(
+            big=lambda entry, previous: entry.n >= 10,
+            crossed=lambda entry, previous: entry.n >= 10 and (previous is None or previous.n < 10),
+        )
+        self.assertEqual(component.publish({"n": 12}, {"n": 3}), {"publish": ["big", "crossed"]})
+        self.assertEqual(component.publish({"n": 12}, {"n": 11}), {"publish": ["big"]})
+        self.assertEqual(component.publish({"n": 12}, None), {"publish": ["big", "crossed"]})
+        self.assertEqual(component.publish({"n": 1}, None), {"publish": []})
+
+    def test_a_condition_that_answers_no_boolean_fails_naming_it(self):
+        component = self.component(forgot=lambda entry, previous: None)
+        with self.assertRaisesRegex(TypeError, "events/forgot.py: condition returned NoneType"):
+            component.publish({"n": 1}, None)
+
+
 class Refusals(unittest.TestCase):
     def refused(self, component):
         with self.assertRaises(RuntimeError) as refused:
@@ -196,6 +219,14 @@ class Refusals(unittest.TestCase):
     def test_a_receiver_module_without_request_does_not_start(self):
         self.assertIn("receivers/shop.orders.approved.py: expected a function named "
                       "request(payload)", self.refused("shop.requestless"))
+
+    def test_a_condition_for_an_event_not_declared_does_not_start(self):
+        self.assertIn('it has a condition module for the event "gone" (events/gone), which the '
+                      "manifest's events do not name", self.refused("shop.unconditioned"))
+
+    def test_an_event_module_without_condition_does_not_start(self):
+        self.assertIn("events/changed.py: expected a function named condition(entry, previous)",
+                      self.refused("shop.conditionless"))
 
 
 if __name__ == "__main__":

@@ -126,9 +126,11 @@ class Described(TypedDict):
 
 class Description(Described, total=False):
     """`GET /program`: the run commands the program exports and the operations it serves, and
-    the events whose receiver's request it makes (only when there are any)."""
+    the events whose receiver's request it makes and those whose condition it keeps (only
+    when there are any)."""
 
     receivers: List[str]
+    conditions: List[str]
 
 
 class CallInfo(TypedDict, total=False):
@@ -162,6 +164,20 @@ class Adapted(TypedDict, total=False):
 
 class Adaptation(TypedDict):
     request: Adapted
+
+
+class ConditionsRequest(TypedDict):
+    """`POST /conditions`: the object as a write stores it (with `id` and `VERSION`), and as it
+    was (`None`: there was none)."""
+
+    entry: Dict[str, Any]
+    previous: Optional[Dict[str, Any]]
+
+
+class Publish(TypedDict):
+    """The names of the events whose condition holds for the write."""
+
+    publish: List[str]
 
 
 class Route(NamedTuple):
@@ -208,9 +224,11 @@ OPERATIONS = Route("POST", "/operations/{name}", headers=("Authorization",),
                    request=OperationRequest, response=Decision)
 RECEIVERS = Route("POST", "/receivers/{label}", headers=("Authorization",), request=AdaptRequest,
                   response=Adaptation)
+CONDITIONS = Route("POST", "/conditions", headers=("Authorization",), request=ConditionsRequest,
+                   response=Publish)
 # The control endpoint, as the stage uses it (the token itself, not a signature).
 HALT = Route("POST", "/control/halt", headers=("Authorization",), request=Halt)
 RESUME = Route("POST", "/control/resume", headers=("Authorization",), request=Halt)
 
 ROUTES = (LOCK, SLOTS, ONASSIGNED, FAILED, METER, CALL, TASK, READYZ, DRAIN, PROGRAM, LIFECYCLE,
-          OPERATIONS, RECEIVERS, HALT, RESUME)
+          OPERATIONS, RECEIVERS, CONDITIONS, HALT, RESUME)

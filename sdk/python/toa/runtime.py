@@ -11,7 +11,9 @@ and serves the agent's protocol on 127.0.0.1:$TOA_PORT:
   entity, a transition's or an observation's `entry`) and the context. A transition answers the
   entry as it left it and what it returned (nothing when it returned the entry itself);
 - `POST /receivers/<label>`: `request(payload)` of `receivers/<label>.py` (seed 001's adaptation
-  of an event to its receiver's request: `input`, `query`, `instance`).
+  of an event to its receiver's request: `input`, `query`, `instance`);
+- `POST /conditions`: `condition(entry, previous)` of every `events/<name>.py`, for a write about
+  to be stored: the names of the events whose condition holds, which the write publishes.
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ from . import protocol
 from .agent import read_token
 from .context import Context, State, call_function
 from .errors import Error
-from .protocol import (AdaptRequest, Adaptation, Adapted, CallInfo, Decision, Description,
-                       OperationRequest)
+from .protocol import (AdaptRequest, Adaptation, Adapted, CallInfo, ConditionsRequest, Decision,
+                       Description, OperationRequest, Publish)
 
 Operations = Dict[str, Callable[..., Any]]
 Commands = Dict[str, List[Callable[..., Any]]]
 Kinds = Dict[str, str]
 Receivers = Dict[str, Callable[..., Any]]
+Conditions = Dict[str, Callable[..., Any]]
 
 COMMANDS = ("preflight", "settle", "ready", "pause", "resume", "dispose")
 KINDS = ("effect", "computation", "transition", "observation", "assignment")
@@ -102,26 +105,41 @@ def load(directory: Union[str, Path]) -> Tuple[Operations, Commands, Kinds]:
     return operations, commands, kinds_of
 
 
+def _exported(directory: Union[str, Path], folder: str, name: str,
+              signature: str) -> Dict[str, Callable[..., Any]]:
+    """The function `name` each module of `directory/folder` exports, by the module's name (an
+    event's label for receivers/, its name for events/)."""
+    functions: Dict[str, Callable[..., Any]] = {}
+    for path in sorted(Path(directory, folder).glob("*.py")):
+        function = getattr(_module(path), name, None)
+        if not callable(function):
+            raise Refused(f"{folder}/{path.name}: expected a function named {signature}")
+        functions[path.stem] = function
+    return functions
+
+
 def load_receivers(directory: Union[str, Path]) -> Receivers:
     """The adaptations of received events (label → `request`): `receivers/<label>.py`, each
     exporting `request(payload)`."""
-    receivers: Receivers = {}
-    for path in sorted(Path(directory, "receivers").glob("*.py")):
-        request = getattr(_module(path), "request", None)
-        if not callable(request):
-            raise Refused(f"receivers/{path.name}: expected a function named request(payload)")
-        receivers[path.stem] = request
-    return receivers
+    return _exported(directory, "receivers", "request", "request(payload)")
+
+
+def load_conditions(directory: Union[str, Path]) -> Conditions:
+    """The conditions of the entity's events (name → `condition`): `events/<name>.py`, each
+    exporting `condition(entry, previous)`."""
+    return _exported(directory, "events", "condition", "condition(entry, previous)")
 
 
 class Component:
     def __init__(self, operations: Operations, commands: Commands, context: Context,
-                 kinds: Optional[Kinds] = None, receivers: Optional[Receivers] = None) -> None:
+                 kinds: Optional[Kinds] = None, receivers: Optional[Receivers] = None,
+                 conditions: Optional[Conditions] = None) -> None:
         self.operations = operations
         self.commands = commands
         self.context = context
         self.kinds = kinds or {}
         self.receivers = receivers or {}
+        self.conditions = conditions or {}
 
     def description(self) -> Optional[Description]:
         description: Description = {
@@ -131,7 +149,24 @@ class Component:
         }
         if self.receivers:
             description["receivers"] = sorted(self.receivers)
+        if self.conditions:
+            description["conditions"] = sorted(self.conditions)
         return description
+
+    def publish(self, entry: Dict[str, Any], previous: Optional[Dict[str, Any]]) -> Publish:
+        """The events whose condition holds for a write that stores `entry` over `previous`
+        (`None`: there was none). A condition answers True or False; anything else fails the
+        write (a condition that forgot to return would otherwise never publish)."""
+        publish = []
+        before = State(previous) if isinstance(previous, dict) else previous
+        for name, condition in sorted(self.conditions.items()):
+            holds = condition(State(entry), before)
+            if not isinstance(holds, bool):
+                raise TypeError(f"events/{name}.py: condition returned {type(holds).__name__}, "
+                                "expected True or False")
+            if holds:
+                publish.append(name)
+        return {"publish": publish}
 
     def adapt(self, label: str, payload: Any) -> Adaptation:
         """The request the event makes: what `request(payload)` returns, passed as it is (the
@@ -241,6 +276,9 @@ def handler(component: Component) -> Type[BaseHTTPRequestHandler]:
                 if kind == "receivers" and name in component.receivers:
                     payload = cast(AdaptRequest, request).get("payload")
                     return self._answer(200, component.adapt(name, payload))
+                if self.path == protocol.CONDITIONS.path and component.conditions:
+                    asked = cast(ConditionsRequest, request)
+                    return self._answer(200, component.publish(asked["entry"], asked.get("previous")))
                 if kind == "operations" and name in component.operations:
                     if past_deadline(request.get("call")):
                         return self._answer(504, {"message": PAST_DEADLINE})
@@ -252,9 +290,18 @@ def handler(component: Component) -> Type[BaseHTTPRequestHandler]:
             except Exception as exception:  # noqa: BLE001 - the agent reports it with the name
                 print(f"{os.environ.get('TOA_COMPONENT')}: {kind} {name} failed: {exception!r}",
                       file=sys.stderr, flush=True)
-                return self._answer(500, {"message": repr(exception)})
+                return self._answer(500, {"message": failure(kind, exception)})
 
     return Handler
+
+
+def failure(kind: str, exception: Exception) -> str:
+    """What a failure is called in its answer, which the agent logs and passes on. A receiver's
+    adaptation and a condition hold an event's data, which the message may quote: the type
+    only (the program's own log above has the whole)."""
+    if kind in ("receivers", "conditions"):
+        return f"{type(exception).__name__} (its message is in the program's log)"
+    return repr(exception)
 
 
 def serve(component: Component) -> None:
@@ -283,11 +330,12 @@ def main() -> None:
                           "a component's program is started by toa-agent, which sets it")
         operations, commands, kinds = load(Path.cwd())
         receivers = load_receivers(Path.cwd())
+        conditions = load_conditions(Path.cwd())
         context = Context()
     except (Refused, RuntimeError, ValueError) as refused:
         print(f"{name}: {refused}", file=sys.stderr)
         sys.exit(1)
-    serve(Component(operations, commands, context, kinds, receivers))
+    serve(Component(operations, commands, context, kinds, receivers, conditions))
 
 
 if __name__ == "__main__":

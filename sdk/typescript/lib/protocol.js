@@ -32,9 +32,14 @@ export const ENVIRONMENT = /** @type {const} */ ([
 /** @typedef {{ input: unknown, instance?: string, timeout?: number, query?: Query, key?: string }} CallRequest */
 /** @typedef {{ halt: string }} Halt */
 
-/** `GET /program`: the run commands the program exports and the operations it serves. @typedef {{ commands: string[], operations: string[], kinds: Record<string, string> }} Description */
+/** `GET /program`: the run commands the program exports and the operations it serves; the events whose receiver's request it makes and those whose condition it keeps (when there are any). @typedef {{ commands: string[], operations: string[], kinds: Record<string, string>, receivers?: string[], conditions?: string[] }} Description */
 /** What the agent says of a call: the same `id` on every delivery; `redelivered` when it was delivered before; `deadline_ms` when the caller stops waiting (ms since the epoch). @typedef {{ id?: string, redelivered?: boolean, deadline_ms?: number | null }} CallInfo */
 /** @typedef {{ input?: unknown, entry?: Record<string, unknown> | null, call?: CallInfo }} OperationRequest */
+/** `POST /receivers/<label>`: the event, as published. @typedef {{ payload: Record<string, unknown> }} AdaptRequest */
+/** The request an event makes of its receiver's operation. @typedef {{ input?: unknown, query?: Query, instance?: string }} Adapted */
+/** @typedef {{ request: Adapted }} Adaptation */
+/** `POST /conditions`: the object as a write stores it (with `id` and `VERSION`), and as it was (`null`: there was none). @typedef {{ entry: Record<string, unknown>, previous: Record<string, unknown> | null }} ConditionsRequest */
+/** The names of the events whose condition holds for the write. @typedef {{ publish: string[] }} Publish */
 
 /**
  * A type's keys, each `true`, or the nested object's keys for an object (not an array, not a
@@ -109,7 +114,7 @@ export const PROGRAM = {
   method: 'GET',
   path: '/program',
   headers: ['Authorization'],
-  response: /** @satisfies {Fields<Description>} */ ({ commands: true, operations: true, kinds: true })
+  response: /** @satisfies {Fields<Description>} */ ({ commands: true, operations: true, kinds: true, receivers: true, conditions: true })
 }
 /** @satisfies {Route} */
 export const LIFECYCLE = { method: 'POST', path: '/lifecycle/{command}', headers: ['Authorization'] }
@@ -121,13 +126,29 @@ export const OPERATIONS = {
   request: /** @satisfies {Fields<OperationRequest>} */ ({ input: true, entry: true, call: { id: true, redelivered: true, deadline_ms: true } }),
   response: /** @satisfies {Fields<Decision>} */ ({ ...outcome, entry: true })
 }
+/** @satisfies {Route} */
+export const RECEIVERS = {
+  method: 'POST',
+  path: '/receivers/{label}',
+  headers: ['Authorization'],
+  request: /** @satisfies {Fields<AdaptRequest>} */ ({ payload: true }),
+  response: /** @satisfies {Fields<Adaptation>} */ ({ request: { input: true, query: { id: true, version: true }, instance: true } })
+}
+/** @satisfies {Route} */
+export const CONDITIONS = {
+  method: 'POST',
+  path: '/conditions',
+  headers: ['Authorization'],
+  request: /** @satisfies {Fields<ConditionsRequest>} */ ({ entry: true, previous: true }),
+  response: /** @satisfies {Fields<Publish>} */ ({ publish: true })
+}
 // The control endpoint, as the stage uses it (the token itself, not a signature).
 /** @satisfies {Route} */
 export const HALT = { method: 'POST', path: '/control/halt', headers: ['Authorization'], request: halt }
 /** @satisfies {Route} */
 export const RESUME = { method: 'POST', path: '/control/resume', headers: ['Authorization'], request: halt }
 
-export const ROUTES = [LOCK, ONASSIGNED, FAILED, METER, CALL, READYZ, DRAIN, PROGRAM, LIFECYCLE, OPERATIONS, HALT, RESUME]
+export const ROUTES = [LOCK, ONASSIGNED, FAILED, METER, CALL, READYZ, DRAIN, PROGRAM, LIFECYCLE, OPERATIONS, RECEIVERS, CONDITIONS, HALT, RESUME]
 
 /** `route`'s path with its parameters in place.
  * @param {Route} route

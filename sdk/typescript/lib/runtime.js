@@ -7,7 +7,11 @@
 // - `POST /lifecycle/<command>`: every rc/ module's function of that name, in file-name order;
 // - `POST /operations/<name>`: the module's function, with `input` (and, in a component with an
 //   entity, a transition's or an observation's `entry`) and the context. A transition answers
-//   the entry as it left it and what it returned (nothing when it returned the entry itself).
+//   the entry as it left it and what it returned (nothing when it returned the entry itself);
+// - `POST /receivers/<label>`: `request(payload)` of `receivers/<label>.ts` (seed 001's
+//   adaptation of an event to its receiver's request: `input`, `query`, `instance`);
+// - `POST /conditions`: `condition(entry, previous)` of every `events/<name>.ts`, for a write
+//   about to be stored: the names of the events whose condition holds, which the write publishes.
 
 import { readdirSync } from 'node:fs'
 import http from 'node:http'
@@ -16,11 +20,13 @@ import { pathToFileURL } from 'node:url'
 import { timingSafeEqual } from 'node:crypto'
 import { readToken } from './agent.js'
 import { Context, running } from './context.js'
-import { PROGRAM } from './protocol.js'
+import { CONDITIONS, PROGRAM } from './protocol.js'
 
 /** @typedef {(input: any, ...rest: any[]) => unknown} Operation */
 /** @typedef {(context: Context) => unknown} Command */
-/** @typedef {{ operations: Map<string, Operation>, kinds: Map<string, string>, commands: Map<string, Command[]> }} Modules */
+/** @typedef {(payload: any) => unknown} Adaptation */
+/** @typedef {(entry: any, previous: any) => unknown} Condition */
+/** @typedef {{ operations: Map<string, Operation>, kinds: Map<string, string>, commands: Map<string, Command[]>, receivers?: Map<string, Adaptation>, conditions?: Map<string, Condition> }} Modules */
 /** @typedef {import('./protocol.js').Outcome} Outcome */
 /** @typedef {import('./protocol.js').OperationRequest} OperationRequest */
 
@@ -72,25 +78,75 @@ export async function load (directory) {
   if (commands.has('pause') && !commands.has('resume')) {
     throw new Refused('rc/ exports `pause` and no `resume`: resume takes again what pause released')
   }
-  return { operations, kinds, commands }
+  const receivers = await exported(directory, 'receivers', 'request', 'request(payload)')
+  const conditions = await exported(directory, 'events', 'condition', 'condition(entry, previous)')
+  return { operations, kinds, commands, receivers, conditions }
+}
+
+/** The function `name` each module of `directory/folder` exports, by the module's name (an
+ * event's label for receivers/, its name for events/).
+ * @param {string} directory @param {string} folder @param {string} name @param {string} signature
+ * @returns {Promise<Map<string, (...args: any[]) => unknown>>}
+ */
+async function exported (directory, folder, name, signature) {
+  const functions = new Map()
+  for (const file of sources(join(directory, folder))) {
+    const module = await import(pathToFileURL(join(directory, folder, file)).href)
+    if (typeof module[name] !== 'function') throw new Refused(`${folder}/${file}: expected a function named ${signature}`)
+    functions.set(file.replace(SOURCES, ''), module[name])
+  }
+  return functions
 }
 
 export class Component {
   /** @param {Modules} modules @param {Context} context */
-  constructor ({ operations, kinds = new Map(), commands }, context) {
+  constructor ({ operations, kinds = new Map(), commands, receivers = new Map(), conditions = new Map() }, context) {
     this.operations = operations
     this.kinds = kinds
     this.commands = commands
+    this.receivers = receivers
+    this.conditions = conditions
     this.context = context
   }
 
   /** @returns {import('./protocol.js').Description} */
   description () {
-    return {
+    /** @type {import('./protocol.js').Description} */
+    const description = {
       commands: COMMANDS.filter((name) => this.commands.has(name)),
       operations: [...this.operations.keys()].sort(),
       kinds: Object.fromEntries(this.kinds)
     }
+    if (this.receivers.size) description.receivers = [...this.receivers.keys()].sort()
+    if (this.conditions.size) description.conditions = [...this.conditions.keys()].sort()
+    return description
+  }
+
+  /** The request the event `label` makes: what `request(payload)` returns, passed as it is (the
+   * agent dead-letters an event whose request is not an object of input, query and instance:
+   * another delivery would make the same).
+   * @param {string} label @param {unknown} payload
+   * @returns {Promise<import('./protocol.js').Adaptation>}
+   */
+  async adapt (label, payload) {
+    const adaptation = /** @type {Adaptation} */ (this.receivers.get(label))
+    return { request: /** @type {import('./protocol.js').Adapted} */ (await adaptation(payload)) }
+  }
+
+  /** The events whose condition holds for a write that stores `entry` over `previous` (`null`:
+   * there was none). A condition answers true or false; anything else fails the write (a
+   * condition that forgot to return would otherwise never publish).
+   * @param {unknown} entry @param {unknown} previous
+   * @returns {Promise<import('./protocol.js').Publish>}
+   */
+  async publish (entry, previous) {
+    const publish = []
+    for (const name of [...this.conditions.keys()].sort()) {
+      const holds = await /** @type {Condition} */ (this.conditions.get(name))(entry, previous ?? null)
+      if (typeof holds !== 'boolean') throw new TypeError(`events/${name}: condition returned ${holds === null ? 'null' : typeof holds}, expected true or false`)
+      if (holds) publish.push(name)
+    }
+    return { publish }
   }
 
   /** @param {string} name */
@@ -143,7 +199,7 @@ function pastDeadline (call) {
   return typeof deadline === 'number' && Date.now() >= deadline
 }
 
-/** @param {http.IncomingMessage} request @returns {Promise<OperationRequest>} */
+/** @param {http.IncomingMessage} request @returns {Promise<OperationRequest & Partial<import('./protocol.js').AdaptRequest> & Partial<import('./protocol.js').ConditionsRequest>>} */
 async function body (request) {
   /** @type {Buffer[]} */
   const chunks = []
@@ -190,9 +246,9 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
       if (url === PROGRAM.path) return answer(response, 200, component.description())
       return unknown(response, url)
     }
-    let input, entry, call
+    let input, entry, call, payload, previous
     try {
-      ({ input, entry, call } = await body(request))
+      ({ input, entry, call, payload, previous } = await body(request))
     } catch (error) {
       return answer(response, 400, { message: `expected a JSON body: ${describe(error)}` })
     }
@@ -207,10 +263,20 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
         const id = typeof call?.id === 'string' && call.id !== '' ? call.id : undefined
         return answer(response, 200, await (id === undefined ? run() : running.run(id, run)))
       }
+      if (kind === 'receivers' && component.receivers.has(operation)) {
+        return answer(response, 200, await component.adapt(operation, payload))
+      }
+      if (url === CONDITIONS.path && component.conditions.size) {
+        return answer(response, 200, await component.publish(entry, previous))
+      }
       return unknown(response, url)
     } catch (error) {
-      console.error(`${name}: ${kind} ${operation} failed:`, error)
-      return answer(response, 500, { message: describe(error) })
+      console.error(`${name}: ${kind} ${operation ?? ''} failed:`, error)
+      // A receiver's adaptation and a condition hold an event's data, which the message may
+      // quote: the type only (the log above has the whole).
+      const holdsData = kind === 'receivers' || kind === 'conditions'
+      const message = holdsData ? `${error instanceof Error ? error.name : typeof error} (its message is in the program's log)` : describe(error)
+      return answer(response, 500, { message })
     }
   }
 }

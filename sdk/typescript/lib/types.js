@@ -4,7 +4,8 @@
 // entry a transition or an observation is given) from the entity's properties, and `Context`
 // with `local` typed by the component's own operations and `remote` by every component given (a
 // component with an entity also has the inherited `observe` and `enumerate`, and its operations
-// take a `query`).
+// take a `query`), an `<Event>Event` per event the entity publishes (the object as stored, or a
+// deletion), and `Received`, the payload of each event the component's receivers take, by label.
 
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
@@ -118,7 +119,19 @@ function stateType (entity) {
   return `${properties} & { id: string, VERSION: number, DISCARD?: boolean, DELETE?: boolean }`
 }
 
-/** The namespace `Components` declares: per component, its inputs, as `<Namespace><Name>.XInput`.
+/** What an event of `entity` carries: the object as the write stored it, with its `id` and
+ * `VERSION`, or a deletion's tombstone.
+ * @param {any} entity @param {string} indent */
+function eventType (entity, indent) {
+  const properties = typeOf({ type: 'object', properties: entity.properties, required: Object.keys(entity.blank ?? {}) }, indent)
+  return `(${properties} & { id: string, VERSION: number, DELETED?: never }) | { id: string, VERSION: number, DELETED: true }`
+}
+
+/** The events a manifest declares, by name. @param {Manifest} manifest @returns {string[]} */
+const eventsOf = (manifest) => manifest.entity === undefined ? [] : Object.keys(manifest.events ?? {})
+
+/** The namespace `Components` declares: per component, its inputs, as `<Namespace><Name>.XInput`,
+ * and its events' payloads, as `<Namespace><Name>.XEvent`.
  * @param {Component} component
  */
 function componentNamespace ({ fullName, manifest }) {
@@ -127,8 +140,27 @@ function componentNamespace ({ fullName, manifest }) {
     const input = operation?.input === undefined ? 'null' : typeOf(operation.input, '    ')
     lines.push(`    export type ${pascal(name)}Input = ${input}`)
   }
+  for (const name of eventsOf(manifest)) {
+    lines.push(`    export type ${pascal(name)}Event = ${eventType(manifest.entity, '    ')}`)
+  }
   lines.push('  }')
   return lines.join('\n')
+}
+
+/** `Received`: the payload of each event `component` receives, by its label (`unknown` for an
+ * event of a component not given).
+ * @param {Component} component @param {Component[]} components */
+function receivedType (component, components) {
+  const lines = ['export interface Received {']
+  for (const label of Object.keys(component.manifest.receivers ?? {})) {
+    const dot = label.lastIndexOf('.')
+    const sender = components.find((c) => c.fullName === label.slice(0, dot))
+    const event = label.slice(dot + 1)
+    const known = sender !== undefined && eventsOf(sender.manifest).includes(event)
+    lines.push(`  ${JSON.stringify(label)}: ${known ? `Components.${pascal(sender.fullName)}.${pascal(event)}Event` : 'unknown'}`)
+  }
+  lines.push('}', '')
+  return lines
 }
 
 /** `remote`: components nested by the dots of their names.
@@ -177,6 +209,9 @@ export function generate (component, components) {
   for (const [name] of operationsOf(component.manifest)) {
     lines.push(`export type ${pascal(name)}Input = ${self}.${pascal(name)}Input`)
   }
+  for (const name of eventsOf(component.manifest)) {
+    lines.push(`export type ${pascal(name)}Event = ${self}.${pascal(name)}Event`)
+  }
   const configuration = component.manifest.configuration
   if (component.manifest.entity !== undefined) lines.push(`export type State = ${stateType(component.manifest.entity)}`)
   const entity = component.manifest.entity !== undefined
@@ -191,6 +226,7 @@ export function generate (component, components) {
     ...remoteType(components),
     '}',
     '',
+    ...receivedType(component, components),
     'export type Context = Base<Local, Remote, Configuration>',
     ''
   )

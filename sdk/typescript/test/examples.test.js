@@ -239,6 +239,36 @@ describe('store.orders approve and billing.wallets debit (seed 003, What a secon
   })
 })
 
+describe('store.orders events (seed 003, Leave the call to an event; seed 001, a receiver bound to a stateful operation)', () => {
+  test('an approval mails once, a cancellation credits the wallet once and voids on the holding process', async () => {
+    const dir = scratch()
+    const [mail, tills] = [join(dir, 'mail'), join(dir, 'tills')]
+    const stage = await start(['store.orders', 'billing.wallets', 'notifications', 'terminals'], { env: { MAILER_RECORD: mail, TERMINALS_RECORD: tills } })
+    const recorded = (path, prefix) => existsSync(path) ? readFileSync(path, 'utf8').split('\n').filter((line) => line.startsWith(prefix)) : []
+    await stage.call('terminals.connect', { input: { terminal: 't1', address: 'till-a' } })
+    const { holder } = await stage.call('terminals.observe', { query: { id: 't1' } })
+    await stage.call('billing.wallets.transit', { query: { id: 'c1' }, input: { balance: 100 } })
+    const order = await stage.call('store.orders.transit', { input: { customer: 'c1', total: 30, terminal: 't1', holder } })
+    for (let click = 0; click < 2; click++) await stage.call('store.orders.approve', { query: { id: order.id } })
+    assert.equal((await stage.call('billing.wallets.observe', { query: { id: 'c1' } })).balance, 70)
+    await until(() => recorded(mail, 'sent').length > 0, 10_000, 'the approval mailed')
+    for (let click = 0; click < 2; click++) await stage.call('store.orders.cancel', { query: { id: order.id } })
+    const wallet = await until(async () => { const w = await stage.call('billing.wallets.observe', { query: { id: 'c1' } }); return w.balance === 100 && w }, 10_000, 'the wallet credited')
+    await until(() => recorded(tills, 'voided').length > 0, 10_000, 'the charge voided on the holding process')
+    // Versions: 1 the transit, 2 the debit, 3 the credit; once each.
+    assert.equal(wallet.VERSION, 3, JSON.stringify(wallet))
+    assert.deepEqual(recorded(mail, 'sent'), ['sent c1'], 'one mail: the second approval was discarded, and a later change is no approval')
+    assert.deepEqual(recorded(tills, 'voided'), ['voided till-a'])
+    // A pending order cancelled took nothing: no event, nothing credited (its condition).
+    const pending = await stage.call('store.orders.transit', { input: { customer: 'c1', total: 5, terminal: 't1', holder } })
+    await stage.call('store.orders.cancel', { query: { id: pending.id } })
+    const after = await stage.call('store.orders.transit', { input: { customer: 'c1', total: 7, terminal: 't1', holder } })
+    await stage.call('store.orders.approve', { query: { id: after.id } })
+    await until(() => recorded(mail, 'sent').length === 2, 10_000, 'the second approval mailed')
+    assert.equal((await stage.call('billing.wallets.observe', { query: { id: 'c1' } })).balance, 93)
+  })
+})
+
 describe('fulfilment.shipments book (seed 003, When a lock is the answer)', () => {
   test('three bookings of one order at once reach the carrier once, and read again inside the lock', async () => {
     const bookings = join(scratch(), 'bookings')

@@ -5,6 +5,7 @@ import { spawn } from 'node:child_process'
 import { mkdirSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
+import { Component } from '../lib/runtime.js'
 import { compose } from '../lib/stage.js'
 import { AGENT, FIXTURES, HERE, freePort, scratch, until } from './helpers.js'
 
@@ -28,6 +29,54 @@ describe('a component that must not start', () => {
 
   test('lists a run command no rc/ module exports', async () => {
     assert.match(await refusal('shop.listed'), /dispose/)
+  })
+
+  test('has an event module without condition, or a receiver module without request', async () => {
+    const dir = scratch()
+    const component = (name, files) => {
+      mkdirSync(join(dir, name, 'operations'), { recursive: true })
+      for (const [path, text] of Object.entries(files)) {
+        mkdirSync(join(dir, name, path, '..'), { recursive: true })
+        writeFileSync(join(dir, name, path), text)
+      }
+      return join(dir, name)
+    }
+    const manifest = `name: n\nprogram: [node, ${join(HERE, '..', 'bin', 'toa-node.js')}]\nentity: { properties: { n: { type: integer } } }\nevents: { changed: {} }\noperations: { assign: { input: { type: object, properties: { n: { type: integer } } } } }\nreceivers: { shop.orders.approved: assign }\n`
+    const refused = async (directory) => (await compose([directory], { agent: AGENT }).then(
+      async (stage) => { await stage.stop(); return null }, (error) => error))?.message
+    assert.match(await refused(component('conditionless', { 'manifest.toa.yaml': manifest, 'events/changed.ts': 'export const when = () => true\n' })),
+      /events\/changed.ts: expected a function named condition\(entry, previous\)/)
+    assert.match(await refused(component('requestless', { 'manifest.toa.yaml': manifest, 'receivers/shop.orders.approved.ts': 'export const make = () => ({})\n' })),
+      /receivers\/shop.orders.approved.ts: expected a function named request\(payload\)/)
+    assert.match(await refused(component('unconditioned', { 'manifest.toa.yaml': manifest, 'events/gone.ts': 'export const condition = () => true\n' })),
+      /condition module for the event "gone"/)
+  })
+})
+
+describe('conditions and adaptations', () => {
+  const component = new Component({
+    operations: new Map(),
+    commands: new Map(),
+    receivers: new Map([['shop.orders.approved', (payload) => ({ input: { to: payload.customer } })]]),
+    conditions: new Map([
+      ['big', (entry) => entry.n >= 10],
+      ['crossed', (entry, previous) => entry.n >= 10 && (previous === null || previous.n < 10)],
+      ['forgot', (entry) => entry.n === 99 ? undefined : false]
+    ])
+  }, /** @type {any} */ (null))
+
+  test('the events whose condition holds, from the object and what it was', async () => {
+    assert.deepEqual(await component.publish({ n: 12 }, { n: 3 }), { publish: ['big', 'crossed'] })
+    assert.deepEqual(await component.publish({ n: 12 }, { n: 11 }), { publish: ['big'] })
+    assert.deepEqual(await component.publish({ n: 12 }, undefined), { publish: ['big', 'crossed'] })
+    assert.deepEqual(await component.publish({ n: 1 }, null), { publish: [] })
+    await assert.rejects(component.publish({ n: 99 }, null), /events\/forgot: condition returned undefined, expected true or false/)
+  })
+
+  test('the description lists them, and an adaptation makes the request', async () => {
+    assert.deepEqual(component.description().conditions, ['big', 'crossed', 'forgot'])
+    assert.deepEqual(component.description().receivers, ['shop.orders.approved'])
+    assert.deepEqual(await component.adapt('shop.orders.approved', { customer: 'c1' }), { request: { input: { to: 'c1' } } })
   })
 })
 

@@ -10,6 +10,9 @@ declare namespace Components {
       amount: number
       ref: string
     }
+    export type CreditInput = {
+      amount: number
+    }
     export type TransitInput = {
       balance?: number
     }
@@ -70,21 +73,41 @@ declare namespace Components {
       amount: number
     }
     export type ApproveInput = null
+    export type CancelInput = null
     export type TransitInput = {
       status?: "pending" | "approved"
       customer?: string
       total?: number
+      terminal?: string
+      holder?: string
     }
     export type ObserveInput = null
     export type EnumerateInput = {
       limit?: number
       after?: string
     }
+    export type ApprovedEvent = ({
+      status: "pending" | "approved" | "cancelled"
+      customer: string
+      total: number
+      terminal: string
+      holder: string
+    } & { id: string, VERSION: number, DELETED?: never }) | { id: string, VERSION: number, DELETED: true }
+    export type CancelledEvent = ({
+      status: "pending" | "approved" | "cancelled"
+      customer: string
+      total: number
+      terminal: string
+      holder: string
+    } & { id: string, VERSION: number, DELETED?: never }) | { id: string, VERSION: number, DELETED: true }
   }
   export namespace Terminals {
     export type ChargeInput = {
       terminal: string
       amount: number
+    }
+    export type VoidInput = {
+      terminal: string
     }
     export type ConnectInput = {
       terminal: string
@@ -102,6 +125,7 @@ declare namespace Components {
 }
 
 export type DebitInput = Components.BillingWallets.DebitInput
+export type CreditInput = Components.BillingWallets.CreditInput
 export type TransitInput = Components.BillingWallets.TransitInput
 export type ObserveInput = Components.BillingWallets.ObserveInput
 export type EnumerateInput = Components.BillingWallets.EnumerateInput
@@ -113,6 +137,7 @@ export type Configuration = Record<string, never>
 
 export interface Local {
   debit (request: { input: Components.BillingWallets.DebitInput, query: Query, key?: string }): Promise<any>
+  credit (request: { input: Components.BillingWallets.CreditInput, query: Query, key?: string }): Promise<any>
   transit (request: { input?: Components.BillingWallets.TransitInput, query?: Query, key?: string }): Promise<any>
   observe (request: { input?: Components.BillingWallets.ObserveInput, query: Query, key?: string }): Promise<any>
   enumerate (request: { input?: Components.BillingWallets.EnumerateInput, key?: string }): Promise<any>
@@ -122,6 +147,7 @@ export interface Remote {
   billing: {
     wallets: {
       debit (request: { input: Components.BillingWallets.DebitInput, query: Query, key?: string }): Promise<any>
+      credit (request: { input: Components.BillingWallets.CreditInput, query: Query, key?: string }): Promise<any>
       transit (request: { input?: Components.BillingWallets.TransitInput, query?: Query, key?: string }): Promise<any>
       observe (request: { input?: Components.BillingWallets.ObserveInput, query: Query, key?: string }): Promise<any>
       enumerate (request: { input?: Components.BillingWallets.EnumerateInput, key?: string }): Promise<any>
@@ -156,6 +182,7 @@ export interface Remote {
       settle (request: { input?: Components.StoreOrders.SettleInput, query?: Query, key?: string }): Promise<any>
       pay (request: { input: Components.StoreOrders.PayInput, query?: Query, key?: string }): Promise<any>
       approve (request: { input?: Components.StoreOrders.ApproveInput, query: Query, key?: string }): Promise<any>
+      cancel (request: { input?: Components.StoreOrders.CancelInput, query: Query, key?: string }): Promise<any>
       transit (request: { input?: Components.StoreOrders.TransitInput, query?: Query, key?: string }): Promise<any>
       observe (request: { input?: Components.StoreOrders.ObserveInput, query: Query, key?: string }): Promise<any>
       enumerate (request: { input?: Components.StoreOrders.EnumerateInput, key?: string }): Promise<any>
@@ -163,11 +190,16 @@ export interface Remote {
   }
   terminals: {
     charge (request: { input: Components.Terminals.ChargeInput, instance: string, query?: Query, key?: string }, options?: CallOptions): Promise<any>
+    void (request: { input: Components.Terminals.VoidInput, instance: string, query?: Query, key?: string }, options?: CallOptions): Promise<any>
     connect (request: { input: Components.Terminals.ConnectInput, query?: Query, key?: string }): Promise<any>
     assign (request: { input?: Components.Terminals.AssignInput, query?: Query, key?: string }): Promise<any>
     observe (request: { input?: Components.Terminals.ObserveInput, query: Query, key?: string }): Promise<any>
     enumerate (request: { input?: Components.Terminals.EnumerateInput, key?: string }): Promise<any>
   }
+}
+
+export interface Received {
+  "store.orders.cancelled": Components.StoreOrders.CancelledEvent
 }
 
 export type Context = Base<Local, Remote, Configuration>

@@ -1,0 +1,2 @@
+def when(entry, previous):
+    return True

@@ -1,0 +1,2 @@
+def condition(entry, previous):
+    return True
