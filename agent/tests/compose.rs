@@ -4,7 +4,7 @@ mod support;
 
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use support::{compose_once, control, count, events, free_port, Composition};
+use support::{call_with, compose_once, control, count, events, free_port, Composition};
 
 /// The README's first command, `toa-agent demo`: its flows give the seed's answers and it ends
 /// by itself, drained.
@@ -198,12 +198,48 @@ fn a_start_that_cannot_succeed_stops_with_a_clear_error() {
     assert!(stderr.contains("failing: preflight failed"), "{stderr}");
     assert!(!stderr.contains("Composition complete"), "{stderr}");
 
+    let output = compose_once(&["agent/tests/components/mistyped"], &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("`operations.hello.type` is effect, and its module exports a computation"),
+        "{stderr}"
+    );
+
     let output = compose_once(&["examples/store.catalog"], &[("TOA_INSTANCE", "till 7")]);
     assert_eq!(output.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("TOA_INSTANCE: expected 1 to 64 ASCII letters"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn a_manifest_without_program_runs_its_modules_sdk_and_an_undeclared_module_is_named() {
+    let sdk = support::root().join("sdk/python");
+    let sdk = sdk.to_str().unwrap();
+    let composition = Composition::start(
+        &["agent/tests/components/programless"],
+        &[("PYTHONPATH", sdk)],
+    );
+    composition.wait_ready();
+    let (status, answer) = call_with(
+        &composition.agent,
+        "test.programless.hello",
+        "",
+        r#"{"input": {"name": "seed"}}"#,
+    );
+    assert_eq!((status, &answer["reply"]), (200, &json!({"hello": "seed"})));
+    let log = composition.log();
+    assert!(
+        log.contains("its modules' SDK runs it") && log.contains(r#"["python3", "-m", "toa"]"#),
+        "{log}"
+    );
+    let warned = log.lines().find(|line| line.contains("does not declare"));
+    assert!(
+        warned.is_some_and(|line| line.contains("stray") && line.contains("WARN")),
+        "{log}"
     );
 }
 

@@ -9,6 +9,7 @@
 pub mod client;
 pub mod program;
 pub mod schema;
+pub mod sdk;
 
 use client::ProgramClient;
 use program::Program;
@@ -30,7 +31,8 @@ pub enum ComponentError {
         message: toa_context::schema::SchemaError,
     },
     #[error(
-        "{component}: no `program` in the manifest: a local run needs the command that starts it"
+        "{component}: no `program` in the manifest, and no modules in operations/ or rc/ to tell \
+         an SDK by: a local run needs the command that starts it"
     )]
     NoProgram { component: String },
     #[error("{component}: the program did not start: {message}")]
@@ -68,7 +70,17 @@ impl Component {
             path: path.display().to_string(),
             error,
         })?;
-        let manifest = Manifest::parse(&text, &path.display().to_string())?;
+        let mut manifest = Manifest::parse(&text, &path.display().to_string())?;
+        if manifest.program.is_none() {
+            // A seed's manifest has no `program`: its modules say which SDK runs it.
+            manifest.program = sdk::program_of(dir).map_err(|message| ComponentError::Start {
+                component: manifest.full_name(),
+                message,
+            })?;
+            if let Some(program) = &manifest.program {
+                tracing::info!(component = %manifest.full_name(), ?program, "no `program` in the manifest: its modules' SDK runs it");
+            }
+        }
         Self::new(manifest, dir.to_path_buf())
     }
 
@@ -173,6 +185,52 @@ impl Component {
 
     pub fn exports(&self, command: RunCommand) -> bool {
         self.manifest.exports(command)
+    }
+
+    /// The kind of the operation `name`: the program's word (which the manifest's `type`, where
+    /// given, must agree with, or the start fails naming both), else the manifest's.
+    pub fn kind_of(
+        &self,
+        name: &str,
+        declared: &toa_context::manifest::Operation,
+        description: Option<&client::Description>,
+    ) -> Result<toa_context::manifest::Kind, ComponentError> {
+        let said = description.and_then(|d| d.kinds.get(name).copied());
+        match (declared.kind, said) {
+            (Some(declared), Some(said)) if declared != said => Err(ComponentError::Mismatch {
+                component: self.name.clone(),
+                message: format!(
+                    "`operations.{name}.type` is {}, and its module exports a {}",
+                    declared.name(),
+                    said.name()
+                ),
+            }),
+            (_, Some(said)) => Ok(said),
+            (_, None) => Ok(declared.kind(name)),
+        }
+    }
+
+    /// Checks every operation's kind ([`Self::kind_of`]), with or without an entity.
+    pub fn check_kinds(
+        &self,
+        description: Option<&client::Description>,
+    ) -> Result<(), ComponentError> {
+        for (name, declared) in &self.manifest.operations {
+            self.kind_of(name, declared, description)?;
+        }
+        Ok(())
+    }
+
+    /// Warns of each operation the program has a module for and the manifest does not declare:
+    /// no one can call it (a module of a name misspelt, or a declaration forgotten).
+    pub fn warn_undeclared(&self, description: Option<&client::Description>) {
+        let served = description.map_or(&[][..], |d| d.operations.as_slice());
+        for operation in served
+            .iter()
+            .filter(|name| !self.manifest.operations.contains_key(*name))
+        {
+            tracing::warn!(component = %self.name, %operation, "the program has a module for an operation the manifest does not declare: it cannot be called until it is declared");
+        }
     }
 
     /// Checks that every event whose condition the program keeps (`events/<name>` modules) is

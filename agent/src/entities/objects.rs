@@ -142,7 +142,7 @@ impl Objects {
         let mut inherited = BTreeSet::new();
         let mut once = BTreeSet::new();
         for (name, declared) in &component.manifest.operations {
-            let kind = kind_of(component, name, declared, description)?;
+            let kind = component.kind_of(name, declared, description)?;
             if declared.once {
                 once_applies(component, name, kind)?;
                 once.insert(name.clone());
@@ -418,29 +418,6 @@ fn once_applies(component: &Component, name: &str, kind: Kind) -> Result<(), Com
             kind.name()
         ),
     })
-}
-
-/// The kind of the operation `name`: the program's word (which the manifest's `type`, where
-/// given, must agree with), else the manifest's.
-fn kind_of(
-    component: &Component,
-    name: &str,
-    declared: &manifest::Operation,
-    description: Option<&toa_context::program::Description>,
-) -> Result<Kind, ComponentError> {
-    let said = description.and_then(|d| d.kinds.get(name).copied());
-    match (declared.kind, said) {
-        (Some(declared), Some(said)) if declared != said => Err(ComponentError::Mismatch {
-            component: component.name.clone(),
-            message: format!(
-                "`operations.{name}.type` is {}, and its module exports a {}",
-                declared.name(),
-                said.name()
-            ),
-        }),
-        (_, Some(said)) => Ok(said),
-        (_, None) => Ok(declared.kind(name)),
-    }
 }
 
 /// Observations.

@@ -173,6 +173,23 @@ describe('store.orders pay', () => {
   })
 })
 
+describe('a seed manifest as written', () => {
+  test('without `program:` the TypeScript SDK runs it, found in the project\'s node_modules', async () => {
+    const copy = join(scratch(), 'examples')
+    cpSync(EXAMPLES, copy, { recursive: true, filter: (path) => !path.includes('node_modules') })
+    symlinkSync(join(EXAMPLES, 'node_modules'), join(copy, 'node_modules'))
+    const manifest = join(copy, 'components', 'fulfilment.stock', 'manifest.toa.yaml')
+    const written = readFileSync(manifest, 'utf8')
+    writeFileSync(manifest, written.replace(/^program: .*\n/m, ''))
+    assert.doesNotMatch(readFileSync(manifest, 'utf8'), /^program:/m)
+    const stage = await compose([join(copy, 'components', 'fulfilment.stock')], { agent: AGENT })
+    stages.push(stage)
+    await stage.call('fulfilment.stock.transit', { query: { id: 'k1' }, input: { available: 1 } })
+    const sold = await stage.call('fulfilment.stock.reserve', { query: { id: 'k1' }, input: { quantity: 1 } })
+    assert.equal(sold.available, 0, JSON.stringify(sold))
+  })
+})
+
 describe('types', () => {
   test('the generated types are current, and the examples type-check with --strict', () => {
     const copy = join(scratch(), 'examples')

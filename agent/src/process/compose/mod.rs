@@ -356,6 +356,8 @@ impl Composition {
             member.commands = member.component.commands(description.as_ref())?;
             member.adapted = member.component.adapted(description.as_ref())?;
             member.component.conditioned(description.as_ref())?;
+            member.component.warn_undeclared(description.as_ref());
+            member.component.check_kinds(description.as_ref())?;
             if let Some(store) = self.stores.remove(&member.component.name) {
                 let retrying = self.retrying.clone();
                 let description = description.as_ref();

@@ -1,0 +1,2 @@
+def computation(input, context):
+    return {"hello": True}

@@ -1,0 +1,2 @@
+def effect(input, context):
+    return None
