@@ -177,11 +177,15 @@ fn context_file(
 ) -> Result<(Context, BTreeMap<String, Value>), ConfigError> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
-        // Without a context file, a local application named `local` with nothing configured.
+        // Without a context file, a local application named `local` with nothing configured;
+        // said, so that a file in another directory than the one meant is noticed.
         Err(error)
             if error.kind() == std::io::ErrorKind::NotFound
                 && path.as_os_str() == "context.toa.yaml" =>
         {
+            let here = std::env::current_dir().map(|dir| dir.display().to_string());
+            let here = here.unwrap_or_default();
+            tracing::warn!(directory = %here, "no context.toa.yaml here: the application is named `local`, with the embedded coordination and store, no broker, and the limits' defaults (--context names another file)");
             "name: local\n".to_owned()
         }
         Err(error) => {

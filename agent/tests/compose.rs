@@ -244,6 +244,36 @@ fn a_manifest_without_program_runs_its_modules_sdk_and_an_undeclared_module_is_n
 }
 
 #[test]
+fn without_a_context_file_the_defaults_and_the_application_name_are_said() {
+    let elsewhere = std::env::temp_dir().join(format!("toa-no-context-{}", std::process::id()));
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let pauser = support::root().join("agent/tests/components/pauser");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_toa-agent"));
+    let output = support::without_cargos_variables(&mut command)
+        .current_dir(&elsewhere)
+        .env("RUST_LOG", "info")
+        .arg("compose")
+        .arg(&pauser)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let warned = stderr
+        .lines()
+        .find(|line| line.contains("no context.toa.yaml here"));
+    assert!(
+        warned.is_some_and(|line| line.contains("WARN")
+            && line.contains("named `local`")
+            && line.contains(&*elsewhere.to_string_lossy())),
+        "{stderr}"
+    );
+    // The suite's own runs, from the repository's root, read its context.toa.yaml: no warning.
+    let output = compose_once(&["agent/tests/components/pauser"], &[("RUST_LOG", "info")]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("no context.toa.yaml"), "{stderr}");
+}
+
+#[test]
 fn halt_pauses_and_resume_takes_back_in_the_same_process_only_with_the_token() {
     let record = std::env::temp_dir().join(format!("toa-poller-{}", std::process::id()));
     let _ = std::fs::remove_file(&record);
