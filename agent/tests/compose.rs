@@ -274,6 +274,31 @@ fn without_a_context_file_the_defaults_and_the_application_name_are_said() {
 }
 
 #[test]
+fn a_compose_on_a_taken_address_says_where_it_serves_and_how_to_reach_it() {
+    // Another process holds the address (a first compose, say).
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let second = Composition::start_at(port, &["examples/store.catalog"], &[]);
+    second.wait_ready();
+    let log = second.log();
+    let warned = log.lines().find(|line| line.contains("address is taken"));
+    let warned = warned.unwrap_or_else(|| panic!("no warning:\n{log}"));
+    let serving = warned
+        .split("--agent http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{warned}"));
+    assert_ne!(serving, format!("127.0.0.1:{port}"), "{warned}");
+    // The address it names is its own: its local API answers there.
+    let (status, instance) = support::http_get(&format!("http://{serving}/v1/instance"));
+    assert_eq!(status, 200, "{instance}");
+    assert!(
+        warned.contains(&format!("reach the process on 127.0.0.1:{port}")),
+        "{warned}"
+    );
+}
+
+#[test]
 fn halt_pauses_and_resume_takes_back_in_the_same_process_only_with_the_token() {
     let record = std::env::temp_dir().join(format!("toa-poller-{}", std::process::id()));
     let _ = std::fs::remove_file(&record);

@@ -88,7 +88,7 @@ impl Process {
                 let _ = self.pause(&mut work, halt).await;
             }
             None => {
-                work.pulses = start_pulses(&work);
+                work.pulses = start_pulses(&work, &self.activity);
                 self.set(|view| view.phase = Phase::Running);
             }
         }
@@ -157,7 +157,7 @@ impl Process {
                     });
                     return Err(ActionError::Command(message));
                 }
-                work.pulses = start_pulses(&work);
+                work.pulses = start_pulses(&work, &self.activity);
                 self.set(|view| {
                     view.phase = Phase::Running;
                     view.failure = None;
@@ -205,7 +205,7 @@ impl Process {
                 tracing::error!(%error, "resume after a failed pause failed too");
             }
         }
-        work.pulses = start_pulses(work);
+        work.pulses = start_pulses(work, &self.activity);
         tracing::error!(%halt, %message, "pause failed: running again");
         self.set(|view| {
             view.phase = Phase::Running;
@@ -270,8 +270,9 @@ impl Supervisor for Process {
     }
 }
 
-/// Each pulse calls its operation on this replica every interval.
-fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
+/// Each pulse calls its operation on this replica every interval; each outbox's relay runs,
+/// busy (for a halt) while it publishes what it claimed.
+fn start_pulses(work: &Work, activity: &Arc<Activity>) -> Vec<JoinHandle<()>> {
     let Some(calls) = &work.calls else {
         return Vec::new();
     };
@@ -280,7 +281,10 @@ fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
         .iter()
         .filter_map(|m| m.objects.as_ref().and_then(|o| o.outbox()));
     let mut tasks: Vec<JoinHandle<()>> = outboxes
-        .map(|outbox| tokio::spawn(outbox.clone().relay()))
+        .map(|outbox| {
+            let activity = activity.clone();
+            tokio::spawn(outbox.clone().relay(move || activity.begin()))
+        })
         .collect();
     for member in &work.members {
         for (operation, interval) in &member.component.manifest.pulses {

@@ -233,10 +233,15 @@ async fn bind_local(
     let listener = match TcpListener::bind(listen).await {
         Ok(listener) => listener,
         Err(error) if mode == Mode::Local => {
-            tracing::warn!(%listen, %error, "the agent's address is taken; serving on a free port instead");
-            TcpListener::bind((listen.ip(), 0))
+            let listener = TcpListener::bind((listen.ip(), 0))
                 .await
-                .map_err(|e| ComposeError::Setup(e.to_string()))?
+                .map_err(|e| ComposeError::Setup(e.to_string()))?;
+            if let Ok(serving) = listener.local_addr() {
+                // Said with what to do: `call` and `drain` without --agent reach the process
+                // that holds the address, not this one (drain would stop that one).
+                tracing::warn!(taken = %listen, %error, %serving, "the agent's address is taken (another compose?): this process serves its local API on {serving} instead; `toa-agent call` and `drain` reach it with --agent http://{serving} (without, they reach the process on {listen})");
+            }
+            listener
         }
         Err(error) => {
             let message = format!("{} {listen}: {error}", super::LOCAL_API);
