@@ -293,7 +293,7 @@ fn a_compose_on_a_taken_address_says_where_it_serves_and_how_to_reach_it() {
     let (status, instance) = support::http_get(&format!("http://{serving}/v1/instance"));
     assert_eq!(status, 200, "{instance}");
     assert!(
-        warned.contains(&format!("reach the process on 127.0.0.1:{port}")),
+        warned.contains("(without, they reach $TOA_AGENT or http://127.0.0.1:7090)"),
         "{warned}"
     );
 }

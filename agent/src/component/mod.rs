@@ -31,8 +31,8 @@ pub enum ComponentError {
         message: toa_context::schema::SchemaError,
     },
     #[error(
-        "{component}: no `program` in the manifest, and no modules in operations/ or rc/ to tell \
-         an SDK by: a local run needs the command that starts it"
+        "{component}: no `program` in the manifest, and no modules in operations/, rc/, \
+         receivers/ or events/ to tell an SDK by: a local run needs the command that starts it"
     )]
     NoProgram { component: String },
     #[error("{component}: the program did not start: {message}")]

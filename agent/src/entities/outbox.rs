@@ -146,9 +146,7 @@ impl Outbox {
     /// whose lease ran out and publishes them within half the lease it took, and sets the gauge
     /// of how long the oldest unpublished one has waited. Runs until aborted (a pause, the
     /// process's end): a claim cut short leaves its events to the next relay, after their lease.
-    /// While it publishes a claim it holds what `busy` gives (the process's activity: a halt
-    /// waits for it to end).
-    pub async fn relay<B: Send>(self: Arc<Self>, busy: impl Fn() -> B + Send + Sync) {
+    pub async fn relay(self: Arc<Self>) {
         let mut every = tokio::time::interval(RELAY_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -156,7 +154,7 @@ impl Outbox {
             let Some((_, waiting)) = self.sink.get() else {
                 continue;
             };
-            while self.relays() && self.relay_once(&busy).await == CLAIM_LIMIT {}
+            while self.relays() && self.relay_once().await == CLAIM_LIMIT {}
             if let Ok(age) = self.store.waiting().await {
                 waiting.set(age.map_or(0.0, |age| age.as_secs_f64()));
             }
@@ -165,11 +163,10 @@ impl Outbox {
 
     /// One claim and its publication: how many events were published (a full batch: there may
     /// be more).
-    async fn relay_once<B>(&self, busy: &impl Fn() -> B) -> usize {
+    async fn relay_once(&self) -> usize {
         let claimed = Instant::now();
         match self.store.claim(LEASE, CLAIM_LIMIT).await {
             Ok(due) if !due.is_empty() => {
-                let _busy = busy();
                 let published = self.publish(&due, claimed + LEASE / 2).await;
                 tracing::info!(component = %self.component, claimed = due.len(), published, "relayed events their committer did not publish");
                 published

@@ -88,7 +88,7 @@ impl Process {
                 let _ = self.pause(&mut work, halt).await;
             }
             None => {
-                work.pulses = start_pulses(&work, &self.activity);
+                work.pulses = start_pulses(&work);
                 self.set(|view| view.phase = Phase::Running);
             }
         }
@@ -157,7 +157,7 @@ impl Process {
                     });
                     return Err(ActionError::Command(message));
                 }
-                work.pulses = start_pulses(&work, &self.activity);
+                work.pulses = start_pulses(&work);
                 self.set(|view| {
                     view.phase = Phase::Running;
                     view.failure = None;
@@ -205,7 +205,7 @@ impl Process {
                 tracing::error!(%error, "resume after a failed pause failed too");
             }
         }
-        work.pulses = start_pulses(work, &self.activity);
+        work.pulses = start_pulses(work);
         tracing::error!(%halt, %message, "pause failed: running again");
         self.set(|view| {
             view.phase = Phase::Running;
@@ -270,9 +270,10 @@ impl Supervisor for Process {
     }
 }
 
-/// Each pulse calls its operation on this replica every interval; each outbox's relay runs,
-/// busy (for a halt) while it publishes what it claimed.
-fn start_pulses(work: &Work, activity: &Arc<Activity>) -> Vec<JoinHandle<()>> {
+/// Each pulse calls its operation on this replica every interval, and each outbox's relay runs.
+/// A relay is not a call: the pause cuts it short (a claim cut there is relayed after its
+/// lease), so a halt has nothing of it to wait for.
+fn start_pulses(work: &Work) -> Vec<JoinHandle<()>> {
     let Some(calls) = &work.calls else {
         return Vec::new();
     };
@@ -281,10 +282,7 @@ fn start_pulses(work: &Work, activity: &Arc<Activity>) -> Vec<JoinHandle<()>> {
         .iter()
         .filter_map(|m| m.objects.as_ref().and_then(|o| o.outbox()));
     let mut tasks: Vec<JoinHandle<()>> = outboxes
-        .map(|outbox| {
-            let activity = activity.clone();
-            tokio::spawn(outbox.clone().relay(move || activity.begin()))
-        })
+        .map(|outbox| tokio::spawn(outbox.clone().relay()))
         .collect();
     for member in &work.members {
         for (operation, interval) in &member.component.manifest.pulses {

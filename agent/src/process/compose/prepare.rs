@@ -237,9 +237,9 @@ async fn bind_local(
                 .await
                 .map_err(|e| ComposeError::Setup(e.to_string()))?;
             if let Ok(serving) = listener.local_addr() {
-                // Said with what to do: `call` and `drain` without --agent reach the process
-                // that holds the address, not this one (drain would stop that one).
-                tracing::warn!(taken = %listen, %error, %serving, "the agent's address is taken (another compose?): this process serves its local API on {serving} instead; `toa-agent call` and `drain` reach it with --agent http://{serving} (without, they reach the process on {listen})");
+                // Said with what to do: `call` and `drain` without --agent reach another process
+                // (drain would stop that one).
+                tracing::warn!(taken = %listen, %error, %serving, "the agent's address is taken (another compose?): this process serves its local API on {serving} instead; `toa-agent call` and `drain` reach it with --agent http://{serving} (without, they reach $TOA_AGENT or http://127.0.0.1:{})", toa_context::control::LOCAL_PORT);
             }
             listener
         }
