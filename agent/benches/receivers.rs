@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{compose, connect, free_port, line, measure, post, wait_ready};
+use common::{bare_write, compose, connect, free_port, line, measure, post, wait_ready};
 
 const CALLERS: usize = 16;
 const CALLS: usize = 3_000;
@@ -235,32 +235,7 @@ async fn bare_chain(client: &tokio_postgres::Client) -> f64 {
         let shared = shared.clone();
         async move {
             let (clients, channel, table, exchange) = &*shared;
-            let id = format!("o-{}", n % OBJECTS);
-            let state = tokio_postgres::types::Json(serde_json::json!({ "total": n }));
-            let mut client = clients[n % clients.len()].lock().await;
-            let transaction = client.transaction().await.unwrap();
-            let row = transaction
-                .query_one(&format!("UPDATE {table} SET version = version + 1, state = $2 WHERE id = $1 RETURNING version"), &[&id, &state])
-                .await
-                .unwrap();
-            let version: i64 = row.get(0);
-            for label in ["changed", "noted"] {
-                transaction
-                    .execute(&format!("INSERT INTO {table}_outbox (id, version, label, payload) VALUES ($1, $2, $3, $4)"), &[&id, &version, &label, &state])
-                    .await
-                    .unwrap();
-            }
-            transaction.commit().await.unwrap();
-            drop(client);
-            for label in ["changed", "noted"] {
-                let body = serde_json::to_vec(&state.0).unwrap();
-                let properties = lapin::BasicProperties::default().with_delivery_mode(2);
-                let confirm = channel
-                    .basic_publish(exchange.as_str().into(), label.into(), Default::default(), &body, properties)
-                    .await
-                    .unwrap();
-                confirm.await.unwrap();
-            }
+            bare_write(clients, channel, (table, exchange), (n, OBJECTS)).await;
         }
     })
     .await;

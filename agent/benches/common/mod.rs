@@ -158,3 +158,46 @@ pub async fn connect() -> tokio_postgres::Client {
     tokio::spawn(connection);
     client
 }
+
+/// One write of the bare events pair: a transaction updating the row `o-<n % objects>` of
+/// `table` and inserting its two event rows (`changed`, `noted`) into `<table>_outbox`, then both
+/// events published persistent, each awaiting its confirm, to `exchange`.
+pub async fn bare_write(
+    clients: &[tokio::sync::Mutex<tokio_postgres::Client>],
+    channel: &lapin::Channel,
+    (table, exchange): (&str, &str),
+    (n, objects): (usize, usize),
+) {
+    let id = format!("o-{}", n % objects);
+    let state = tokio_postgres::types::Json(serde_json::json!({ "total": n }));
+    let mut client = clients[n % clients.len()].lock().await;
+    let transaction = client.transaction().await.unwrap();
+    let row = transaction
+        .query_one(&format!("UPDATE {table} SET version = version + 1, state = $2 WHERE id = $1 RETURNING version"), &[&id, &state])
+        .await
+        .unwrap();
+    let version: i64 = row.get(0);
+    for label in ["changed", "noted"] {
+        transaction
+            .execute(&format!("INSERT INTO {table}_outbox (id, version, label, payload) VALUES ($1, $2, $3, $4)"), &[&id, &version, &label, &state])
+            .await
+            .unwrap();
+    }
+    transaction.commit().await.unwrap();
+    drop(client);
+    for label in ["changed", "noted"] {
+        let body = serde_json::to_vec(&state.0).unwrap();
+        let properties = lapin::BasicProperties::default().with_delivery_mode(2);
+        let confirm = channel
+            .basic_publish(
+                exchange.into(),
+                label.into(),
+                Default::default(),
+                &body,
+                properties,
+            )
+            .await
+            .unwrap();
+        confirm.await.unwrap();
+    }
+}
