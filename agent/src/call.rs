@@ -31,10 +31,10 @@ pub async fn run(target: &str, request: &str, agent: &str, task: bool) -> ExitCo
             let text = response.text().await.unwrap_or_default();
             let value: serde_json::Value =
                 serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&value).unwrap_or_default()
-            );
+            // One write: the seeds run two calls at once in one terminal (`… &`), and lines
+            // written one by one would interleave.
+            let printed = serde_json::to_string_pretty(&value).unwrap_or_default() + "\n";
+            let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), printed.as_bytes());
             if ok && value.get("error").is_none() {
                 ExitCode::SUCCESS
             } else {

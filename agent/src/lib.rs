@@ -56,4 +56,6 @@ pub use process::compose;
 pub use entities::postgres::ddl_of as storage_ddl;
 
 pub use atom::{Assignment, Atom, AtomConfig, AtomError, Held, IntoKeys, Mode, Scope, Signal};
+/// The calls a program answers now, which the local API's locks take their deadlines from.
+pub use component::answering::Answering;
 pub use metrics::Metrics;

@@ -8,13 +8,15 @@ use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 use toa_agent::api::{router, Host};
-use toa_agent::{Atom, AtomConfig, Metrics, Mode, Scope};
+use toa_agent::{Answering, Atom, AtomConfig, Metrics, Mode, Scope};
 use toa_context::{Atomicity, Credentials};
 
 struct Served {
     base: String,
     client: reqwest::Client,
     application: String,
+    /// The calls each component's program answers, as the lock routes see them.
+    answering: HashMap<String, Arc<Answering>>,
 }
 
 async fn serve() -> Served {
@@ -56,7 +58,12 @@ async fn serve_with(tokens: toa_agent::component_tokens::ComponentTokens) -> Ser
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (_, ready) = tokio::sync::watch::channel(true);
+    let answering: HashMap<String, Arc<Answering>> = atoms
+        .keys()
+        .map(|component| (component.clone(), Arc::default()))
+        .collect();
     let host = Host {
+        answering: answering.clone(),
         atoms,
         calls: None,
         instance: "api-test".into(),
@@ -71,6 +78,7 @@ async fn serve_with(tokens: toa_agent::component_tokens::ComponentTokens) -> Ser
         base,
         client: reqwest::Client::new(),
         application,
+        answering,
     }
 }
 
@@ -246,6 +254,151 @@ async fn a_lock_is_held_while_the_request_is_open_and_released_when_it_closes() 
             "{component}: {acquired} then {next}"
         );
     }
+}
+
+/// Seed 000: a lock asked for while the program answers a call is waited for only until the
+/// agent stops waiting for that call; then `DEADLINE`, and the lock is not taken. Without the
+/// call's header the wait has no end.
+#[tokio::test]
+async fn a_locks_wait_ends_at_its_calls_deadline() {
+    let served = serve().await;
+    for component in ["local.embedded", "pod.redis"] {
+        let url = format!("{}/v1/{component}/lock", served.base);
+        let lock = |call: Option<&str>| {
+            let request = served.client.post(&url).json(&json!({"keys": ["till"]}));
+            match call {
+                Some(id) => request.header("toa-call", id),
+                None => request,
+            }
+            .send()
+        };
+        let mut holder = lock(None).await.unwrap().bytes_stream();
+        let mut buffer = String::new();
+        let held = next_line(&mut holder, &mut buffer, Duration::from_secs(5)).await;
+        assert_eq!(held.unwrap()["event"], "acquired");
+        // A call whose agent stops waiting 400 ms from now.
+        let until = tokio::time::Instant::now() + Duration::from_millis(400);
+        let _answer = served.answering[component].enter("call-1", until);
+        let started = tokio::time::Instant::now();
+        let mut waiter = lock(Some("call-1")).await.unwrap().bytes_stream();
+        let mut waiting = String::new();
+        let refused = next_line(&mut waiter, &mut waiting, Duration::from_secs(5)).await;
+        let refused = refused.expect("an answer at the deadline");
+        assert_eq!(refused["event"], "error", "{component}: {refused}");
+        assert_eq!(refused["code"], "DEADLINE", "{component}: {refused}");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(350) && waited < Duration::from_secs(3),
+            "{component}: refused after {waited:?}, at the deadline"
+        );
+        // A call nobody answers now (or none named): the wait goes on while the holder holds.
+        let mut patient = lock(Some("call-2")).await.unwrap().bytes_stream();
+        let mut patience = String::new();
+        let quiet = next_line(&mut patient, &mut patience, Duration::from_millis(800)).await;
+        assert!(quiet.is_none(), "{component}: {quiet:?}");
+        drop(holder);
+        let next = next_line(&mut patient, &mut patience, Duration::from_secs(5)).await;
+        assert_eq!(
+            next.expect("handed over")["event"],
+            "acquired",
+            "{component}"
+        );
+    }
+}
+
+/// The stash: a value under a key of the component's own, for its time to live; `get` after
+/// `delete` is null; a bad ttl or key is refused naming it; in a pod without atomicity, 501.
+#[tokio::test]
+async fn the_stash_keeps_a_value_for_its_ttl() {
+    let served = serve().await;
+    for component in ["local.embedded", "pod.redis"] {
+        // A key with a slash and a space, percent-encoded in the path.
+        let url = format!("{}/v1/{component}/stash/rate%2FEUR%20today", served.base);
+        let put = |body: Value| served.client.put(&url).json(&body).send();
+        let value = json!({"rate": 1.08, "at": [1, 2]});
+        assert_eq!(
+            put(json!({"value": value, "ttl": 60000}))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        let got: Value = served
+            .client
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(got, json!({ "value": value }), "{component}");
+        let deleted: Value = served
+            .client
+            .delete(&url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(deleted, json!({"deleted": true}), "{component}");
+        let gone: Value = served
+            .client
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(gone, json!({"value": null}), "{component}");
+        assert_eq!(
+            put(json!({"value": 1, "ttl": 200})).await.unwrap().status(),
+            200
+        );
+        let expired = async {
+            loop {
+                let got: Value = served
+                    .client
+                    .get(&url)
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                if got["value"].is_null() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), expired)
+            .await
+            .expect("gone after its ttl");
+        let (status, error) = error_of(put(json!({"value": 1, "ttl": 0})).await.unwrap()).await;
+        assert_eq!(status, 400);
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap()
+                .contains("ttl: expected 1 to"),
+            "{error}"
+        );
+        let (status, error) = error_of(put(json!({"value": 1})).await.unwrap()).await;
+        assert_eq!(status, 400);
+        assert!(
+            error["message"].as_str().unwrap().contains("ttl"),
+            "{error}"
+        );
+    }
+    let bare = format!("{}/v1/pod.bare/stash/k", served.base);
+    let (status, error) = error_of(served.client.get(&bare).send().await.unwrap()).await;
+    assert_eq!(
+        (status, error["code"].as_str()),
+        (501, Some("REQUIRES_ATOMICITY"))
+    );
 }
 
 /// The value of one series of `GET /metrics`, if it is there.
@@ -583,6 +736,7 @@ async fn the_openapi_file_documents_routes_that_exist() {
             .replace("{component}", "local.embedded")
             .replace("{operation}", "x")
             .replace("{listener}", "1")
+            .replace("{key}", "k")
             + if path.ends_with("/slots") {
                 "?total=1"
             } else {
@@ -597,6 +751,12 @@ async fn the_openapi_file_documents_routes_that_exist() {
                     .post(&url)
                     .header("content-type", "application/json")
                     .body("{}"),
+                "put" => served
+                    .client
+                    .put(&url)
+                    .header("content-type", "application/json")
+                    .body("{}"),
+                "delete" => served.client.delete(&url),
                 other => panic!("unexpected method {other}"),
             };
             let response = request.send().await.unwrap();

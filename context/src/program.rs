@@ -103,6 +103,14 @@ pub struct OperationCall<'a> {
     pub call: &'a CallMeta,
 }
 
+/// Milliseconds since the Unix epoch: deadlines travel between processes, and to programs
+/// (`deadline_ms`), in this unit.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// What the program is told about a call beside its input (`"call"` in the request body).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallMeta {
@@ -110,7 +118,9 @@ pub struct CallMeta {
     pub id: String,
     /// The broker delivered this call before: it may have run (in part) already.
     pub redelivered: bool,
-    /// When the caller stops waiting (ms since the Unix epoch), for a call to one process.
+    /// When the agent stops waiting for this run (ms since the Unix epoch): the caller's
+    /// deadline for a call to one process, else the run's limit. The agent fills it in as it
+    /// sends the call; `None` only on the way there.
     pub deadline_ms: Option<i64>,
 }
 
@@ -119,6 +129,11 @@ pub struct CallMeta {
 /// The agent reads it with every call; what it links the new call to (a transition, a trace)
 /// comes with the issues that need it.
 pub const CALL_HEADER: &str = "toa-call";
+
+/// The code a lock's stream refuses with when the call it was asked for ran out of time
+/// before the lock was taken (`{"event": "error", "code": "DEADLINE"}`): the SDKs raise it as
+/// an error with this code, which the program can tell from others.
+pub const DEADLINE: &str = "DEADLINE";
 
 /// The longest call id taken: the agent's are 32 hex digits; a little room for other makers.
 const MAX_CALL_ID: usize = 64;

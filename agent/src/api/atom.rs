@@ -2,11 +2,11 @@
 
 use super::body::{Object, Path};
 use super::{ApiError, Host};
-use crate::coordination::atom::{keys, Atom};
+use crate::coordination::atom::{keys, stash, Atom, Held};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
+use toa_context::program::{CallHeaders, DEADLINE};
 use tokio::sync::mpsc;
 
 /// How often a stream writes a blank line, so that a component that went away is noticed.
@@ -40,6 +41,52 @@ pub fn routes() -> Router<Arc<Host>> {
         )
         .route("/v1/{component}/meter", post(meter))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        // After the layer above: a stashed value may be larger than a coordination body.
+        .route(
+            "/v1/{component}/stash/{key}",
+            get(stash_get)
+                .put(stash_set)
+                .delete(stash_delete)
+                .layer(axum::extract::DefaultBodyLimit::max(STASH_BODY)),
+        )
+}
+
+/// The largest body `PUT /v1/{component}/stash/{key}` takes: the largest value, escaped, and
+/// its wrapper.
+pub const STASH_BODY: usize = 2 * stash::MAX_VALUE;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StashRequest {
+    value: Value,
+    /// ms; required: a stash is not a store.
+    ttl: u64,
+}
+
+async fn stash_get(
+    State(host): State<Arc<Host>>,
+    Path((component, key)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let value = host.atom(&component)?.stash_get(key).await?;
+    Ok(Json(json!({ "value": value })))
+}
+
+async fn stash_set(
+    State(host): State<Arc<Host>>,
+    Path((component, key)): Path<(String, String)>,
+    Object(request): Object<StashRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let atom = host.atom(&component)?;
+    atom.stash_set(key, &request.value, request.ttl).await?;
+    Ok(Json(json!({})))
+}
+
+async fn stash_delete(
+    State(host): State<Arc<Host>>,
+    Path((component, key)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let deleted = host.atom(&component)?.stash_delete(key).await?;
+    Ok(Json(json!({ "deleted": deleted })))
 }
 
 /// The coordination routes of `/v1/{component}/...` go on only with that component's token (in a
@@ -112,60 +159,90 @@ fn line(value: Value) -> Bytes {
 async fn lock(
     State(host): State<Arc<Host>>,
     Path(component): Path<String>,
+    headers: HeaderMap,
     Object(request): Object<LockRequest>,
 ) -> Result<Response, ApiError> {
     let atom: Arc<Atom> = host.atom(&component)?.clone();
     // Refuse what can be refused before the stream starts, so it gets a status code.
     let keys = keys::validate(request.keys)?;
     atom.available("lock")?;
+    // Asked for while the program answers a call: waited for only until the agent stops
+    // waiting for that call (seed 000: the wait counts toward the operation's duration).
+    let made_in = CallHeaders::read(|name| headers.get(name).map(|v| v.as_bytes()))
+        .map_err(|bad| ApiError::bad_request(bad.to_string()))?
+        .call;
+    let until = made_in.and_then(|id| host.answering.get(&component)?.until(&id));
     let stream = host.streams.open(&component)?;
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     tokio::spawn(async move {
         let _stream = stream;
-        let mut keepalive = tokio::time::interval(KEEPALIVE);
-        let acquire = atom.acquire(keys);
-        tokio::pin!(acquire);
-        let held = loop {
-            tokio::select! {
-                held = &mut acquire => break held,
-                _ = tx.closed() => return, // gave up waiting
-                _ = keepalive.tick() => { let _ = tx.send(Bytes::from_static(b"\n")).await; }
-            }
-        };
-        let held = match held {
-            Ok(held) => held,
-            Err(error) => {
-                let _ = tx
-                    .send(line(
-                        json!({"event": "error", "message": error.to_string()}),
-                    ))
-                    .await;
-                return;
-            }
-        };
-        let signal = held.signal();
-        if tx
-            .send(line(json!({"event": "acquired", "token": held.token()})))
-            .await
-            .is_err()
-        {
-            held.release().await;
-            return;
+        if let Some(held) = acquired(&atom, keys, until, &tx).await {
+            hold(held, &tx).await;
         }
-        let mut told = false;
-        loop {
-            tokio::select! {
-                _ = signal.lost(), if !told => {
-                    told = true;
-                    let _ = tx.send(line(json!({"event": "lost"}))).await;
-                }
-                _ = tx.closed() => break,
-                _ = keepalive.tick() => { let _ = tx.send(Bytes::from_static(b"\n")).await; }
-            }
-        }
-        held.release().await;
     });
     Ok(ndjson(rx))
+}
+
+/// What a lock's stream says when its call's deadline passed before the lock was taken.
+pub const PAST_DEADLINE: &str = "the call's deadline passed while waiting for the lock: its \
+    caller is told the call failed, so what the lock guards must not run";
+
+/// Waits for the lock, at most `until`, keeping the stream alive; `None` when the stream says
+/// why there is none (an error, the deadline) or its reader gave up waiting.
+async fn acquired(
+    atom: &Atom,
+    keys: Vec<String>,
+    until: Option<tokio::time::Instant>,
+    tx: &mpsc::Sender<Bytes>,
+) -> Option<Held> {
+    let mut keepalive = tokio::time::interval(KEEPALIVE);
+    let acquire = atom.acquire(keys);
+    tokio::pin!(acquire);
+    let deadline = async {
+        match until {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+    let refusal = loop {
+        tokio::select! {
+            held = &mut acquire => match held {
+                Ok(held) => return Some(held),
+                Err(error) => break json!({"event": "error", "message": error.to_string()}),
+            },
+            () = &mut deadline => {
+                break json!({"event": "error", "code": DEADLINE, "message": PAST_DEADLINE});
+            }
+            _ = tx.closed() => return None, // gave up waiting
+            _ = keepalive.tick() => { let _ = tx.send(Bytes::from_static(b"\n")).await; }
+        }
+    };
+    let _ = tx.send(line(refusal)).await;
+    None
+}
+
+/// Holds the lock while the stream is open, telling its reader if it is lost.
+async fn hold(held: Held, tx: &mpsc::Sender<Bytes>) {
+    let signal = held.signal();
+    let acquired = json!({"event": "acquired", "token": held.token()});
+    if tx.send(line(acquired)).await.is_err() {
+        held.release().await;
+        return;
+    }
+    let mut keepalive = tokio::time::interval(KEEPALIVE);
+    let mut told = false;
+    loop {
+        tokio::select! {
+            _ = signal.lost(), if !told => {
+                told = true;
+                let _ = tx.send(line(json!({"event": "lost"}))).await;
+            }
+            _ = tx.closed() => break,
+            _ = keepalive.tick() => { let _ = tx.send(Bytes::from_static(b"\n")).await; }
+        }
+    }
+    held.release().await;
 }
 
 async fn slots(

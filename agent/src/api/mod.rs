@@ -7,11 +7,12 @@
 //!
 //! | method and path | what |
 //! |---|---|
-//! | `POST /v1/{component}/lock` `{"keys": [...]}` | stream: `{"event":"acquired","token":N}`, later maybe `{"event":"lost"}`; closing the request releases |
+//! | `POST /v1/{component}/lock` `{"keys": [...]}` | stream: `{"event":"acquired","token":N}`, later maybe `{"event":"lost"}` (or `{"event":"error","code":"DEADLINE"}` when its call ran out first); closing the request releases |
 //! | `GET /v1/{component}/slots?total=N` | `{"slots": [..] \| null}` |
 //! | `GET /v1/{component}/onassigned` | stream: `{"listener":ID,"assignment":{i,n,epoch} \| null}` at once and on every change |
 //! | `POST /v1/{component}/onassigned/{listener}/failed` | the component's listener failed: this replica owns nothing from now on |
 //! | `POST /v1/{component}/meter` `{"keys": [...], "deltas": [...]}` | `{"debts": [...]}` |
+//! | `GET`, `PUT {"value", "ttl"}`, `DELETE` `/v1/{component}/stash/{key}` | `{"value"}`, `{}`, `{"deleted"}` |
 //! | `GET /metrics` | the agent's metrics, OpenMetrics text ([`crate::metrics`]) |
 //!
 //! Calls, the process's name and the probes are in [`calls`].
@@ -34,6 +35,8 @@ use crate::metrics::Metrics;
 /// What the API serves: the components of this process.
 pub struct Host {
     pub atoms: HashMap<String, Arc<Atom>>,
+    /// The calls each component's program answers now, for its lock requests' deadlines.
+    pub answering: HashMap<String, Arc<crate::Answering>>,
     /// The call router; `None` where this process routes no calls.
     pub calls: Option<Arc<Calls>>,
     /// This process's name.
@@ -218,7 +221,8 @@ impl From<AtomError> for ApiError {
             AtomError::RequiresAtomicity(_) => (StatusCode::NOT_IMPLEMENTED, "REQUIRES_ATOMICITY"),
             AtomError::InvalidKey { .. }
             | AtomError::TooManyKeys(_)
-            | AtomError::InvalidMeter(_) => (StatusCode::BAD_REQUEST, "BAD_REQUEST"),
+            | AtomError::InvalidMeter(_)
+            | AtomError::InvalidStash(_) => (StatusCode::BAD_REQUEST, "BAD_REQUEST"),
             AtomError::Unavailable(_) | AtomError::Protocol(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
             }

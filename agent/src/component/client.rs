@@ -1,7 +1,11 @@
 //! HTTP from the agent into the program: run commands and operations.
 
 use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
+
+use super::answering::Answering;
 
 use toa_context::answer::NotAnOutcome;
 pub use toa_context::answer::Outcome;
@@ -34,6 +38,15 @@ pub enum ProgramError {
     /// take, no id for an object): the caller's `RequestContract`.
     #[error("{0}")]
     Contract(String),
+    /// The operation answered an error code its manifest does not declare (`errors:`): the
+    /// program's failure, not a code a caller could have known to expect.
+    #[error("{component}.{operation} answered the error {code}, which its manifest does not declare (errors: [{}]): taken as the program's failure", declared.join(", "))]
+    Undeclared {
+        component: String,
+        operation: String,
+        code: String,
+        declared: Vec<String>,
+    },
 }
 
 impl ProgramError {
@@ -94,6 +107,11 @@ pub struct ProgramClient {
     token: Option<String>,
     base: String,
     http: reqwest::Client,
+    /// Each operation's declared error codes (the manifest's `errors:`); `None`: not checked
+    /// (a client made without a manifest, in tests).
+    errors: Option<Arc<HashMap<String, Vec<String>>>>,
+    /// The calls the program is answering now, for its lock requests' deadlines.
+    answering: Arc<Answering>,
 }
 
 impl ProgramClient {
@@ -109,7 +127,41 @@ impl ProgramClient {
                 .no_proxy()
                 .build()
                 .expect("an HTTP client"),
+            errors: None,
+            answering: Arc::default(),
         }
+    }
+
+    /// The same client, refusing an error code an operation does not declare in `manifest`.
+    pub fn with_errors(mut self, manifest: &toa_context::Manifest) -> Self {
+        let errors = manifest.operations.iter();
+        let errors = errors.map(|(name, operation)| (name.clone(), operation.errors.clone()));
+        self.errors = Some(Arc::new(errors.collect()));
+        self
+    }
+
+    /// The calls the program is answering now.
+    pub fn answering(&self) -> Arc<Answering> {
+        self.answering.clone()
+    }
+
+    /// `outcome`, unless it is an error code `operation` does not declare: then the program's
+    /// failure, logged with the code.
+    fn declared(&self, operation: &str, outcome: Outcome) -> Result<Outcome, ProgramError> {
+        let (Some(errors), Outcome::Error { code, .. }) = (&self.errors, &outcome) else {
+            return Ok(outcome);
+        };
+        let declared = errors.get(operation).cloned().unwrap_or_default();
+        if declared.contains(code) {
+            return Ok(outcome);
+        }
+        tracing::warn!(component = %self.component, %operation, %code, "an operation answered an error code its manifest does not declare: taken as the program's failure");
+        Err(ProgramError::Undeclared {
+            component: self.component.clone(),
+            operation: operation.to_owned(),
+            code: code.clone(),
+            declared,
+        })
     }
 
     /// Whether the program accepts connections on its port (within 500 ms).
@@ -272,7 +324,7 @@ impl ProgramClient {
         let (status, value, body) = self.exchange(operation, input, entry, call, limit).await?;
         match Outcome::from_json(&value) {
             // The operation's own error, whatever the status.
-            Ok(error @ Outcome::Error { .. }) => Ok(error),
+            Ok(error @ Outcome::Error { .. }) => self.declared(operation, error),
             Err(NotAnOutcome::ErrorWithoutCode) => Err(self.malformed(&body)),
             _ if !(200..300).contains(&status) => Err(self.failed_with(status, &body)),
             Ok(reply) => Ok(reply),
@@ -295,7 +347,7 @@ impl ProgramClient {
             .exchange(operation, input, Some(entry), call, limit)
             .await?;
         if let Ok(error @ Outcome::Error { .. }) = Outcome::from_json(&value) {
-            return Ok(Err(error));
+            return self.declared(operation, error).map(Err);
         }
         if !(200..300).contains(&status) {
             return Err(self.failed_with(status, &body));
@@ -395,6 +447,16 @@ impl ProgramClient {
         call: &CallMeta,
         limit: Duration,
     ) -> Result<(u16, Value, String), ProgramError> {
+        // The program is told when the agent stops waiting for it: the caller's deadline, or
+        // this run's limit (an ordinary call has no deadline of its caller's); its lock
+        // requests are waited for until then, not past it.
+        let until = tokio::time::Instant::now() + limit;
+        let limit_ms = program::now_ms().saturating_add(limit.as_millis() as i64);
+        let call = &CallMeta {
+            deadline_ms: Some(call.deadline_ms.map_or(limit_ms, |d| d.min(limit_ms))),
+            ..call.clone()
+        };
+        let _answer = (!call.id.is_empty()).then(|| self.answering.enter(&call.id, until));
         let request = program::OperationCall { input, entry, call };
         let body = serde_json::to_value(request).map_err(|error| ProgramError::Unreachable {
             component: self.component.clone(),

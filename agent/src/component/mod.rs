@@ -6,6 +6,7 @@
 //! exports, and `POST /operations/{name}` with `{"input": ..., "call": {...}}`, answering as
 //! [`toa_context::answer`] says. See docs/component-protocol.md.
 
+pub mod answering;
 pub mod client;
 pub mod program;
 pub mod schema;
@@ -139,7 +140,9 @@ impl Component {
         let program = Program::attach(&self.name, port).await?;
         Ok((
             program,
-            ProgramClient::new(&self.name, port).with_token(token),
+            ProgramClient::new(&self.name, port)
+                .with_token(token)
+                .with_errors(&self.manifest),
         ))
     }
 
@@ -171,7 +174,9 @@ impl Component {
             },
         )
         .await?;
-        let client = ProgramClient::new(&self.name, program.port()).with_token(token);
+        let client = ProgramClient::new(&self.name, program.port())
+            .with_token(token)
+            .with_errors(&self.manifest);
         Ok((program, client))
     }
 

@@ -224,12 +224,7 @@ fn read_reply(reply: Value, addressee: impl Fn() -> CallError) -> Result<Outcome
     }
 }
 
-/// Milliseconds since the Unix epoch: deadlines travel between processes in this unit.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+pub use toa_context::program::now_ms;
 
 fn encode(text: &str) -> String {
     text.bytes()

@@ -1,4 +1,5 @@
-//! `lock`, `slots`, `onassigned` and `meter`: coordination across the replicas of one component.
+//! `lock`, `slots`, `onassigned`, `meter` and the stash: coordination across the replicas of one
+//! component.
 //!
 //! [`Atom`] is the façade a component (or the HTTP API) uses. Behind it stands one of three
 //! backends, chosen once at start:
@@ -18,6 +19,7 @@ pub(crate) mod quorum;
 pub(crate) mod redeliveries;
 pub(crate) mod repeats;
 pub(crate) mod slots;
+pub mod stash;
 mod waiters;
 
 use crate::coordination::redis::{ServerError, Servers};
@@ -42,6 +44,8 @@ pub enum AtomError {
     TooManyKeys(usize),
     #[error("meter: {0}")]
     InvalidMeter(String),
+    #[error("stash: {0}")]
+    InvalidStash(String),
     #[error("Redis is unavailable: {0}")]
     Unavailable(#[from] ServerError),
     #[error("Redis answered something unexpected: {0}")]
@@ -76,6 +80,7 @@ pub struct Atom {
     backend: Backend,
     repeats: Arc<repeats::Repeats>,
     redeliveries: Arc<redeliveries::Redeliveries>,
+    stash: stash::Stash,
 }
 
 enum Backend {
@@ -101,6 +106,7 @@ impl Atom {
         let labels = metrics.component(&config.scope.application, &config.scope.component);
         let mut repeats = repeats::Repeats::Disabled;
         let mut redeliveries = redeliveries::Redeliveries::Unshared;
+        let mut stash = stash::Stash::Disabled;
         let backend = match (&config.atomicity, config.mode) {
             (Some(atomicity), _) => {
                 let timeout = server_timeout(atomicity);
@@ -125,6 +131,7 @@ impl Atom {
                 );
                 repeats = repeats::Repeats::redis(servers.clone(), &config.scope);
                 redeliveries = redeliveries::Redeliveries::redis(servers.clone(), &config.scope);
+                stash = stash::Stash::redis(servers.clone(), &config.scope);
                 let meter = meter::Meter::new(servers, &config.scope, labels);
                 Backend::Redis {
                     locks,
@@ -134,6 +141,7 @@ impl Atom {
             }
             (None, Mode::Local) => {
                 repeats = repeats::Repeats::local();
+                stash = stash::Stash::local();
                 Backend::Local {
                     locks: local::LocalLocks::new(labels.clone()),
                     meter: local::LocalMeter::new(labels.clone()),
@@ -148,7 +156,31 @@ impl Atom {
             backend,
             repeats: Arc::new(repeats),
             redeliveries: Arc::new(redeliveries),
+            stash,
         })
+    }
+
+    /// The stash's value under `key` (see [`stash`]).
+    pub async fn stash_get(&self, key: String) -> Result<Option<serde_json::Value>, AtomError> {
+        let key = keys::validate(vec![key])?.remove(0);
+        self.stash.get(&key).await
+    }
+
+    /// Keeps `value` under `key` in the stash for `ttl_ms`.
+    pub async fn stash_set(
+        &self,
+        key: String,
+        value: &serde_json::Value,
+        ttl_ms: u64,
+    ) -> Result<(), AtomError> {
+        let key = keys::validate(vec![key])?.remove(0);
+        self.stash.set(&key, value, ttl_ms).await
+    }
+
+    /// Removes `key` from the stash; whether a value was there.
+    pub async fn stash_delete(&self, key: String) -> Result<bool, AtomError> {
+        let key = keys::validate(vec![key])?.remove(0);
+        self.stash.delete(&key).await
     }
 
     /// The counts of redelivered ordinary calls (see [`redeliveries`]).

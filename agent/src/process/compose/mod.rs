@@ -513,8 +513,13 @@ impl Composition {
     }
 
     fn serve_local(&mut self, servers: &mut Servers, listener: TcpListener, calls: Arc<Calls>) {
+        let answering = self.members.iter().map(|member| {
+            let name = member.component.name.clone();
+            (name, member.client.answering())
+        });
         let host = Arc::new(Host {
             atoms: self.atoms.clone(),
+            answering: answering.collect(),
             calls: Some(calls),
             instance: self.instance.to_string(),
             ready: self.ready.clone(),
