@@ -64,20 +64,11 @@ BOTH = (
 
 # What each SDK does not speak (yet). Keep these exact: the test fails either way.
 LACKING = {
-    "python": BOTH | {
-        # Tasks are the one-file style's (`context.agent.task`): they never name a process.
-        "POST /v1/task/{component}/{operation} request instance",
-        "POST /v1/task/{component}/{operation} request timeout",
-    },
+    "python": BOTH,
     "typescript": BOTH | {
         # `slots` answers from the onassigned stream, not from this route.
         *route("GET /v1/{component}/slots", "path component", "query total", "header Authorization",
                "response slots", *ERROR),
-        # No tasks.
-        *route("POST /v1/task/{component}/{operation}", "path component", "path operation",
-               "request input", "request instance", "request timeout", "request key",
-               "request query", "request query.id", "request query.version",
-               "header toa-call", *ERROR),
     },
 }
 

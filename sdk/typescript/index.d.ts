@@ -28,10 +28,35 @@ export interface Atom {
   meter (keys: string[], deltas: number[]): Promise<number[]>
 }
 
+/** What every replica should see (seed 001), for a time to live: not what must survive. */
+export interface Stash {
+  /** The value under `key`, or null (never set, expired or deleted). */
+  get (key: string): Promise<unknown>
+  /** Keeps `value` (JSON, at most 1 MiB) under `key` for `ttl` ms (at most 30 days). */
+  set (key: string, value: unknown, ttl: number): Promise<void>
+  /** Removes `key`; whether a value was kept. */
+  delete (key: string): Promise<boolean>
+}
+
+/** How a call is made. `discard: true` sends it as a task (seed 002's `{ discard: true }`): the
+ * promise resolves to `null` once the broker took it, and the operation runs later. */
+export interface TaskOptions {
+  discard?: boolean
+}
+
 /** How long a call to one process waits: `timeout` (ms) or until `signal` aborts. */
-export interface CallOptions {
+export interface CallOptions extends TaskOptions {
   timeout?: number
   signal?: AbortSignal
+}
+
+/** The call an operation answers, as the agent says it: the same `id` on every delivery,
+ * `redelivered` when it was delivered before, `deadline_ms` when its caller stops waiting (ms
+ * since the epoch; `null`: no deadline). */
+export interface CallInfo {
+  id?: string
+  redelivered?: boolean
+  deadline_ms?: number | null
 }
 
 /** The `context` every operation and run command gets (the runtime constructs it from the
@@ -44,8 +69,19 @@ export declare class Context<Local = any, Remote = any, Configuration = any> {
   state: Record<string, any>
   configuration: Configuration
   atom: Atom
+  stash: Stash
   local: Local
   remote: Remote
+  /** The call the running operation answers; `undefined` in a run command. */
+  readonly call: CallInfo | undefined
+}
+
+/** An operation's own error, as its caller gets it (returned, not thrown): `code` is one of the
+ * codes the operation declares (`errors:`), `detail` its message. A component's generated types
+ * name each operation's (`<Operation>Error`). */
+export interface OperationError<Code extends string = string> extends Error {
+  code: Code
+  detail?: string
 }
 
 /** A call that failed as a call: `code` 403 (Addressee), 404 (Abandoned), 202 (RequestContract),

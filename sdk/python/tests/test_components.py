@@ -69,6 +69,28 @@ class SeedComponents(unittest.TestCase):
         reply = self.stage.call("shop.catalog.quote", {"input": {"customer": "q"}})
         self.assertEqual(reply["price"], {"price": 42}, "its own appraise, called")
         self.assertEqual(reply["refused"], "UNKNOWN_COMPONENT", "a call to no component raises")
+        self.assertIsNone(reply["task"], "discard=True sends a task: None once the broker took it")
+        self.assertIs(reply["task_ran"], True, "and the task ran")
+
+    def test_the_stash_keeps_a_value_for_its_ttl_and_deletes_it(self):
+        def stash(**input):
+            return self.stage.call("shop.catalog.stashed", {"input": input})
+
+        self.assertEqual(stash(op="set", key="a/b", value={"rate": 1.1}, ttl=60000), {"done": None})
+        self.assertEqual(stash(op="get", key="a/b"), {"done": {"rate": 1.1}}, "a key with a slash, quoted")
+        self.assertEqual(stash(op="delete", key="a/b"), {"done": True})
+        self.assertEqual(stash(op="get", key="a/b"), {"done": None})
+        refused = stash(op="set", key="k", value=1, ttl=0)
+        self.assertEqual(refused["error"]["code"], "BAD_REQUEST")
+        self.assertIn("ttl: expected 1 to", refused["error"]["message"])
+
+    def test_context_call_is_the_call_the_operation_answers(self):
+        before = time.time() * 1000
+        first = self.stage.call("shop.catalog.started", {"input": {}})["call"]
+        self.assertRegex(first["id"], r"\S")
+        self.assertIs(first["redelivered"], False)
+        self.assertGreater(first["deadline_ms"], before, first)
+        self.assertNotEqual(self.stage.call("shop.catalog.started", {"input": {}})["call"]["id"], first["id"])
 
     def test_the_eleventh_appraisal_within_a_minute_is_refused(self):
         answers = [self.stage.call("shop.catalog.appraise", {"input": {"customer": "c42"}})
@@ -143,6 +165,28 @@ class Faults(unittest.TestCase):
                 settling.result(timeout=30)
         self.assertEqual(failed.exception.name, "FAILED")
         self.assertIn("the lock was lost", composition.output(), "the operation saw signal.aborted")
+
+
+class Deadlines(unittest.TestCase):
+    def test_a_locks_wait_ends_with_its_call_and_what_it_guards_never_runs(self):
+        """Seed 000: the lock wait counts toward the operation's duration."""
+        scratch = Path(tempfile.mkdtemp(prefix="toa-sdk-deadline-"))
+        context = scratch / "context.toa.yaml"
+        context.write_text("name: sdk\nlimits:\n  operation: 1000\n")  # ordinary calls of a second
+        record = scratch / "record"
+        composition = stage(COMPONENTS / "shop.catalog", context=context, env={"TEST_RECORD": str(record)})
+        self.addCleanup(composition.stop, 10)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            holding = pool.submit(composition.call, "shop.catalog.settle", {"input": {"hold_ms": 3000}})
+            wait_for(lambda: record.exists() and "held" in record.read_text(), 10, "the holder holds")
+            with self.assertRaises(CallError) as failed:
+                composition.call("shop.catalog.guarded", {"input": None})
+            self.assertEqual(failed.exception.name, "FAILED", "the caller: failed at the limit")
+            wait_for(lambda: len(record.read_text().split()) == 2, 5, "the guarded call ended")
+            self.assertEqual(record.read_text().split(), ["held", "DEADLINE"],
+                             "the lock refused at the deadline, before the holder let go: its work never ran")
+            with self.assertRaises(CallError):
+                holding.result(timeout=10)
 
 
 class Examples(unittest.TestCase):

@@ -22,6 +22,14 @@ class WithoutAnAgent(unittest.TestCase):
         with self.assertRaises(CallError):
             context.atom.meter("k", 1)
 
+    def test_an_unknown_request_field_is_refused_naming_it_before_anything_is_sent(self):
+        context = Context({"TOA_AGENT": "http://127.0.0.1:1", "TOA_COMPONENT": "shop.c"})
+        with self.assertRaises(CallError) as refused:
+            context.remote.shop.other.op({"input": {}, "qeury": {"id": "x"}})
+        self.assertEqual((refused.exception.code, refused.exception.name), (202, "RequestContract"))
+        self.assertEqual(str(refused.exception),
+                         "shop.other.op: unknown request field `qeury` (known: input, instance, query, key)")
+
     def test_secrets_are_put_in_place_from_their_variables(self):
         environ = {"TOA_AGENT": "http://127.0.0.1:1", "TOA_COMPONENT": "shop.c",
                    "TOA_CONFIGURATION": '{"key": "$MAIL_KEY", "list": [1, "$OTHER", "$lower"], "plain": "x"}',

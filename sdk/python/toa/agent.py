@@ -84,12 +84,13 @@ class Agent:
         return value
 
     def stream(self, method: str, path: str, body: Optional[Mapping[str, Any]] = None,
-               timeout: Optional[float] = None) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+               timeout: Optional[float] = None, headers: Optional[Mapping[str, str]] = None,
+               ) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """An open stream (newline-delimited JSON): the connection and the response. `timeout`:
         how long a read may wait (the agent writes a line at least every second)."""
         connection = self.connect(timeout)
         payload = None if body is None else json.dumps(body)
-        connection.request(method, path, payload, self.headers())
+        connection.request(method, path, payload, {**self.headers(), **(headers or {})})
         response = connection.getresponse()
         if response.status != 200:
             refused: ErrorBody = json.loads(response.read() or b"{}")
@@ -97,6 +98,12 @@ class Agent:
             connection.close()
             raise CallError(error)
         return connection, response
+
+    def made_in(self) -> Optional[str]:
+        """The id of the call this thread's operation answers, if it answers one."""
+        running = getattr(self.running, "call", None)
+        made_in = running.get("id") if isinstance(running, dict) else None
+        return made_in if isinstance(made_in, str) else None
 
     def own(self, route: Route, **parameters: object) -> str:
         """One of the component's own routes (`/v1/{component}/...`)."""
@@ -107,7 +114,11 @@ class Agent:
         """Holds the lock on `keys` (a key or a list) for the `with` block, waiting as long as it
         takes; yields its `Signal`. Leaving the block releases it."""
         body: LockRequest = {"keys": [keys] if isinstance(keys, str) else list(keys)}
-        connection, response = self.stream(protocol.LOCK.method, self.own(protocol.LOCK), body)
+        # Asked for in an operation: the agent waits for it only until the call's deadline, and
+        # then answers DEADLINE (the caller is told the call failed; the block must not run).
+        made_in = self.made_in()
+        headers = {protocol.CALL_HEADER: made_in} if made_in else None
+        connection, response = self.stream(protocol.LOCK.method, self.own(protocol.LOCK), body, headers=headers)
         try:
             signal = None
             for line in response:
@@ -117,7 +128,7 @@ class Agent:
                 if event.get("event") == "acquired":
                     signal = Signal(event["token"])
                     break
-                raise CallError({"code": "LOCK", "message": event.get("message", str(event))})
+                raise CallError({"code": event.get("code", "LOCK"), "message": event.get("message", str(event))})
             if signal is None:
                 raise CallError({"code": "LOCK", "message": "the agent closed the lock stream"})
             threading.Thread(target=signal.watch, args=(response,), daemon=True).start()
@@ -130,8 +141,7 @@ class Agent:
              body: Union[CallRequest, TaskRequest]) -> Any:
         """A call (`route` CALL) or a task (TASK): the reply, or the operation's own `Error`;
         a call that failed as a call raises `CallError`."""
-        running = getattr(self.running, "call", None)
-        made_in = running.get("id") if isinstance(running, dict) else None
+        made_in = self.made_in()
         headers = {protocol.CALL_HEADER: made_in} if made_in else None
         path = route.at(component=component, operation=operation)
         status, answer = self.request(route.method, path, body, headers=headers)

@@ -9,7 +9,10 @@
 - `context.local.<operation>(request, timeout=...)` and
   `context.remote.<namespace>.<component>.<operation>(request, timeout=...)`, where `request` is
   `{"input": ..., "instance": ..., "query": ..., "key": ...}` as in the seeds (`key`: an
-  idempotency key); a failed call raises `CallError`.
+  idempotency key; any other field is refused, naming it); a failed call raises `CallError`;
+  `discard=True` sends a task, which returns None once the broker took it;
+- `context.call`: the call the running operation answers (`id`, `redelivered`, `deadline_ms`);
+- `context.stash.get(key)`, `set(key, value, ttl)`, `delete(key)`: what every replica should see.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ import os
 import re
 import sys
 import threading
+import urllib.parse
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import protocol
 from .agent import Agent, Signal  # noqa: F401 - Signal is the SDK's too
-from .protocol import AssignedEvent, Assignment, CallInfo, CallRequest, MeterRequest, MeterResponse, SlotsResponse
+from .errors import CallError
+from .protocol import (AssignedEvent, Assignment, CallInfo, CallRequest, MeterRequest, MeterResponse, SlotsResponse,
+                       StashDeleted, StashRequest, StashValue)
 
 
 def call_function(function: Callable[..., Any], *args: Any) -> Any:
@@ -149,6 +155,33 @@ class Listening:
             self._done.wait(0.5)
 
 
+class Stash:
+    """What every replica of the component should see (seed 001), kept for a time to live the
+    caller gives (ms, at most 30 days) on the first atomicity server (in-process locally without
+    one); not what must survive, which belongs in the entity."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def _path(self, key: str) -> str:
+        return self._agent.own(protocol.STASH_GET, key=urllib.parse.quote(key, safe=""))
+
+    def get(self, key: str) -> Any:
+        """The value under `key`, or None."""
+        answer: StashValue = self._agent.checked(protocol.STASH_GET.method, self._path(key))
+        return answer["value"]
+
+    def set(self, key: str, value: Any, ttl: int) -> None:
+        """Keeps `value` (JSON, at most 1 MiB) under `key` for `ttl` ms, replacing what was there."""
+        body: StashRequest = {"value": value, "ttl": ttl}
+        self._agent.checked(protocol.STASH_SET.method, self._path(key), body)
+
+    def delete(self, key: str) -> bool:
+        """Removes `key`; whether a value was kept."""
+        answer: StashDeleted = self._agent.checked(protocol.STASH_DELETE.method, self._path(key))
+        return answer["deleted"]
+
+
 class Calls:
     """`context.remote.<a>.<b>...(request, timeout=None)`: the last name is the operation, the
     ones before it the component's full name."""
@@ -162,11 +195,19 @@ class Calls:
             raise AttributeError(name)
         return Calls(self._agent, self._path + (name,))
 
-    def __call__(self, request: Optional[Mapping[str, Any]] = None, timeout: Optional[int] = None) -> Any:
+    def __call__(self, request: Optional[Mapping[str, Any]] = None, timeout: Optional[int] = None,
+                 discard: bool = False) -> Any:
+        """The reply, or the operation's own `Error`; with `discard=True` a task (seed 002's
+        `{ discard: true }`), which returns None once the broker took it."""
         if len(self._path) < 2:
             raise AttributeError(f"{'.'.join(self._path)}: name a component, then an operation")
         *component, operation = self._path
         request = dict(request or {})
+        unknown = [field for field in request if field not in REQUEST]
+        if unknown:
+            raise CallError({"code": "RequestContract", "number": 202, "message": "; ".join(
+                f"{'.'.join(self._path)}: unknown request field `{field}` (known: {', '.join(REQUEST)})"
+                for field in unknown)})
         body: CallRequest = {"input": request.get("input")}
         if request.get("instance") is not None:
             body["instance"] = request["instance"]
@@ -176,7 +217,13 @@ class Calls:
             body["key"] = request["key"]
         if timeout is not None:
             body["timeout"] = timeout
-        return self._agent.call(protocol.CALL, ".".join(component), operation, body)
+        route = protocol.TASK if discard else protocol.CALL
+        return self._agent.call(route, ".".join(component), operation, body)
+
+
+# The fields a request may have: any other is refused, naming it, before anything is sent (the
+# agent refuses it too, as do `toa-agent call` and the other SDK).
+REQUEST = ("input", "instance", "query", "key")
 
 
 # A string "$NAME" in the configuration is the place of a secret, whose value comes as
@@ -214,6 +261,7 @@ class Context:
             raise RuntimeError(f"TOA_CONFIGURATION: expected the component's configuration as JSON: {error}") from error
         self.configuration: Any = reveal(configuration, environ)
         self.atom = Atom(self._agent)
+        self.stash = Stash(self._agent)
         self.remote = Calls(self._agent)
         self.local = Calls(self._agent, (self._agent.component,))
         self._calls = self._agent.running

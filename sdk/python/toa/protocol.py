@@ -68,6 +68,7 @@ class LockRequest(TypedDict):
 class LockEvent(TypedDict, total=False):
     event: str  # acquired, lost or error
     token: int
+    code: str  # on an error: DEADLINE when the call the lock was asked for ran out of time first
     message: str
 
 
@@ -97,6 +98,23 @@ class MeterResponse(TypedDict):
     debts: List[int]
 
 
+class StashValue(TypedDict):
+    """The stash's value under a key (None: none kept)."""
+
+    value: Any
+
+
+class StashRequest(TypedDict):
+    """A value to keep, for `ttl` ms."""
+
+    value: Any
+    ttl: int
+
+
+class StashDeleted(TypedDict):
+    deleted: bool
+
+
 class CallRequest(TypedDict, total=False):
     input: Any
     instance: str
@@ -105,10 +123,8 @@ class CallRequest(TypedDict, total=False):
     query: Query
 
 
-class TaskRequest(TypedDict, total=False):
-    input: Any
-    key: str
-    query: Query
+# A task takes the same request as a call; it is answered `{"reply": null}` once the broker took it.
+TaskRequest = CallRequest
 
 
 class Halt(TypedDict):
@@ -198,8 +214,12 @@ class Route(NamedTuple):
 
 # The component's own routes take its token.
 OWN = ("Authorization",)
+# The running call's id, on the calls and locks an operation asks for (toa-context's
+# `program::CallHeaders`): the agent refuses a call from a transition that retries to an
+# operation declaring `once`, and waits for a lock only until the call's deadline.
+CALL_HEADER = "toa-call"
 
-LOCK = Route("POST", "/v1/{component}/lock", headers=OWN, request=LockRequest, response=LockEvent,
+LOCK = Route("POST", "/v1/{component}/lock", headers=(*OWN, CALL_HEADER), request=LockRequest, response=LockEvent,
              error=ErrorBody)
 SLOTS = Route("GET", "/v1/{component}/slots", query=("total",), headers=OWN, response=SlotsResponse,
               error=ErrorBody)
@@ -208,9 +228,11 @@ ONASSIGNED = Route("GET", "/v1/{component}/onassigned", headers=OWN, response=As
 FAILED = Route("POST", "/v1/{component}/onassigned/{listener}/failed", headers=OWN)
 METER = Route("POST", "/v1/{component}/meter", headers=OWN, request=MeterRequest,
               response=MeterResponse, error=ErrorBody)
-# The running call's id, on the calls an operation makes (toa-context's `program::CallHeaders`):
-# the agent refuses a call from a transition that retries to an operation declaring `once`.
-CALL_HEADER = "toa-call"
+# The stash (what every replica should see), one key at a time.
+STASH_GET = Route("GET", "/v1/{component}/stash/{key}", headers=OWN, response=StashValue, error=ErrorBody)
+STASH_SET = Route("PUT", "/v1/{component}/stash/{key}", headers=OWN, request=StashRequest, error=ErrorBody)
+STASH_DELETE = Route("DELETE", "/v1/{component}/stash/{key}", headers=OWN, response=StashDeleted,
+                     error=ErrorBody)
 CALL = Route("POST", "/v1/call/{component}/{operation}", headers=(CALL_HEADER,), request=CallRequest,
              response=Outcome, error=ErrorBody)
 TASK = Route("POST", "/v1/task/{component}/{operation}", headers=(CALL_HEADER,), request=TaskRequest,
@@ -230,5 +252,5 @@ CONDITIONS = Route("POST", "/conditions", headers=("Authorization",), request=Co
 HALT = Route("POST", "/control/halt", headers=("Authorization",), request=Halt)
 RESUME = Route("POST", "/control/resume", headers=("Authorization",), request=Halt)
 
-ROUTES = (LOCK, SLOTS, ONASSIGNED, FAILED, METER, CALL, TASK, READYZ, DRAIN, PROGRAM, LIFECYCLE,
+ROUTES = (LOCK, SLOTS, ONASSIGNED, FAILED, METER, STASH_GET, STASH_SET, STASH_DELETE, CALL, TASK, READYZ, DRAIN, PROGRAM, LIFECYCLE,
           OPERATIONS, RECEIVERS, CONDITIONS, HALT, RESUME)

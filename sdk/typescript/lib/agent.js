@@ -22,6 +22,7 @@ import { at } from './protocol.js'
  * @property {(event: any) => void} onLine each non-blank line, parsed
  * @property {() => void} [onAlive] every line (blank ones are keep-alives)
  * @property {() => void} [onEnd] once it ends
+ * @property {Record<string, string>} [headers] sent with the request
  */
 
 export class Agent {
@@ -114,8 +115,8 @@ export class Agent {
    * @param {StreamHandlers} handlers
    * @returns {Promise<() => void>}
    */
-  async stream (method, path, body, { onLine, onAlive = () => {}, onEnd = () => {} }) {
-    const answer = await this.request(method, path, body, { stream: true })
+  async stream (method, path, body, { onLine, onAlive = () => {}, onEnd = () => {}, headers }) {
+    const answer = await this.request(method, path, body, { stream: true, headers })
     if (answer.response === undefined) throw new CallError(refusal(answer.value, answer.status))
     const { response, request } = answer
     let rest = ''

@@ -5,11 +5,12 @@
 import { AsyncLocalStorage } from 'node:async_hooks'
 import { Agent, refusal } from './agent.js'
 import { CallError, abandoned, contract } from './errors.js'
-import { CALL, CALL_HEADER, FAILED, LOCK, METER, ONASSIGNED, at } from './protocol.js'
+import { CALL, CALL_HEADER, FAILED, LOCK, METER, ONASSIGNED, STASH_DELETE, STASH_GET, STASH_SET, TASK, at } from './protocol.js'
 
-/** The call an operation serves, through everything it awaits: its id goes with every call the
- * operation makes (the `toa-call` header), so that the agent knows what makes it.
- * @type {AsyncLocalStorage<string>} */
+/** The call an operation serves, through everything it awaits: `context.call`, and its id goes
+ * with every call the operation makes (the `toa-call` header), so that the agent knows what
+ * makes it.
+ * @type {AsyncLocalStorage<CallInfo>} */
 export const running = new AsyncLocalStorage()
 
 /** @typedef {import('./protocol.js').Assignment} Assignment */
@@ -20,8 +21,14 @@ export const running = new AsyncLocalStorage()
 /** @typedef {import('./protocol.js').OperationError} OperationError */
 /** @typedef {import('./protocol.js').MeterResponse} MeterResponse */
 /** A held lock's signal. @typedef {AbortSignal & { readonly token: number, readonly error: unknown }} LockSignal */
-/** How long a call to one process waits. @typedef {{ timeout?: number, signal?: AbortSignal }} CallOptions */
+/** @typedef {import('./protocol.js').CallInfo} CallInfo */
+/** How long a call to one process waits; `discard: true` sends it as a task, answered `null` once the broker took it. @typedef {{ timeout?: number, signal?: AbortSignal, discard?: boolean }} CallOptions */
 /** What a caller passes: the input, the process for a stateful operation, the object for an operation on one (`query: { id, version? }`), an idempotency key. @typedef {{ input?: unknown, instance?: string, query?: import('./protocol.js').Query, key?: string }} Request */
+
+/** The fields a request and its options may have: any other is refused, naming it, before
+ * anything is sent (the agent refuses it too, as do `toa-agent call` and the other SDK). */
+const REQUEST = ['input', 'instance', 'query', 'key']
+const OPTIONS = ['timeout', 'signal', 'discard']
 
 /** `slots` answers null when nothing was heard from the agent for this long: it writes a line at
  * least every second (the assignment on a change, a keep-alive otherwise), so two seconds of
@@ -142,11 +149,15 @@ class Atom {
     const held = new Promise((/** @type {(token: number) => void} */ resolve, reject) => { acquired = { resolve, reject } })
     /** @type {import('./protocol.js').LockRequest} */
     const body = { keys }
+    // Asked for in an operation: the agent waits for it only until the call's deadline, and
+    // then answers DEADLINE (the caller is told the call failed; `fn` must not run).
+    const madeIn = running.getStore()?.id
     const close = await this.agent.stream(LOCK.method, this.agent.own(LOCK), body, {
+      headers: madeIn === undefined ? undefined : { [CALL_HEADER]: madeIn },
       onLine: (/** @type {LockEvent} */ event) => {
         if (event.event === 'acquired') acquired.resolve(/** @type {number} */ (event.token))
         else if (event.event === 'lost') controller.abort(new Error(`the lock on ${keys.join(', ')} was lost`))
-        else acquired.reject(new CallError({ code: 'LOCK', message: event.message ?? JSON.stringify(event) }))
+        else acquired.reject(new CallError({ code: event.code ?? 'LOCK', message: event.message ?? JSON.stringify(event) }))
       },
       onEnd: () => {
         if (released) return
@@ -239,6 +250,45 @@ class Listening {
   }
 }
 
+/** The stash: what every replica of the component should see (seed 001), kept for a time to
+ * live the caller gives (ms, at most 30 days), on the first atomicity server (in-process locally
+ * without one); not what must survive, which belongs in the entity. */
+class Stash {
+  /** @param {Agent} agent */
+  constructor (agent) {
+    this.agent = agent
+  }
+
+  /** @param {string} key */
+  path (key) {
+    return at(STASH_GET, { component: this.agent.component, key: encodeURIComponent(key) })
+  }
+
+  /** The value under `key`, or null. @param {string} key @returns {Promise<unknown>} */
+  async get (key) {
+    /** @type {import('./protocol.js').StashValue} */
+    const answer = await this.agent.checked(STASH_GET.method, this.path(key))
+    return answer.value ?? null
+  }
+
+  /** Keeps `value` (JSON, at most 1 MiB) under `key` for `ttl` ms, replacing what was there.
+   * @param {string} key @param {unknown} value @param {number} ttl */
+  async set (key, value, ttl) {
+    if (value === undefined) throw new TypeError(`stash.set(${JSON.stringify(key)}): a value is required (delete removes one)`)
+    if (!Number.isInteger(ttl)) throw new TypeError(`stash.set(${JSON.stringify(key)}): ttl (ms) is required, got ${ttl}`)
+    /** @type {import('./protocol.js').StashRequest} */
+    const body = { value, ttl }
+    await this.agent.checked(STASH_SET.method, this.path(key), body)
+  }
+
+  /** Removes `key`; whether a value was kept. @param {string} key @returns {Promise<boolean>} */
+  async delete (key) {
+    /** @type {import('./protocol.js').StashDeleted} */
+    const answer = await this.agent.checked(STASH_DELETE.method, this.path(key))
+    return answer.deleted
+  }
+}
+
 /** `remote.<a>.<b>...(request, options)`: the last name is the operation, the ones before it the
  * component's full name. A function behind a proxy, so that every name is a further step. */
 /** @param {Agent} agent @param {string[]} path @returns {any} */
@@ -265,10 +315,13 @@ function calls (agent, path) {
  * @param {CallOptions} [options]
  * @returns {Promise<unknown>}
  */
-async function call (agent, component, operation, request, { timeout, signal } = {}) {
+async function call (agent, component, operation, request, options = {}) {
   const target = `${component}.${operation}`
-  if (signal !== undefined && request.instance === undefined) {
-    throw contract(`${target}: only a call to one process (with instance) states a signal`)
+  const { timeout, signal, discard = false } = options
+  const unknown = [...unknownFields(request, REQUEST, 'request'), ...unknownFields(options, OPTIONS, 'option')]
+  if (unknown.length) throw contract(`${target}: ${unknown.join('; ')}`)
+  if (signal !== undefined && (request.instance === undefined || discard)) {
+    throw contract(`${target}: only a call to one process (with instance) that waits for its answer states a signal`)
   }
   // Aborted before it is made: it is made nowhere.
   if (signal?.aborted) throw abandoned(`${target}: the signal was aborted before the call was made`)
@@ -280,19 +333,29 @@ async function call (agent, component, operation, request, { timeout, signal } =
   if (request.key !== undefined) body.key = request.key
   let answer
   try {
-    const madeIn = running.getStore()
+    const madeIn = running.getStore()?.id
     const headers = madeIn === undefined ? undefined : { [CALL_HEADER]: madeIn }
-    answer = await agent.request(CALL.method, at(CALL, { component, operation }), body, { signal, headers })
+    const route = discard ? TASK : CALL
+    answer = await agent.request(route.method, at(route, { component, operation }), body, { signal, headers })
   } catch (error) {
     if (signal?.aborted) throw abandoned(`${target}: the signal ended the wait`)
     throw new CallError({ code: 'UNAVAILABLE', message: `${target}: the agent did not answer: ${/** @type {Error} */ (error).message}` })
   }
   const { status } = answer
   if (status >= 400) throw new CallError(refusal(answer.value, status))
+  if (discard) return null
   /** @type {Outcome} */
   const value = answer.value
   if (value.error !== undefined) return operationError(value.error)
   return value.reply
+}
+
+/** What `given` holds beyond `known`, each named (`unknown request field \`qeury\``).
+ * @param {object} given @param {string[]} known @param {string} what */
+function unknownFields (given, known, what) {
+  if (given === null || typeof given !== 'object') return [`expected the ${what}s as an object, got ${JSON.stringify(given)}`]
+  return Object.keys(given).filter((field) => !known.includes(field))
+    .map((field) => `unknown ${what} field \`${field}\` (known: ${known.join(', ')})`)
 }
 
 /** The operation's own error, as it returned it: an `Error` whose message is the code.
@@ -352,9 +415,18 @@ export class Context {
     /** @type {Configuration} */
     this.configuration = /** @type {Configuration} */ (reveal(configuration, env))
     this.atom = new Atom(agent)
+    this.stash = new Stash(agent)
     /** @type {Local} */
     this.local = calls(agent, [agent.component])
     /** @type {Remote} */
     this.remote = calls(agent, [])
+  }
+
+  /** The call the running operation answers: `{ id, redelivered, deadline_ms }` as the agent
+   * says it (the same `id` on every delivery; `deadline_ms` when its caller stops waiting, ms
+   * since the epoch); `undefined` in a run command.
+   * @returns {CallInfo | undefined} */
+  get call () {
+    return running.getStore()
   }
 }

@@ -24,13 +24,16 @@ export const ENVIRONMENT = /** @type {const} */ ([
 /** The object a call works on, and the version the caller saw. @typedef {{ id?: string, version?: number }} Query */
 
 /** @typedef {{ keys: string[] }} LockRequest */
-/** @typedef {{ event?: 'acquired' | 'lost' | 'error', token?: number, message?: string }} LockEvent */
+/** `code` on an error: `DEADLINE` when the call the lock was asked for ran out of time first. @typedef {{ event?: 'acquired' | 'lost' | 'error', token?: number, code?: string, message?: string }} LockEvent */
 /** This replica is number `i` of `n` (owning the slots i, i + n, ...). @typedef {{ i: number, n: number, epoch: number }} Assignment */
 /** @typedef {{ listener?: number, assignment?: Assignment | null }} AssignedEvent */
 /** @typedef {{ keys: string[], deltas: number[] }} MeterRequest */
 /** @typedef {{ debts: number[] }} MeterResponse */
 /** @typedef {{ input: unknown, instance?: string, timeout?: number, query?: Query, key?: string }} CallRequest */
 /** @typedef {{ halt: string }} Halt */
+/** The stash's value under a key (`null`: none kept). @typedef {{ value: unknown }} StashValue */
+/** A value to keep, for `ttl` ms. @typedef {{ value: unknown, ttl: number }} StashRequest */
+/** @typedef {{ deleted: boolean }} StashDeleted */
 
 /** `GET /program`: the run commands the program exports and the operations it serves; the events whose receiver's request it makes and those whose condition it keeps (when there are any). @typedef {{ commands: string[], operations: string[], kinds: Record<string, string>, receivers?: string[], conditions?: string[] }} Description */
 /** What the agent says of a call: the same `id` on every delivery; `redelivered` when it was delivered before; `deadline_ms` when the caller stops waiting (ms since the epoch). @typedef {{ id?: string, redelivered?: boolean, deadline_ms?: number | null }} CallInfo */
@@ -50,7 +53,7 @@ export const ENVIRONMENT = /** @type {const} */ ([
 
 /**
  * @typedef {object} Route
- * @property {'GET' | 'POST'} method
+ * @property {'GET' | 'POST' | 'PUT' | 'DELETE'} method
  * @property {string} path its `{parameters}` are the path's parameters
  * @property {string[]} [query]
  * @property {string[]} [headers]
@@ -71,13 +74,27 @@ const halt = { halt: true }
 // The component's own routes take its token.
 const own = ['Authorization']
 
+/** The stash (what every replica should see), one key at a time. */
+const STASH_PATH = '/v1/{component}/stash/{key}'
+/** @satisfies {Route} */
+export const STASH_GET = { method: 'GET', path: STASH_PATH, headers: own, response: /** @satisfies {Fields<StashValue>} */ ({ value: true }), error }
+/** @satisfies {Route} */
+export const STASH_SET = { method: 'PUT', path: STASH_PATH, headers: own, request: /** @satisfies {Fields<StashRequest>} */ ({ value: true, ttl: true }), error }
+/** @satisfies {Route} */
+export const STASH_DELETE = { method: 'DELETE', path: STASH_PATH, headers: own, response: /** @satisfies {Fields<StashDeleted>} */ ({ deleted: true }), error }
+
+/** The running call's id, on the calls and locks an operation asks for (toa-context's
+ * `program::CallHeaders`): the agent refuses a call from a transition that retries to an
+ * operation declaring `once`, and waits for a lock only until the call's deadline. */
+export const CALL_HEADER = 'toa-call'
+
 /** @satisfies {Route} */
 export const LOCK = {
   method: 'POST',
   path: '/v1/{component}/lock',
-  headers: own,
+  headers: [...own, CALL_HEADER],
   request: /** @satisfies {Fields<LockRequest>} */ ({ keys: true }),
-  response: /** @satisfies {Fields<LockEvent>} */ ({ event: true, token: true, message: true }),
+  response: /** @satisfies {Fields<LockEvent>} */ ({ event: true, token: true, code: true, message: true }),
   error
 }
 /** @satisfies {Route} */
@@ -99,11 +116,11 @@ export const METER = {
   response: /** @satisfies {Fields<MeterResponse>} */ ({ debts: true }),
   error
 }
-/** The running call's id, on the calls an operation makes (toa-context's `program::CallHeaders`):
- * the agent refuses a call from a transition that retries to an operation declaring `once`. */
-export const CALL_HEADER = 'toa-call'
 /** @satisfies {Route} */
 export const CALL = { method: 'POST', path: '/v1/call/{component}/{operation}', headers: [CALL_HEADER], request: callRequest, response: outcome, error }
+/** A task: the same request as a call, answered once the broker took it (`{"reply": null}`). */
+/** @satisfies {Route} */
+export const TASK = { method: 'POST', path: '/v1/task/{component}/{operation}', headers: [CALL_HEADER], request: callRequest, error }
 /** @satisfies {Route} */
 export const READYZ = { method: 'GET', path: '/readyz' }
 /** @satisfies {Route} */
@@ -148,7 +165,7 @@ export const HALT = { method: 'POST', path: '/control/halt', headers: ['Authoriz
 /** @satisfies {Route} */
 export const RESUME = { method: 'POST', path: '/control/resume', headers: ['Authorization'], request: halt }
 
-export const ROUTES = [LOCK, ONASSIGNED, FAILED, METER, CALL, READYZ, DRAIN, PROGRAM, LIFECYCLE, OPERATIONS, RECEIVERS, CONDITIONS, HALT, RESUME]
+export const ROUTES = [LOCK, ONASSIGNED, FAILED, METER, STASH_GET, STASH_SET, STASH_DELETE, CALL, TASK, READYZ, DRAIN, PROGRAM, LIFECYCLE, OPERATIONS, RECEIVERS, CONDITIONS, HALT, RESUME]
 
 /** `route`'s path with its parameters in place.
  * @param {Route} route

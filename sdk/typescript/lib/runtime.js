@@ -260,8 +260,8 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
       if (kind === 'operations' && component.operations.has(operation)) {
         if (pastDeadline(call)) return answer(response, 504, { message: PAST_DEADLINE })
         const run = () => component.operate(operation, input ?? null, entry)
-        const id = typeof call?.id === 'string' && call.id !== '' ? call.id : undefined
-        return answer(response, 200, await (id === undefined ? run() : running.run(id, run)))
+        const known = typeof call?.id === 'string' && call.id !== '' ? call : undefined
+        return answer(response, 200, await (known === undefined ? run() : running.run(known, run)))
       }
       if (kind === 'receivers' && component.receivers.has(operation)) {
         return answer(response, 200, await component.adapt(operation, payload))

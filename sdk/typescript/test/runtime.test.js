@@ -7,7 +7,7 @@ import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
 import { Component } from '../lib/runtime.js'
 import { compose } from '../lib/stage.js'
-import { AGENT, FIXTURES, HERE, freePort, scratch, until } from './helpers.js'
+import { AGENT, FIXTURES, HERE, contextFile, freePort, redis, scratch, until } from './helpers.js'
 
 /** What the agent said when `component` did not start. */
 const refusal = async (component) => {
@@ -96,7 +96,27 @@ describe('the context', () => {
     assert.deepEqual(outcomes.signalOnOrdinary, { code: 202, name: 'RequestContract' })
     assert.deepEqual(outcomes.noInstance, { code: 202, name: 'RequestContract' }, 'a stateful call without instance')
     assert.equal(outcomes.failed.name, 'FAILED', 'a thrown exception is a failure')
+    assert.deepEqual(outcomes.unknownField, { code: 202, message: 'shop.probe.refuse: unknown request field `qeury` (known: input, instance, query, key)' })
+    assert.deepEqual(outcomes.unknownOption, { code: 202, name: 'RequestContract' }, 'an option is checked too')
+    assert.deepEqual(outcomes.task, { reply: null }, '{ discard: true } is a task: null once sent')
+    assert.equal(outcomes.taskRan, true, 'and the task ran')
+    assert.deepEqual(outcomes.signalOnTask, { code: 202, name: 'RequestContract' }, 'nothing waits on a task')
     assert.match(stage.output(), /broken on purpose/, 'and the failure is logged with its stack')
+  })
+
+  test('context.call is the call the operation answers: its id, redelivered, its deadline', async () => {
+    const before = Date.now()
+    const call = await stage.call('shop.probe.whoami')
+    assert.match(call.id, /\S/)
+    assert.equal(call.redelivered, false)
+    assert.ok(call.deadline_ms > before, `a deadline after the call was made: ${JSON.stringify(call)}`)
+    assert.notEqual((await stage.call('shop.probe.whoami')).id, call.id, 'each call its own id')
+  })
+
+  test('an error code the manifest does not declare is the program\'s failure, logged with the code', async () => {
+    await assert.rejects(stage.call('shop.probe.stray'), (error) =>
+      error.name === 'FAILED' && /answered the error STRAY, which its manifest does not declare \(errors: \[\]\)/.test(error.message))
+    assert.match(stage.output(), /WARN.*does not declare.*code=STRAY/)
   })
 
   test("the operation's own error reaches a caller outside", async () => {
@@ -114,6 +134,53 @@ describe('the context', () => {
     assert.deepEqual({ i: first.i, n: first.n }, { i: 0, n: 1 }, 'alone, replica 0 of 1')
     assert.deepEqual(slots, [0, 1, 2, 3])
   })
+})
+
+test("seed 000: a lock's wait ends with its call; what it guards never runs after the caller was told it failed", async () => {
+  // Ordinary calls of a second each; a holder keeps the lock for three.
+  const context = contextFile('name: sdk\nlimits:\n  operation: 1000\n')
+  const stage = await compose([`${FIXTURES}/shop.probe`], { agent: AGENT, context })
+  try {
+    const holding = stage.call('shop.probe.hold', { input: { ms: 3000 } }).catch((error) => error)
+    await until(async () => (await stage.call('shop.probe.guardlog')).holding, 5000, 'the holder holds')
+    await assert.rejects(stage.call('shop.probe.guarded'), (error) => error.name === 'FAILED', 'the caller: failed at the limit')
+    const { guarded, holding: still } = await until(async () => {
+      const log = await stage.call('shop.probe.guardlog')
+      return log.guarded.length > 0 && log
+    }, 5000, 'the guarded call ended')
+    assert.deepEqual(guarded, ['DEADLINE'], 'the lock refused at the deadline, its work never ran')
+    assert.equal(still, true, 'while the holder still held it')
+    assert.equal((await holding).name, 'FAILED', 'the holder outlived its own limit')
+  } finally {
+    await stage.stop()
+  }
+})
+
+test('the stash: what one replica keeps another sees, until its time to live; a bad ttl or value is refused', async () => {
+  const server = await redis()
+  const context = contextFile(`name: sdk\natomicity:\n  redis: ${server.url}\n  interval: 1000\n`)
+  const [one, two] = [await compose([`${FIXTURES}/shop.probe`], { agent: AGENT, context }),
+    await compose([`${FIXTURES}/shop.probe`], { agent: AGENT, context })]
+  const stash = (stage, input) => stage.call('shop.probe.stashed', { input })
+  try {
+    assert.deepEqual(await stash(one, { op: 'set', key: 'rate/eur', value: { rate: 1.1 }, ttl: 60_000 }), { done: null })
+    assert.deepEqual(await stash(two, { op: 'get', key: 'rate/eur' }), { done: { rate: 1.1 } }, 'the other replica sees it')
+    assert.deepEqual(await stash(one, { op: 'set', key: 'flag', value: true, ttl: 300 }), { done: null })
+    await until(async () => (await stash(two, { op: 'get', key: 'flag' })).done === null, 5000, 'gone after its ttl')
+    assert.deepEqual(await stash(two, { op: 'delete', key: 'rate/eur' }), { done: true })
+    assert.deepEqual(await stash(one, { op: 'get', key: 'rate/eur' }), { done: null })
+    assert.deepEqual(await stash(one, { op: 'delete', key: 'rate/eur' }), { done: false }, 'nothing left to delete')
+    const refused = await stash(one, { op: 'set', key: 'k', value: 1, ttl: 31 * 24 * 3600 * 1000 })
+    assert.equal(refused.error?.code, 'BAD_REQUEST')
+    assert.match(refused.error.message, /ttl: expected 1 to 2592000000 ms \(30 days\)/)
+    const large = await stash(one, { op: 'set', key: 'k', size: 1024 * 1024, ttl: 1000 })
+    assert.match(large.error?.message ?? '', /value: expected at most 1048576 bytes/)
+    assert.match((await stash(one, { op: 'set', key: 'k', value: 1 })).error?.message ?? '', /ttl \(ms\) is required/)
+    assert.deepEqual(await stash(two, { op: 'get', key: 'k' }), { done: null }, 'nothing refused was kept')
+  } finally {
+    await Promise.all([one.stop(), two.stop()])
+    server.kill()
+  }
 })
 
 test('a call from a transition that retries to an operation made once is refused with the seed\'s exception', async () => {

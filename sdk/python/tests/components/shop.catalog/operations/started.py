@@ -14,4 +14,4 @@ def computation(input, context):
     off()
     return {"started": context.state.get("started"), "slots": context.atom.slots(16),
             "instance": context.instance, "assigned": seen[:1],
-            "configuration": context.configuration}
+            "configuration": context.configuration, "call": context.call}

@@ -20,6 +20,20 @@ export async function computation (input: null, context: any) {
     timedOut: await outcome(() => context.local.slow({ input: { ms: 3000 }, instance }, { timeout: 200 })),
     signalOnOrdinary: await outcome(() => context.local.refuse({ input: null }, { signal: new AbortController().signal })),
     noInstance: await outcome(() => context.local.echo({ input: {} })),
-    failed: await outcome(() => context.local.fail({ input: null }))
+    failed: await outcome(() => context.local.fail({ input: null })),
+    unknownField: await context.local.refuse({ input: null, qeury: { id: 'x' } }).catch((e: any) => ({ code: e.code, message: e.message })),
+    unknownOption: await outcome(() => context.local.refuse({ input: null }, { timeuot: 5 })),
+    task: await outcome(() => context.local.tasked({ input: { n: 7 } }, { discard: true })),
+    taskRan: await ran(context, 7),
+    signalOnTask: await outcome(() => context.local.echo({ input: {}, instance }, { discard: true, signal: new AbortController().signal }))
   }
+}
+
+// The task runs after the call that sent it returned: waited for here, at most 5 s.
+async function ran (context: any, n: number) {
+  for (const deadline = Date.now() + 5000; Date.now() < deadline;) {
+    if (context.state.tasked?.includes(n)) return true
+    await new Promise((resolve) => setTimeout(resolve, 20))
+  }
+  return false
 }
