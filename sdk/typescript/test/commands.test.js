@@ -1,0 +1,158 @@
+// The seeds' commands as a reader types them: `npm run restart`, `npx toa call`, `npm stop`, in
+// examples/typescript, one shell per seed's "Try it", its lines as the seed writes them.
+
+import assert from 'node:assert/strict'
+import { spawnSync } from 'node:child_process'
+import { chmodSync, existsSync, mkdirSync, readFileSync, utimesSync, writeFileSync } from 'node:fs'
+import { createServer } from 'node:net'
+import { join } from 'node:path'
+import { describe, test } from 'node:test'
+import { locateAgent } from '../lib/cli.js'
+import { AGENT, EXAMPLES, ROOT, scratch } from './helpers.js'
+
+/** Runs `script` in bash in examples/typescript, with the tests' agent; its output and status. */
+function shell (script, env = {}) {
+  const run = spawnSync('bash', ['-c', script], {
+    cwd: EXAMPLES,
+    env: { ...process.env, TOA_AGENT_BIN: AGENT, ...env },
+    encoding: 'utf8',
+    timeout: 240_000
+  })
+  return { out: run.stdout, err: run.stderr, status: run.status }
+}
+
+/** The application `npm run restart` started, stopped whatever a failed test left. */
+const leftover = () => shell('npx toa stop >/dev/null')
+
+const running = () => existsSync(join(EXAMPLES, '.toa', 'app.json'))
+
+/** The local API's default port (toa_context::control::LOCAL_PORT). */
+const LOCAL_PORT = 7090
+
+describe('toa, the seeds\' commands', () => {
+  test('--help lists the commands the seeds use', () => {
+    const { out, status } = shell('npx toa --help')
+    assert.equal(status, 0)
+    for (const command of ['compose', 'call', 'restart', 'stop', 'logs']) {
+      assert.match(out, new RegExp(`toa ${command}\\b`), command)
+    }
+  })
+
+  test("seed 000's Try it: the eleventh appraisal within a minute is TOO_MANY_REQUESTS", () => {
+    const call = "npx toa call store.catalog.appraise \"{ input: { customer: 'c1', product: 'a1' } }\""
+    const calls = Array.from({ length: 11 }, (_, i) => `echo "### ${i + 1}"\n${call}`).join('\n')
+    try {
+      const { out, err } = shell(`npm run restart\n${calls}\nnpm stop`)
+      assert.match(out, /Composition complete \(pid \d+, local API http:\/\/127\.0\.0\.1:\d+\); its log: \.toa\/app\.log/, err)
+      const answers = out.split(/### \d+\n/).slice(1)
+      assert.equal(answers.length, 11, out)
+      for (const answer of answers.slice(0, 10)) assert.doesNotMatch(answer, /error|TOO_MANY_REQUESTS/, out)
+      assert.match(answers[10], /TOO_MANY_REQUESTS/, out)
+      assert.match(out, /stopped \(pid \d+\)/)
+      assert.ok(!running(), 'npm stop removed what restart kept')
+    } finally {
+      leftover()
+    }
+  })
+
+  test("seed 001's Try it: the connection opens before Composition complete; npm stop runs dispose and exits", () => {
+    const record = join(scratch(), 'mailer')
+    const script = [
+      'npm run restart',
+      'cp "$MAILER_RECORD" "$MAILER_RECORD.at-start"',
+      "npx toa call notifications.send \"{ input: { to: 'ann@example.com', text: 'Hello' } }\"",
+      'npx toa logs | grep -c "Composition complete"',
+      'npm stop'
+    ].join('\n')
+    try {
+      const { out, err } = shell(script, { MAILER_RECORD: record })
+      assert.equal(readFileSync(`${record}.at-start`, 'utf8'), 'connected smtp://localhost:2525 50\n', 'opened once, before restart returned')
+      assert.match(out, /^1$/m, 'the log of app says Composition complete')
+      assert.deepEqual(readFileSync(record, 'utf8').split('\n').filter(Boolean),
+        ['connected smtp://localhost:2525 50', 'sent ann@example.com', 'closed'], `dispose ran on npm stop\n${out}\n${err}`)
+      assert.ok(!running())
+    } finally {
+      leftover()
+    }
+  })
+
+  test("seed 003's Try it: one unit, two reservations at once, one OUT_OF_STOCK", () => {
+    const id = "query: { id: 'c0ffee00c0ffee00c0ffee00c0ffee00' }"
+    const script = [
+      'npm run restart',
+      `npx toa call fulfilment.stock.transit "{ ${id}, input: { available: 1 } }"`,
+      `npx toa call fulfilment.stock.reserve "{ ${id}, input: { quantity: 1 } }" &`,
+      `npx toa call fulfilment.stock.reserve "{ ${id}, input: { quantity: 1 } }" &`,
+      'wait',
+      'npm stop'
+    ].join('\n')
+    try {
+      const { out } = shell(script)
+      assert.equal(out.match(/"available": 0/g)?.length, 1, out)
+      assert.equal(out.match(/OUT_OF_STOCK/g)?.length, 1, out)
+    } finally {
+      leftover()
+    }
+  })
+
+  test('a restart of a running application stops it first, keeps the previous log once, and call finds it on whatever port it serves', async () => {
+    // A second terminal's application (or anything) on the local API's port: compose serves on
+    // another, and restart records which.
+    const blocker = createServer()
+    await new Promise((resolve) => blocker.once('error', resolve).listen(LOCAL_PORT, '127.0.0.1', resolve))
+    try {
+      const { out } = shell('npm run -s restart && npx toa call store.catalog.price "{ input: { product: a1 } }" && npm run -s restart && npm run -s stop')
+      assert.doesNotMatch(out, new RegExp(`local API http://127\\.0\\.0\\.1:${LOCAL_PORT}\\)`), 'the taken port was not served')
+      assert.match(out, /"reply"/, `npx toa call reached the application restart started\n${out}`)
+      const pids = [...out.matchAll(/Composition complete \(pid (\d+)/g)].map((m) => m[1])
+      assert.equal(pids.length, 2, out)
+      assert.notEqual(pids[0], pids[1])
+      assert.match(out, new RegExp(`stopped \\(pid ${pids[0]}\\)[^]*stopped \\(pid ${pids[1]}\\)`), out)
+      assert.match(readFileSync(join(EXAMPLES, '.toa', 'app.log.1'), 'utf8'), /Composition complete/)
+    } finally {
+      leftover()
+      blocker.close()
+    }
+  })
+
+  test('stop with nothing running says so and succeeds; call with nothing running names the agent it tried', () => {
+    const stop = shell('npx toa stop')
+    assert.equal(stop.status, 0)
+    assert.match(stop.out, /no application started by `toa restart` runs here/)
+    const call = shell('npx toa call store.catalog.price "{ input: { product: a1 } }" --agent http://127.0.0.1:9')
+    assert.equal(call.status, 1)
+    assert.match(call.err, /no agent answers at http:\/\/127\.0\.0\.1:9/)
+  })
+})
+
+describe('where toa finds toa-agent', () => {
+  const fake = (dir) => {
+    mkdirSync(dir, { recursive: true })
+    writeFileSync(join(dir, 'toa-agent'), '#!/bin/sh\n')
+    chmodSync(join(dir, 'toa-agent'), 0o755)
+    return join(dir, 'toa-agent')
+  }
+
+  test('$TOA_AGENT_BIN first, then PATH, then the newest build of this repository', () => {
+    const dir = scratch()
+    const given = fake(join(dir, 'given'))
+    const onPath = fake(join(dir, 'bin'))
+    assert.equal(locateAgent({ TOA_AGENT_BIN: given, PATH: join(dir, 'bin') }), given)
+    assert.equal(locateAgent({ PATH: `/nonexistent:${join(dir, 'bin')}` }), onPath)
+    const target = join(dir, 'target')
+    const debug = fake(join(target, 'debug'))
+    utimesSync(debug, new Date(Date.now() - 60_000), new Date(Date.now() - 60_000))
+    assert.equal(locateAgent({ PATH: '', CARGO_TARGET_DIR: target }), debug, 'the package sits in this repository')
+    const release = fake(join(target, 'release'))
+    assert.equal(locateAgent({ PATH: '', CARGO_TARGET_DIR: target }), release, 'the newer build')
+  })
+
+  test('a $TOA_AGENT_BIN that is not a program is named; none anywhere says how to build one', () => {
+    const dir = scratch()
+    writeFileSync(join(dir, 'toa-agent'), 'not a program')
+    assert.throws(() => locateAgent({ TOA_AGENT_BIN: join(dir, 'toa-agent') }),
+      new RegExp(`\\$TOA_AGENT_BIN is ${join(dir, 'toa-agent')}, which is not an executable file`))
+    assert.throws(() => locateAgent({ PATH: '', CARGO_TARGET_DIR: join(dir, 'empty') }),
+      new RegExp(`not built in ${ROOT}; build it there with \`cargo build -p toa-agent\``))
+  })
+})
