@@ -149,6 +149,34 @@ def _():
     lint({"leaderElection": False, "replicas": 1})
 
 
+@check("values.schema.json: a misspelt or mistyped value fails helm template and lint, naming it; every default passes")
+def _():
+    refused = {
+        "replica": {"replica": 2},  # a misspelt key, which Helm would otherwise ignore
+        "replicas": {"replicas": "two"},
+        "pullPolicy": {"image": {"pullPolicy": "Sometimes"}},
+        "watchNamespaces": {"watchNamespaces": ["Shop"]},
+        "port": {"metrics": {"port": 70000}},
+    }
+    for name, values in refused.items():
+        try:
+            helm_render(values)
+        except helm.HelmError as error:
+            assert "values don't meet the specifications of the schema" in str(error), error
+            assert name in str(error), f"{name}: {error}"
+        else:
+            raise AssertionError(f"{values} rendered")
+        try:
+            lint(values)
+        except (AssertionError, helm.HelmError) as error:
+            assert name in str(error), f"{name}: {error}"
+        else:
+            raise AssertionError(f"{values} linted")
+    # values.yaml itself, and every value it documents at a value of its own kind.
+    helm_render({"imagePullSecrets": [{"name": "registry"}], "nodeNetworks": ["100.64.0.0/16"],
+                 "podAnnotations": {"a": "b"}, "tolerations": [{"operator": "Exists"}]})
+
+
 @check("Chart.yaml: apiVersion v2, toa-operator 0.1.0, appVersion 0.1.0")
 def _():
     with helm.Chart.load(CHART) as chart:
@@ -646,7 +674,8 @@ def _():
     try:
         helm_render({"admissionPolicy": {"allowedHosts": [5]}})
     except helm.HelmError as error:
-        assert "is not a string" in str(error), error
+        # values.schema.json refuses it before the template's own check ("is not a string").
+        assert "/admissionPolicy/allowedHosts/0': got number, want string" in str(error), error
     else:
         raise AssertionError("rendered with allowedHosts [5]")
     # Checked where the policy is not installed too (the library: no capability).
