@@ -291,8 +291,17 @@ async fn a_locks_wait_ends_at_its_calls_deadline() {
             waited >= Duration::from_millis(350) && waited < Duration::from_secs(3),
             "{component}: refused after {waited:?}, at the deadline"
         );
-        // A call nobody answers now (or none named): the wait goes on while the holder holds.
-        let mut patient = lock(Some("call-2")).await.unwrap().bytes_stream();
+        // A call the program no longer answers (the agent gave up on it): no lock, at once.
+        let mut late = lock(Some("call-2")).await.unwrap().bytes_stream();
+        let mut lateness = String::new();
+        let refused = next_line(&mut late, &mut lateness, Duration::from_secs(2)).await;
+        assert_eq!(
+            refused.expect("refused at once")["code"],
+            "DEADLINE",
+            "{component}"
+        );
+        // Outside any call: the wait goes on while the holder holds, and ends when it lets go.
+        let mut patient = lock(None).await.unwrap().bytes_stream();
         let mut patience = String::new();
         let quiet = next_line(&mut patient, &mut patience, Duration::from_millis(800)).await;
         assert!(quiet.is_none(), "{component}: {quiet:?}");

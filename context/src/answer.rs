@@ -13,6 +13,22 @@
 
 use serde_json::{json, Value};
 
+/// The codes the runtime itself answers as an operation's error: an object's (`NOT_FOUND`,
+/// `CONFLICT`, ...; docs/component-protocol.md), a store or broker that is down, a request
+/// refused before it ran, a lock's wait past its call's deadline. A program that passes one on
+/// from a call it made answers it without declaring it; every other code must be in the
+/// operation's `errors:`.
+pub const RUNTIME_CODES: [&str; 8] = [
+    "NOT_FOUND",
+    "PRECONDITION_FAILED",
+    "CONFLICT",
+    "CONTENDED",
+    "INVALID_ENTRY",
+    "UNAVAILABLE",
+    "RequestContract",
+    crate::program::DEADLINE,
+];
+
 /// An operation's outcome.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {

@@ -51,8 +51,9 @@ export interface CallOptions extends TaskOptions {
 }
 
 /** The call an operation answers, as the agent says it: the same `id` on every delivery,
- * `redelivered` when it was delivered before, `deadline_ms` when its caller stops waiting (ms
- * since the epoch; `null`: no deadline). */
+ * `redelivered` when it was delivered before, `deadline_ms` when the agent stops waiting for
+ * this run (ms since the epoch: the caller's deadline for a call to one process, else the run's
+ * limit; an agent before this one left it `null` for ordinary calls). */
 export interface CallInfo {
   id?: string
   redelivered?: boolean

@@ -51,9 +51,10 @@ pub fn routes() -> Router<Arc<Host>> {
         )
 }
 
-/// The largest body `PUT /v1/{component}/stash/{key}` takes: the largest value, escaped, and
-/// its wrapper.
-pub const STASH_BODY: usize = 2 * stash::MAX_VALUE;
+/// The largest body `PUT /v1/{component}/stash/{key}` takes: the largest value even when a
+/// client escapes every character of it (Python's `json.dumps` writes `é` as 6 bytes where the
+/// value holds 2), and its wrapper.
+pub const STASH_BODY: usize = 3 * stash::MAX_VALUE + 64 * 1024;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -167,11 +168,17 @@ async fn lock(
     let keys = keys::validate(request.keys)?;
     atom.available("lock")?;
     // Asked for while the program answers a call: waited for only until the agent stops
-    // waiting for that call (seed 000: the wait counts toward the operation's duration).
+    // waiting for that call (seed 000: the wait counts toward the operation's duration). A call
+    // the program no longer answers (the agent gave up on it: the caller was told it failed)
+    // gets no lock at all.
     let made_in = CallHeaders::read(|name| headers.get(name).map(|v| v.as_bytes()))
         .map_err(|bad| ApiError::bad_request(bad.to_string()))?
         .call;
-    let until = made_in.and_then(|id| host.answering.get(&component)?.until(&id));
+    let answering = host.answering.get(&component);
+    let until = made_in.map(|id| {
+        let until = answering.and_then(|answering| answering.until(&id));
+        until.unwrap_or_else(tokio::time::Instant::now)
+    });
     let stream = host.streams.open(&component)?;
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     tokio::spawn(async move {
@@ -205,15 +212,21 @@ async fn acquired(
         }
     };
     tokio::pin!(deadline);
+    let past = json!({"event": "error", "code": DEADLINE, "message": PAST_DEADLINE});
     let refusal = loop {
         tokio::select! {
+            // The lock first: one the backend granted as the deadline came is released here,
+            // not dropped mid-acquisition and left in Redis until its TTL.
+            biased;
             held = &mut acquire => match held {
+                Ok(held) if until.is_some_and(|at| tokio::time::Instant::now() >= at) => {
+                    held.release().await;
+                    break past;
+                }
                 Ok(held) => return Some(held),
                 Err(error) => break json!({"event": "error", "message": error.to_string()}),
             },
-            () = &mut deadline => {
-                break json!({"event": "error", "code": DEADLINE, "message": PAST_DEADLINE});
-            }
+            () = &mut deadline => break past,
             _ = tx.closed() => return None, // gave up waiting
             _ = keepalive.tick() => { let _ = tx.send(Bytes::from_static(b"\n")).await; }
         }

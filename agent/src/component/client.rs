@@ -152,7 +152,7 @@ impl ProgramClient {
             return Ok(outcome);
         };
         let declared = errors.get(operation).cloned().unwrap_or_default();
-        if declared.contains(code) {
+        if declared.contains(code) || toa_context::answer::RUNTIME_CODES.contains(&code.as_str()) {
             return Ok(outcome);
         }
         tracing::warn!(component = %self.component, %operation, %code, "an operation answered an error code its manifest does not declare: taken as the program's failure");
@@ -450,10 +450,13 @@ impl ProgramClient {
         // The program is told when the agent stops waiting for it: the caller's deadline, or
         // this run's limit (an ordinary call has no deadline of its caller's); its lock
         // requests are waited for until then, not past it.
-        let until = tokio::time::Instant::now() + limit;
-        let limit_ms = program::now_ms().saturating_add(limit.as_millis() as i64);
+        let now_ms = program::now_ms();
+        let limit_ms = now_ms.saturating_add(limit.as_millis() as i64);
+        let deadline_ms = call.deadline_ms.map_or(limit_ms, |d| d.min(limit_ms));
+        let left = Duration::from_millis(deadline_ms.saturating_sub(now_ms).max(0) as u64);
+        let until = tokio::time::Instant::now() + left;
         let call = &CallMeta {
-            deadline_ms: Some(call.deadline_ms.map_or(limit_ms, |d| d.min(limit_ms))),
+            deadline_ms: Some(deadline_ms),
             ..call.clone()
         };
         let _answer = (!call.id.is_empty()).then(|| self.answering.enter(&call.id, until));

@@ -71,6 +71,23 @@ class Commands(unittest.TestCase):
         self.assertIn("restart", unknown.stderr)
 
 
+class Stale(unittest.TestCase):
+    def test_stop_signals_no_process_its_record_does_not_name_as_the_agent_it_started(self):
+        root = Path(tempfile.mkdtemp(prefix="toa-py-stale-"))
+        other = subprocess.Popen(["sleep", "30"])
+        self.addCleanup(other.kill)
+        env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+        for pid in (other.pid, 1, 0, -1, "7"):
+            (root / ".toa").mkdir(exist_ok=True)
+            (root / ".toa" / "app.json").write_text(json.dumps({"pid": pid, "binary": "/nowhere/toa-agent"}))
+            stop = subprocess.run([sys.executable, "-m", "toa", "stop"], cwd=root, env=env,
+                                  capture_output=True, text=True, timeout=60)
+            self.assertEqual(stop.returncode, 0, stop.stderr)
+            self.assertIn("no application started by `restart` runs here", stop.stdout, pid)
+            self.assertFalse((root / ".toa" / "app.json").exists())
+        self.assertIsNone(other.poll(), "the other process was not signalled")
+
+
 class Locate(unittest.TestCase):
     def fake(self, directory):
         directory.mkdir(parents=True, exist_ok=True)

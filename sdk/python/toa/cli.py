@@ -45,8 +45,12 @@ class NoAgent(Exception):
     """No toa-agent to run: the exit code says "command not found"."""
 
 
-class Running(TypedDict):
+class Running(TypedDict, total=False):
+    """What `restart` keeps: the agent's pid and the binary it runs (to know it again), its local
+    API's address once it serves, its log."""
+
     pid: int
+    binary: str
     agent: Optional[str]
     log: str
     started: str
@@ -93,25 +97,44 @@ def locate_agent(env: Optional[dict[str, str]] = None, cwd: Optional[Path] = Non
     return str(built[0])
 
 
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a live toa-agent (a pid file can outlive its process, and a pid be reused)."""
+def _alive(pid: object, binary: Optional[str] = None) -> bool:
+    """Whether `pid` is the agent `binary` runs, alive: a pid file can outlive its process and a
+    pid be reused, and nothing but a pid above 1 is ever signalled (`kill(-1)` reaches every
+    process)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        return False
     try:
         os.kill(pid, 0)
     except OSError:
         return False
     try:
-        return b"toa-agent" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return True  # no /proc (macOS): the signal's answer is all there is
+        # With /proc, no entry is no process; without (macOS) the signal's answer is all there is.
+        return not Path("/proc/self").exists()
+    program = cmdline.split(b"\0")[0].decode(errors="replace")  # empty for a zombie
+    return program.endswith("toa-agent") if binary is None else program == binary
 
 
 def running() -> Optional[Running]:
     """The application `restart` started here, if it still runs."""
     try:
         record: Running = json.loads(RECORD.read_text())
-    except (OSError, ValueError):
+        return record if _alive(record.get("pid"), record.get("binary")) else None
+    except (OSError, ValueError, AttributeError):
         return None
-    return record if _alive(record["pid"]) else None
+
+
+def _signal(pid: int, signum: int, group: bool = False) -> None:
+    """Signals `pid` (its whole process group: the agent leads one, with its programs); a process
+    that is already gone is no error."""
+    try:
+        if group:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except OSError:
+        pass
 
 
 def _forward(args: list[str]) -> int:
@@ -120,28 +143,31 @@ def _forward(args: list[str]) -> int:
     child = subprocess.Popen([locate_agent(), *args])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
-    return child.wait()
+    code = child.wait()
+    return code if code >= 0 else 128 - code  # killed by a signal: 128 + its number, as a shell says
 
 
 def _call(args: list[str]) -> int:
     told = any(a == "--agent" or a.startswith("--agent=") for a in args) or os.environ.get("TOA_AGENT")
     app = None if told else running()
-    return _forward(["call", *args, *(["--agent", app["agent"]] if app and app["agent"] else [])])
+    address = app.get("agent") if app else None
+    return _forward(["call", *args, *(["--agent", address] if address else [])])
 
 
 def _components() -> list[str]:
     if not Path("components").is_dir():
-        raise ValueError("no components/ here: name the components' directories, as `restart ./components/*`")
+        raise ValueError("no components/ here (run it in the project's directory), or name the components' "
+                         "directories, as `restart ./components/*`")
     return [str(d) for d in sorted(Path("components").iterdir()) if (d / "manifest.toa.yaml").is_file()]
 
 
-def _exited(pid: int, within: float) -> bool:
+def _exited(pid: int, within: float, binary: Optional[str] = None) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not _alive(pid, binary):
             return True
         time.sleep(0.1)
-    return not _alive(pid)
+    return not _alive(pid, binary)
 
 
 def _stop() -> int:
@@ -151,17 +177,18 @@ def _stop() -> int:
         print("toa: no application started by `restart` runs here")
         RECORD.unlink(missing_ok=True)
         return 0
+    pid, binary, log = app["pid"], app.get("binary"), app.get("log")
     within = _seconds("TOA_STOP_TIMEOUT", 60)
-    os.kill(app["pid"], signal.SIGTERM)
+    _signal(pid, signal.SIGTERM)
     code = 0
-    if not _exited(app["pid"], within):
-        print(f"toa: the application (pid {app['pid']}) did not exit within {within:g} s of SIGTERM; "
-              f"killed (its log: {app['log']})", file=sys.stderr)
-        os.kill(app["pid"], signal.SIGKILL)
-        _exited(app["pid"], 5)
+    if not _exited(pid, within, binary):
+        print(f"toa: the application (pid {pid}) did not exit within {within:g} s of SIGTERM; "
+              f"killed with its programs (its log: {log})", file=sys.stderr)
+        _signal(pid, signal.SIGKILL, group=True)
+        _exited(pid, 5, binary)
         code = 1
     else:
-        print(f"toa: stopped (pid {app['pid']}); its log: {app['log']}")
+        print(f"toa: stopped (pid {pid}); its log: {log}")
     RECORD.unlink(missing_ok=True)
     return code
 
@@ -174,30 +201,46 @@ def _completed(log: str) -> Optional[str]:
     return found.group(1) if found else ""
 
 
+def _environment() -> dict[str, str]:
+    """The agent's environment: the two lines `restart` waits for are logged at info, whatever
+    level RUST_LOG asks for otherwise."""
+    level = os.environ.get("RUST_LOG")
+    return {**os.environ, "RUST_LOG": f"{level},toa_agent::process::compose=info" if level else "info"}
+
+
 def _restart(args: list[str]) -> int:
-    """Stops the running application, starts it in the background, waits for it."""
+    """Stops the running application, starts it in the background, waits for it. What it needs
+    (the agent, the components) is found before anything is stopped."""
+    agent = locate_agent()
+    components = args or _components()
     if running() is not None and _stop() != 0:
         return 1
-    agent = locate_agent()
     STATE.mkdir(exist_ok=True)
     if LOG.exists():
         LOG.replace(LOG.with_name("app.log.1"))  # the previous run's log, kept once
     with LOG.open("ab") as out:
-        child = subprocess.Popen([agent, "compose", *(args or _components())], stdin=subprocess.DEVNULL,
-                                 stdout=out, stderr=out, start_new_session=True)
+        child = subprocess.Popen([agent, "compose", *components], stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=out, start_new_session=True, env=_environment())
+    record: Running = {"pid": child.pid, "binary": agent, "log": str(LOG),
+                       "started": datetime.now(timezone.utc).isoformat()}
+    # Kept at once: a restart interrupted now still leaves the agent findable by `stop`.
+    RECORD.write_text(json.dumps(record) + "\n")
     deadline = time.monotonic() + _seconds("TOA_START_TIMEOUT", 120)
     while True:
         address = _completed(LOG.read_text(errors="replace"))
         if address is not None:
-            record: Running = {"pid": child.pid, "agent": address or None, "log": str(LOG),
-                               "started": datetime.now(timezone.utc).isoformat()}
-            RECORD.write_text(json.dumps(record) + "\n")
+            RECORD.write_text(json.dumps({**record, "agent": address or None}) + "\n")
             print(f"toa: Composition complete (pid {child.pid}, local API {address}); its log: {LOG}")
             return 0
         if child.poll() is not None or time.monotonic() > deadline:
             why = "exited before it was complete" if child.poll() is not None else "not complete in time"
             if child.poll() is None:
                 child.terminate()
+                try:
+                    child.wait(_seconds("TOA_STOP_TIMEOUT", 60))
+                except subprocess.TimeoutExpired:
+                    _signal(child.pid, signal.SIGKILL, group=True)
+            RECORD.unlink(missing_ok=True)
             tail = "\n".join(LOG.read_text(errors="replace").splitlines()[-20:])
             print(f"toa: the application {why}; the end of its log ({LOG}):\n{tail}", file=sys.stderr)
             return 1

@@ -169,7 +169,7 @@ class Stash:
     def get(self, key: str) -> Any:
         """The value under `key`, or None."""
         answer: StashValue = self._agent.checked(protocol.STASH_GET.method, self._path(key))
-        return answer["value"]
+        return answer.get("value")
 
     def set(self, key: str, value: Any, ttl: int) -> None:
         """Keeps `value` (JSON, at most 1 MiB) under `key` for `ttl` ms, replacing what was there."""

@@ -151,7 +151,8 @@ class Description(Described, total=False):
 
 class CallInfo(TypedDict, total=False):
     """What the agent says of a call: the same `id` on every delivery; `redelivered` when it
-    was delivered before; `deadline_ms` when the caller stops waiting (ms since the epoch)."""
+    was delivered before; `deadline_ms` when the agent stops waiting for this run (ms since the
+    epoch: the caller's deadline for a call to one process, else the run's limit)."""
 
     id: str
     redelivered: bool

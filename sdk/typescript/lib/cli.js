@@ -81,20 +81,28 @@ export function locateAgent (env = process.env, cwd = process.cwd()) {
   throw new NoAgent('no toa-agent: not $TOA_AGENT_BIN and not on PATH; install it with `cargo install --path agent` from the toa repository, or set $TOA_AGENT_BIN')
 }
 
-/** @typedef {{ pid: number, agent?: string, log: string, started: string }} Running */
+/** What `restart` keeps: the agent's pid and the binary it runs (to know it again), its local
+ * API's address once it serves, its log. @typedef {{ pid: number, binary?: string, agent?: string, log: string, started: string }} Running */
 
-/** Whether `pid` is a live toa-agent (a pid file can outlive its process, and a pid be reused). @param {number} pid */
-function alive (pid) {
+/** Whether `pid` is the agent `binary` runs, alive: a pid file can outlive its process and a pid
+ * be reused, and nothing but a pid above 1 is ever signalled (`kill(-1)` reaches every process).
+ * @param {unknown} pid @param {string} [binary] @returns {pid is number} */
+function alive (pid, binary) {
+  if (!Number.isInteger(pid) || /** @type {number} */ (pid) <= 1) return false
   try {
-    process.kill(pid, 0)
+    process.kill(/** @type {number} */ (pid), 0)
   } catch {
     return false
   }
+  let cmdline
   try {
-    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('toa-agent')
+    cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8')
   } catch {
-    return true // no /proc (macOS): the signal's answer is all there is
+    // With /proc, no entry is no process; without (macOS) the signal's answer is all there is.
+    return !existsSync('/proc/self')
   }
+  const program = cmdline.split('\0')[0] // empty for a zombie
+  return binary === undefined ? program.endsWith('toa-agent') : program === binary
 }
 
 /** The application `restart` started here, if it still runs. @returns {Running | undefined} */
@@ -102,7 +110,7 @@ export function running () {
   if (!existsSync(RECORD)) return undefined
   try {
     const record = /** @type {Running} */ (JSON.parse(readFileSync(RECORD, 'utf8')))
-    return alive(record.pid) ? record : undefined
+    return alive(record.pid, record.binary) ? record : undefined
   } catch {
     return undefined
   }
@@ -130,21 +138,29 @@ function call (args) {
 }
 
 /** The default components: every directory of ./components holding a manifest. */
-function components () {
-  if (!existsSync('components')) throw new Error('no components/ here: name the components\' directories, as `toa restart ./components/*`')
+function componentDirectories () {
+  if (!existsSync('components')) throw new Error('no components/ here (run it in the project\'s directory), or name the components\' directories, as `toa restart ./components/*`')
   return readdirSync('components').sort()
     .map((name) => join('components', name))
     .filter((dir) => existsSync(join(dir, 'manifest.toa.yaml')))
 }
 
-/** Waits for `pid` to exit, at most `within` ms; whether it did. @param {number} pid @param {number} within */
-async function exited (pid, within) {
+/** Waits for `pid` to exit, at most `within` ms; whether it did. @param {number} pid @param {number} within @param {string} [binary] */
+async function exited (pid, within, binary) {
   const deadline = Date.now() + within
   while (Date.now() < deadline) {
-    if (!alive(pid)) return true
+    if (!alive(pid, binary)) return true
     await sleep(100)
   }
-  return !alive(pid)
+  return !alive(pid, binary)
+}
+
+/** Signals `pid` (its whole process group: the agent leads one, with its programs); a process
+ * that is already gone is no error. @param {number} pid @param {NodeJS.Signals} name @param {boolean} [group] */
+function signal (pid, name, group = false) {
+  try {
+    process.kill(group ? -pid : pid, name)
+  } catch {}
 }
 
 /** `toa stop`: SIGTERM drains the application (dispose runs); a kill only after STOP_WITHIN. */
@@ -155,11 +171,11 @@ async function stop () {
     rmSync(RECORD, { force: true })
     return 0
   }
-  process.kill(app.pid, 'SIGTERM')
-  if (!(await exited(app.pid, STOP_WITHIN))) {
-    console.error(`toa: the application (pid ${app.pid}) did not exit within ${STOP_WITHIN / 1000} s of SIGTERM; killed (its log: ${app.log})`)
-    process.kill(app.pid, 'SIGKILL')
-    await exited(app.pid, 5000)
+  signal(app.pid, 'SIGTERM')
+  if (!(await exited(app.pid, STOP_WITHIN, app.binary))) {
+    console.error(`toa: the application (pid ${app.pid}) did not exit within ${STOP_WITHIN / 1000} s of SIGTERM; killed with its programs (its log: ${app.log})`)
+    signal(app.pid, 'SIGKILL', true)
+    await exited(app.pid, 5000, app.binary)
     rmSync(RECORD, { force: true })
     return 1
   }
@@ -174,28 +190,47 @@ function completed (log) {
   return /serving the local API agent=(\S+)/.exec(log)?.[1] ?? ''
 }
 
-/** `toa restart`: stops the running application, starts it in the background, waits for it. @param {string[]} args */
+/** The agent's environment: the two lines `restart` waits for are logged at info, whatever
+ * level `RUST_LOG` asks for otherwise. */
+function environment () {
+  const level = process.env.RUST_LOG
+  return { ...process.env, RUST_LOG: level ? `${level},toa_agent::process::compose=info` : 'info' }
+}
+
+/** `toa restart`: stops the running application, starts it in the background, waits for it.
+ * What it needs (the agent, the components) is found before anything is stopped. @param {string[]} args */
 async function restart (args) {
-  if (running() && (await stop()) !== 0) return 1
   const agent = locateAgent()
+  const components = args.length ? args : componentDirectories()
+  if (running() && (await stop()) !== 0) return 1
   mkdirSync(STATE, { recursive: true })
   if (existsSync(LOG)) renameSync(LOG, `${LOG}.1`) // the previous run's log, kept once
   const out = openSync(LOG, 'a')
-  const child = spawn(agent, ['compose', ...(args.length ? args : components())], { detached: true, stdio: ['ignore', out, out] })
-  closeSync(out)
+  let child
+  try {
+    child = spawn(agent, ['compose', ...components], { detached: true, stdio: ['ignore', out, out], env: environment() })
+  } finally {
+    closeSync(out)
+  }
   child.unref()
   const pid = /** @type {number} */ (child.pid)
+  /** @type {Running} */
+  const record = { pid, binary: agent, log: LOG, started: new Date().toISOString() }
+  // Kept at once: a restart interrupted now still leaves the agent findable by `stop`.
+  writeFileSync(RECORD, JSON.stringify(record) + '\n')
   const deadline = Date.now() + START_WITHIN
   for (;;) {
     const address = completed(readFileSync(LOG, 'utf8'))
     if (address !== undefined) {
-      writeFileSync(RECORD, JSON.stringify({ pid, agent: address || undefined, log: LOG, started: new Date().toISOString() }) + '\n')
+      writeFileSync(RECORD, JSON.stringify({ ...record, agent: address || undefined }) + '\n')
       console.log(`toa: Composition complete (pid ${pid}, local API ${address}); its log: ${LOG}`)
       return 0
     }
-    if (!alive(pid) || Date.now() > deadline) {
-      const why = alive(pid) ? `not complete within ${START_WITHIN / 1000} s` : 'exited before it was complete'
-      if (alive(pid)) process.kill(pid, 'SIGTERM')
+    if (!alive(pid, agent) || Date.now() > deadline) {
+      const why = alive(pid, agent) ? `not complete within ${START_WITHIN / 1000} s` : 'exited before it was complete'
+      signal(pid, 'SIGTERM')
+      await exited(pid, STOP_WITHIN, agent)
+      rmSync(RECORD, { force: true })
       console.error(`toa: the application ${why}; the end of its log (${LOG}):\n${readFileSync(LOG, 'utf8').split('\n').slice(-20).join('\n')}`)
       return 1
     }

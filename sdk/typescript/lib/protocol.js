@@ -36,7 +36,7 @@ export const ENVIRONMENT = /** @type {const} */ ([
 /** @typedef {{ deleted: boolean }} StashDeleted */
 
 /** `GET /program`: the run commands the program exports and the operations it serves; the events whose receiver's request it makes and those whose condition it keeps (when there are any). @typedef {{ commands: string[], operations: string[], kinds: Record<string, string>, receivers?: string[], conditions?: string[] }} Description */
-/** What the agent says of a call: the same `id` on every delivery; `redelivered` when it was delivered before; `deadline_ms` when the caller stops waiting (ms since the epoch). @typedef {{ id?: string, redelivered?: boolean, deadline_ms?: number | null }} CallInfo */
+/** What the agent says of a call: the same `id` on every delivery; `redelivered` when it was delivered before; `deadline_ms` when the agent stops waiting for this run (ms since the epoch: the caller's deadline, or the run's limit). @typedef {{ id?: string, redelivered?: boolean, deadline_ms?: number | null }} CallInfo */
 /** @typedef {{ input?: unknown, entry?: Record<string, unknown> | null, call?: CallInfo }} OperationRequest */
 /** `POST /receivers/<label>`: the event, as published. @typedef {{ payload: Record<string, unknown> }} AdaptRequest */
 /** The request an event makes of its receiver's operation. @typedef {{ input?: unknown, query?: Query, instance?: string }} Adapted */

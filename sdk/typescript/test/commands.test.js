@@ -2,13 +2,13 @@
 // examples/typescript, one shell per seed's "Try it", its lines as the seed writes them.
 
 import assert from 'node:assert/strict'
-import { spawnSync } from 'node:child_process'
+import { spawn, spawnSync } from 'node:child_process'
 import { chmodSync, existsSync, mkdirSync, readFileSync, utimesSync, writeFileSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { join } from 'node:path'
 import { describe, test } from 'node:test'
 import { locateAgent } from '../lib/cli.js'
-import { AGENT, EXAMPLES, ROOT, scratch } from './helpers.js'
+import { AGENT, EXAMPLES, HERE, ROOT, scratch } from './helpers.js'
 
 /** Runs `script` in bash in examples/typescript, with the tests' agent; its output and status. */
 function shell (script, env = {}) {
@@ -25,6 +25,9 @@ function shell (script, env = {}) {
 const leftover = () => shell('npx toa stop >/dev/null')
 
 const running = () => existsSync(join(EXAMPLES, '.toa', 'app.json'))
+
+/** The bin, run with node (outside a project that installed the package). */
+const BIN = join(HERE, '..', 'bin', 'toa.js')
 
 /** The local API's default port (toa_context::control::LOCAL_PORT). */
 const LOCAL_PORT = 7090
@@ -122,6 +125,35 @@ describe('toa, the seeds\' commands', () => {
     const call = shell('npx toa call store.catalog.price "{ input: { product: a1 } }" --agent http://127.0.0.1:9')
     assert.equal(call.status, 1)
     assert.match(call.err, /no agent answers at http:\/\/127\.0\.0\.1:9/)
+  })
+})
+
+describe('what toa restart and stop will not do', () => {
+  test('stop signals no process its record does not name as the agent it started (a stale or copied .toa/app.json)', () => {
+    const dir = scratch('toa-stale-')
+    const other = spawn('sleep', ['30'], { stdio: 'ignore' })
+    try {
+      for (const pid of [other.pid, 1, 0, -1]) {
+        mkdirSync(join(dir, '.toa'), { recursive: true })
+        writeFileSync(join(dir, '.toa', 'app.json'), JSON.stringify({ pid, binary: '/nowhere/toa-agent', log: '.toa/app.log' }))
+        const stop = spawnSync(process.execPath, [BIN, 'stop'], { cwd: dir, encoding: 'utf8' })
+        assert.equal(stop.status, 0, stop.stderr)
+        assert.match(stop.stdout, /no application started by `toa restart` runs here/, `pid ${pid}`)
+        assert.ok(!existsSync(join(dir, '.toa', 'app.json')), 'the stale record is gone')
+      }
+      assert.equal(other.exitCode, null, 'the other process was not signalled')
+      assert.equal(other.signalCode, null)
+    } finally {
+      other.kill()
+    }
+  })
+
+  test('restart without components/ says so before it stops or writes anything', () => {
+    const dir = scratch('toa-empty-')
+    const restart = spawnSync(process.execPath, [BIN, 'restart'], { cwd: dir, encoding: 'utf8', env: { ...process.env, TOA_AGENT_BIN: AGENT } })
+    assert.equal(restart.status, 1)
+    assert.match(restart.stderr, /no components\/ here \(run it in the project's directory\)/)
+    assert.ok(!existsSync(join(dir, '.toa')), 'nothing written')
   })
 })
 

@@ -117,6 +117,9 @@ describe('the context', () => {
     await assert.rejects(stage.call('shop.probe.stray'), (error) =>
       error.name === 'FAILED' && /answered the error STRAY, which its manifest does not declare \(errors: \[\]\)/.test(error.message))
     assert.match(stage.output(), /WARN.*does not declare.*code=STRAY/)
+    // A code of the runtime's own, passed on, needs no declaration.
+    const passed = await stage.call('shop.probe.passon').then((reply) => reply, (error) => error)
+    assert.equal(passed.code, 'CONFLICT', `${passed}`)
   })
 
   test("the operation's own error reaches a caller outside", async () => {
