@@ -332,54 +332,21 @@ async fn the_stash_keeps_a_value_for_its_ttl() {
                 .status(),
             200
         );
-        let got: Value = served
-            .client
-            .get(&url)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let read = |request: reqwest::RequestBuilder| async move {
+            request.send().await.unwrap().json::<Value>().await.unwrap()
+        };
+        let got = read(served.client.get(&url)).await;
         assert_eq!(got, json!({ "value": value }), "{component}");
-        let deleted: Value = served
-            .client
-            .delete(&url)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let deleted = read(served.client.delete(&url)).await;
         assert_eq!(deleted, json!({"deleted": true}), "{component}");
-        let gone: Value = served
-            .client
-            .get(&url)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let gone = read(served.client.get(&url)).await;
         assert_eq!(gone, json!({"value": null}), "{component}");
         assert_eq!(
             put(json!({"value": 1, "ttl": 200})).await.unwrap().status(),
             200
         );
         let expired = async {
-            loop {
-                let got: Value = served
-                    .client
-                    .get(&url)
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-                if got["value"].is_null() {
-                    return;
-                }
+            while !read(served.client.get(&url)).await["value"].is_null() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         };

@@ -256,6 +256,35 @@ describe('store.orders approve and billing.wallets debit (seed 003, What a secon
   })
 })
 
+describe('store.orders approve across two replicas (seed 003, What a second run repeats)', () => {
+  test('ten orders, each approved by two processes at once on one PostgreSQL: each stored once, the money taken once', async () => {
+    // Two processes of one application: their writes to an order or the wallet race for real
+    // (one process takes turns on an object; two do not), so a lost write runs approve again,
+    // which calls debit again, which the order's ref discards.
+    const context = contextFile(`name: sdk-approve-${process.pid}\nstorage: postgres://127.0.0.1:5432/toa\n`)
+    const env = { TOA_STORAGE_USERNAME: 'toa', TOA_STORAGE_PASSWORD: 'toa' }
+    const replicas = [await start(['store.orders', 'billing.wallets'], { context, env }),
+      await start(['store.orders', 'billing.wallets'], { context, env })]
+    await replicas[0].call('billing.wallets.transit', { query: { id: 'c1' }, input: { balance: 1000 } })
+    const orders = []
+    for (let i = 0; i < 10; i++) {
+      orders.push(await replicas[i % 2].call('store.orders.transit', { input: { status: 'pending', customer: 'c1', total: 10 + i } }))
+    }
+    const approvals = await Promise.all(orders.flatMap((order) =>
+      replicas.map((replica) => replica.call('store.orders.approve', { query: { id: order.id } }))))
+    assert.deepEqual(new Set(approvals.map((approved) => approved.status)), new Set(['approved']), JSON.stringify(approvals))
+    for (const order of orders) {
+      const stored = await replicas[1].call('store.orders.observe', { query: { id: order.id } })
+      assert.deepEqual({ status: stored.status, VERSION: stored.VERSION }, { status: 'approved', VERSION: 2 }, 'stored once')
+    }
+    const wallet = await replicas[0].call('billing.wallets.observe', { query: { id: 'c1' } })
+    const taken = orders.reduce((sum, order) => sum + order.total, 0)
+    assert.equal(wallet.balance, 1000 - taken, 'each order paid once')
+    assert.deepEqual(wallet.paid, Object.fromEntries(orders.map((order) => [order.id, order.total])))
+    assert.equal(wallet.VERSION, 1 + orders.length, 'one stored debit per order: every repeat discarded')
+  })
+})
+
 describe('store.orders events (seed 003, Leave the call to an event; seed 001, a receiver bound to a stateful operation)', () => {
   test('an approval mails once, a cancellation credits the wallet once and voids on the holding process', async () => {
     const dir = scratch()
