@@ -61,6 +61,10 @@ pub struct Component {
     pub configuration: String,
     /// The variables holding the values of the configuration's secrets, and the values.
     pub secrets: Vec<(String, Secret)>,
+    /// Why a manifest without `program` has none either from its modules (both SDKs' modules):
+    /// said when the program is started, so that what reads only the manifest (`storage ddl`,
+    /// the types, a pod's declarations) still can.
+    pub unprogrammed: Option<String>,
 }
 
 impl Component {
@@ -72,17 +76,20 @@ impl Component {
             error,
         })?;
         let mut manifest = Manifest::parse(&text, &path.display().to_string())?;
+        let mut unprogrammed = None;
         if manifest.program.is_none() {
             // A seed's manifest has no `program`: its modules say which SDK runs it.
-            manifest.program = sdk::program_of(dir).map_err(|message| ComponentError::Start {
-                component: manifest.full_name(),
-                message,
-            })?;
+            match sdk::program_of(dir) {
+                Ok(program) => manifest.program = program,
+                Err(message) => unprogrammed = Some(message),
+            }
             if let Some(program) = &manifest.program {
                 tracing::info!(component = %manifest.full_name(), ?program, "no `program` in the manifest: its modules' SDK runs it");
             }
         }
-        Self::new(manifest, dir.to_path_buf())
+        let mut component = Self::new(manifest, dir.to_path_buf())?;
+        component.unprogrammed = unprogrammed;
+        Ok(component)
     }
 
     pub fn new(mut manifest: Manifest, dir: PathBuf) -> Result<Self, ComponentError> {
@@ -108,6 +115,7 @@ impl Component {
             schemas,
             configuration: "{}".to_owned(),
             secrets: Vec::new(),
+            unprogrammed: None,
         })
     }
 
@@ -157,8 +165,14 @@ impl Component {
             .manifest
             .program
             .as_ref()
-            .ok_or_else(|| ComponentError::NoProgram {
-                component: self.name.clone(),
+            .ok_or_else(|| match &self.unprogrammed {
+                Some(message) => ComponentError::Start {
+                    component: self.name.clone(),
+                    message: message.clone(),
+                },
+                None => ComponentError::NoProgram {
+                    component: self.name.clone(),
+                },
             })?;
         let program = Program::start(
             &self.name,
@@ -362,7 +376,30 @@ mod tests {
             schemas: HashMap::new(),
             configuration: "{}".into(),
             secrets: Vec::new(),
+            unprogrammed: None,
         }
+    }
+
+    /// A manifest without `program` over both SDKs' modules loads (what reads only manifests,
+    /// `storage ddl` among them, still can) and fails when its program is started, naming one
+    /// module of each kind.
+    #[tokio::test]
+    async fn both_sdks_modules_without_a_program_load_and_fail_at_start() {
+        let dir = std::env::temp_dir().join(format!("toa-mixed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("operations")).unwrap();
+        let manifest = "name: mixed\nnamespace: shop\noperations:\n  a: {}\n";
+        std::fs::write(dir.join("manifest.toa.yaml"), manifest).unwrap();
+        std::fs::write(dir.join("operations/a.ts"), "").unwrap();
+        std::fs::write(dir.join("operations/b.py"), "").unwrap();
+        let component = Component::load(&dir).expect("loads: only its start needs a program");
+        let refused = component
+            .start("http://127.0.0.1:1", ("i", None, &[]))
+            .await;
+        let message = refused.err().expect("refused at start").to_string();
+        assert!(message.contains("operations/a.ts"), "{message}");
+        assert!(message.contains("operations/b.py"), "{message}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     fn said(commands: &[&str], operations: &[&str]) -> Description {

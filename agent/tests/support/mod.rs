@@ -174,17 +174,53 @@ impl Drop for Composition {
     }
 }
 
+/// How long a composition expected to stop by itself may run in [`compose_once`].
+const ONCE_LIMIT: Duration = Duration::from_secs(90);
+
+/// `toa-agent compose` on components expected to stop by themselves (a start refused, a run
+/// that ends): its output. One that still runs after [`ONCE_LIMIT`] is killed and the test
+/// fails naming it, rather than holding the suite until nextest's limit.
 pub fn compose_once(components: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_toa-agent"));
     without_cargos_variables(&mut command)
         .current_dir(root())
         .arg("compose")
         .args(components)
-        .args(["--listen", &format!("127.0.0.1:{}", free_port())]);
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (key, value) in env {
         command.env(key, value);
     }
-    command.output().unwrap()
+    let mut child = command.spawn().unwrap();
+    // Read while it runs: a full pipe would stop it.
+    let drained = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.map(|mut pipe| pipe.read_to_end(&mut bytes));
+            bytes
+        })
+    };
+    let stdout = drained(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drained(child.stderr.take().map(|p| Box::new(p) as _));
+    let deadline = Instant::now() + ONCE_LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+            panic!("compose {components:?} still ran after {ONCE_LIMIT:?}; expected it to stop by itself:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
 }
 
 impl Composition {

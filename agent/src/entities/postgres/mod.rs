@@ -215,7 +215,19 @@ fn silent() -> StoreError {
 }
 
 fn unavailable(error: impl std::error::Error + 'static) -> StoreError {
-    StoreError::Unavailable(described(&error))
+    StoreError::Unavailable(told(&described(&error)))
+}
+
+/// What a caller is told of a store's error: the error itself, without what the server adds to
+/// it (`DETAIL:`, which may quote a row's values, and `HINT:`), which goes to the log only.
+fn told(described: &str) -> String {
+    let is_more = |line: &&str| line.starts_with("DETAIL: ") || line.starts_with("HINT: ");
+    if !described.lines().any(|line| is_more(&line)) {
+        return described.to_owned();
+    }
+    tracing::warn!(error = %described, "the store refused a statement");
+    let lines = described.lines().filter(|line| !is_more(line));
+    lines.collect::<Vec<_>>().join("\n")
 }
 
 /// An error with its causes: tokio-postgres says only `db error` of an error the server
@@ -945,6 +957,17 @@ impl Store for Postgres {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_caller_is_told_the_error_not_the_rows_the_server_quotes() {
+        let said = "db error: ERROR: duplicate key value violates unique constraint \"k\"\nDETAIL: Key (id)=(secret-42) already exists.\nHINT: look";
+        let caller = told(said);
+        assert_eq!(
+            caller,
+            "db error: ERROR: duplicate key value violates unique constraint \"k\""
+        );
+        assert_eq!(told(&caller), caller, "nothing to take from a plain error");
+    }
 
     #[test]
     fn long_names_are_cut_with_a_hash_so_that_two_never_meet() {
