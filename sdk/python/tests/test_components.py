@@ -164,7 +164,8 @@ class Faults(unittest.TestCase):
             with self.assertRaises(CallError) as failed:
                 settling.result(timeout=30)
         self.assertEqual(failed.exception.name, "FAILED")
-        self.assertIn("the lock was lost", composition.output(), "the operation saw signal.aborted")
+        # The program's log reaches the stage through the agent, maybe after the call's answer.
+        wait_for(lambda: "the lock was lost" in composition.output(), 5, "the operation saw signal.aborted")
 
 
 class Deadlines(unittest.TestCase):

@@ -76,7 +76,7 @@ describe('store.orders settle', () => {
       server.stop()
       const outcome = await settling
       assert.ok(outcome.error, `the settlement failed: ${JSON.stringify(outcome)}`)
-      assert.match(stage.output(), /lock on settlement was lost/, 'with the lost signal\'s error')
+      await until(() => /lock on settlement was lost/.test(stage.output()), 5000, 'the lost signal\'s error logged')
       assert.deepEqual(lines(settlements).filter((line) => line.end), [], 'nothing submitted without the lock')
     } finally {
       server.kill()
