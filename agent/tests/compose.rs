@@ -197,6 +197,12 @@ fn a_start_that_cannot_succeed_stops_with_a_clear_error() {
     assert!(!output.status.success());
     assert!(stderr.contains("failing: preflight failed"), "{stderr}");
     assert!(!stderr.contains("Composition complete"), "{stderr}");
+    // The program's own lines, told apart by its component's name.
+    assert!(
+        stderr.lines().any(|line| line.starts_with("failing | ")
+            && line.contains("cannot reach the mail provider")),
+        "{stderr}"
+    );
 
     let output = compose_once(&["agent/tests/components/mistyped"], &[]);
     let stderr = String::from_utf8_lossy(&output.stderr);

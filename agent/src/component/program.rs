@@ -97,6 +97,60 @@ impl Environment<'_> {
     }
 }
 
+/// Waits until the program it started serves 127.0.0.1:`port`, at most [`START_LIMIT`]; why not.
+async fn serving(child: &mut Child, port: u16) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + START_LIMIT;
+    loop {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            return Err(format!(
+                "it exited with {status} before serving 127.0.0.1:{port}"
+            ));
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!(
+                "it did not serve 127.0.0.1:{port} within {START_LIMIT:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Passes the program's output on, each line prefixed with its component's name
+/// (`store.catalog | …`): a local run's programs share one terminal, and without it their lines
+/// cannot be told apart. Its standard output to the agent's, its standard error to the agent's;
+/// each line in one write, so that lines of two programs never mix. A thread per stream (the
+/// writes block, which no runtime worker should), ending when the program closes it.
+fn prefixed(name: &str, stdout: std::io::PipeReader, stderr: std::io::PipeReader) {
+    use std::io::{BufRead, Write};
+    fn pass(prefix: String, from: std::io::PipeReader, to: fn() -> Box<dyn Write>) {
+        let spawned = std::thread::Builder::new().name(prefix.clone());
+        let _ = spawned.spawn(move || {
+            let mut reader = std::io::BufReader::new(from);
+            let mut line = Vec::new();
+            while matches!(reader.read_until(b'\n', &mut line), Ok(read) if read > 0) {
+                if line.last() != Some(&b'\n') {
+                    line.push(b'\n'); // the last line, unterminated
+                }
+                let mut whole = prefix.clone().into_bytes();
+                whole.extend_from_slice(&line);
+                let _ = to().write_all(&whole);
+                line.clear();
+            }
+        });
+    }
+    let prefix = format!("{name} | ");
+    pass(prefix.clone(), stdout, || {
+        Box::new(std::io::stdout().lock())
+    });
+    pass(prefix, stderr, || Box::new(std::io::stderr().lock()));
+}
+
 /// How long an attached program may take to serve its port (a container may start slowly).
 const ATTACH_LIMIT: Duration = Duration::from_secs(300);
 
@@ -125,35 +179,24 @@ impl Program {
             });
         }
         environment.apply(&mut command_line, name, port);
+        let piped = std::io::pipe().and_then(|out| Ok((out, std::io::pipe()?)));
+        let ((stdout, out), (stderr, err)) = piped.map_err(|e| failed(format!("no pipe: {e}")))?;
         let mut child = command_line
             .args(&command[1..])
             .current_dir(dir)
+            .stdout(out)
+            .stderr(err)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| failed(format!("{:?} in {}: {e}", command.join(" "), dir.display())))?;
-        let deadline = tokio::time::Instant::now() + START_LIMIT;
-        loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return Ok(Self {
-                    child: Some(child),
-                    port,
-                });
-            }
-            if let Some(status) = child.try_wait().map_err(|e| failed(e.to_string()))? {
-                return Err(failed(format!(
-                    "it exited with {status} before serving 127.0.0.1:{port}"
-                )));
-            }
-            if tokio::time::Instant::now() > deadline {
-                return Err(failed(format!(
-                    "it did not serve 127.0.0.1:{port} within {START_LIMIT:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // The command keeps the pipes' writing ends: without it, the program's exit ends them.
+        drop(command_line);
+        prefixed(name, stdout, stderr);
+        serving(&mut child, port).await.map_err(failed)?;
+        Ok(Self {
+            child: Some(child),
+            port,
+        })
     }
 
     /// Waits until a program started by someone else serves 127.0.0.1:`port`.
