@@ -20,10 +20,10 @@ pub struct Activity {
 #[must_use = "the call is in flight until this is dropped"]
 pub struct InFlight(Arc<Activity>);
 
+/// Milliseconds since the Unix epoch, as the status reports them (one clock for the runtime:
+/// toa-context's `program::now_ms`).
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    toa_context::program::now_ms().max(0) as u64
 }
 
 impl Activity {
