@@ -53,6 +53,8 @@ async fn main() -> ExitCode {
                 credentials: credentials.clone(),
                 roots: Default::default(),
                 instance: format!("demo-{}", std::process::id()),
+                // One process: the in-process default, apart from any local group.
+                group: None,
             },
             metrics.clone(),
         )

@@ -23,6 +23,8 @@ pub enum ConfigError {
     ControlTokens(#[from] TokenFileError),
     #[error("--drain-key-sha256: expected 64 hex digits (a SHA-256), got {length} characters")]
     DrainDigest { length: usize },
+    #[error("TOA_ALONE: expected true or false, got {0:?}")]
+    Alone(String),
     /// The environment, the context from `TOA_*` variables, or the credentials.
     #[error(transparent)]
     Context(#[from] ContextError),
@@ -74,7 +76,38 @@ pub fn options(args: ComposeArgs) -> Result<Options, ConfigError> {
     options.declarations = args.declarations;
     options.drain_digest = args.drain_key_sha256.map(drain_digest).transpose()?;
     options.component_tokens = args.component_tokens;
+    let alone = args.alone || alone_from_env()?;
+    options.group = local_group(&options, &args.context, alone);
     Ok(options)
+}
+
+/// `TOA_ALONE`: `true`/`1`/`yes` or `false`/`0`/`no` (unset or empty: false).
+fn alone_from_env() -> Result<bool, ConfigError> {
+    let value = std::env::var("TOA_ALONE").unwrap_or_default();
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" | "" => Ok(false),
+        _ => Err(ConfigError::Alone(value)),
+    }
+}
+
+/// A local run without `atomicity` joins its application's local group (docs/context.md):
+/// `TOA_LOCAL_GROUP` names it, else the application's name and the context file's absolute path
+/// (one project's processes meet, another checkout's do not). None `--alone`, in a pod, or with
+/// `atomicity` (Redis is shared already).
+fn local_group(options: &Options, context: &std::path::Path, alone: bool) -> Option<String> {
+    if alone || options.mode != Mode::Local || options.context.atomicity.is_some() {
+        return None;
+    }
+    if let Some(name) = std::env::var("TOA_LOCAL_GROUP")
+        .ok()
+        .filter(|n| !n.is_empty())
+    {
+        return Some(name);
+    }
+    let path = std::path::absolute(context).unwrap_or_else(|_| context.to_path_buf());
+    let path = std::fs::canonicalize(&path).unwrap_or(path);
+    Some(format!("{} {}", options.context.name, path.display()))
 }
 
 /// `--drain-key-sha256`: 64 hex digits.
@@ -126,6 +159,7 @@ fn compose_options(
         declarations: None,
         drain_digest: None,
         component_tokens: None,
+        group: None,
         mode,
         configuration,
         kubernetes_namespace,

@@ -34,6 +34,8 @@ pub async fn run() -> ExitCode {
         kubernetes_namespace: None,
         roots: Default::default(),
         storage: None,
+        // The demo's flows count on owning every slot: it runs alone.
+        group: None,
         mode: Mode::Local,
         broker: None,
     };

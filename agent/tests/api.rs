@@ -35,6 +35,7 @@ async fn serve_with(tokens: toa_agent::component_tokens::ComponentTokens) -> Ser
             credentials: Credentials::default(),
             roots: Default::default(),
             instance: "api-test".into(),
+            group: None,
         };
         Arc::new(Atom::start(config, metrics.clone()).unwrap())
     };

@@ -69,6 +69,12 @@ pub struct ComposeArgs {
     /// mounted into that component's container only); its routes then take only that token.
     #[arg(long, value_name = "DIR", env = "TOA_COMPONENT_TOKENS")]
     pub component_tokens: Option<PathBuf>,
+    /// A local run without `atomicity`: coordinate in this process only, apart from the other
+    /// processes of the application on this machine (which otherwise form a group). Also
+    /// `TOA_ALONE=true` (read by the agent's configuration, not here: a parsed command line
+    /// stays what it says).
+    #[arg(long)]
+    pub alone: bool,
 }
 
 impl ComposeArgs {
@@ -86,6 +92,7 @@ impl ComposeArgs {
             declarations: None,
             drain_key_sha256: None,
             component_tokens: None,
+            alone: false,
         }
     }
 
@@ -111,6 +118,9 @@ impl ComposeArgs {
         optional(&mut line, "--drain-key-sha256", &self.drain_key_sha256);
         let component_tokens = self.component_tokens.as_deref().map(text);
         optional(&mut line, "--component-tokens", &component_tokens);
+        if self.alone {
+            line.push("--alone".to_owned());
+        }
         line
     }
 }
@@ -173,7 +183,11 @@ mod tests {
             prop::option::of(any::<u16>()),
             prop::option::of(address()),
             prop::option::of(path()),
-            (prop::option::of("[0-9a-f]{64}"), prop::option::of(path())),
+            (
+                prop::option::of("[0-9a-f]{64}"),
+                prop::option::of(path()),
+                any::<bool>(),
+            ),
         )
             .prop_map(
                 |(
@@ -185,7 +199,7 @@ mod tests {
                     attach,
                     probe,
                     decl,
-                    (digest, tokens),
+                    (digest, tokens, alone),
                 )| {
                     let mut args = ComposeArgs::new(components);
                     args.context = context.unwrap_or(args.context);
@@ -198,6 +212,7 @@ mod tests {
                     args.declarations = decl;
                     args.drain_key_sha256 = digest;
                     args.component_tokens = tokens;
+                    args.alone = alone;
                     args
                 },
             )

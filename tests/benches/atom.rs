@@ -143,6 +143,7 @@ fn atom(servers: &[&RedisServer], component: &str, interval: Duration) -> Arc<At
         credentials: Credentials::default(),
         roots: Default::default(),
         instance: "bench".into(),
+        group: None,
     };
     Arc::new(Atom::start(config, Metrics::new()).unwrap())
 }

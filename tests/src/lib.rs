@@ -420,6 +420,7 @@ pub fn replica_at(
         credentials: toa_context::Credentials::default(),
         roots: Default::default(),
         instance: format!("replica-{}", std::process::id()),
+        group: None,
     };
     Arc::new(toa_agent::Atom::start(config, toa_agent::Metrics::new()).unwrap())
 }

@@ -18,6 +18,7 @@ fn atom(server: &RedisServer, component: &str) -> Arc<Atom> {
         credentials: Credentials::default(),
         roots: Default::default(),
         instance: "meter-test".into(),
+        group: None,
     };
     Arc::new(Atom::start(config, Metrics::new()).unwrap())
 }

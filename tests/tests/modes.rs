@@ -14,6 +14,7 @@ fn atom(mode: Mode, atomicity: Option<Atomicity>) -> Atom {
         credentials: Credentials::default(),
         roots: Default::default(),
         instance: "modes".into(),
+        group: None,
     };
     Atom::start(config, Metrics::new()).unwrap()
 }

@@ -16,6 +16,7 @@ fn atom(server: &RedisServer, application: &str, component: &str) -> Arc<Atom> {
         credentials: Credentials::default(),
         roots: Default::default(),
         instance: "scopes".into(),
+        group: None,
     };
     Arc::new(Atom::start(config, Metrics::new()).unwrap())
 }

@@ -223,7 +223,7 @@ impl From<AtomError> for ApiError {
             | AtomError::TooManyKeys(_)
             | AtomError::InvalidMeter(_)
             | AtomError::InvalidStash(_) => (StatusCode::BAD_REQUEST, "BAD_REQUEST"),
-            AtomError::Unavailable(_) | AtomError::Protocol(_) => {
+            AtomError::Unavailable(_) | AtomError::Protocol(_) | AtomError::Group(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
             }
         };

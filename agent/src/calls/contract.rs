@@ -11,14 +11,14 @@
 //!   that is empty, too long or holds control characters.
 
 use crate::component::Component;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 pub use toa_context::query::{check_id, Query};
 
 pub use toa_context::program::START_MARGIN;
 
-/// A call as a caller makes it.
-#[derive(Debug, Clone, Deserialize)]
+/// A call as a caller makes it (and as a local group hands it to another process).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Request {
     #[serde(default)]
@@ -70,7 +70,7 @@ fn check_query(
 pub const MAX_TIMEOUT_MS: u64 = u32::MAX as u64;
 
 /// Why a call failed, as the caller sees it.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
 pub enum CallError {
     /// The request breaks the callee's declarations; nothing was sent.
     #[error("RequestContract: {0}")]

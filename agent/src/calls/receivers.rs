@@ -7,7 +7,8 @@
 //! record and runs nothing.
 //!
 //! The same receivers take events from the broker ([`crate::calls::broker::receive`]) and, in a
-//! local run without one, from the process's bus ([`listen_locally`]).
+//! local run without one, from the process's bus ([`listen_locally`]) or its local group's
+//! leader ([`deliver`]).
 
 use crate::calls::broker::{Incoming, Receive, Verdict};
 use crate::calls::contract::{CallError, Request};
@@ -217,7 +218,8 @@ pub fn listen_locally(
     });
 }
 
-async fn deliver(receivers: &Receivers, event: &Event, deliveries: u32) {
+/// Runs `event` on its receiver, again while it asks to come again (up to `deliveries`).
+pub(crate) async fn deliver(receivers: &Receivers, event: &Event, deliveries: u32) {
     let mut incoming = Incoming {
         label: event.label.clone(),
         payload: event.payload.clone(),

@@ -1,6 +1,8 @@
 //! Calls between components: the request contract ([`crate::calls::contract`]) checked before
 //! anything is sent, then the route to the callee: over RabbitMQ when the context names a broker
-//! ([`crate::calls::broker`]), else in-process to the components of this process (a local run).
+//! ([`crate::calls::broker`]), else through the local group to a replica in any of its
+//! processes ([`crate::coordination::group`]), else in-process to the components of this process
+//! (a local run alone).
 
 use crate::calls::activity::Activity;
 use crate::calls::catalog::Catalog;
@@ -9,10 +11,11 @@ use crate::calls::inflight::Inflight;
 use crate::calls::once::Once;
 use crate::component::client::{self, Outcome, ProgramClient, ProgramError};
 use crate::component::Component;
+use crate::coordination::group::{CallAnswer, Group, GroupError};
 use crate::entities::objects::{self, Objects, Run};
 use crate::entities::retrying::Retrying;
 use crate::entities::store::Receipt;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +53,15 @@ pub struct Calls {
     /// The calls running here as transitions under `retry`: a call one makes to an operation
     /// declaring `once` is refused.
     retrying: Arc<Retrying>,
+    /// A local run's group: calls go to a replica in any of its processes.
+    group: Option<Arc<Group>>,
+    /// The drain began: calls the group hands here are handed back.
+    draining: std::sync::atomic::AtomicBool,
 }
+
+/// How much longer than the call's own limit a caller waits for another process of its group to
+/// answer (the hops through the leader).
+const RELAY_MARGIN: Duration = Duration::from_secs(2);
 
 /// How long a call over the broker waits for the declarations of a component nobody declared yet.
 pub const LOOKUP: Duration = Duration::from_secs(30);
@@ -77,7 +88,15 @@ impl Calls {
             activity,
             inflight: Inflight::new(context.limits.inflight),
             retrying: Arc::default(),
+            group: None,
+            draining: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Calls go through the local `group`: to a replica of the callee in any of its processes.
+    pub fn in_group(mut self, group: Option<Arc<Group>>) -> Self {
+        self.group = group;
+        self
     }
 
     /// Refuses the calls that the transitions `retrying` knows make to an operation declaring
@@ -101,6 +120,11 @@ impl Calls {
     /// Stops taking calls over the broker (see [`crate::calls::broker::Broker::drain`]) and waits
     /// for the calls running here, up to `budget`: how many still run.
     pub async fn drain(&self, budget: Duration) -> u64 {
+        if let Some(group) = &self.group {
+            self.draining
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            group.withdraw_offer();
+        }
         match &self.broker {
             Some(broker) => broker.drain(&self.activity, budget).await,
             None => self.activity.settled(budget).await,
@@ -151,6 +175,9 @@ impl Calls {
                 task,
                 stateful,
             };
+            if let Some(group) = &self.group {
+                return self.through(group, call, in_flight, timeout).await;
+            }
             return self.in_process(call, in_flight).await;
         };
         let call = crate::calls::broker::Call {
@@ -256,6 +283,85 @@ impl Calls {
                 .await
                 .ok_or_else(unknown),
             None => Err(unknown()),
+        }
+    }
+
+    /// A call through the local group: the leader picks the process (the one named, else the
+    /// next in turn serving the component), this one included.
+    async fn through(
+        &self,
+        group: &Group,
+        call: Local<'_>,
+        in_flight: crate::calls::activity::InFlight,
+        timeout: Option<Duration>,
+    ) -> Result<Outcome, CallError> {
+        let named = call.request.instance.clone().filter(|_| call.stateful);
+        if named.as_deref() == Some(self.instance.as_str()) {
+            return self.in_process(call, in_flight).await;
+        }
+        let here = self.callees.contains_key(call.component);
+        let wire =
+            json!({"operation": call.operation, "request": &call.request, "task": call.task});
+        let wait = timeout.unwrap_or(self.operation_limit) + RELAY_MARGIN;
+        let answer = match hand(group, call.component, named.as_deref(), &wire, wait).await {
+            Ok(answer) => answer,
+            // The leader is changing (or slow): a component of this process runs here.
+            Err(_) if named.is_none() && here => return self.in_process(call, in_flight).await,
+            Err(GroupError::Unavailable) if named.is_some() => {
+                return Err(CallError::Abandoned {
+                    component: call.component.to_owned(),
+                    timeout_ms: wait.as_millis() as u64,
+                })
+            }
+            Err(error) => return Err(CallError::Unavailable(error.to_string())),
+        };
+        match serde_json::from_value::<CallAnswer>(answer.clone()) {
+            Ok(CallAnswer::Here) => self.in_process(call, in_flight).await,
+            // This process's own offer may not have reached the leader yet.
+            Ok(CallAnswer::Nobody) if named.is_none() && here => {
+                self.in_process(call, in_flight).await
+            }
+            Ok(CallAnswer::Nobody) => Err(match named {
+                Some(instance) => CallError::Addressee {
+                    component: call.component.to_owned(),
+                    instance,
+                },
+                None => CallError::UnknownComponent(call.component.to_owned()),
+            }),
+            Ok(CallAnswer::Gone) => Err(CallError::Failed(format!(
+                "{}.{}: the process that took the call stopped before it answered",
+                call.component, call.operation
+            ))),
+            Err(_) => relayed(&answer),
+        }
+    }
+
+    /// Runs a call another process of the group handed here: its answer, to hand back. A
+    /// process that began draining takes none: `Gone`, and the caller hands it to another.
+    pub async fn run_handed(&self, component: String, call: Value) -> Value {
+        if self.draining.load(std::sync::atomic::Ordering::Relaxed) {
+            return json!(CallAnswer::Gone);
+        }
+        let outcome = async {
+            let (operation, request, task) = handed(call)?;
+            let callee = self
+                .callees
+                .get(&component)
+                .ok_or_else(|| CallError::UnknownComponent(component.clone()))?;
+            let stateful = check_contract(&callee.component, &operation, &request, task)?;
+            let in_flight = self.activity.begin();
+            let call = Local {
+                component: &component,
+                operation: &operation,
+                request,
+                task,
+                stateful,
+            };
+            self.in_process(call, in_flight).await
+        };
+        match outcome.await {
+            Ok(outcome) => json!({ "outcome": outcome.to_json() }),
+            Err(error) => json!({ "error": error }),
         }
     }
 
@@ -396,6 +502,63 @@ fn run_here(
         .await;
         answer_of(once, &operation, stateful, left)
     }
+}
+
+/// How many times an ordinary call is handed out again when the process that took it stopped
+/// (or was draining) before it answered: at least once, as over a broker.
+const HAND_OUTS: usize = 3;
+
+/// Hands a call to the group's leader; again, to another process, when the one that took an
+/// ordinary call stopped before it answered.
+async fn hand(
+    group: &Group,
+    component: &str,
+    named: Option<&str>,
+    wire: &Value,
+    wait: Duration,
+) -> Result<Value, GroupError> {
+    let mut handed = 1;
+    loop {
+        let answer = group.call(component, named, wire.clone(), wait).await?;
+        let gone = answer == json!(CallAnswer::Gone);
+        if !gone || named.is_some() || handed == HAND_OUTS {
+            return Ok(answer);
+        }
+        handed += 1;
+    }
+}
+
+/// A handed call's parts: the operation, the request, whether it is a task.
+fn handed(call: Value) -> Result<(String, Request, bool), CallError> {
+    #[derive(serde::Deserialize)]
+    struct Handed {
+        operation: String,
+        request: Request,
+        task: bool,
+    }
+    let handed: Handed = serde_json::from_value(call).map_err(|e| {
+        CallError::Failed(format!(
+            "a call handed by the group that this process cannot read: {e}"
+        ))
+    })?;
+    Ok((handed.operation, handed.request, handed.task))
+}
+
+/// The answer another process of the group gave.
+fn relayed(answer: &Value) -> Result<Outcome, CallError> {
+    if let Some(error) = answer.get("error") {
+        return Err(serde_json::from_value(error.clone()).unwrap_or_else(|_| {
+            CallError::Failed(format!(
+                "another process of the group failed the call: {error}"
+            ))
+        }));
+    }
+    let outcome = answer.get("outcome").unwrap_or(&Value::Null);
+    Outcome::from_json(outcome).map_err(|e| {
+        CallError::Failed(format!(
+            "another process of the group answered what is not an outcome ({e})"
+        ))
+    })
 }
 
 /// What the caller of an in-process run gets (`left`: the time it had).

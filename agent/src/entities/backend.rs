@@ -1,10 +1,13 @@
-//! Where a component's objects are kept: in the agent's process (a local run without `storage`)
-//! or in PostgreSQL (the context's `storage`), behind the one [`Store`] contract.
+//! Where a component's objects are kept: in the agent's process (a local run without `storage`),
+//! by the leader of its local group (the same, shared by the group's processes), or in PostgreSQL (the context's `storage`), behind the one [`Store`] contract.
 
+use super::grouped::Grouped;
 use super::memory::Memory;
 use super::postgres::{Address, Postgres};
 use super::store::{Committed, Event, Found, Record, Recorded, State, Store, StoreError, Write};
+use crate::coordination::group::Group;
 use serde_json::Value;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The context's store: its address and credentials, and the application's (shared) name, whose
@@ -47,6 +50,8 @@ const CONNECTIONS: usize = 8;
 
 pub enum Backend {
     Memory(Memory),
+    /// The embedded store of a local group, kept by its leader.
+    Grouped(Grouped),
     /// Boxed: it holds its pool and statements, ten times the in-process store's handle.
     Postgres(Box<Postgres>),
 }
@@ -73,10 +78,18 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// The embedded store of `component`'s objects in a local group: its leader keeps them.
+    pub fn in_group(group: Arc<Group>, component: &str, retention: impl Into<Retention>) -> Self {
+        Self::Grouped(Grouped::new(group, component, retention.into().once))
+    }
+}
+
 impl Store for Backend {
     async fn read(&self, id: &str) -> Result<Found, StoreError> {
         match self {
             Self::Memory(store) => store.read(id).await,
+            Self::Grouped(store) => store.read(id).await,
             Self::Postgres(store) => store.read(id).await,
         }
     }
@@ -91,6 +104,7 @@ impl Store for Backend {
     ) -> Result<Committed, StoreError> {
         match self {
             Self::Memory(store) => store.commit(id, read, write, record, events).await,
+            Self::Grouped(store) => store.commit(id, read, write, record, events).await,
             Self::Postgres(store) => store.commit(id, read, write, record, events).await,
         }
     }
@@ -98,6 +112,7 @@ impl Store for Backend {
     async fn claim(&self, lease: Duration, limit: usize) -> Result<Vec<Event>, StoreError> {
         match self {
             Self::Memory(store) => store.claim(lease, limit).await,
+            Self::Grouped(store) => store.claim(lease, limit).await,
             Self::Postgres(store) => store.claim(lease, limit).await,
         }
     }
@@ -105,6 +120,7 @@ impl Store for Backend {
     async fn published(&self, events: &[Event]) -> Result<(), StoreError> {
         match self {
             Self::Memory(store) => store.published(events).await,
+            Self::Grouped(store) => store.published(events).await,
             Self::Postgres(store) => store.published(events).await,
         }
     }
@@ -112,6 +128,7 @@ impl Store for Backend {
     async fn waiting(&self) -> Result<Option<Duration>, StoreError> {
         match self {
             Self::Memory(store) => store.waiting().await,
+            Self::Grouped(store) => store.waiting().await,
             Self::Postgres(store) => store.waiting().await,
         }
     }
@@ -119,6 +136,7 @@ impl Store for Backend {
     async fn recorded(&self, record: &Record) -> Result<Option<Recorded>, StoreError> {
         match self {
             Self::Memory(store) => store.recorded(record).await,
+            Self::Grouped(store) => store.recorded(record).await,
             Self::Postgres(store) => store.recorded(record).await,
         }
     }
@@ -130,6 +148,7 @@ impl Store for Backend {
     ) -> Result<Option<Recorded>, StoreError> {
         match self {
             Self::Memory(store) => store.record(record, outcome).await,
+            Self::Grouped(store) => store.record(record, outcome).await,
             Self::Postgres(store) => store.record(record, outcome).await,
         }
     }
@@ -141,6 +160,7 @@ impl Store for Backend {
     ) -> Result<Vec<(String, State, u64)>, StoreError> {
         match self {
             Self::Memory(store) => store.enumerate(after, limit).await,
+            Self::Grouped(store) => store.enumerate(after, limit).await,
             Self::Postgres(store) => store.enumerate(after, limit).await,
         }
     }

@@ -4,6 +4,7 @@
 //! - [`store`]: what a store of objects is: a read, and a write that is one compare-and-set on the
 //!   version read;
 //! - [`memory`]: the embedded store of a local run without `storage`, with PostgreSQL's semantics;
+//!   [`grouped`]: the same kept by a local group's leader, for all its processes;
 //! - [`postgres`]: the store replicas share, the context's `storage`; [`backend`]: which one;
 //! - [`transition`]: read, let the program decide, store what it leaves; `concurrency: retry`
 //!   runs again on a lost write, `none` answers `CONFLICT`.
@@ -23,6 +24,7 @@
 
 pub(crate) mod backend;
 pub(crate) mod conditions;
+pub(crate) mod grouped;
 pub(crate) mod memory;
 pub(crate) mod objects;
 pub(crate) mod outbox;

@@ -42,6 +42,9 @@ pub enum Sink {
     Broker(Arc<dyn Publish>),
     /// This process's bus (no broker): its receivers take them.
     Local(tokio::sync::broadcast::Sender<Event>),
+    /// The local group (no broker): its leader hands each to one process per receiving
+    /// component.
+    Group(Arc<crate::coordination::group::Group>),
 }
 
 impl Sink {
@@ -53,6 +56,11 @@ impl Sink {
             Self::Local(bus) => {
                 let _ = bus.send(event.clone());
                 Ok(())
+            }
+            Self::Group(group) => {
+                let payload = serde_json::to_value(event).expect("JSON");
+                let published = group.publish(&event.label, payload).await;
+                published.map_err(|e| e.to_string())
             }
         }
     }
@@ -133,11 +141,11 @@ impl Outbox {
     }
 
     /// Whether this process's relay may claim events: not while it holds them (the test's
-    /// hook), and not from a shared store into this process's bus, which no other process
-    /// hears (a local run with `storage` and no broker would take events from processes on a
+    /// hook), and not from a shared store into this process's bus (or its local group), which
+    /// no other process hears (a local run with `storage` and no broker would take events from processes on a
     /// broker).
     fn relays(&self) -> bool {
-        let local = matches!(self.sink.get(), Some((Sink::Local(_), _)));
+        let local = matches!(self.sink.get(), Some((Sink::Local(_) | Sink::Group(_), _)));
         let shared = matches!(*self.store, Backend::Postgres(_));
         !(self.hold || local && shared)
     }

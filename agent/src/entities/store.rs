@@ -12,7 +12,7 @@ pub type State = Map<String, Value>;
 pub const LEASE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What is stored under an id.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Found {
     /// Never written: version 0.
     Missing,
@@ -37,14 +37,14 @@ impl Found {
 }
 
 /// What a commit writes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Write {
     Put(State),
     Delete,
 }
 
 /// A commit's outcome.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Committed {
     /// Written at this version (the one read, plus one).
     Stored { version: u64 },
@@ -59,7 +59,7 @@ pub enum Committed {
 /// the same on every delivery), or a caller's `key` on an operation that writes. It is written
 /// in the same transaction as the call's write, so that a repeat finds it exactly when the
 /// write was stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
     pub operation: String,
     /// `call:<id>` or `key:<key>`: a caller's key never meets a call's id.
@@ -114,7 +114,7 @@ impl Record {
 
 /// What a record keeps: the hash of the input it was made with, and the call's outcome as the
 /// caller got it (`{"reply": …}` or `{"error": …}`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Recorded {
     pub hash: String,
     pub outcome: Value,
@@ -122,7 +122,7 @@ pub struct Recorded {
 
 /// An event a stored write publishes (DESIGN 18): its row is written to the outbox in the
 /// write's transaction, so that it exists exactly when the write was stored.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Event {
     /// `namespace.name.event`: the routing key on the broker.
     pub label: String,

@@ -1073,11 +1073,13 @@ async fn a_failover_is_unavailable_meanwhile_and_applies_nothing_twice_or_loses_
     assert_eq!(store.read("p1").await.unwrap(), expected);
 }
 
-/// Which store a case of the conformance suite runs on: each runs on both.
+/// Which store a case of the conformance suite runs on: each runs on every one.
 #[derive(Clone, Copy)]
 enum On {
     Memory,
     Postgres,
+    /// The embedded store kept by a local group's leader, reached over its loopback connection.
+    Grouped,
 }
 
 impl On {
@@ -1091,6 +1093,19 @@ impl On {
     async fn keeping(self, retention: Duration) -> Backend {
         match self {
             Self::Memory => Backend::Memory(Memory::new(retention)),
+            Self::Grouped => {
+                use crate::coordination::group::{Group, Place};
+                let name = crate::component::client::new_id();
+                let dir =
+                    std::env::temp_dir().join(format!("toa-conformance-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).expect("a scratch directory");
+                let place = Place::in_dir(&dir.join(&name), name).expect("a group's place");
+                let store = Some(crate::entities::grouped::service());
+                let group = Group::join(place, "conformance", store)
+                    .await
+                    .expect("a group of one");
+                Backend::in_group(std::sync::Arc::new(group), "shop.stock", retention)
+            }
             Self::Postgres => {
                 let application = format!("conformance-{}", crate::component::client::new_id());
                 let storage = Storage {
@@ -1188,6 +1203,14 @@ macro_rules! on_both {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::On::Postgres).await
+                }
+            )*
+        }
+        mod grouped {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::On::Grouped).await
                 }
             )*
         }

@@ -75,6 +75,9 @@ impl Composition {
             .args(["--listen", &format!("127.0.0.1:{port}")]);
         command
             .env("RUST_LOG", "info")
+            // Each test's composition alone, whatever runs beside it; the group's tests say
+            // TOA_ALONE=false.
+            .env("TOA_ALONE", "true")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
         for (key, value) in env {
@@ -187,6 +190,7 @@ pub fn compose_once(components: &[&str], env: &[(&str, &str)]) -> Output {
         .arg("compose")
         .args(components)
         .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .env("TOA_ALONE", "true")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (key, value) in env {

@@ -17,6 +17,10 @@ sys.path.insert(0, str(HERE.parent))
 
 from toa.cli import NoAgent, locate_agent  # noqa: E402
 
+# Each test's composition alone (a local run otherwise joins the other processes of its
+# application on this machine: agent/src/coordination/group).
+os.environ.setdefault("TOA_ALONE", "true")
+
 
 def project():
     """A project of one component (shop.catalog) and its context file, in a directory of its own."""

@@ -27,6 +27,9 @@ from toa import CallError, Error  # noqa: E402
 from toa.runtime import Component  # noqa: E402
 from toa.stage import compose  # noqa: E402
 
+# Each test's composition alone (a local run otherwise joins the other processes of its
+# application on this machine: agent/src/coordination/group).
+os.environ.setdefault("TOA_ALONE", "true")
 
 def agent_binary():
     if os.environ.get("TOA_AGENT_BIN"):

@@ -58,6 +58,46 @@ describe('toa, the seeds\' commands', () => {
     }
   })
 
+  test("seed 000's Try it, the second terminal: the slots divide between the two", () => {
+    const dir = scratch()
+    const [second, group] = [join(dir, 'second.log'), join(dir, 'second.pgid')]
+    const env = { TOA_ALONE: 'false', TOA_RUNTIME_DIR: dir }
+    // The first terminal's application, then the second terminal's line as the seed writes it:
+    // a job of its own process group, as a terminal's is (its Ctrl-C reaches npx, toa and the
+    // agent together); its log aside.
+    const started = shell([
+      'npm run restart',
+      `setsid npx toa compose ./components/* > "${second}" 2>&1 &`,
+      `echo $! > "${group}"`,
+      `for i in $(seq 600); do grep -q "Composition complete" "${second}" && break; sleep 0.1; done`
+    ].join('\n'), env)
+    try {
+      const log = readFileSync(second, 'utf8')
+      assert.match(log, /local group: joined the application's first process/, `${log}\n${started.err}`)
+      // `share` answers the slots of the replica that took the call; the group hands calls to
+      // either process in turn. Asked until both halves were seen (at most 40 times).
+      const halves = new Set()
+      for (let asked = 0; asked < 40 && halves.size < 2; asked++) {
+        const { out } = shell('npx toa call notifications.share', env)
+        const share = JSON.parse(out).reply
+        if (Array.isArray(share) && share.length === 8) halves.add(JSON.stringify(share))
+        spawnSync('sleep', ['0.25'])
+      }
+      const split = [...halves].map((half) => JSON.parse(half))
+      assert.equal(split.length, 2, `two halves of 16: ${[...halves].join(' ')}`)
+      assert.deepEqual([...split[0], ...split[1]].sort((a, b) => a - b), Array.from({ length: 16 }, (_, i) => i))
+    } finally {
+      // Its Ctrl-C, as SIGTERM (a script's background job ignores SIGINT; both drain); then npm stop.
+      const stopped = shell([
+        `kill -TERM -- -$(cat "${group}")`,
+        `for i in $(seq 300); do grep -q "stopped" "${second}" && break; sleep 0.1; done`,
+        'npm stop'
+      ].join('\n'), env)
+      assert.match(readFileSync(second, 'utf8'), /INFO .*stopped/, `the second drained\n${stopped.err}`)
+      leftover()
+    }
+  })
+
   test("seed 001's Try it: the connection opens before Composition complete; npm stop runs dispose and exits", () => {
     const record = join(scratch(), 'mailer')
     const script = [

@@ -20,6 +20,10 @@ export const FIXTURES = join(HERE, 'components')
 export const AGENT = process.env.TOA_AGENT_BIN ??
   join(process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target'), 'debug', 'toa-agent')
 
+// Each test's application alone, whatever runs beside it (a local run otherwise joins the other
+// processes of its application on this machine); the tests of that group say TOA_ALONE=false.
+process.env.TOA_ALONE ??= 'true'
+
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
 export function scratch (prefix = 'toa-ts-') {

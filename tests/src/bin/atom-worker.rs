@@ -30,6 +30,7 @@ fn start(component: &str) -> Arc<Atom> {
         credentials: Credentials::default(),
         roots: Default::default(),
         instance: format!("worker-{}", std::process::id()),
+        group: None,
     };
     Arc::new(Atom::start(config, Metrics::new()).expect("atom starts"))
 }

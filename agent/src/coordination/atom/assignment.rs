@@ -42,17 +42,7 @@ impl Assignment {
     }
 }
 
-/// A heartbeat's reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct View {
-    pub epoch: u64,
-    /// Server time (ms) the view last changed.
-    pub changed: u64,
-    /// Server time (ms) of this heartbeat.
-    pub now: u64,
-    /// The live members, sorted.
-    pub members: Vec<String>,
-}
+pub use crate::coordination::membership::View;
 
 #[derive(Debug, Clone)]
 struct Adopted {

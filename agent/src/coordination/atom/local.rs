@@ -1,9 +1,11 @@
-//! The embedded, in-process backend of a local run without `atomicity`: locks never wait on
-//! another process, meters count in this process, and one replica owns every slot.
+//! The embedded, in-process backend of a local run without `atomicity` started `--alone`: locks
+//! never wait on another process, meters count in this process, and one replica owns every slot.
+//! (Without `--alone` the processes of one application form a group: [`crate::coordination::group`].)
 
 use super::lock::{Held, Release, Signal};
+use crate::coordination::debts::Debts;
 use crate::metrics::ComponentMetrics;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -81,37 +83,23 @@ impl Release for LocalRelease {
     }
 }
 
-/// In-process meters: debt per key with the time it was last computed.
+/// In-process meters.
 pub struct LocalMeter {
-    debts: Mutex<HashMap<String, (u64, Instant)>>,
+    debts: Mutex<Debts>,
     metrics: ComponentMetrics,
 }
 
 impl LocalMeter {
     pub fn new(metrics: ComponentMetrics) -> Self {
         Self {
-            debts: Mutex::new(HashMap::new()),
+            debts: Mutex::default(),
             metrics,
         }
     }
 
     pub fn charge(&self, keys: &[String], deltas: &[u64]) -> Vec<u64> {
         self.metrics.meter_called();
-        let now = Instant::now();
-        let mut debts = self.debts.lock().expect("local meter");
-        debts.retain(|_, (debt, at)| (now - *at).as_millis() < u128::from(*debt));
-        keys.iter()
-            .zip(deltas)
-            .map(|(key, delta)| {
-                let (debt, at) = debts.get(key).copied().unwrap_or((0, now));
-                let drained = (now - at).as_millis().min(u128::from(debt)) as u64;
-                let reached = debt - drained + delta;
-                if reached > 0 {
-                    debts.insert(key.clone(), (reached, now));
-                }
-                reached
-            })
-            .collect()
+        self.debts.lock().expect("local meter").charge(keys, deltas)
     }
 }
 

@@ -143,6 +143,11 @@ impl Signal {
         }
     }
 
+    /// A holding whose loss `lost` tells (a local group's lock).
+    pub(crate) fn lost_with(token: u64, lost: CancellationToken) -> Self {
+        Self { lost, token }
+    }
+
     /// True once the lock was lost: do not start a step that must not overlap.
     pub fn aborted(&self) -> bool {
         self.lost.is_cancelled()

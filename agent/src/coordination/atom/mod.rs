@@ -4,7 +4,10 @@
 //! [`Atom`] is the façade a component (or the HTTP API) uses. Behind it stands one of three
 //! backends, chosen once at start:
 //! - Redis ([`lock`], [`slots`], [`meter`]), when the context has `atomicity`;
-//! - in-process ([`local`]), for a local run without `atomicity` (one replica owns everything);
+//! - a local group's leader ([`crate::coordination::group`]), for a local run without
+//!   `atomicity`: the processes of one application on one machine coordinate through it;
+//! - in-process ([`local`]), for a local run without `atomicity` started `--alone` (one replica
+//!   owns everything);
 //! - none, in a pod without `atomicity`: `slots` answers none, `lock` and `meter` fail with
 //!   [`AtomError::RequiresAtomicity`].
 //!
@@ -22,7 +25,9 @@ pub(crate) mod slots;
 pub mod stash;
 mod waiters;
 
+use crate::coordination::group::Group;
 use crate::coordination::redis::{ServerError, Servers};
+use crate::metrics::ComponentMetrics;
 use crate::metrics::Metrics;
 pub use assignment::Assignment;
 pub use keys::{IntoKeys, Scope};
@@ -46,6 +51,8 @@ pub enum AtomError {
     InvalidMeter(String),
     #[error("stash: {0}")]
     InvalidStash(String),
+    #[error(transparent)]
+    Group(#[from] crate::coordination::group::GroupError),
     #[error("Redis is unavailable: {0}")]
     Unavailable(#[from] ServerError),
     #[error("Redis answered something unexpected: {0}")]
@@ -73,6 +80,8 @@ pub struct AtomConfig {
     /// The process's name, shown in logs; membership uses it plus a random suffix, so two
     /// processes given one name never share slots.
     pub instance: String,
+    /// A local run's group, unless it runs alone (`--alone`).
+    pub group: Option<Arc<Group>>,
 }
 
 /// The coordination primitives of one component in one process.
@@ -89,6 +98,12 @@ enum Backend {
         slots: slots::Slots,
         meter: meter::Meter,
     },
+    Group {
+        group: Arc<Group>,
+        prefix: String,
+        slots: slots::Slots,
+        metrics: ComponentMetrics,
+    },
     Local {
         locks: local::LocalLocks,
         meter: local::LocalMeter,
@@ -97,6 +112,49 @@ enum Backend {
     Disabled {
         slots: slots::Fixed,
     },
+}
+
+impl Backend {
+    /// Coordination through Redis: heartbeats and release subscriptions start now.
+    fn redis(
+        servers: Arc<Servers>,
+        atomicity: &Atomicity,
+        config: &AtomConfig,
+        metrics: ComponentMetrics,
+    ) -> Self {
+        let scope = &config.scope;
+        let locks = Arc::new(lock::Locks::new(
+            servers.clone(),
+            scope,
+            atomicity.ttl,
+            metrics.clone(),
+        ));
+        let slots = slots::Slots::start(
+            servers.clone(),
+            scope,
+            &config.instance,
+            atomicity.interval,
+            metrics.clone(),
+        );
+        let meter = meter::Meter::new(servers, scope, metrics);
+        Self::Redis {
+            locks,
+            slots,
+            meter,
+        }
+    }
+
+    /// Coordination through the local group's leader.
+    fn in_group(group: Arc<Group>, config: &AtomConfig, metrics: ComponentMetrics) -> Self {
+        let scope = &config.scope;
+        let slots = slots::Slots::in_group(group.clone(), scope, &config.instance, metrics.clone());
+        Self::Group {
+            group,
+            prefix: scope.prefix(),
+            slots,
+            metrics,
+        }
+    }
 }
 
 impl Atom {
@@ -116,28 +174,16 @@ impl Atom {
                     timeout,
                     atomicity.ttl,
                 )?);
-                let locks = Arc::new(lock::Locks::new(
-                    servers.clone(),
-                    &config.scope,
-                    atomicity.ttl,
-                    labels.clone(),
-                ));
-                let slots = slots::Slots::start(
-                    servers.clone(),
-                    &config.scope,
-                    &config.instance,
-                    atomicity.interval,
-                    labels.clone(),
-                );
                 repeats = repeats::Repeats::redis(servers.clone(), &config.scope);
                 redeliveries = redeliveries::Redeliveries::redis(servers.clone(), &config.scope);
                 stash = stash::Stash::redis(servers.clone(), &config.scope);
-                let meter = meter::Meter::new(servers, &config.scope, labels);
-                Backend::Redis {
-                    locks,
-                    slots,
-                    meter,
-                }
+                Backend::redis(servers, atomicity, &config, labels)
+            }
+            (None, Mode::Local) if config.group.is_some() => {
+                let group = config.group.clone().expect("a group");
+                repeats = repeats::Repeats::group(group.clone(), &config.scope);
+                stash = stash::Stash::group(group.clone(), &config.scope);
+                Backend::in_group(group, &config, labels)
             }
             (None, Mode::Local) => {
                 repeats = repeats::Repeats::local();
@@ -215,6 +261,27 @@ impl Atom {
         let keys = keys::validate(keys.into_keys())?;
         match &self.backend {
             Backend::Redis { locks, .. } => Ok(lock::Locks::acquire(locks, keys).await),
+            Backend::Group {
+                group,
+                prefix,
+                metrics,
+                ..
+            } => {
+                let started = tokio::time::Instant::now();
+                let keys = keys
+                    .iter()
+                    .map(|key| format!("{prefix}lock:{key}"))
+                    .collect();
+                let (id, token, lost) = group.acquire(keys).await;
+                let signal = Signal::lost_with(token, lost);
+                metrics.lock_waited(started.elapsed());
+                metrics.lock_held(1);
+                let release = GroupRelease {
+                    releaser: Some(group.releaser(id)),
+                    metrics: metrics.clone(),
+                };
+                Ok(Held::new(signal, Box::new(release)))
+            }
             Backend::Local { locks, .. } => Ok(locks.acquire(keys).await),
             Backend::Disabled { .. } => Err(AtomError::RequiresAtomicity("lock")),
         }
@@ -228,7 +295,7 @@ impl Atom {
     /// This replica's share, `{i, n}`, or `None` while it owns nothing.
     pub fn assignment(&self) -> Option<Assignment> {
         match &self.backend {
-            Backend::Redis { slots, .. } => slots.current(),
+            Backend::Redis { slots, .. } | Backend::Group { slots, .. } => slots.current(),
             Backend::Local { slots, .. } | Backend::Disabled { slots } => slots.current(),
         }
     }
@@ -241,7 +308,9 @@ impl Atom {
         F: Fn(Option<Assignment>) + Send + Sync + 'static,
     {
         match &self.backend {
-            Backend::Redis { slots, .. } => slots.listen(Box::new(listener)),
+            Backend::Redis { slots, .. } | Backend::Group { slots, .. } => {
+                slots.listen(Box::new(listener))
+            }
             Backend::Local { slots, .. } | Backend::Disabled { slots } => {
                 slots.listen(Box::new(listener))
             }
@@ -271,6 +340,19 @@ impl Atom {
         }
         match &self.backend {
             Backend::Redis { meter, .. } => meter.charge(&keys, deltas).await,
+            Backend::Group {
+                group,
+                prefix,
+                metrics,
+                ..
+            } => {
+                metrics.meter_called();
+                let keys = keys
+                    .iter()
+                    .map(|key| format!("{prefix}meter:{key}"))
+                    .collect();
+                Ok(group.meter(keys, deltas.to_vec()).await?)
+            }
             Backend::Local { meter, .. } => Ok(meter.charge(&keys, deltas)),
             Backend::Disabled { .. } => Err(AtomError::RequiresAtomicity("meter")),
         }
@@ -288,7 +370,7 @@ impl Atom {
     /// listener, this replica owns nothing from now on.
     pub fn listener_failed(&self) {
         match &self.backend {
-            Backend::Redis { slots, .. } => slots.fail(),
+            Backend::Redis { slots, .. } | Backend::Group { slots, .. } => slots.fail(),
             Backend::Local { slots, .. } | Backend::Disabled { slots } => slots.fail(),
         }
     }
@@ -296,9 +378,25 @@ impl Atom {
     /// Leaves the membership at once (so the others take this replica's slots without waiting for
     /// its heartbeat to expire) and stops the background tasks.
     pub async fn shutdown(&self) {
-        if let Backend::Redis { slots, .. } = &self.backend {
+        if let Backend::Redis { slots, .. } | Backend::Group { slots, .. } = &self.backend {
             slots.withdraw().await;
         }
+    }
+}
+
+/// Releases a lock held through the local group.
+struct GroupRelease {
+    releaser: Option<crate::coordination::group::Releaser>,
+    metrics: ComponentMetrics,
+}
+
+impl lock::Release for GroupRelease {
+    fn release(mut self: Box<Self>) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+        if let Some(releaser) = self.releaser.take() {
+            releaser.release();
+            self.metrics.lock_held(-1);
+        }
+        Box::pin(async {})
     }
 }
 

@@ -11,15 +11,15 @@
 
 use super::keys::Scope;
 use super::AtomError;
+use crate::coordination::expiring::Expiring;
+use crate::coordination::group::Group;
 use crate::coordination::redis::Servers;
 use redis::Script;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// The largest outcome kept for repeats, in bytes of JSON.
 pub const MAX_STORED: usize = 64 * 1024;
@@ -71,7 +71,12 @@ pub enum Repeats {
         servers: Arc<Servers>,
         prefix: String,
     },
-    Local(Mutex<HashMap<String, (String, Instant)>>),
+    Local(Mutex<Expiring>),
+    /// Kept by the first process of a local group.
+    Group {
+        group: Arc<Group>,
+        prefix: String,
+    },
     /// A pod without atomicity: replicas cannot see each other's records.
     Disabled,
 }
@@ -143,11 +148,18 @@ impl Repeats {
         Self::Local(Mutex::default())
     }
 
+    pub fn group(group: Arc<Group>, scope: &Scope) -> Self {
+        let prefix = format!("{}repeat:", scope.prefix());
+        Self::Group { group, prefix }
+    }
+
     /// The record's key: the operation and a hash of the caller's key (any text, bounded).
     fn key(&self, operation: &str, key: &str) -> String {
         let hashed = hex(&Sha256::digest(key.as_bytes()));
         match self {
-            Self::Redis { prefix, .. } => format!("{prefix}{operation}:{hashed}"),
+            Self::Redis { prefix, .. } | Self::Group { prefix, .. } => {
+                format!("{prefix}{operation}:{hashed}")
+            }
             _ => format!("{operation}:{hashed}"),
         }
     }
@@ -173,16 +185,16 @@ impl Repeats {
                 Ok(found.map_or(Claim::Run, |found| read(&found, hash)))
             }
             Self::Local(records) => {
-                let mut records = records.lock().expect("records");
-                let now = Instant::now();
-                records.retain(|_, (_, until)| *until > now);
-                match records.get(&record) {
-                    Some((found, _)) => Ok(read(found, hash)),
-                    None => {
-                        records.insert(record, (running(hash), now + limit));
-                        Ok(Claim::Run)
-                    }
-                }
+                let found = records
+                    .lock()
+                    .expect("records")
+                    .claim(&record, running(hash), limit);
+                Ok(found.map_or(Claim::Run, |found| read(&found, hash)))
+            }
+            Self::Group { group, .. } => {
+                let ttl_ms = limit.as_millis().max(1) as u64;
+                let found = group.claim(record, running(hash), ttl_ms).await?;
+                Ok(found.map_or(Claim::Run, |found| read(&found, hash)))
             }
             Self::Disabled => Err(AtomError::RequiresAtomicity("a call with a key")),
         }
@@ -213,11 +225,10 @@ impl Repeats {
                     .arg(window.as_millis().max(1) as u64);
                 servers.first().query::<()>(&cmd).await?;
             }
-            Self::Local(records) => {
-                records
-                    .lock()
-                    .expect("records")
-                    .insert(record, (value, Instant::now() + window));
+            Self::Local(records) => records.lock().expect("records").set(&record, value, window),
+            Self::Group { group, .. } => {
+                let ttl_ms = window.as_millis().max(1) as u64;
+                group.set(record, value, ttl_ms).await?;
             }
             Self::Disabled => {}
         }
@@ -236,6 +247,9 @@ impl Repeats {
             }
             Self::Local(records) => {
                 records.lock().expect("records").remove(&record);
+            }
+            Self::Group { group, .. } => {
+                group.delete(record).await?;
             }
             Self::Disabled => {}
         }

@@ -1,4 +1,4 @@
-//! Slots: heartbeats to the first Redis server, the membership they keep, and the listeners of
+//! Slots: heartbeats to the first Redis server (or a local group's leader), the membership they keep, and the listeners of
 //! `onassigned`. The decisions are in [`super::assignment`]; this module does the I/O.
 //!
 //! Redis keys (prefix `toa:{app}:{component}:slots:`): `members`, a sorted set of member → expiry
@@ -8,6 +8,7 @@
 
 use super::assignment::{Assignment, Assignor, View};
 use super::keys::Scope;
+use crate::coordination::group::{Group, GroupError};
 use crate::coordination::redis::{ServerError, Servers};
 use crate::metrics::ComponentMetrics;
 use rand::Rng;
@@ -192,9 +193,19 @@ pub struct Slots {
     task: JoinHandle<()>,
 }
 
+/// Where heartbeats go.
+enum Beat {
+    /// The first Redis server, keys: members, view, epoch, changed.
+    Redis {
+        servers: Arc<Servers>,
+        keys: [String; 4],
+    },
+    /// The leader of the local group, which runs the same script in its process.
+    Group { group: Arc<Group>, prefix: String },
+}
+
 struct Shared {
-    servers: Arc<Servers>,
-    keys: [String; 4],
+    beat: Beat,
     member: String,
     interval: Duration,
     assignor: Mutex<Assignor>,
@@ -213,10 +224,31 @@ impl Slots {
         metrics: ComponentMetrics,
     ) -> Self {
         let prefix = format!("{}slots:", scope.prefix());
+        let keys = ["members", "view", "epoch", "changed"].map(|k| format!("{prefix}{k}"));
+        Self::beating(Beat::Redis { servers, keys }, instance, interval, metrics)
+    }
+
+    /// Slots whose membership the local group's leader keeps.
+    pub fn in_group(
+        group: Arc<Group>,
+        scope: &Scope,
+        instance: &str,
+        metrics: ComponentMetrics,
+    ) -> Self {
+        let prefix = format!("{}slots:", scope.prefix());
+        let beat = Beat::Group { group, prefix };
+        Self::beating(
+            beat,
+            instance,
+            crate::coordination::group::INTERVAL,
+            metrics,
+        )
+    }
+
+    fn beating(beat: Beat, instance: &str, interval: Duration, metrics: ComponentMetrics) -> Self {
         let member = format!("{instance}#{:08x}", rand::rng().random::<u32>());
         let shared = Arc::new(Shared {
-            servers,
-            keys: ["members", "view", "epoch", "changed"].map(|k| format!("{prefix}{k}")),
+            beat,
             assignor: Mutex::new(Assignor::new(member.clone(), interval * 2)),
             member,
             interval,
@@ -325,23 +357,13 @@ impl Shared {
 
     async fn heartbeat(&self, withdraw: bool) -> bool {
         let sent = Instant::now();
-        let keys: Vec<&str> = self.keys.iter().map(String::as_str).collect();
-        let ttl = (self.interval * 2).as_millis().to_string();
         let reply = self
-            .servers
-            .first()
-            .invoke::<Vec<redis::Value>>(
-                &HEARTBEAT,
-                &keys,
-                &[&self.member, &ttl, if withdraw { "1" } else { "0" }],
-            )
+            .beat
+            .send(&self.member, self.interval * 2, withdraw)
             .await;
         let received = Instant::now();
         let mut assignor = self.assignor.lock().expect("assignor");
-        match reply
-            .map_err(HeartbeatError::from)
-            .and_then(|values| parse_view(&values))
-        {
+        match reply {
             Ok(view) => {
                 assignor.on_heartbeat(sent, received, &view);
                 true
@@ -355,11 +377,38 @@ impl Shared {
     }
 }
 
+impl Beat {
+    async fn send(
+        &self,
+        member: &str,
+        ttl: Duration,
+        withdraw: bool,
+    ) -> Result<View, HeartbeatError> {
+        match self {
+            Self::Redis { servers, keys } => {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let ttl = ttl.as_millis().to_string();
+                let withdraw = if withdraw { "1" } else { "0" };
+                let values = servers
+                    .first()
+                    .invoke::<Vec<redis::Value>>(&HEARTBEAT, &keys, &[member, &ttl, withdraw])
+                    .await?;
+                parse_view(&values)
+            }
+            Self::Group { group, prefix } => {
+                Ok(group.heartbeat(prefix, member, ttl, withdraw).await?)
+            }
+        }
+    }
+}
+
 /// Why a heartbeat told nothing (logged; the assignment lapses).
 #[derive(Debug, thiserror::Error)]
 enum HeartbeatError {
     #[error(transparent)]
     Server(#[from] ServerError),
+    #[error(transparent)]
+    Group(#[from] GroupError),
     #[error("short heartbeat reply")]
     Short,
     #[error(transparent)]

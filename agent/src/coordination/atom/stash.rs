@@ -3,16 +3,16 @@
 //! under the component's own keys, each with a time to live the caller must give (at most 30
 //! days): a cache of something fetched once for all replicas, a flag, a short-lived token. Kept
 //! on the first atomicity server (one `SET … PX`, no quorum: the stash is not a record); in a
-//! local run without atomicity, in the process; in a pod without atomicity, refused as `lock` is.
+//! local run without atomicity, in the process (or the first process of its local group); in a pod without atomicity, refused as `lock` is.
 
 use super::keys::Scope;
 use super::AtomError;
+use crate::coordination::expiring::Expiring;
+use crate::coordination::group::Group;
 use crate::coordination::redis::Servers;
 use serde_json::Value;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// The longest time to live a value is given: 30 days.
 pub const MAX_TTL_MS: u64 = 30 * 24 * 3600 * 1000;
@@ -24,8 +24,13 @@ pub enum Stash {
         servers: Arc<Servers>,
         prefix: String,
     },
-    /// Key → the value as JSON and when it expires; expired entries go on the next write.
-    Local(Mutex<HashMap<String, (String, Instant)>>),
+    /// Key → the value as JSON.
+    Local(Mutex<Expiring>),
+    /// Kept by the first process of a local group, under the component's keys.
+    Group {
+        group: Arc<Group>,
+        prefix: String,
+    },
     Disabled,
 }
 
@@ -39,6 +44,11 @@ impl Stash {
         Self::Local(Mutex::default())
     }
 
+    pub fn group(group: Arc<Group>, scope: &Scope) -> Self {
+        let prefix = format!("{}stash:", scope.prefix());
+        Self::Group { group, prefix }
+    }
+
     /// The value under `key`, or `None` (never set, expired or deleted).
     pub async fn get(&self, key: &str) -> Result<Option<Value>, AtomError> {
         let text = match self {
@@ -46,11 +56,8 @@ impl Stash {
                 let get = redis::cmd("GET").arg(format!("{prefix}{key}")).clone();
                 servers.first().query::<Option<String>>(&get).await?
             }
-            Self::Local(values) => {
-                let values = values.lock().expect("stash");
-                let live = values.get(key).filter(|(_, until)| *until > Instant::now());
-                live.map(|(text, _)| text.clone())
-            }
+            Self::Local(values) => values.lock().expect("stash").get(key).map(str::to_owned),
+            Self::Group { group, prefix } => group.get(format!("{prefix}{key}")).await?,
             Self::Disabled => return Err(AtomError::RequiresAtomicity("stash")),
         };
         text.map(|text| serde_json::from_str(&text))
@@ -82,11 +89,11 @@ impl Stash {
                 servers.first().query::<()>(&set).await?;
             }
             Self::Local(values) => {
-                let until = Instant::now() + Duration::from_millis(ttl_ms);
-                let mut values = values.lock().expect("stash");
-                let now = Instant::now();
-                values.retain(|_, (_, until)| *until > now);
-                values.insert(key.to_owned(), (text, until));
+                let ttl = Duration::from_millis(ttl_ms);
+                values.lock().expect("stash").set(key, text, ttl);
+            }
+            Self::Group { group, prefix } => {
+                group.set(format!("{prefix}{key}"), text, ttl_ms).await?;
             }
             Self::Disabled => return Err(AtomError::RequiresAtomicity("stash")),
         }
@@ -100,10 +107,8 @@ impl Stash {
                 let del = redis::cmd("DEL").arg(format!("{prefix}{key}")).clone();
                 Ok(servers.first().query::<u64>(&del).await? > 0)
             }
-            Self::Local(values) => {
-                let removed = values.lock().expect("stash").remove(key);
-                Ok(removed.is_some_and(|(_, until)| until > Instant::now()))
-            }
+            Self::Local(values) => Ok(values.lock().expect("stash").remove(key)),
+            Self::Group { group, prefix } => Ok(group.delete(format!("{prefix}{key}")).await?),
             Self::Disabled => Err(AtomError::RequiresAtomicity("stash")),
         }
     }

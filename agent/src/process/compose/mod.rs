@@ -89,6 +89,8 @@ pub struct Options {
     pub roots: Roots,
     /// The store of entities the context names (`storage`), with its credentials.
     pub storage: Option<Storage>,
+    /// The local group this process joins ([`crate::coordination::group`]), by name.
+    pub group: Option<String>,
 }
 
 /// The control endpoint: its address, and the tokens from the mounted Secret (read again when
@@ -224,6 +226,8 @@ pub struct Composition {
     on_ready: Option<oneshot::Sender<SocketAddr>>,
     metrics: Arc<Metrics>,
     atoms: HashMap<String, Arc<Atom>>,
+    /// The local group, left once the programs stopped (they may hold its locks until then).
+    group: Option<Arc<crate::coordination::group::Group>>,
     activity: Arc<Activity>,
     process: Arc<Process>,
     /// The local API's address.
@@ -278,8 +282,11 @@ impl Composition {
         let calls = self.calls();
         let (calls, sink, broker) = match self.context.amqp.clone() {
             None => {
-                let (bus, _) = tokio::sync::broadcast::channel(EVENTS_BUS);
-                (Arc::new(calls), Sink::Local(bus), None)
+                let sink = match &self.group {
+                    Some(group) => Sink::Group(group.clone()),
+                    None => Sink::Local(tokio::sync::broadcast::channel(EVENTS_BUS).0),
+                };
+                (Arc::new(calls), sink, None)
             }
             Some(_) => {
                 let broker = watch.watched(self.connect()).await?;
@@ -293,6 +300,7 @@ impl Composition {
             }
         };
         self.publish_events(&sink);
+        self.offer_to_group(&calls);
         self.calls = Some(calls.clone());
         self.serve_local(&mut watch.servers, local, calls.clone());
         tracing::info!(agent = %agent_url, instance = %self.instance, "serving the local API");
@@ -410,6 +418,25 @@ impl Composition {
             self.activity.clone(),
         )
         .refusing_once_from(self.retrying.clone())
+        .in_group(self.group.clone())
+    }
+
+    /// Offers this process's components to the other processes of its local group.
+    fn offer_to_group(&self, calls: &Arc<Calls>) {
+        let Some(group) = &self.group else { return };
+        let names = self
+            .members
+            .iter()
+            .map(|m| m.component.name.clone())
+            .collect();
+        let calls = calls.clone();
+        group.offer(
+            names,
+            Arc::new(move |component, call| {
+                let calls = calls.clone();
+                Box::pin(async move { calls.run_handed(component, call).await })
+            }),
+        );
     }
 
     /// Where the components' events go from now on (their relays run with the pulses:
@@ -435,6 +462,7 @@ impl Composition {
         calls: &Arc<Calls>,
     ) -> Result<(), ComposeError> {
         let deliveries = self.context.limits.deliveries;
+        let mut in_group = std::collections::BTreeMap::new();
         for (member, alive) in self.members.iter().zip(&self.alive) {
             let component = &member.component;
             if component.manifest.receivers.is_empty() {
@@ -450,6 +478,9 @@ impl Composition {
             ));
             match (sink, broker) {
                 (Sink::Local(bus), _) => listen_locally(bus.subscribe(), receivers, deliveries),
+                (Sink::Group(_), _) => {
+                    in_group.insert(component.name.clone(), receivers);
+                }
                 (_, Some(broker)) => {
                     let receiving = Receiving {
                         component: component.name.clone(),
@@ -467,6 +498,9 @@ impl Composition {
                 }
                 (Sink::Broker(_), None) => unreachable!("a broker sink comes with its broker"),
             }
+        }
+        if let Sink::Group(group) = sink {
+            receive_in_group(group, in_group, deliveries);
         }
         Ok(())
     }
@@ -612,6 +646,7 @@ impl Composition {
         self.tell_drained();
         self.shutdown_atoms().await;
         programs::stop(std::mem::take(&mut self.programs)).await;
+        self.leave_group();
         // A call whose program was just stopped under it is given back to the broker (once the
         // consumer stepped back): wait for that before the connection goes, or the broker would
         // requeue the original beside the copy given back, and the call would run twice.
@@ -657,6 +692,13 @@ impl Composition {
     async fn close(mut self) {
         programs::stop(std::mem::take(&mut self.programs)).await;
         self.shutdown_atoms().await;
+        self.leave_group();
+    }
+
+    fn leave_group(&self) {
+        if let Some(group) = &self.group {
+            group.leave();
+        }
     }
 
     /// In a pod, after a drain a hook asked for: the probe port keeps answering (a drain is
@@ -692,6 +734,35 @@ impl Composition {
             atom.shutdown().await;
         }
     }
+}
+
+/// The receivers of this process's components take the events the local group hands here.
+fn receive_in_group(
+    group: &crate::coordination::group::Group,
+    receivers: std::collections::BTreeMap<String, Arc<Receivers>>,
+    deliveries: u32,
+) {
+    let labels = receivers
+        .iter()
+        .map(|(component, receivers)| (component.clone(), receivers.labels()))
+        .collect();
+    group.receive(
+        labels,
+        Arc::new(move |component, event| {
+            let event = match serde_json::from_value::<crate::entities::store::Event>(event) {
+                Ok(event) => event,
+                Err(error) => {
+                    tracing::warn!(%component, %error, "local group: an event this process cannot read is dropped");
+                    return;
+                }
+            };
+            if let Some(receivers) = receivers.get(&component).cloned() {
+                tokio::spawn(async move {
+                    crate::calls::receivers::deliver(&receivers, &event, deliveries).await
+                });
+            }
+        }),
+    );
 }
 
 /// How long calls cut off by the end of the drain may take to be given back (the handler waits

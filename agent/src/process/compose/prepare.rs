@@ -13,6 +13,7 @@ use crate::calls::catalog::Source;
 use crate::component::Component;
 use crate::control::component_tokens::ComponentTokens;
 use crate::coordination::atom::{Atom, AtomConfig, Mode, Scope};
+use crate::coordination::group::{Group, Place};
 use crate::entities::backend::Backend;
 use crate::metrics::Metrics;
 use crate::process::drain;
@@ -31,11 +32,11 @@ impl Composition {
     pub(super) async fn prepare(
         options: Options,
     ) -> Result<(Self, Servers, TcpListener, drain::Asked), ComposeError> {
-        let loaded = load(&options)?;
-        let stores = open_stores(&loaded, &options).await?;
+        let (loaded, group) = (load(&options)?, join_group(&options).await?);
+        let stores = open_stores(&loaded, &options, group.as_ref()).await?;
         let tokens = Arc::new(component_tokens(&options, &loaded)?);
         let metrics = Metrics::new();
-        let atoms = atoms(&options, &loaded, &metrics)?;
+        let atoms = atoms(&options, &loaded, &metrics, group.clone())?;
         let (local, address) = bind_local(options.listen, options.mode).await?;
         let (control, probe) = bind_control_and_probes(options.control, options.probe).await?;
         let activity = Activity::new();
@@ -46,28 +47,21 @@ impl Composition {
         let (lifecycle_done, lifecycle_ready) = watch::channel(false);
         let (programs_up, up) = watch::channel(true);
         let ready = super::programs::all_true(vec![lifecycle_ready, up]);
-        let mut servers = Servers::default();
-        if let Some((listener, control)) = control {
-            control.tokens.keep_reading(control.file);
-            let app = crate::control::endpoint::router(control.tokens, process.clone());
-            servers.serve(CONTROL, Listening::new(listener, CONTROL_CONNECTIONS), app);
-        }
-        if let Some(listener) = probe {
-            let app = probes(&ready, &metrics, &trigger);
-            servers.serve(PROBES, probe_listening(listener, node), app);
-        }
+        let listeners = (control, probe, node);
+        let servers = serve_control_and_probes(listeners, &process, (&ready, &metrics, &trigger));
         let composition = Self {
             context: options.context,
             instance: options.instance,
             components: options.components,
             loaded,
             attach: options.attach,
-            in_pod: options.mode == Mode::Pod,
+            in_pod,
             declarations: options.declarations,
             broker: options.broker,
             on_ready: options.on_ready,
             metrics,
             atoms,
+            group,
             activity,
             process,
             address,
@@ -88,6 +82,25 @@ impl Composition {
         };
         Ok((composition, servers, local, asked))
     }
+}
+
+/// The control endpoint and the probes, on the listeners bound for them.
+fn serve_control_and_probes(
+    (control, probe, node): (Option<(TcpListener, Control)>, Option<TcpListener>, Node),
+    process: &Arc<Process>,
+    (ready, metrics, trigger): (&watch::Receiver<bool>, &Arc<Metrics>, &drain::Trigger),
+) -> Servers {
+    let mut servers = Servers::default();
+    if let Some((listener, control)) = control {
+        control.tokens.keep_reading(control.file);
+        let app = crate::control::endpoint::router(control.tokens, process.clone());
+        servers.serve(CONTROL, Listening::new(listener, CONTROL_CONNECTIONS), app);
+    }
+    if let Some(listener) = probe {
+        let app = probes(ready, metrics, trigger);
+        servers.serve(PROBES, probe_listening(listener, node), app);
+    }
+    servers
 }
 
 /// The components' local API tokens: in a pod with `--component-tokens`, in their volumes and
@@ -156,11 +169,12 @@ fn load(options: &Options) -> Result<Vec<Arc<Component>>, ComposeError> {
 }
 
 /// The stores of the components with an entity: PostgreSQL when the context names `storage`,
-/// else this process's memory, which only a process sharing calls with no other may use: over a
+/// else the local group's (its leader's memory), else this process's memory, which only a process sharing calls with no other may use: over a
 /// broker, replicas keeping objects of their own would disagree, so that is refused.
 async fn open_stores(
     loaded: &[Arc<Component>],
     options: &Options,
+    group: Option<&Arc<Group>>,
 ) -> Result<HashMap<String, Backend>, ComposeError> {
     let mut stores = HashMap::new();
     for component in loaded.iter().filter(|c| c.manifest.entity.is_some()) {
@@ -173,6 +187,11 @@ async fn open_stores(
             )));
         }
         let retention = crate::entities::backend::Retention::of(&options.context.limits);
+        if let (None, Some(group)) = (&options.storage, group) {
+            let store = Backend::in_group(group.clone(), &component.name, retention);
+            stores.insert(component.name.clone(), store);
+            continue;
+        }
         let store = Backend::open(options.storage.as_ref(), &component.name, retention)
             .await
             .map_err(|error| ComposeError::Setup(format!("{}: {error}", component.name)))?;
@@ -181,11 +200,31 @@ async fn open_stores(
     Ok(stores)
 }
 
+/// The local group this process joins, if any: joined before anything coordinates, so the first
+/// slots view already counts the other processes.
+async fn join_group(options: &Options) -> Result<Option<Arc<Group>>, ComposeError> {
+    let Some(name) = &options.group else {
+        return Ok(None);
+    };
+    let place = Place::new(name.clone()).map_err(|e| ComposeError::Setup(e.to_string()))?;
+    let store = Some(crate::entities::grouped::service());
+    let group = Group::join(place, options.instance.as_str(), store)
+        .await
+        .map_err(|e| ComposeError::Setup(e.to_string()))?;
+    if group.leads() {
+        tracing::info!(group = %group.name(), "local group: the first process of this application here; another `compose` of it (in another terminal) shares its coordination (--alone opts out)");
+    } else {
+        tracing::info!(group = %group.name(), "local group: joined the application's first process here: locks, slots, meters and the stash are shared with it (--alone opts out)");
+    }
+    Ok(Some(Arc::new(group)))
+}
+
 /// Each component's coordination (lock, slots, meter), by name.
 fn atoms(
     options: &Options,
     loaded: &[Arc<Component>],
     metrics: &Arc<Metrics>,
+    group: Option<Arc<Group>>,
 ) -> Result<HashMap<String, Arc<Atom>>, ComposeError> {
     let mut atoms = HashMap::new();
     for component in loaded {
@@ -197,6 +236,7 @@ fn atoms(
             credentials: options.credentials.clone(),
             roots: options.roots.clone(),
             instance: options.instance.to_string(),
+            group: group.clone(),
         };
         let atom =
             Atom::start(config, metrics.clone()).map_err(|e| ComposeError::Setup(e.to_string()))?;

@@ -1,8 +1,9 @@
 # Listens to its assignments with toa.py's onassigned from preflight, recording each to the file in
-# $TEST_RECORD; dispose turns the listener off.
+# $TEST_RECORD with the time (CLOCK_MONOTONIC, comparable across processes); dispose turns the listener off.
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "sdk", "python"))
 from toa import Component  # noqa: E402
@@ -12,7 +13,7 @@ component = Component()
 
 def record(event, **details):
     with open(os.environ["TEST_RECORD"], "a") as out:
-        out.write(json.dumps({"event": event, **details}) + "\n")
+        out.write(json.dumps({"event": event, "at": time.monotonic(), **details}) + "\n")
 
 
 @component.lifecycle

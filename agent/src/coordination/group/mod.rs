@@ -1,0 +1,706 @@
+//! A local group: the processes of one application on one machine, run by one user, coordinating
+//! as replicas do in a cluster, with nothing installed. Seed 000's second terminal: start the
+//! same components again and the slots divide, locks exclude across both, meters add up, the
+//! stash and the records of repeated calls are shared.
+//!
+//! The first process to take the group's lock file ([`place`]) leads: it serves the shared state
+//! on loopback ([`server`]) to every member, itself included, over one connection each
+//! ([`Group`]). The group is the application's name with the context file's absolute path, or
+//! `TOA_LOCAL_GROUP`; `--alone` (`TOA_ALONE`) keeps a process out of any.
+//!
+//! When the leader stops or is killed, the kernel releases its lock file; a member takes it,
+//! serves, and the others reconnect. They first reclaim the locks they hold (granted before any
+//! new lock during a grace period), so no lock has two holders across the change; slots lapse
+//! while a member's heartbeats fail and come back after the view settles, as with Redis. What
+//! the leader kept for a while — meters' debts, the stash, the records of repeats — goes with it:
+//! the stash is what every replica should see, not what must survive (seed 001).
+
+mod place;
+mod server;
+mod wire;
+
+pub use place::Place;
+
+use crate::coordination::membership::View;
+use futures::future::BoxFuture;
+use serde_json::Value;
+use server::Server;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+pub use wire::CallAnswer;
+use wire::{Hello, Op, Reply, Request};
+
+/// How long a first join may try before the process refuses to start.
+const JOIN: Duration = Duration::from_secs(10);
+/// How long a request other than a lock waits for its answer.
+const ANSWER: Duration = Duration::from_secs(2);
+/// How long a new leader grants only reclaims.
+const GRACE: Duration = Duration::from_secs(2);
+/// The slots' heartbeat interval in a group: a second replica owns its share in about 2 s.
+pub const INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GroupError {
+    #[error("local group: {0}")]
+    Place(String),
+    #[error("local group {group:?}: its first process (pid {pid}) serves at {address}, which does not answer as a member of the group ({reason}); start this process with --alone to run it apart")]
+    Unreachable {
+        group: String,
+        pid: u32,
+        address: String,
+        reason: String,
+    },
+    #[error("local group {0:?}: no leader wrote its address within {JOIN:?}")]
+    NoLeader(String),
+    #[error("local group: the leader did not answer within {ANSWER:?} (it may be changing)")]
+    Unavailable,
+    #[error("local group: the leader refused: {0}")]
+    Refused(String),
+}
+
+enum Waiting {
+    Value(oneshot::Sender<Result<Value, GroupError>>),
+    /// The token, and what tells the holder the lock was lost.
+    Lock(oneshot::Sender<(u64, CancellationToken)>),
+}
+
+struct Pending {
+    op: Op,
+    waiting: Waiting,
+}
+
+/// A lock this process holds through the group: reclaimed from a new leader.
+struct Holding {
+    keys: Vec<String>,
+    lost: CancellationToken,
+}
+
+/// Leading: the lock file (held while open) and the server.
+struct Leading {
+    _lock: File,
+    server: Arc<Server>,
+    task: JoinHandle<()>,
+}
+
+struct Shared {
+    place: Place,
+    instance: String,
+    next: AtomicU64,
+    pending: Mutex<BTreeMap<u64, Pending>>,
+    held: Mutex<BTreeMap<u64, Holding>>,
+    /// Request ids to send now; releases to tell the leader.
+    wake: mpsc::UnboundedSender<Wake>,
+    leading: Mutex<Option<Leading>>,
+    /// The embedded store's service, for when this process leads.
+    store: Option<StoreService>,
+    /// What this process serves, told to every leader it joins.
+    offer: Mutex<Option<Op>>,
+    /// Runs the calls delivered here.
+    runner: std::sync::OnceLock<Runner>,
+    /// Takes the events delivered here.
+    events: std::sync::OnceLock<EventRunner>,
+    /// Component → the labels its receivers here take (once they listen).
+    receivers: Mutex<BTreeMap<String, Vec<String>>>,
+}
+
+enum Wake {
+    Send(u64),
+    Release(u64),
+    /// A delivered call's answer, or this member's offer changed.
+    Frame(Box<Op>),
+}
+
+/// Runs a call the leader delivered to this process: the answer to hand back.
+pub type Runner = Arc<dyn Fn(String, Value) -> BoxFuture<'static, Value> + Send + Sync>;
+/// Hands an event to the receivers of a component of this process.
+pub type EventRunner = Arc<dyn Fn(String, Value) + Send + Sync>;
+/// Runs one method of a component's store for the group (`component`, how long records are kept
+/// in ms, the method as JSON): what a leader serves the embedded store with.
+pub type StoreService =
+    Arc<dyn Fn(String, u64, Value) -> BoxFuture<'static, Result<Value, String>> + Send + Sync>;
+
+/// This process's membership of its local group.
+pub struct Group {
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl Group {
+    /// Joins (or founds) the group at `place`; fails loudly when its leader cannot be reached.
+    /// `store`: what this process serves the embedded store with, should it lead.
+    pub async fn join(
+        place: Place,
+        instance: &str,
+        store: Option<StoreService>,
+    ) -> Result<Self, GroupError> {
+        let (wake, woken) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            place,
+            instance: instance.to_owned(),
+            next: AtomicU64::new(1),
+            pending: Mutex::default(),
+            held: Mutex::default(),
+            wake,
+            leading: Mutex::default(),
+            store,
+            offer: Mutex::default(),
+            runner: std::sync::OnceLock::new(),
+            events: std::sync::OnceLock::new(),
+            receivers: Mutex::default(),
+        });
+        let connection = tokio::time::timeout(JOIN, shared.connect(true))
+            .await
+            .map_err(|_| GroupError::NoLeader(shared.place.name.clone()))??;
+        let task = tokio::spawn(shared.clone().run(connection, woken));
+        Ok(Self { shared, task })
+    }
+
+    /// The group's name.
+    pub fn name(&self) -> &str {
+        &self.shared.place.name
+    }
+
+    /// Whether this process leads.
+    pub fn leads(&self) -> bool {
+        self.shared.leading.lock().expect("leading").is_some()
+    }
+
+    /// Waits until every key is free, then holds them: the holding's id, its fencing token, and
+    /// what is cancelled should the lock be lost (a new leader gave it to another).
+    pub async fn acquire(&self, keys: Vec<String>) -> (u64, u64, CancellationToken) {
+        let (sender, granted) = oneshot::channel();
+        let id = self.shared.ask(
+            Op::Lock {
+                keys,
+                reclaim: false,
+            },
+            Waiting::Lock(sender),
+        );
+        // Dropped before granted (the caller gave up): the request is withdrawn.
+        let mut guard = Withdraw {
+            shared: Some(&self.shared),
+            id,
+        };
+        let (token, lost) = granted
+            .await
+            .expect("the group's task outlives its requests");
+        guard.shared = None;
+        (id, token, lost)
+    }
+
+    /// Releases (or withdraws) the holding `id`.
+    pub fn release(&self, id: u64) {
+        self.shared.release(id);
+    }
+
+    /// A handle that releases the holding `id` when asked, from anywhere.
+    pub fn releaser(&self, id: u64) -> Releaser {
+        Releaser {
+            shared: Arc::downgrade(&self.shared),
+            id,
+        }
+    }
+
+    pub async fn heartbeat(
+        &self,
+        prefix: &str,
+        member: &str,
+        ttl: Duration,
+        withdraw: bool,
+    ) -> Result<View, GroupError> {
+        let op = Op::Heartbeat {
+            prefix: prefix.to_owned(),
+            member: member.to_owned(),
+            ttl_ms: ttl.as_millis() as u64,
+            withdraw,
+        };
+        let value = self.request(op).await?;
+        serde_json::from_value(value).map_err(|e| GroupError::Refused(e.to_string()))
+    }
+
+    pub async fn meter(&self, keys: Vec<String>, deltas: Vec<u64>) -> Result<Vec<u64>, GroupError> {
+        let value = self.request(Op::Meter { keys, deltas }).await?;
+        serde_json::from_value(value).map_err(|e| GroupError::Refused(e.to_string()))
+    }
+
+    pub async fn get(&self, key: String) -> Result<Option<String>, GroupError> {
+        let value = self.request(Op::Get { key }).await?;
+        serde_json::from_value(value).map_err(|e| GroupError::Refused(e.to_string()))
+    }
+
+    pub async fn set(&self, key: String, value: String, ttl_ms: u64) -> Result<(), GroupError> {
+        self.request(Op::Set { key, value, ttl_ms }).await.map(drop)
+    }
+
+    pub async fn claim(
+        &self,
+        key: String,
+        value: String,
+        ttl_ms: u64,
+    ) -> Result<Option<String>, GroupError> {
+        let value = self.request(Op::Claim { key, value, ttl_ms }).await?;
+        serde_json::from_value(value).map_err(|e| GroupError::Refused(e.to_string()))
+    }
+
+    pub async fn delete(&self, key: String) -> Result<bool, GroupError> {
+        let value = self.request(Op::Delete { key }).await?;
+        serde_json::from_value(value).map_err(|e| GroupError::Refused(e.to_string()))
+    }
+
+    /// Offers this process's components for calls from the others (none: it takes no more), run
+    /// by `runner`.
+    pub fn offer(&self, components: Vec<String>, runner: Runner) {
+        let _ = self.shared.runner.set(runner);
+        let offer = Op::Offer {
+            instance: self.shared.instance.clone(),
+            components,
+            receivers: self.shared.receivers.lock().expect("receivers").clone(),
+        };
+        *self.shared.offer.lock().expect("offer") = Some(offer.clone());
+        let _ = self.shared.wake.send(Wake::Frame(Box::new(offer)));
+    }
+
+    /// The components' receivers here take the group's events from now on: `receivers` names the
+    /// labels of each, `runner` hands an event over.
+    pub fn receive(&self, receivers: BTreeMap<String, Vec<String>>, runner: EventRunner) {
+        let _ = self.shared.events.set(runner);
+        *self.shared.receivers.lock().expect("receivers") = receivers;
+        let mut offer = self.shared.offer.lock().expect("offer");
+        if let Some(Op::Offer { receivers, .. }) = offer.as_mut() {
+            *receivers = self.shared.receivers.lock().expect("receivers").clone();
+            let _ = self
+                .shared
+                .wake
+                .send(Wake::Frame(Box::new(offer.clone().expect("an offer"))));
+        }
+    }
+
+    /// Publishes `event` to the group: handed to one process per component receiving it.
+    pub async fn publish(&self, label: &str, event: Value) -> Result<(), GroupError> {
+        let label = label.to_owned();
+        self.request(Op::Publish { label, event }).await.map(drop)
+    }
+
+    /// Takes no more calls or events from the others (a drain began).
+    pub fn withdraw_offer(&self) {
+        self.shared.receivers.lock().expect("receivers").clear();
+        if let Some(runner) = self.shared.runner.get() {
+            self.offer(Vec::new(), runner.clone());
+        }
+    }
+
+    /// Hands a call to a replica of `component` (in the process `instance`, when named): the
+    /// answer of the member that ran it, or [`CallAnswer`] as JSON. Waits up to `wait`.
+    pub async fn call(
+        &self,
+        component: &str,
+        instance: Option<&str>,
+        call: Value,
+        wait: Duration,
+    ) -> Result<Value, GroupError> {
+        let op = Op::Call {
+            component: component.to_owned(),
+            instance: instance.map(str::to_owned),
+            call,
+        };
+        self.request_within(op, wait).await
+    }
+
+    /// One method of the store of `component`'s objects, kept by the leader.
+    pub async fn store(
+        &self,
+        component: &str,
+        once_ms: u64,
+        call: Value,
+    ) -> Result<Value, GroupError> {
+        let op = Op::Store {
+            component: component.to_owned(),
+            once_ms,
+            call,
+        };
+        self.request(op).await
+    }
+
+    /// Leaves: a leader that was the last member clears the address (a clean end of the group).
+    pub fn leave(&self) {
+        self.task.abort();
+        if let Some(leading) = self.shared.leading.lock().expect("leading").take() {
+            // Only this process's own connection, now closing, was left.
+            if leading.server.members() <= 1 {
+                self.shared.place.clear();
+            }
+            leading.server.stop();
+            leading.task.abort();
+        }
+    }
+
+    async fn request(&self, op: Op) -> Result<Value, GroupError> {
+        self.request_within(op, ANSWER).await
+    }
+
+    async fn request_within(&self, op: Op, wait: Duration) -> Result<Value, GroupError> {
+        let (sender, answer) = oneshot::channel();
+        let id = self.shared.ask(op, Waiting::Value(sender));
+        match tokio::time::timeout(wait, answer).await {
+            Ok(Ok(answer)) => answer,
+            _ => {
+                self.shared.pending.lock().expect("pending").remove(&id);
+                Err(GroupError::Unavailable)
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group").field("name", &self.name()).finish()
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+/// Releases a holding from a [`crate::coordination::atom::lock::Held`].
+pub struct Releaser {
+    shared: std::sync::Weak<Shared>,
+    id: u64,
+}
+
+impl Releaser {
+    pub fn release(self) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared.release(self.id);
+        }
+    }
+}
+
+struct Withdraw<'a> {
+    shared: Option<&'a Arc<Shared>>,
+    id: u64,
+}
+
+impl Drop for Withdraw<'_> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared {
+            shared.pending.lock().expect("pending").remove(&self.id);
+            shared.release(self.id);
+        }
+    }
+}
+
+type Connection = (BufReader<OwnedReadHalf>, OwnedWriteHalf);
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Shared {
+    fn ask(&self, op: Op, waiting: Waiting) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.pending
+            .lock()
+            .expect("pending")
+            .insert(id, Pending { op, waiting });
+        let _ = self.wake.send(Wake::Send(id));
+        id
+    }
+
+    fn release(&self, id: u64) {
+        self.held.lock().expect("held").remove(&id);
+        let _ = self.wake.send(Wake::Release(id));
+    }
+
+    /// Keeps one connection to the leader, taking the lead when it is free, for the process's
+    /// life.
+    async fn run(
+        self: Arc<Self>,
+        mut connection: Connection,
+        mut woken: mpsc::UnboundedReceiver<Wake>,
+    ) {
+        loop {
+            let error = self.serve(connection, &mut woken).await;
+            tracing::warn!(group = %self.place.name, %error, "local group: the connection to the leader ended; joining the next one");
+            connection = loop {
+                match self.connect(false).await {
+                    Ok(connection) => break connection,
+                    Err(error) => {
+                        tracing::warn!(%error, "local group: no leader yet");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            };
+        }
+    }
+
+    /// Sends what waits (reclaims first), then the requests as they come and the answers as
+    /// they arrive, until the connection fails.
+    async fn serve(
+        &self,
+        (mut read, mut write): Connection,
+        woken: &mut mpsc::UnboundedReceiver<Wake>,
+    ) -> String {
+        // Lines are read by a task of their own: a read raced against the wakes below would drop
+        // a line read in part whenever a wake won (read_until is not cancel-safe).
+        let (line_sender, mut incoming) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(async move {
+            loop {
+                let line = wire::read_line(&mut read).await;
+                let end = !matches!(line, Ok(Some(_)));
+                if line_sender.send(line).is_err() || end {
+                    return;
+                }
+            }
+        });
+        let _reader = AbortOnDrop(reader);
+        let (lines, sent) = self.resent();
+        if let Err(error) = write.write_all(lines.as_bytes()).await {
+            return error.to_string();
+        }
+        loop {
+            tokio::select! {
+                wake = woken.recv() => {
+                    let Some(wake) = wake else { return "stopped".into() };
+                    let request = match wake {
+                        Wake::Send(id) if sent.contains(&id) => continue,
+                        Wake::Send(id) => {
+                            let pending = self.pending.lock().expect("pending");
+                            let Some(pending) = pending.get(&id) else { continue };
+                            Request { id, op: pending.op.clone() }
+                        }
+                        Wake::Release(lock) => Request { id: 0, op: Op::Release { lock } },
+                        Wake::Frame(op) => Request { id: 0, op: *op },
+                    };
+                    if let Err(error) = write.write_all(wire::line(&request).as_bytes()).await {
+                        return error.to_string();
+                    }
+                }
+                line = incoming.recv() => match line {
+                    Some(Ok(Some(line))) => self.answer(&line),
+                    Some(Ok(None)) | None => return "closed by the leader".into(),
+                    Some(Err(error)) => return error.to_string(),
+                },
+            }
+        }
+    }
+
+    /// What a new connection sends first: the offer, the reclaims of the locks held, every
+    /// request still waiting for its answer (and their ids, whose wakes are skipped).
+    fn resent(&self) -> (String, std::collections::HashSet<u64>) {
+        let mut lines = String::new();
+        if let Some(offer) = self.offer.lock().expect("offer").clone() {
+            lines.push_str(&wire::line(&Request { id: 0, op: offer }));
+        }
+        for (id, holding) in self.held.lock().expect("held").iter() {
+            let op = Op::Lock {
+                keys: holding.keys.clone(),
+                reclaim: true,
+            };
+            lines.push_str(&wire::line(&Request { id: *id, op }));
+        }
+        let mut sent = std::collections::HashSet::new();
+        for (id, pending) in self.pending.lock().expect("pending").iter() {
+            let op = pending.op.clone();
+            lines.push_str(&wire::line(&Request { id: *id, op }));
+            sent.insert(*id);
+        }
+        (lines, sent)
+    }
+
+    fn answer(&self, line: &str) {
+        let reply = match serde_json::from_str::<Reply>(line) {
+            Ok(reply) => reply,
+            Err(error) => {
+                tracing::warn!(%error, "local group: an answer this process cannot read");
+                return;
+            }
+        };
+        match reply {
+            Reply::Lost { id } => {
+                if let Some(holding) = self.held.lock().expect("held").remove(&id) {
+                    tracing::warn!(keys = ?holding.keys, "local group: a lock held through the previous leader was taken meanwhile; its holder is told it is lost");
+                    holding.lost.cancel();
+                }
+            }
+            Reply::Error { id: 0, message } => {
+                tracing::warn!(%message, "local group: the leader could not read a request");
+            }
+            Reply::Deliver {
+                delivery,
+                component,
+                call,
+            } => self.run_delivered(delivery, component, call),
+            Reply::Event { component, event } => match self.events.get() {
+                Some(runner) => runner(component, event),
+                None => {
+                    tracing::warn!(%component, "local group: an event for receivers that do not listen yet is dropped")
+                }
+            },
+            Reply::Ok { id, value } => self.settle(id, Ok(value)),
+            Reply::Error { id, message } => self.settle(id, Err(GroupError::Refused(message))),
+        }
+    }
+
+    /// Runs a call the leader handed here; its answer goes back.
+    fn run_delivered(&self, delivery: u64, component: String, call: Value) {
+        let wake = self.wake.clone();
+        let Some(runner) = self.runner.get().cloned() else {
+            let answer = serde_json::json!(CallAnswer::Gone);
+            let _ = wake.send(Wake::Frame(Box::new(Op::Answer { delivery, answer })));
+            return;
+        };
+        tokio::spawn(async move {
+            let answer = runner(component, call).await;
+            let _ = wake.send(Wake::Frame(Box::new(Op::Answer { delivery, answer })));
+        });
+    }
+
+    /// Hands an answer to whoever waits for it.
+    fn settle(&self, id: u64, answer: Result<Value, GroupError>) {
+        if self.held.lock().expect("held").contains_key(&id) {
+            return; // a reclaim granted: the holding goes on
+        }
+        let Some(pending) = self.pending.lock().expect("pending").remove(&id) else {
+            if matches!(answer, Ok(Value::Number(_))) {
+                // A lock granted after its asker gave up.
+                let _ = self.wake.send(Wake::Release(id));
+            }
+            return;
+        };
+        match pending.waiting {
+            Waiting::Value(sender) => {
+                let _ = sender.send(answer);
+            }
+            Waiting::Lock(sender) => {
+                let Op::Lock { keys, .. } = pending.op else {
+                    return;
+                };
+                let token = answer.ok().and_then(|v| v.as_u64()).unwrap_or_default();
+                let lost = CancellationToken::new();
+                let holding = Holding {
+                    keys,
+                    lost: lost.clone(),
+                };
+                self.held.lock().expect("held").insert(id, holding);
+                if sender.send((token, lost)).is_err() {
+                    self.release(id);
+                }
+            }
+        }
+    }
+
+    /// Leads if the lead is free, then connects to the leader and says hello.
+    async fn connect(&self, first: bool) -> Result<Connection, GroupError> {
+        let mut last = None;
+        loop {
+            self.lead_if_free().await?;
+            if let Some(address) = self.place.read() {
+                match hello(&address, &self.instance).await {
+                    Ok(connection) => {
+                        if let Some(leader) = &last {
+                            tracing::info!(group = %self.place.name, leader, "local group: joined after retrying");
+                        }
+                        return Ok(connection);
+                    }
+                    Err(reason) => {
+                        let leading = self.leading.lock().expect("leading").is_some();
+                        if first && !leading && reason.starts_with("refused:") {
+                            return Err(GroupError::Unreachable {
+                                group: self.place.name.clone(),
+                                pid: address.pid,
+                                address: address.address.to_string(),
+                                reason,
+                            });
+                        }
+                        last = Some(format!("{} ({reason})", address.address));
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Takes the lead if no live process holds it: serves, and writes the address for the others.
+    async fn lead_if_free(&self) -> Result<(), GroupError> {
+        if self.leading.lock().expect("leading").is_some() {
+            return Ok(());
+        }
+        let Some(lock) = self.place.try_lead()? else {
+            return Ok(());
+        };
+        // A previous leader's address: its members may hold locks to reclaim.
+        let grace = if self.place.read().is_some() {
+            GRACE
+        } else {
+            Duration::ZERO
+        };
+        let token: String = (0..32)
+            .map(|_| format!("{:02x}", rand::random::<u8>()))
+            .collect();
+        let (server, address, task) = Server::start(token.clone(), grace, self.store.clone())
+            .await
+            .map_err(|e| GroupError::Place(format!("serving on loopback: {e}")))?;
+        let pid = std::process::id();
+        self.place.write(&place::Address {
+            address,
+            token,
+            pid,
+        })?;
+        tracing::info!(group = %self.place.name, %address, grace_ms = grace.as_millis() as u64, "local group: this process leads");
+        *self.leading.lock().expect("leading") = Some(Leading {
+            _lock: lock,
+            server,
+            task,
+        });
+        Ok(())
+    }
+}
+
+/// Connects to `address` and is welcomed, or why not (`refused:` when something answered that
+/// is not the group's leader, or refused the token).
+async fn hello(address: &place::Address, instance: &str) -> Result<Connection, String> {
+    let stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(address.address))
+        .await
+        .map_err(|_| "connect timed out".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let _ = stream.set_nodelay(true);
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    let hello = Hello {
+        token: address.token.clone(),
+        instance: instance.to_owned(),
+    };
+    write
+        .write_all(wire::line(&hello).as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let welcome = tokio::time::timeout(Duration::from_secs(2), wire::read_line(&mut read))
+        .await
+        .map_err(|_| "refused: no welcome within 2 s".to_owned())?
+        .map_err(|e| format!("refused: {e}"))?;
+    match welcome.as_deref().map(serde_json::from_str::<Reply>) {
+        Some(Ok(Reply::Ok { id: 0, .. })) => Ok((read, write)),
+        Some(Ok(Reply::Error { message, .. })) => Err(format!("refused: {message}")),
+        None => Err("closed before a welcome".into()),
+        _ => Err("refused: an answer that is not a welcome".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests;
