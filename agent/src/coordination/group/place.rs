@@ -118,12 +118,13 @@ fn own_dir(dir: &Path) -> Result<(), GroupError> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(refuse(e.to_string())),
     }
-    let metadata = std::fs::metadata(dir).map_err(|e| refuse(e.to_string()))?;
+    // Not followed: a link another user made in /tmp could point elsewhere later.
+    let metadata = std::fs::symlink_metadata(dir).map_err(|e| refuse(e.to_string()))?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     if !metadata.is_dir() || metadata.uid() != me {
         return Err(refuse(format!(
-            "expected a directory of user {me}, found one of user {}",
+            "expected a directory (not a link) of user {me}, found one of user {}",
             metadata.uid()
         )));
     }
@@ -178,6 +179,17 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let refused = Place::in_dir(&dir, "g".into()).unwrap_err().to_string();
         assert!(refused.contains("expected mode 0700"), "{refused}");
-        let _ = std::fs::remove_dir_all(&dir);
+        // A link to a directory of the user's own is refused too: it could point elsewhere later.
+        let private = scratch("private");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let link = scratch("link");
+        std::os::unix::fs::symlink(&private, &link).unwrap();
+        let refused = Place::in_dir(&link, "g".into()).unwrap_err().to_string();
+        assert!(refused.contains("not a link"), "{refused}");
+        for made in [&dir, &private, &link] {
+            let _ = std::fs::remove_dir_all(made);
+            let _ = std::fs::remove_file(made);
+        }
     }
 }
