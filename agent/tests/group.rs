@@ -14,6 +14,7 @@ use support::{events, Composition};
 
 const BOUND: Duration = Duration::from_secs(20);
 const TOTAL: u32 = 16;
+const TERMINALS: &str = "agent/tests/components/terminals";
 
 /// CLOCK_MONOTONIC in seconds: the clock the programs record with (Python's `time.monotonic`).
 fn monotonic() -> f64 {
@@ -26,19 +27,34 @@ fn monotonic() -> f64 {
     now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
 }
 
-fn start(name: &str, group: &str, runtime: &Path, record: &Path) -> Composition {
-    let composition = Composition::start(
-        &["agent/tests/components/assigned"],
-        &[
-            ("TOA_ALONE", "false"),
-            ("TOA_LOCAL_GROUP", group),
-            ("TOA_RUNTIME_DIR", runtime.to_str().unwrap()),
-            ("TOA_INSTANCE", name),
-            ("TEST_RECORD", record.to_str().unwrap()),
-        ],
-    );
+/// A compose of `components`, the process `name` of the local group `group` (its files in
+/// `runtime`), with `env` besides; once it is ready.
+fn member(
+    components: &[&str],
+    name: &str,
+    (group, runtime): (&str, &Path),
+    env: &[(&str, &str)],
+) -> Composition {
+    let mut all = vec![
+        ("TOA_ALONE", "false"),
+        ("TOA_LOCAL_GROUP", group),
+        ("TOA_RUNTIME_DIR", runtime.to_str().unwrap()),
+        ("TOA_INSTANCE", name),
+    ];
+    all.extend_from_slice(env);
+    let composition = Composition::start(components, &all);
     composition.wait_ready();
     composition
+}
+
+fn start(name: &str, group: &str, runtime: &Path, record: &Path) -> Composition {
+    let record = [("TEST_RECORD", record.to_str().unwrap())];
+    member(
+        &["agent/tests/components/assigned"],
+        name,
+        (group, runtime),
+        &record,
+    )
 }
 
 fn slots(composition: &Composition) -> Option<Vec<u64>> {
@@ -74,13 +90,24 @@ impl Lock {
 
     /// Whether `acquired` came within `wait`.
     fn acquired(&mut self, wait: Duration) -> bool {
-        self.stream.get_ref().set_read_timeout(Some(wait)).unwrap();
-        let mut line = String::new();
+        self.told("acquired", wait)
+    }
+
+    /// Whether the stream told `event` within `wait`.
+    fn told(&mut self, event: &str, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let (mut line, told) = (String::new(), format!(r#""event":"{event}""#));
         loop {
+            // The whole wait, across the keep-alive lines that come meanwhile.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            self.stream.get_ref().set_read_timeout(Some(left)).unwrap();
             line.clear();
             match self.stream.read_line(&mut line) {
                 Ok(0) | Err(_) => return false,
-                Ok(_) if line.contains(r#""event":"acquired""#) => return true,
+                Ok(_) if line.contains(&told) => return true,
                 Ok(_) => {}
             }
         }
@@ -179,6 +206,42 @@ fn two_composes_of_one_application_share_slots_locks_and_meters_and_the_survivor
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
+/// A process stopped (SIGSTOP) while it holds a lock keeps it only until the leader takes its
+/// silence for an end (5 s): the other process gets it then, and the stopped one, once it runs
+/// again, tells its holder the lock was lost.
+#[test]
+fn a_stopped_process_holds_no_lock_for_long_and_is_told_it_lost_it_when_it_runs_again() {
+    let scratch = std::env::temp_dir().join(format!("toa-group-stop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+    let (runtime, group) = (scratch.join("run"), format!("stop-{}", std::process::id()));
+    let first = start("first", &group, &runtime, &scratch.join("first.jsonl"));
+    let second = start("second", &group, &runtime, &scratch.join("second.jsonl"));
+    let mut held = Lock::ask(&second, "nightly");
+    assert!(held.acquired(BOUND));
+    let signal = |signal| {
+        // SAFETY: a signal to the agent this test started.
+        assert_eq!(unsafe { libc::kill(second.pid() as i32, signal) }, 0);
+    };
+    signal(libc::SIGSTOP);
+    let stopped = Instant::now();
+    let mut waiting = Lock::ask(&first, "nightly");
+    assert!(
+        !waiting.acquired(Duration::from_secs(1)),
+        "held by the second"
+    );
+    assert!(waiting.acquired(BOUND), "the stopped process's lock freed");
+    println!("granted {:?} after the holder stopped", stopped.elapsed());
+    signal(libc::SIGCONT);
+    assert!(held.told("lost", BOUND), "the holder is told");
+    drop((held, waiting));
+    for composition in [first, second] {
+        let (stopped, log) = composition.terminate(BOUND);
+        assert!(stopped, "{log}");
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
 /// From each program's record: the slots it owned from each assignment to the next (the killed
 /// one's until it was killed); no two overlapping spans of the two share a slot.
 fn no_slot_owned_twice(records: &[PathBuf; 2], killed_at: f64) {
@@ -238,24 +301,12 @@ fn calls_between_two_composes_reach_either_and_addressed_calls_the_process_named
     std::fs::create_dir_all(&scratch).unwrap();
     let (runtime, notes) = (scratch.join("run"), scratch.join("notes.jsonl"));
     let group = format!("calls-{}", std::process::id());
-    let start = |name: &str| {
-        let composition = Composition::start(
-            &["agent/tests/components/terminals"],
-            &[
-                ("TOA_ALONE", "false"),
-                ("TOA_LOCAL_GROUP", &group),
-                ("TOA_RUNTIME_DIR", runtime.to_str().unwrap()),
-                ("TOA_INSTANCE", name),
-                (
-                    "TEST_RECORD",
-                    scratch.join("charges.jsonl").to_str().unwrap(),
-                ),
-                ("TEST_NOTES", notes.to_str().unwrap()),
-            ],
-        );
-        composition.wait_ready();
-        composition
-    };
+    let charges = scratch.join("charges.jsonl");
+    let env = [
+        ("TEST_RECORD", charges.to_str().unwrap()),
+        ("TEST_NOTES", notes.to_str().unwrap()),
+    ];
+    let start = |name: &str| member(&[TERMINALS], name, (&group, &runtime), &env);
     let (first, second) = (start("first"), start("second"));
     let call = |on: &Composition, target: &str, body: &str| {
         support::call_with(&on.agent, target, "", body)
@@ -341,19 +392,7 @@ fn two_composes_share_one_store_and_their_events() {
     let _ = std::fs::remove_dir_all(&scratch);
     let runtime = scratch.join("run");
     let group = format!("store-{}", std::process::id());
-    let start = |name: &str, components: &[&str]| {
-        let composition = Composition::start(
-            components,
-            &[
-                ("TOA_ALONE", "false"),
-                ("TOA_LOCAL_GROUP", &group),
-                ("TOA_RUNTIME_DIR", runtime.to_str().unwrap()),
-                ("TOA_INSTANCE", name),
-            ],
-        );
-        composition.wait_ready();
-        composition
-    };
+    let start = |name: &str, components: &[&str]| member(components, name, (&group, &runtime), &[]);
     let stock = "agent/tests/components/stock-retry";
     let first = start("first", &[stock, "agent/tests/components/orders-events"]);
     let second = start("second", &[stock, "agent/tests/components/follower"]);
@@ -433,21 +472,12 @@ fn a_call_running_in_a_killed_process_runs_again_in_the_other() {
     std::fs::create_dir_all(&scratch).unwrap();
     let (runtime, starts) = (scratch.join("run"), scratch.join("starts.jsonl"));
     let group = format!("kill-{}", std::process::id());
-    let start = |name: &str| {
-        let composition = Composition::start(
-            &["agent/tests/components/terminals"],
-            &[
-                ("TOA_ALONE", "false"),
-                ("TOA_LOCAL_GROUP", &group),
-                ("TOA_RUNTIME_DIR", runtime.to_str().unwrap()),
-                ("TOA_INSTANCE", name),
-                ("TEST_NOTES", scratch.join("notes.jsonl").to_str().unwrap()),
-                ("TEST_NOTE_STARTS", starts.to_str().unwrap()),
-            ],
-        );
-        composition.wait_ready();
-        composition
-    };
+    let notes = scratch.join("notes.jsonl");
+    let env = [
+        ("TEST_NOTES", notes.to_str().unwrap()),
+        ("TEST_NOTE_STARTS", starts.to_str().unwrap()),
+    ];
+    let start = |name: &str| member(&[TERMINALS], name, (&group, &runtime), &env);
     let (first, second) = (start("first"), start("second"));
     let pid = |name: &str| {
         let body = format!(r#"{{"instance":"{name}"}}"#);

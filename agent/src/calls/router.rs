@@ -305,9 +305,9 @@ impl Calls {
         let wait = timeout.unwrap_or(self.operation_limit) + RELAY_MARGIN;
         let answer = match hand(group, call.component, named.as_deref(), &wire, wait).await {
             Ok(answer) => answer,
-            // The leader is changing (or slow): a component of this process runs here.
-            Err(_) if named.is_none() && here => return self.in_process(call, in_flight).await,
-            Err(GroupError::Unavailable) if named.is_some() => {
+            // No answer within the call's time: it may still run where it was handed, so it is
+            // not run here as well.
+            Err(GroupError::Unavailable) => {
                 return Err(CallError::Abandoned {
                     component: call.component.to_owned(),
                     timeout_ms: wait.as_millis() as u64,

@@ -13,12 +13,23 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// A free port for a server a test starts: below the kernel's ephemeral ports, so that no
+/// outgoing connection of another test takes it between this check and the server's bind (a CI
+/// run saw an agent's probe port taken so), from a range apart from [`restartable_port`]'s and the
+/// operator's end-to-end suite's; each test process starts at a place of its own in it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const FIRST: u16 = 30000;
+    const SPAN: u16 = 2700;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = (std::process::id() % u32::from(SPAN / 8)) as u16 * 8;
+    for _ in 0..SPAN {
+        let port = FIRST + (start + NEXT.fetch_add(1, Ordering::SeqCst)) % SPAN;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {FIRST}-{}", FIRST + SPAN)
 }
 
 /// A free port for a server a test stops and starts again on it: below the kernel's ephemeral

@@ -272,7 +272,7 @@ impl Atom {
                     .iter()
                     .map(|key| format!("{prefix}lock:{key}"))
                     .collect();
-                let (id, token, lost) = group.acquire(keys).await;
+                let (id, token, lost) = group.acquire(keys).await?;
                 let signal = Signal::lost_with(token, lost);
                 metrics.lock_waited(started.elapsed());
                 metrics.lock_held(1);

@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 pub use wire::CallAnswer;
-use wire::{Hello, Op, Reply, Request};
+use wire::{Challenge, Hello, Op, Proof, Reply, Request, Side};
 
 /// How long a first join may try before the process refuses to start.
 const JOIN: Duration = Duration::from_secs(10);
@@ -47,6 +47,8 @@ const ANSWER: Duration = Duration::from_secs(2);
 const GRACE: Duration = Duration::from_secs(2);
 /// The slots' heartbeat interval in a group: a second replica owns its share in about 2 s.
 pub const INTERVAL: Duration = Duration::from_secs(1);
+/// How often a member tells the leader it is alive ([`server::SILENT`] ends a silent one).
+const PING: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum GroupError {
@@ -65,17 +67,25 @@ pub enum GroupError {
     Unavailable,
     #[error("local group: the leader refused: {0}")]
     Refused(String),
+    /// The connection to the leader ended before the answer came: whether the request took
+    /// effect (a call ran, an event was handed out) is unknown, so it is not sent again.
+    #[error("local group: the leader changed before it answered; whether the request took effect is unknown")]
+    Changed,
 }
+
+/// A lock granted: its fencing token, and what tells the holder the lock was lost.
+type Granted = (u64, CancellationToken);
 
 enum Waiting {
     Value(oneshot::Sender<Result<Value, GroupError>>),
-    /// The token, and what tells the holder the lock was lost.
-    Lock(oneshot::Sender<(u64, CancellationToken)>),
+    Lock(oneshot::Sender<Result<Granted, GroupError>>),
 }
 
 struct Pending {
     op: Op,
     waiting: Waiting,
+    /// Written to a connection (maybe one that ended since).
+    sent: bool,
 }
 
 /// A lock this process holds through the group: reclaimed from a new leader.
@@ -175,8 +185,12 @@ impl Group {
     }
 
     /// Waits until every key is free, then holds them: the holding's id, its fencing token, and
-    /// what is cancelled should the lock be lost (a new leader gave it to another).
-    pub async fn acquire(&self, keys: Vec<String>) -> (u64, u64, CancellationToken) {
+    /// what is cancelled should the lock be lost (a new leader gave it to another). An error
+    /// only when the leader refuses the request.
+    pub async fn acquire(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<(u64, u64, CancellationToken), GroupError> {
         let (sender, granted) = oneshot::channel();
         let id = self.shared.ask(
             Op::Lock {
@@ -190,11 +204,11 @@ impl Group {
             shared: Some(&self.shared),
             id,
         };
-        let (token, lost) = granted
+        let granted = granted
             .await
             .expect("the group's task outlives its requests");
         guard.shared = None;
-        (id, token, lost)
+        granted.map(|(token, lost)| (id, token, lost))
     }
 
     /// Releases (or withdraws) the holding `id`.
@@ -334,8 +348,7 @@ impl Group {
     pub fn leave(&self) {
         self.task.abort();
         if let Some(leading) = self.shared.leading.lock().expect("leading").take() {
-            // Only this process's own connection, now closing, was left.
-            if leading.server.members() <= 1 {
+            if leading.server.others(&self.shared.instance) == 0 {
                 self.shared.place.clear();
             }
             leading.server.stop();
@@ -386,6 +399,8 @@ impl Releaser {
     }
 }
 
+/// Withdraws a lock request whose asker gave up: a grant that came meanwhile is released (a
+/// grant is recorded as held under the pending requests' lock, so one of the two sees it).
 struct Withdraw<'a> {
     shared: Option<&'a Arc<Shared>>,
     id: u64,
@@ -414,10 +429,14 @@ impl Drop for AbortOnDrop {
 impl Shared {
     fn ask(&self, op: Op, waiting: Waiting) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.pending
-            .lock()
-            .expect("pending")
-            .insert(id, Pending { op, waiting });
+        self.pending.lock().expect("pending").insert(
+            id,
+            Pending {
+                op,
+                waiting,
+                sent: false,
+            },
+        );
         let _ = self.wake.send(Wake::Send(id));
         id
     }
@@ -473,15 +492,24 @@ impl Shared {
         if let Err(error) = write.write_all(lines.as_bytes()).await {
             return error.to_string();
         }
+        let mut ping = tokio::time::interval(PING);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                _ = ping.tick() => {
+                    let ping = Request { id: 0, op: Op::Ping };
+                    if let Err(error) = write.write_all(wire::line(&ping).as_bytes()).await {
+                        return error.to_string();
+                    }
+                }
                 wake = woken.recv() => {
                     let Some(wake) = wake else { return "stopped".into() };
                     let request = match wake {
                         Wake::Send(id) if sent.contains(&id) => continue,
                         Wake::Send(id) => {
-                            let pending = self.pending.lock().expect("pending");
-                            let Some(pending) = pending.get(&id) else { continue };
+                            let mut pending = self.pending.lock().expect("pending");
+                            let Some(pending) = pending.get_mut(&id) else { continue };
+                            pending.sent = true;
                             Request { id, op: pending.op.clone() }
                         }
                         Wake::Release(lock) => Request { id: 0, op: Op::Release { lock } },
@@ -502,7 +530,31 @@ impl Shared {
 
     /// What a new connection sends first: the offer, the reclaims of the locks held, every
     /// request still waiting for its answer (and their ids, whose wakes are skipped).
+    ///
+    /// Except the requests whose effect reaches beyond the leader's state, which may have taken
+    /// effect before the connection ended: sent again they could run twice. A call is answered
+    /// [`CallAnswer::Gone`] (an ordinary one is handed out again, at least once, as a broker
+    /// redelivers), an event or a store method [`GroupError::Changed`].
     fn resent(&self) -> (String, std::collections::HashSet<u64>) {
+        let unknown: Vec<(u64, bool)> = self
+            .pending
+            .lock()
+            .expect("pending")
+            .iter()
+            .filter(|(_, pending)| pending.sent)
+            .filter_map(|(id, pending)| match pending.op {
+                Op::Call { .. } => Some((*id, true)),
+                Op::Publish { .. } | Op::Store { .. } => Some((*id, false)),
+                _ => None,
+            })
+            .collect();
+        for (id, call) in unknown {
+            let answer = match call {
+                true => Ok(serde_json::json!(CallAnswer::Gone)),
+                false => Err(GroupError::Changed),
+            };
+            self.settle(id, answer);
+        }
         let mut lines = String::new();
         if let Some(offer) = self.offer.lock().expect("offer").clone() {
             lines.push_str(&wire::line(&Request { id: 0, op: offer }));
@@ -515,7 +567,8 @@ impl Shared {
             lines.push_str(&wire::line(&Request { id: *id, op }));
         }
         let mut sent = std::collections::HashSet::new();
-        for (id, pending) in self.pending.lock().expect("pending").iter() {
+        for (id, pending) in self.pending.lock().expect("pending").iter_mut() {
+            pending.sent = true;
             let op = pending.op.clone();
             lines.push_str(&wire::line(&Request { id: *id, op }));
             sent.insert(*id);
@@ -576,32 +629,43 @@ impl Shared {
         if self.held.lock().expect("held").contains_key(&id) {
             return; // a reclaim granted: the holding goes on
         }
-        let Some(pending) = self.pending.lock().expect("pending").remove(&id) else {
+        let mut pending = self.pending.lock().expect("pending");
+        let Some(asked) = pending.remove(&id) else {
+            drop(pending);
             if matches!(answer, Ok(Value::Number(_))) {
                 // A lock granted after its asker gave up.
                 let _ = self.wake.send(Wake::Release(id));
             }
             return;
         };
-        match pending.waiting {
-            Waiting::Value(sender) => {
+        let (sender, keys) = match (asked.waiting, asked.op) {
+            (Waiting::Value(sender), _) => {
+                drop(pending);
                 let _ = sender.send(answer);
+                return;
             }
-            Waiting::Lock(sender) => {
-                let Op::Lock { keys, .. } = pending.op else {
-                    return;
-                };
-                let token = answer.ok().and_then(|v| v.as_u64()).unwrap_or_default();
-                let lost = CancellationToken::new();
-                let holding = Holding {
-                    keys,
-                    lost: lost.clone(),
-                };
-                self.held.lock().expect("held").insert(id, holding);
-                if sender.send((token, lost)).is_err() {
-                    self.release(id);
-                }
-            }
+            (Waiting::Lock(sender), Op::Lock { keys, .. }) => (sender, keys),
+            (Waiting::Lock(_), _) => unreachable!("a lock's waiting is asked with Op::Lock"),
+        };
+        let token = answer.and_then(|value| {
+            value
+                .as_u64()
+                .ok_or_else(|| GroupError::Refused(format!("a lock granted with {value}")))
+        });
+        let granted = token.map(|token| {
+            let lost = CancellationToken::new();
+            let holding = Holding {
+                keys,
+                lost: lost.clone(),
+            };
+            // Still under the pending requests' lock: a withdrawal waits for this and releases it.
+            self.held.lock().expect("held").insert(id, holding);
+            (token, lost)
+        });
+        drop(pending);
+        let taken = granted.is_ok();
+        if sender.send(granted).is_err() && taken {
+            self.release(id);
         }
     }
 
@@ -650,9 +714,7 @@ impl Shared {
         } else {
             Duration::ZERO
         };
-        let token: String = (0..32)
-            .map(|_| format!("{:02x}", rand::random::<u8>()))
-            .collect();
+        let token = wire::random_hex(32);
         let (server, address, task) = Server::start(token.clone(), grace, self.store.clone())
             .await
             .map_err(|e| GroupError::Place(format!("serving on loopback: {e}")))?;
@@ -672,8 +734,8 @@ impl Shared {
     }
 }
 
-/// Connects to `address` and is welcomed, or why not (`refused:` when something answered that
-/// is not the group's leader, or refused the token).
+/// Connects to `address` and is welcomed once both sides proved they hold the token ([`wire`]),
+/// or why not (`refused:` when something answered that is not the group's leader, or refused).
 async fn hello(address: &place::Address, instance: &str) -> Result<Connection, String> {
     let stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(address.address))
         .await
@@ -682,24 +744,73 @@ async fn hello(address: &place::Address, instance: &str) -> Result<Connection, S
     let _ = stream.set_nodelay(true);
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
+    let nonce = wire::random_hex(16);
     let hello = Hello {
-        token: address.token.clone(),
+        protocol: wire::PROTOCOL,
         instance: instance.to_owned(),
+        nonce: nonce.clone(),
     };
-    write
-        .write_all(wire::line(&hello).as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let welcome = tokio::time::timeout(Duration::from_secs(2), wire::read_line(&mut read))
-        .await
-        .map_err(|_| "refused: no welcome within 2 s".to_owned())?
-        .map_err(|e| format!("refused: {e}"))?;
-    match welcome.as_deref().map(serde_json::from_str::<Reply>) {
-        Some(Ok(Reply::Ok { id: 0, .. })) => Ok((read, write)),
-        Some(Ok(Reply::Error { message, .. })) => Err(format!("refused: {message}")),
-        None => Err("closed before a welcome".into()),
+    send(&mut write, &hello).await?;
+    let challenge = match handshake_line(&mut read).await? {
+        HandshakeLine::Answer(Reply::Error { message, .. }) => {
+            return Err(format!("refused: {message}"))
+        }
+        line => line.parse::<Challenge>()?,
+    };
+    let token = &address.token;
+    if !wire::proven(
+        &challenge.proof,
+        token,
+        Side::Leader,
+        &nonce,
+        &challenge.nonce,
+    ) {
+        return Err("refused: what answers there cannot prove it holds the group's token".into());
+    }
+    let proof = wire::prove(token, Side::Member, &nonce, &challenge.nonce);
+    send(&mut write, &Proof { proof }).await?;
+    match handshake_line(&mut read).await? {
+        HandshakeLine::Answer(Reply::Ok { id: 0, .. }) => Ok((read, write)),
+        HandshakeLine::Answer(Reply::Error { message, .. }) => Err(format!("refused: {message}")),
         _ => Err("refused: an answer that is not a welcome".into()),
     }
+}
+
+async fn send<T: serde::Serialize>(write: &mut OwnedWriteHalf, frame: &T) -> Result<(), String> {
+    let line = wire::line(frame);
+    write
+        .write_all(line.as_bytes())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A line of the leader's handshake: a [`Reply`] when it reads as one, else its text.
+enum HandshakeLine {
+    Answer(Reply),
+    Text(String),
+}
+
+impl HandshakeLine {
+    fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, String> {
+        let text = match self {
+            Self::Text(text) => text,
+            Self::Answer(_) => return Err("refused: an answer out of the handshake's order".into()),
+        };
+        serde_json::from_str(&text).map_err(|_| "refused: not the group's handshake".to_owned())
+    }
+}
+
+async fn handshake_line(read: &mut BufReader<OwnedReadHalf>) -> Result<HandshakeLine, String> {
+    let line = wire::read_line_within(read, wire::MAX_HANDSHAKE_LINE);
+    let line = tokio::time::timeout(Duration::from_secs(2), line)
+        .await
+        .map_err(|_| "refused: no answer within 2 s".to_owned())?
+        .map_err(|e| format!("refused: {e}"))?
+        .ok_or_else(|| "closed during the handshake".to_owned())?;
+    Ok(match serde_json::from_str::<wire::Reply>(&line) {
+        Ok(reply) => HandshakeLine::Answer(reply),
+        Err(_) => HandshakeLine::Text(line),
+    })
 }
 
 #[cfg(test)]

@@ -57,7 +57,10 @@ impl Place {
             .open(&self.lock)
             .map_err(|e| GroupError::Place(format!("{}: {e}", self.lock.display())))?;
         match file.try_lock() {
-            Ok(()) => Ok(Some(file)),
+            // The lock counts only on the file the path names now: one removed between the open
+            // and the lock (and made anew by another process) would make two leaders.
+            Ok(()) if same_file(&file, &self.lock) => Ok(Some(file)),
+            Ok(()) => Ok(None),
             Err(std::fs::TryLockError::WouldBlock) => Ok(None),
             Err(std::fs::TryLockError::Error(e)) => {
                 Err(GroupError::Place(format!("{}: {e}", self.lock.display())))
@@ -91,6 +94,14 @@ impl Place {
     /// Removes the address: the group ended with its last process (a clean stop).
     pub fn clear(&self) {
         let _ = std::fs::remove_file(&self.address);
+    }
+}
+
+/// Whether `path` names the open `file`.
+fn same_file(file: &File, path: &Path) -> bool {
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(open), Ok(named)) => open.dev() == named.dev() && open.ino() == named.ino(),
+        _ => false,
     }
 }
 

@@ -9,13 +9,16 @@
 //! or to the next of those serving the component in turn, and its answer handed back.
 //!
 //! A member's connection is its session: when it ends (the process stopped or was killed), its
-//! locks are released, its waits dropped and its members leave the membership at once.
+//! locks are released, its waits dropped and its members leave the membership at once. A member
+//! pings every second; one silent for [`SILENT`] (stopped with SIGSTOP, or frozen) is taken for
+//! gone, its session ended the same way: a frozen process holds no lock for longer. Once it runs
+//! again it joins anew, and its reclaims are refused: its holders are told their locks were lost.
 //!
 //! A leader that takes over from another starts empty: for a grace period it grants only
 //! reclaims (a member's holdings from the previous leader, sent first on reconnecting) and keeps
 //! every other lock request waiting, so a lock held across the change is never granted twice.
 
-use super::wire::{self, CallAnswer, Hello, Op, Reply, Request};
+use super::wire::{self, CallAnswer, Challenge, Hello, Op, Proof, Reply, Request, Side};
 use super::StoreService;
 use crate::coordination::debts::Debts;
 use crate::coordination::expiring::Expiring;
@@ -26,14 +29,22 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// How long a member may take to say hello.
+/// How long a connection may take over its handshake.
 const HELLO: Duration = Duration::from_secs(5);
+/// How many connections may be in their handshake at once: more are closed unread, so that
+/// processes without the token cannot make the leader hold memory for them.
+const HANDSHAKES: usize = 32;
+/// How long a member may be silent (it pings every [`super::PING`]) before its session ends.
+pub const SILENT: Duration = Duration::from_secs(5);
+
+type Reader = BufReader<OwnedReadHalf>;
 
 struct Waiter {
     session: Session,
@@ -59,6 +70,8 @@ struct Offer {
 struct State {
     next_session: Session,
     sessions: HashMap<Session, mpsc::UnboundedSender<String>>,
+    /// Session → its member's process name.
+    instances: HashMap<Session, String>,
     /// Key → the holding (session, request id).
     held: HashMap<String, (Session, u64)>,
     /// (session, request id) → its keys.
@@ -121,6 +134,7 @@ impl Server {
             });
         }
         let serving = server.clone();
+        let handshakes = Arc::new(Semaphore::new(HANDSHAKES));
         let task = tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -128,9 +142,14 @@ impl Server {
                     () = serving.stopped.cancelled() => return,
                 };
                 match accepted {
-                    Ok((stream, _)) => {
-                        tokio::spawn(serving.clone().session(stream));
-                    }
+                    Ok((stream, _)) => match handshakes.clone().try_acquire_owned() {
+                        Ok(permit) => {
+                            tokio::spawn(serving.clone().session(stream, permit));
+                        }
+                        Err(_) => tracing::warn!(
+                            "local group: {HANDSHAKES} connections are in their handshake; another is closed"
+                        ),
+                    },
                     Err(error) => {
                         tracing::warn!(%error, "local group: accept failed");
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -146,44 +165,97 @@ impl Server {
         self.stopped.cancel();
     }
 
-    /// How many members are connected.
-    pub fn members(&self) -> usize {
-        self.state.lock().expect("group").sessions.len()
+    /// How many members are connected besides the process `instance`.
+    pub fn others(&self, instance: &str) -> usize {
+        let state = self.state.lock().expect("group");
+        state.instances.values().filter(|i| *i != instance).count()
     }
 
-    /// A new session, answered through `sender`.
-    fn open(&self, sender: mpsc::UnboundedSender<String>) -> Session {
+    /// A new session of the process `instance`, answered through `sender`.
+    fn open(&self, instance: &str, sender: mpsc::UnboundedSender<String>) -> Session {
         let mut state = self.state.lock().expect("group");
         state.next_session += 1;
         let session = state.next_session;
         state.sessions.insert(session, sender);
+        state.instances.insert(session, instance.to_owned());
         session
     }
 
-    /// A member's hello, if it came in time with the group's token.
-    async fn hello(&self, read: &mut BufReader<tokio::net::tcp::OwnedReadHalf>) -> Option<Hello> {
-        let hello = match tokio::time::timeout(HELLO, wire::read_line(read)).await {
-            Ok(Ok(Some(line))) => serde_json::from_str::<Hello>(&line).ok(),
-            _ => None,
+    /// The handshake ([`wire`]): the member's hello once it proved it holds the token, or why
+    /// not (told to the member).
+    async fn handshake(
+        &self,
+        read: &mut Reader,
+        write: &mut OwnedWriteHalf,
+    ) -> Result<Hello, String> {
+        let closed = || "closed during the handshake".to_owned();
+        let line = wire::read_line_within(read, wire::MAX_HANDSHAKE_LINE)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(closed)?;
+        let hello: Hello = serde_json::from_str(&line).map_err(|_| "not a member's hello")?;
+        if hello.protocol != wire::PROTOCOL {
+            return Err(format!(
+                "the leader speaks the group's protocol {}, this member {}: run one build of the agent, or this process with --alone",
+                wire::PROTOCOL, hello.protocol
+            ));
+        }
+        let nonce = wire::random_hex(16);
+        let challenge = Challenge {
+            pid: std::process::id(),
+            proof: wire::prove(&self.token, Side::Leader, &hello.nonce, &nonce),
+            nonce,
         };
-        hello.filter(|hello| same(&hello.token, &self.token))
+        write
+            .write_all(wire::line(&challenge).as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let line = wire::read_line_within(read, wire::MAX_HANDSHAKE_LINE)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(closed)?;
+        let proof: Proof = serde_json::from_str(&line).map_err(|_| "not a member's proof")?;
+        if !wire::proven(
+            &proof.proof,
+            &self.token,
+            Side::Member,
+            &hello.nonce,
+            &challenge.nonce,
+        ) {
+            return Err("not a member: a wrong token".into());
+        }
+        Ok(hello)
     }
 
-    async fn session(self: Arc<Self>, stream: TcpStream) {
+    /// The member's hello once its handshake passed in time; a refusal is told and logged.
+    async fn admit(
+        &self,
+        read: &mut Reader,
+        write: &mut OwnedWriteHalf,
+        handshaking: OwnedSemaphorePermit,
+    ) -> Option<Hello> {
+        let hello = tokio::time::timeout(HELLO, self.handshake(read, write)).await;
+        drop(handshaking);
+        match hello.unwrap_or_else(|_| Err(format!("no handshake within {HELLO:?}"))) {
+            Ok(hello) => Some(hello),
+            Err(message) => {
+                tracing::warn!(%message, "local group: a connection was refused");
+                let refused = Reply::Error { id: 0, message };
+                let _ = write.write_all(wire::line(&refused).as_bytes()).await;
+                None
+            }
+        }
+    }
+
+    async fn session(self: Arc<Self>, stream: TcpStream, handshaking: OwnedSemaphorePermit) {
         let _ = stream.set_nodelay(true);
         let (read, mut write) = stream.into_split();
         let mut read = BufReader::new(read);
-        let Some(hello) = self.hello(&mut read).await else {
-            let refused = Reply::Error {
-                id: 0,
-                message: "not a member: a wrong or missing token".into(),
-            };
-            let _ = write.write_all(wire::line(&refused).as_bytes()).await;
-            tracing::warn!("local group: a connection without the group's token was refused");
+        let Some(hello) = self.admit(&mut read, &mut write, handshaking).await else {
             return;
         };
         let (sender, mut outgoing) = mpsc::unbounded_channel::<String>();
-        let session = self.open(sender.clone());
+        let session = self.open(&hello.instance, sender.clone());
         tracing::info!(member = %hello.instance, "local group: a member joined");
         let welcome = Reply::Ok {
             id: 0,
@@ -199,13 +271,17 @@ impl Server {
         });
         loop {
             let line = tokio::select! {
-                line = wire::read_line(&mut read) => line,
+                line = tokio::time::timeout(SILENT, wire::read_line(&mut read)) => line,
                 () = self.stopped.cancelled() => break,
             };
             let line = match line {
-                Ok(Some(line)) => line,
-                Ok(None) => break,
-                Err(error) => {
+                Ok(Ok(Some(line))) => line,
+                Ok(Ok(None)) => break,
+                Err(_) => {
+                    tracing::warn!(member = %hello.instance, silent = ?SILENT, "local group: a member fell silent (stopped or frozen); its session ends and its locks are released");
+                    break;
+                }
+                Ok(Err(error)) => {
                     tracing::warn!(member = %hello.instance, %error, "local group: a member's connection failed");
                     break;
                 }
@@ -233,6 +309,7 @@ impl Server {
         let id = request.id;
         let mut state = self.state.lock().expect("group");
         let value = match request.op {
+            Op::Ping => return None,
             Op::Lock { keys, reclaim } => return self.lock(state, (session, id), keys, reclaim),
             Op::Release { lock } => {
                 state
@@ -339,6 +416,7 @@ impl Server {
     fn close(&self, session: Session) {
         let mut state = self.state.lock().expect("group");
         state.sessions.remove(&session);
+        state.instances.remove(&session);
         state.waiting.retain(|w| w.session != session);
         let ids: Vec<u64> = state
             .holdings
@@ -537,14 +615,4 @@ impl State {
         }
         true
     }
-}
-
-/// Compares tokens in time independent of where they differ.
-fn same(given: &str, expected: &str) -> bool {
-    given.len() == expected.len()
-        && given
-            .bytes()
-            .zip(expected.bytes())
-            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
-            == 0
 }

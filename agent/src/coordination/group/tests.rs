@@ -21,7 +21,7 @@ async fn the_first_leads_and_a_lock_excludes_across_members() {
     let first = Group::join(place.clone(), "first", None).await.unwrap();
     let second = Group::join(place, "second", None).await.unwrap();
     assert!(first.leads() && !second.leads());
-    let (held, token, lost) = first.acquire(vec!["k".into()]).await;
+    let (held, token, lost) = first.acquire(vec!["k".into()]).await.unwrap();
     let waiting = tokio::spawn(async move {
         let granted = second.acquire(vec!["k".into(), "other".into()]).await;
         (second, granted, Instant::now())
@@ -33,7 +33,8 @@ async fn the_first_leads_and_a_lock_excludes_across_members() {
     );
     let released = Instant::now();
     first.release(held);
-    let (_second, (_, later, _), granted_at) = timeout(BOUND, waiting).await.unwrap().unwrap();
+    let (_second, granted, granted_at) = timeout(BOUND, waiting).await.unwrap().unwrap();
+    let (_, later, _) = granted.unwrap();
     assert!(granted_at >= released);
     assert!(later > token, "fencing tokens grow");
     assert!(!lost.is_cancelled());
@@ -45,7 +46,7 @@ async fn a_waiter_that_gives_up_is_withdrawn_and_a_dead_members_locks_are_freed(
     let first = Group::join(place.clone(), "first", None).await.unwrap();
     let second = Group::join(place.clone(), "second", None).await.unwrap();
     let third = Group::join(place, "third", None).await.unwrap();
-    let (held, _, _) = second.acquire(vec!["k".into()]).await;
+    let (held, _, _) = second.acquire(vec!["k".into()]).await.unwrap();
     // The first gives up waiting: it must not be granted k later, behind the third's back.
     let gave_up = timeout(Duration::from_millis(100), first.acquire(vec!["k".into()])).await;
     assert!(gave_up.is_err());
@@ -61,7 +62,7 @@ async fn a_new_leader_keeps_the_locks_its_members_hold_and_grants_others_after_t
     let place = place("takeover");
     let leader = Group::join(place.clone(), "leader", None).await.unwrap();
     let holder = Group::join(place.clone(), "holder", None).await.unwrap();
-    let (held, _, lost) = holder.acquire(vec!["k".into()]).await;
+    let (held, _, lost) = holder.acquire(vec!["k".into()]).await.unwrap();
     holder
         .set("stash".into(), "1".into(), 60_000)
         .await
@@ -150,13 +151,176 @@ async fn meters_and_values_are_shared() {
 }
 
 #[tokio::test]
-async fn a_wrong_token_is_refused_and_something_else_on_the_port_is_named() {
+async fn a_wrong_token_is_refused_both_ways_and_never_sent() {
     let place = place("token");
     let _first = Group::join(place.clone(), "first", None).await.unwrap();
     let mut address = place.read().unwrap();
-    address.token = "0".repeat(64);
+    // A member with another token: the leader's proof does not pass, the member sends none.
+    let token = std::mem::replace(&mut address.token, "0".repeat(64));
     let refused = hello(&address, "intruder").await.err().unwrap();
-    assert!(refused.starts_with("refused: not a member"), "{refused}");
+    assert!(
+        refused.contains("cannot prove it holds the group's token"),
+        "{refused}"
+    );
+    // One that answers the challenge without the token: refused by the leader.
+    let (mut read, mut write) = handshake_start(&address, wire::PROTOCOL).await;
+    let challenge: Challenge = serde_json::from_str(&next(&mut read).await).unwrap();
+    assert!(wire::proven(
+        &challenge.proof,
+        &token,
+        Side::Leader,
+        "n",
+        &challenge.nonce
+    ));
+    send(
+        &mut write,
+        &Proof {
+            proof: "00".repeat(32),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(next(&mut read)
+        .await
+        .contains("not a member: a wrong token"));
+    // Another build's protocol, and a hello too long to be one, are refused naming why.
+    let (mut read, _write) = handshake_start(&address, 99).await;
+    let told = next(&mut read).await;
+    assert!(told.contains("protocol 1, this member 99"), "{told}");
+    let mut stream = TcpStream::connect(address.address).await.unwrap();
+    stream.write_all(&[b'x'; 8192]).await.unwrap();
+    let told = next(&mut BufReader::new(stream)).await;
+    assert!(told.contains("longer than 4096 bytes"), "{told}");
+}
+
+#[tokio::test]
+async fn a_member_never_sends_the_token_to_what_took_a_dead_leaders_port() {
+    let other = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let (place, _lock) = place_with_leader_at("stolen", other.local_addr().unwrap());
+    let impostor = tokio::spawn(async move {
+        let (stream, _) = other.accept().await.unwrap();
+        let (read, mut write) = stream.into_split();
+        let mut read = BufReader::new(read);
+        let hello = next(&mut read).await;
+        let challenge = Challenge {
+            pid: 1,
+            nonce: "n".into(),
+            proof: "00".repeat(32),
+        };
+        send(&mut write, &challenge).await.unwrap();
+        (hello, wire::read_line(&mut read).await)
+    });
+    let error = Group::join(place, "member", None).await.unwrap_err();
+    assert!(error.to_string().contains("cannot prove"), "{error}");
+    let (hello, after) = timeout(BOUND, impostor).await.unwrap().unwrap();
+    assert!(!hello.contains(TOKEN), "{hello}");
+    assert!(
+        matches!(after, Ok(None)),
+        "nothing more was sent: {after:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_silent_member_is_taken_for_gone_and_a_pinging_one_is_not() {
+    let place = place("silent");
+    let first = Group::join(place.clone(), "first", None).await.unwrap();
+    let alive = Group::join(place.clone(), "alive", None).await.unwrap();
+    let (_, _, kept) = alive.acquire(vec!["kept".into()]).await.unwrap();
+    // A frozen process: joined, holds k, then sends nothing (not even pings).
+    let (mut read, mut write) = hello(&place.read().unwrap(), "frozen").await.unwrap();
+    let lock = Request {
+        id: 7,
+        op: Op::Lock {
+            keys: vec!["k".into()],
+            reclaim: false,
+        },
+    };
+    send(&mut write, &lock).await.unwrap();
+    assert!(next(&mut read).await.starts_with(r#"{"ok":{"id":7"#));
+    let asked = Instant::now();
+    let waiting = tokio::spawn(async move { first.acquire(vec!["k".into()]).await.map(|_| first) });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !waiting.is_finished(),
+        "k is held by the frozen member until it is silent too long"
+    );
+    let first = timeout(BOUND, waiting).await.unwrap().unwrap().unwrap();
+    assert!(asked.elapsed() >= server::SILENT);
+    // The member that pings kept its lock all along.
+    assert!(!kept.is_cancelled());
+    let blocked = timeout(
+        Duration::from_millis(300),
+        first.acquire(vec!["kept".into()]),
+    )
+    .await;
+    assert!(
+        blocked.is_err(),
+        "kept is still held by the member that pings"
+    );
+}
+
+#[tokio::test]
+async fn a_call_pending_when_the_leader_changes_is_not_sent_again() {
+    let place = place("resend");
+    let leader = Group::join(place.clone(), "leader", None).await.unwrap();
+    let callee = Group::join(place.clone(), "callee", None).await.unwrap();
+    let caller = Group::join(place, "caller", None).await.unwrap();
+    let runs = Arc::new(AtomicU64::new(0));
+    let counted = runs.clone();
+    let runner: Runner = Arc::new(move |_, _| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Box::pin(futures::future::pending()) // runs until the test ends
+    });
+    callee.offer(vec!["c".into()], runner);
+    let calling = tokio::spawn(async move {
+        loop {
+            let answer = caller.call("c", None, Value::Null, BOUND).await;
+            // Until the callee's offer reached the leader.
+            if !matches!(&answer, Ok(a) if *a == serde_json::json!(CallAnswer::Nobody)) {
+                return (caller, answer);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let deadline = Instant::now() + BOUND;
+    while runs.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "never handed to the callee");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(leader);
+    let (_caller, answer) = timeout(BOUND, calling).await.unwrap().unwrap();
+    assert_eq!(answer.unwrap(), serde_json::json!(CallAnswer::Gone));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "handed out once only");
+}
+
+const TOKEN: &str = "the-group-token-no-listener-may-learn";
+
+/// A raw connection that sent a hello speaking `protocol`, nonce `n`.
+async fn handshake_start(address: &place::Address, protocol: u32) -> Connection {
+    let stream = TcpStream::connect(address.address).await.unwrap();
+    let (read, mut write) = stream.into_split();
+    let hello = Hello {
+        protocol,
+        instance: "raw".into(),
+        nonce: "n".into(),
+    };
+    send(&mut write, &hello).await.unwrap();
+    (BufReader::new(read), write)
+}
+
+/// The next line, within the bound.
+async fn next<R: tokio::io::AsyncBufRead + Unpin>(read: &mut R) -> String {
+    timeout(BOUND, wire::read_line(read))
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("a line")
+}
+
+#[tokio::test]
+async fn something_else_on_the_port_is_named() {
     // A port taken by something that is not the group's leader: the second process refuses to start.
     let other = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
@@ -187,7 +351,7 @@ fn place_with_leader_at(test: &str, address: std::net::SocketAddr) -> (Place, Fi
     place
         .write(&place::Address {
             address,
-            token: "t".into(),
+            token: TOKEN.into(),
             pid: 4242,
         })
         .unwrap();
