@@ -242,6 +242,60 @@ fn a_stopped_process_holds_no_lock_for_long_and_is_told_it_lost_it_when_it_runs_
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
+/// A call handed to a process that was stopped (SIGSTOP) before it read it goes to the other
+/// process once the stopped one is taken for gone (5 s), and the stopped one, when it runs again,
+/// does not run it as well: each call starts once, in the process that answered it.
+#[test]
+fn a_call_handed_to_a_stopped_process_runs_once_elsewhere_and_not_when_it_resumes() {
+    let scratch = std::env::temp_dir().join(format!("toa-group-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+    let (runtime, group) = (
+        scratch.join("run"),
+        format!("resume-{}", std::process::id()),
+    );
+    let (notes, starts) = (scratch.join("notes.jsonl"), scratch.join("starts.jsonl"));
+    let env = [
+        ("TEST_NOTES", notes.to_str().unwrap()),
+        ("TEST_NOTE_STARTS", starts.to_str().unwrap()),
+    ];
+    let start = |name: &str| member(&[TERMINALS], name, (&group, &runtime), &env);
+    let (first, second) = (start("first"), start("second"));
+    let pid = |name: &str, on: &Composition| {
+        let body = format!(r#"{{"instance":"{name}"}}"#);
+        support::call_with(&on.agent, "test.terminals.pid", "", &body).1["reply"].as_u64()
+    };
+    let first_pid = pid("first", &first).unwrap();
+    // SAFETY: signals to the agent this test started.
+    let signal = |signal| assert_eq!(unsafe { libc::kill(second.pid() as i32, signal) }, 0);
+    signal(libc::SIGSTOP);
+    // Two calls in a row: the group hands them out in turn, so one goes to the stopped process.
+    for id in [900, 901] {
+        let body = format!(r#"{{"input":{{"id":{id}}}}}"#);
+        let (status, answer) = support::call_with(&first.agent, "test.terminals.note", "", &body);
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["reply"]["pid"].as_u64(), Some(first_pid), "{answer}");
+    }
+    signal(libc::SIGCONT);
+    // Once the second answers again, anything it would have run of what it read meanwhile has
+    // started: its program records a start first thing.
+    until("the second joined again", || pid("second", &first));
+    let started: Vec<Value> = events(&starts)
+        .into_iter()
+        .filter(|s| s["id"].as_u64() >= Some(900))
+        .collect();
+    assert_eq!(started.len(), 2, "each call started once: {started:?}");
+    assert!(
+        started.iter().all(|s| s["pid"].as_u64() == Some(first_pid)),
+        "{started:?}"
+    );
+    for composition in [first, second] {
+        let (stopped, log) = composition.terminate(BOUND);
+        assert!(stopped, "{log}");
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
 /// From each program's record: the slots it owned from each assignment to the next (the killed
 /// one's until it was killed); no two overlapping spans of the two share a slot.
 fn no_slot_owned_twice(records: &[PathBuf; 2], killed_at: f64) {

@@ -9,7 +9,7 @@ mod support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{event_names, events, free_port, http_get, Composition};
+use support::{event_names, events, free_port, http_get, http_get_or_none, Composition};
 
 const COMPONENT: &str = "agent/tests/components/recorder";
 
@@ -591,11 +591,4 @@ fn in_a_pod_the_configuration_is_not_the_agents_to_refuse() {
     assert_eq!(pod.agent.exited(), None, "{}", pod.agent.log());
     program.kill().unwrap();
     program.wait().unwrap();
-}
-
-/// The status of a GET, or `None` while nothing accepts connections on its port.
-fn http_get_or_none(url: &str) -> Option<u16> {
-    let address = url.strip_prefix("http://")?.split('/').next()?;
-    std::net::TcpStream::connect(address).ok()?;
-    Some(http_get(url).0)
 }

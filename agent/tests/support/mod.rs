@@ -16,16 +16,29 @@ pub fn root() -> PathBuf {
 /// A free port for a server a test starts: below the kernel's ephemeral ports, so that no
 /// outgoing connection of another test takes it between this check and the server's bind (a CI
 /// run saw an agent's probe port taken so), from a range apart from [`restartable_port`]'s and the
-/// operator's end-to-end suite's; each test process starts at a place of its own in it.
+/// operator's end-to-end suite's. Each port is reserved for this test process's life by a lock
+/// on a file of its own, so two test processes never pick one port together.
 pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    const FIRST: u16 = 30000;
-    const SPAN: u16 = 2700;
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let start = (std::process::id() % u32::from(SPAN / 8)) as u16 * 8;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Mutex;
+    const FIRST: u32 = 30000;
+    const SPAN: u32 = 2700;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    static HELD: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("toa-test-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    let start = std::process::id() % SPAN;
     for _ in 0..SPAN {
-        let port = FIRST + (start + NEXT.fetch_add(1, Ordering::SeqCst)) % SPAN;
+        let port = (FIRST + (start + NEXT.fetch_add(1, Ordering::SeqCst)) % SPAN) as u16;
+        let Ok(file) = std::fs::File::create(dir.join(port.to_string())) else {
+            continue;
+        };
+        // Released when this process exits, however it exits.
+        if file.try_lock().is_err() {
+            continue;
+        }
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            HELD.lock().unwrap().push(file);
             return port;
         }
     }
@@ -249,6 +262,13 @@ impl Composition {
 /// A GET over a plain TCP socket: the status code.
 pub fn http_status(url: &str) -> u16 {
     http_get(url).0
+}
+
+/// The status of a GET, or `None` while nothing accepts connections on its port.
+pub fn http_get_or_none(url: &str) -> Option<u16> {
+    let address = url.strip_prefix("http://")?.split('/').next()?;
+    std::net::TcpStream::connect(address).ok()?;
+    Some(http_get(url).0)
 }
 
 /// A GET over a plain TCP socket: the status code and the whole response (head and body).

@@ -4,8 +4,8 @@
 //! stash and the records of repeated calls are shared.
 //!
 //! The first process to take the group's lock file ([`place`]) leads: it serves the shared state
-//! on loopback ([`server`]) to every member, itself included, over one connection each
-//! ([`Group`]). The group is the application's name with the context file's absolute path, or
+//! on a Unix socket in the user's own directory ([`server`]) to every member, itself included,
+//! over one connection each ([`Group`]). The group is the application's name with the context file's absolute path, or
 //! `TOA_LOCAL_GROUP`; `--alone` (`TOA_ALONE`) keeps a process out of any.
 //!
 //! When the leader stops or is killed, the kernel releases its lock file; a member takes it,
@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +49,9 @@ const GRACE: Duration = Duration::from_secs(2);
 pub const INTERVAL: Duration = Duration::from_secs(1);
 /// How often a member tells the leader it is alive ([`server::SILENT`] ends a silent one).
 const PING: Duration = Duration::from_secs(1);
+/// A member that did not run for this long (stopped, frozen) takes its session for ended: the
+/// leader may have ended it, given its locks to others and its calls to other processes.
+const STOPPED: Duration = Duration::from_secs(4);
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum GroupError {
@@ -68,9 +71,9 @@ pub enum GroupError {
     #[error("local group: the leader refused: {0}")]
     Refused(String),
     /// The connection to the leader ended before the answer came: whether the request took
-    /// effect (a call ran, an event was handed out) is unknown, so it is not sent again.
-    #[error("local group: the leader changed before it answered; whether the request took effect is unknown")]
-    Changed,
+    /// effect (an event was handed out, a meter charged) is unknown, so it is not sent again.
+    #[error("local group: the connection to the leader ended before it answered (the leader changed, or this process was stopped); whether the request took effect is unknown")]
+    Interrupted,
 }
 
 /// A lock granted: its fencing token, and what tells the holder the lock was lost.
@@ -110,6 +113,8 @@ struct Shared {
     /// Request ids to send now; releases to tell the leader.
     wake: mpsc::UnboundedSender<Wake>,
     leading: Mutex<Option<Leading>>,
+    /// This member's session with the leader it is connected to (0: none yet).
+    session: AtomicU64,
     /// The embedded store's service, for when this process leads.
     store: Option<StoreService>,
     /// What this process serves, told to every leader it joins.
@@ -161,6 +166,7 @@ impl Group {
             held: Mutex::default(),
             wake,
             leading: Mutex::default(),
+            session: AtomicU64::new(0),
             store,
             offer: Mutex::default(),
             runner: std::sync::OnceLock::new(),
@@ -348,7 +354,8 @@ impl Group {
     pub fn leave(&self) {
         self.task.abort();
         if let Some(leading) = self.shared.leading.lock().expect("leading").take() {
-            if leading.server.others(&self.shared.instance) == 0 {
+            let own = Some(self.shared.session.load(Ordering::Relaxed));
+            if leading.server.others(own) == 0 {
                 self.shared.place.clear();
             }
             leading.server.stop();
@@ -494,47 +501,82 @@ impl Shared {
         }
         let mut ping = tokio::time::interval(PING);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ran = tokio::time::Instant::now();
         loop {
-            tokio::select! {
-                _ = ping.tick() => {
-                    let ping = Request { id: 0, op: Op::Ping };
-                    if let Err(error) = write.write_all(wire::line(&ping).as_bytes()).await {
-                        return error.to_string();
-                    }
-                }
+            // The ping wakes this loop every second: a longer gap is time this process did not
+            // run. Nothing read meanwhile is acted on (a call handed here may have gone to
+            // another process since), and no lock is reclaimed.
+            if let Some(gap) = self.stopped(&mut ran) {
+                return gap;
+            }
+            let request = tokio::select! {
+                _ = ping.tick() => Request { id: 0, op: Op::Ping },
                 wake = woken.recv() => {
                     let Some(wake) = wake else { return "stopped".into() };
-                    let request = match wake {
-                        Wake::Send(id) if sent.contains(&id) => continue,
-                        Wake::Send(id) => {
-                            let mut pending = self.pending.lock().expect("pending");
-                            let Some(pending) = pending.get_mut(&id) else { continue };
-                            pending.sent = true;
-                            Request { id, op: pending.op.clone() }
-                        }
-                        Wake::Release(lock) => Request { id: 0, op: Op::Release { lock } },
-                        Wake::Frame(op) => Request { id: 0, op: *op },
-                    };
-                    if let Err(error) = write.write_all(wire::line(&request).as_bytes()).await {
-                        return error.to_string();
+                    match self.request_for(wake, &sent) {
+                        Some(request) => request,
+                        None => continue,
                     }
                 }
-                line = incoming.recv() => match line {
-                    Some(Ok(Some(line))) => self.answer(&line),
-                    Some(Ok(None)) | None => return "closed by the leader".into(),
-                    Some(Err(error)) => return error.to_string(),
-                },
+                line = incoming.recv() => {
+                    match line {
+                        Some(Ok(Some(line))) => self.answer(&line),
+                        Some(Ok(None)) | None => return "closed by the leader".into(),
+                        Some(Err(error)) => return error.to_string(),
+                    }
+                    continue;
+                }
+            };
+            if let Err(error) = write.write_all(wire::line(&request).as_bytes()).await {
+                return error.to_string();
             }
         }
+    }
+
+    /// What to send for `wake`; `None` for a request sent already (`sent`) or given up.
+    fn request_for(&self, wake: Wake, sent: &std::collections::HashSet<u64>) -> Option<Request> {
+        Some(match wake {
+            Wake::Send(id) if sent.contains(&id) => return None,
+            Wake::Send(id) => {
+                let mut pending = self.pending.lock().expect("pending");
+                let pending = pending.get_mut(&id)?;
+                pending.sent = true;
+                Request {
+                    id,
+                    op: pending.op.clone(),
+                }
+            }
+            Wake::Release(lock) => Request {
+                id: 0,
+                op: Op::Release { lock },
+            },
+            Wake::Frame(op) => Request { id: 0, op: *op },
+        })
+    }
+
+    /// `Some` (why) when this process did not run for [`STOPPED`] since `ran`: its holdings are
+    /// told lost. Else `ran` moves to now.
+    fn stopped(&self, ran: &mut tokio::time::Instant) -> Option<String> {
+        let gap = ran.elapsed();
+        *ran = tokio::time::Instant::now();
+        if gap < STOPPED {
+            return None;
+        }
+        for (_, holding) in std::mem::take(&mut *self.held.lock().expect("held")) {
+            holding.lost.cancel();
+        }
+        Some(format!(
+            "this process did not run for {gap:?} (stopped or frozen): its session is taken for ended and its locks for lost"
+        ))
     }
 
     /// What a new connection sends first: the offer, the reclaims of the locks held, every
     /// request still waiting for its answer (and their ids, whose wakes are skipped).
     ///
-    /// Except the requests whose effect reaches beyond the leader's state, which may have taken
-    /// effect before the connection ended: sent again they could run twice. A call is answered
+    /// Except the requests sent already whose effect could be applied twice, to the same leader
+    /// (a meter charged, a record claimed) or beyond its state: a call is answered
     /// [`CallAnswer::Gone`] (an ordinary one is handed out again, at least once, as a broker
-    /// redelivers), an event or a store method [`GroupError::Changed`].
+    /// redelivers), an event, a store method, a meter or a claim [`GroupError::Interrupted`].
     fn resent(&self) -> (String, std::collections::HashSet<u64>) {
         let unknown: Vec<(u64, bool)> = self
             .pending
@@ -544,14 +586,16 @@ impl Shared {
             .filter(|(_, pending)| pending.sent)
             .filter_map(|(id, pending)| match pending.op {
                 Op::Call { .. } => Some((*id, true)),
-                Op::Publish { .. } | Op::Store { .. } => Some((*id, false)),
+                Op::Publish { .. } | Op::Store { .. } | Op::Meter { .. } | Op::Claim { .. } => {
+                    Some((*id, false))
+                }
                 _ => None,
             })
             .collect();
         for (id, call) in unknown {
             let answer = match call {
                 true => Ok(serde_json::json!(CallAnswer::Gone)),
-                false => Err(GroupError::Changed),
+                false => Err(GroupError::Interrupted),
             };
             self.settle(id, answer);
         }
@@ -676,10 +720,11 @@ impl Shared {
             self.lead_if_free().await?;
             if let Some(address) = self.place.read() {
                 match hello(&address, &self.instance).await {
-                    Ok(connection) => {
+                    Ok((connection, session)) => {
                         if let Some(leader) = &last {
                             tracing::info!(group = %self.place.name, leader, "local group: joined after retrying");
                         }
+                        self.session.store(session, Ordering::Relaxed);
                         return Ok(connection);
                     }
                     Err(reason) => {
@@ -688,11 +733,11 @@ impl Shared {
                             return Err(GroupError::Unreachable {
                                 group: self.place.name.clone(),
                                 pid: address.pid,
-                                address: address.address.to_string(),
+                                address: address.socket.display().to_string(),
                                 reason,
                             });
                         }
-                        last = Some(format!("{} ({reason})", address.address));
+                        last = Some(format!("{} ({reason})", address.socket.display()));
                     }
                 }
             }
@@ -715,16 +760,13 @@ impl Shared {
             Duration::ZERO
         };
         let token = wire::random_hex(32);
-        let (server, address, task) = Server::start(token.clone(), grace, self.store.clone())
+        let socket = self.place.socket.clone();
+        let (server, task) = Server::start(token.clone(), grace, self.store.clone(), &socket)
             .await
-            .map_err(|e| GroupError::Place(format!("serving on loopback: {e}")))?;
+            .map_err(|e| GroupError::Place(format!("serving on {}: {e}", socket.display())))?;
         let pid = std::process::id();
-        self.place.write(&place::Address {
-            address,
-            token,
-            pid,
-        })?;
-        tracing::info!(group = %self.place.name, %address, grace_ms = grace.as_millis() as u64, "local group: this process leads");
+        self.place.write(&place::Address { socket, token, pid })?;
+        tracing::info!(group = %self.place.name, socket = %self.place.socket.display(), grace_ms = grace.as_millis() as u64, "local group: this process leads");
         *self.leading.lock().expect("leading") = Some(Leading {
             _lock: lock,
             server,
@@ -734,14 +776,14 @@ impl Shared {
     }
 }
 
-/// Connects to `address` and is welcomed once both sides proved they hold the token ([`wire`]),
-/// or why not (`refused:` when something answered that is not the group's leader, or refused).
-async fn hello(address: &place::Address, instance: &str) -> Result<Connection, String> {
-    let stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(address.address))
+/// Connects to `address` and is welcomed once both sides proved they hold the token ([`wire`]):
+/// the connection and this member's session; or why not (`refused:` when something answered that
+/// is not the group's leader, or refused).
+async fn hello(address: &place::Address, instance: &str) -> Result<(Connection, u64), String> {
+    let stream = tokio::time::timeout(Duration::from_secs(1), UnixStream::connect(&address.socket))
         .await
         .map_err(|_| "connect timed out".to_owned())?
         .map_err(|e| e.to_string())?;
-    let _ = stream.set_nodelay(true);
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     let nonce = wire::random_hex(16);
@@ -770,7 +812,10 @@ async fn hello(address: &place::Address, instance: &str) -> Result<Connection, S
     let proof = wire::prove(token, Side::Member, &nonce, &challenge.nonce);
     send(&mut write, &Proof { proof }).await?;
     match handshake_line(&mut read).await? {
-        HandshakeLine::Answer(Reply::Ok { id: 0, .. }) => Ok((read, write)),
+        HandshakeLine::Answer(Reply::Ok { id: 0, value }) => {
+            let session = value["session"].as_u64().unwrap_or_default();
+            Ok(((read, write), session))
+        }
         HandshakeLine::Answer(Reply::Error { message, .. }) => Err(format!("refused: {message}")),
         _ => Err("refused: an answer that is not a welcome".into()),
     }

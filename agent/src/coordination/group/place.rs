@@ -1,22 +1,23 @@
 //! Where a local group meets: a directory of the user's own (`$XDG_RUNTIME_DIR/toa`, else
 //! `/tmp/toa-<uid>`, mode 0700 and owned by the user, or refused), and in it, per group, a lock
-//! file whose holder leads and the leader's address file (0600) with the token every member
-//! presents. The kernel releases the lock when its holder exits, however it exits: the next
-//! process to take it leads.
+//! file whose holder leads, the Unix socket the leader serves on, and its address file (0600)
+//! with the token both sides prove they hold. Only the user reaches into the directory, so no
+//! other user's process can connect to the socket, take its name, or read the token. The kernel
+//! releases the lock when its holder exits, however it exits: the next process to take it leads.
 
 use super::GroupError;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// What the leader writes for the others.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Address {
-    pub address: SocketAddr,
+    /// The leader's socket.
+    pub socket: PathBuf,
     pub token: String,
     pub pid: u32,
 }
@@ -28,6 +29,8 @@ pub struct Place {
     pub name: String,
     lock: PathBuf,
     address: PathBuf,
+    /// Where a leader serves.
+    pub socket: PathBuf,
 }
 
 impl Place {
@@ -44,6 +47,7 @@ impl Place {
             name,
             lock: dir.join(format!("group-{file}.lock")),
             address: dir.join(format!("group-{file}.json")),
+            socket: dir.join(format!("group-{file}.sock")),
         })
     }
 
@@ -167,12 +171,12 @@ mod tests {
         drop(first);
         assert!(place.try_lead().unwrap().is_some(), "free again");
         let written = Address {
-            address: "127.0.0.1:9".parse().unwrap(),
+            socket: dir.join("s.sock"),
             token: "t".into(),
             pid: 1,
         };
         place.write(&written).unwrap();
-        assert_eq!(place.read().unwrap().address, written.address);
+        assert_eq!(place.read().unwrap().socket, written.socket);
         let mode = std::fs::metadata(&place.address)
             .unwrap()
             .permissions()

@@ -1,6 +1,7 @@
 //! The leader's side: what the members of a local group share — locks, slots' membership,
 //! meters' debts, and expiring values (the stash, the records of repeated calls) — kept in this
-//! process and served on loopback to members presenting the group's token; and it relays calls between them.
+//! process and served on a Unix socket in the user's own directory to members proving they hold
+//! the group's token; and it relays calls between them.
 //!
 //! The embedded store's objects, records and outbox, per component, are kept here too: two
 //! local replicas never keep two copies of one object.
@@ -25,12 +26,12 @@ use crate::coordination::expiring::Expiring;
 use crate::coordination::membership::{now_ms, Membership, Session};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -38,9 +39,9 @@ use tokio_util::sync::CancellationToken;
 
 /// How long a connection may take over its handshake.
 const HELLO: Duration = Duration::from_secs(5);
-/// How many connections may be in their handshake at once: more are closed unread, so that
-/// processes without the token cannot make the leader hold memory for them.
-const HANDSHAKES: usize = 32;
+/// How many connections may be in their handshake at once: more are closed unread. Only the
+/// user's own processes reach the socket; this bounds what a runaway one can make the leader hold.
+const HANDSHAKES: usize = 256;
 /// How long a member may be silent (it pings every [`super::PING`]) before its session ends.
 pub const SILENT: Duration = Duration::from_secs(5);
 
@@ -70,8 +71,6 @@ struct Offer {
 struct State {
     next_session: Session,
     sessions: HashMap<Session, mpsc::UnboundedSender<String>>,
-    /// Session → its member's process name.
-    instances: HashMap<Session, String>,
     /// Key → the holding (session, request id).
     held: HashMap<String, (Session, u64)>,
     /// (session, request id) → its keys.
@@ -103,14 +102,19 @@ pub struct Server {
 }
 
 impl Server {
-    /// Serves on a free loopback port; `grace`: how long only reclaims are granted.
+    /// Serves on the Unix socket `socket` (a dead leader's is replaced: the caller holds the
+    /// group's lock); `grace`: how long only reclaims are granted.
     pub async fn start(
         token: String,
         grace: Duration,
         store: Option<StoreService>,
-    ) -> std::io::Result<(Arc<Self>, SocketAddr, JoinHandle<()>)> {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
-        let address = listener.local_addr()?;
+        socket: &Path,
+    ) -> std::io::Result<(Arc<Self>, JoinHandle<()>)> {
+        match std::fs::remove_file(socket) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+        let listener = UnixListener::bind(socket)?;
         let start = now_ms();
         let server = Arc::new(Self {
             token,
@@ -157,7 +161,7 @@ impl Server {
                 }
             }
         });
-        Ok((server, address, task))
+        Ok((server, task))
     }
 
     /// Stops serving: every member's connection ends.
@@ -165,19 +169,18 @@ impl Server {
         self.stopped.cancel();
     }
 
-    /// How many members are connected besides the process `instance`.
-    pub fn others(&self, instance: &str) -> usize {
+    /// How many members are connected besides the session `own` (the leader's own member's).
+    pub fn others(&self, own: Option<Session>) -> usize {
         let state = self.state.lock().expect("group");
-        state.instances.values().filter(|i| *i != instance).count()
+        state.sessions.keys().filter(|s| Some(**s) != own).count()
     }
 
-    /// A new session of the process `instance`, answered through `sender`.
-    fn open(&self, instance: &str, sender: mpsc::UnboundedSender<String>) -> Session {
+    /// A new session, answered through `sender`.
+    fn open(&self, sender: mpsc::UnboundedSender<String>) -> Session {
         let mut state = self.state.lock().expect("group");
         state.next_session += 1;
         let session = state.next_session;
         state.sessions.insert(session, sender);
-        state.instances.insert(session, instance.to_owned());
         session
     }
 
@@ -247,19 +250,18 @@ impl Server {
         }
     }
 
-    async fn session(self: Arc<Self>, stream: TcpStream, handshaking: OwnedSemaphorePermit) {
-        let _ = stream.set_nodelay(true);
+    async fn session(self: Arc<Self>, stream: UnixStream, handshaking: OwnedSemaphorePermit) {
         let (read, mut write) = stream.into_split();
         let mut read = BufReader::new(read);
         let Some(hello) = self.admit(&mut read, &mut write, handshaking).await else {
             return;
         };
         let (sender, mut outgoing) = mpsc::unbounded_channel::<String>();
-        let session = self.open(&hello.instance, sender.clone());
+        let session = self.open(sender.clone());
         tracing::info!(member = %hello.instance, "local group: a member joined");
         let welcome = Reply::Ok {
             id: 0,
-            value: json!({ "pid": std::process::id() }),
+            value: json!({ "pid": std::process::id(), "session": session }),
         };
         let _ = sender.send(wire::line(&welcome));
         let writer = tokio::spawn(async move {
@@ -416,7 +418,6 @@ impl Server {
     fn close(&self, session: Session) {
         let mut state = self.state.lock().expect("group");
         state.sessions.remove(&session);
-        state.instances.remove(&session);
         state.waiting.retain(|w| w.session != session);
         let ids: Vec<u64> = state
             .holdings
@@ -433,9 +434,12 @@ impl Server {
             .filter(|(_, d)| d.target == session || d.caller == session)
             .map(|(delivery, _)| *delivery)
             .collect();
+        // A leader that stops tells no one: its members count what they were waiting for as
+        // gone themselves, as they must when it is killed.
+        let stopping = self.stopped.is_cancelled();
         for delivery in lost {
             let delivery = state.deliveries.remove(&delivery).expect("listed");
-            if delivery.target == session {
+            if delivery.target == session && !stopping {
                 let gone = Reply::Ok {
                     id: delivery.id,
                     value: json!(CallAnswer::Gone),

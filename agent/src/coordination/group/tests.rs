@@ -187,7 +187,7 @@ async fn a_wrong_token_is_refused_both_ways_and_never_sent() {
     let (mut read, _write) = handshake_start(&address, 99).await;
     let told = next(&mut read).await;
     assert!(told.contains("protocol 1, this member 99"), "{told}");
-    let mut stream = TcpStream::connect(address.address).await.unwrap();
+    let mut stream = UnixStream::connect(&address.socket).await.unwrap();
     stream.write_all(&[b'x'; 8192]).await.unwrap();
     let told = next(&mut BufReader::new(stream)).await;
     assert!(told.contains("longer than 4096 bytes"), "{told}");
@@ -195,10 +195,8 @@ async fn a_wrong_token_is_refused_both_ways_and_never_sent() {
 
 #[tokio::test]
 async fn a_member_never_sends_the_token_to_what_took_a_dead_leaders_port() {
-    let other = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .unwrap();
-    let (place, _lock) = place_with_leader_at("stolen", other.local_addr().unwrap());
+    let (place, _lock) = place_with_leader_at("stolen");
+    let other = tokio::net::UnixListener::bind(&place.socket).unwrap();
     let impostor = tokio::spawn(async move {
         let (stream, _) = other.accept().await.unwrap();
         let (read, mut write) = stream.into_split();
@@ -229,7 +227,8 @@ async fn a_silent_member_is_taken_for_gone_and_a_pinging_one_is_not() {
     let alive = Group::join(place.clone(), "alive", None).await.unwrap();
     let (_, _, kept) = alive.acquire(vec!["kept".into()]).await.unwrap();
     // A frozen process: joined, holds k, then sends nothing (not even pings).
-    let (mut read, mut write) = hello(&place.read().unwrap(), "frozen").await.unwrap();
+    let asked = Instant::now();
+    let ((mut read, mut write), _) = hello(&place.read().unwrap(), "frozen").await.unwrap();
     let lock = Request {
         id: 7,
         op: Op::Lock {
@@ -239,7 +238,6 @@ async fn a_silent_member_is_taken_for_gone_and_a_pinging_one_is_not() {
     };
     send(&mut write, &lock).await.unwrap();
     assert!(next(&mut read).await.starts_with(r#"{"ok":{"id":7"#));
-    let asked = Instant::now();
     let waiting = tokio::spawn(async move { first.acquire(vec!["k".into()]).await.map(|_| first) });
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
@@ -299,7 +297,7 @@ const TOKEN: &str = "the-group-token-no-listener-may-learn";
 
 /// A raw connection that sent a hello speaking `protocol`, nonce `n`.
 async fn handshake_start(address: &place::Address, protocol: u32) -> Connection {
-    let stream = TcpStream::connect(address.address).await.unwrap();
+    let stream = UnixStream::connect(&address.socket).await.unwrap();
     let (read, mut write) = stream.into_split();
     let hello = Hello {
         protocol,
@@ -321,17 +319,16 @@ async fn next<R: tokio::io::AsyncBufRead + Unpin>(read: &mut R) -> String {
 
 #[tokio::test]
 async fn something_else_on_the_port_is_named() {
-    // A port taken by something that is not the group's leader: the second process refuses to start.
-    let other = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .unwrap();
-    let taken = other.local_addr().unwrap();
+    // A socket served by something that is not the group's leader: the second process
+    // refuses to start.
+    let lone = place_with_leader_at("taken");
+    let other = tokio::net::UnixListener::bind(&lone.0.socket).unwrap();
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = other.accept().await {
             let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
         }
     });
-    let lone = place_with_leader_at("taken", taken);
+    let taken = lone.0.socket.display().to_string();
     let error = Group::join(lone.0, "second", None)
         .await
         .unwrap_err()
@@ -344,13 +341,14 @@ async fn something_else_on_the_port_is_named() {
     drop(lone.1);
 }
 
-/// A place whose lock another holder keeps, its address file naming `address`.
-fn place_with_leader_at(test: &str, address: std::net::SocketAddr) -> (Place, File) {
+/// A place whose lock another holder keeps, its address file naming the place's socket (which
+/// nothing serves yet).
+fn place_with_leader_at(test: &str) -> (Place, File) {
     let place = place(test);
     let lock = place.try_lead().unwrap().unwrap();
     place
         .write(&place::Address {
-            address,
+            socket: place.socket.clone(),
             token: TOKEN.into(),
             pid: 4242,
         })

@@ -1,4 +1,4 @@
-//! The group's frames: one JSON object per line over loopback TCP.
+//! The group's frames: one JSON object per line over the leader's Unix socket.
 //!
 //! A connection opens with a handshake in which each side proves it holds the group's token
 //! without sending it: the member's [`Hello`] (with a nonce), the leader's [`Challenge`] (its own
