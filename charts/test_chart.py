@@ -157,6 +157,7 @@ def _():
         "pullPolicy": {"image": {"pullPolicy": "Sometimes"}},
         "watchNamespaces": {"watchNamespaces": ["Shop"]},
         "port": {"metrics": {"port": 70000}},
+        "format": {"logs": {"format": "xml"}},
     }
     for name, values in refused.items():
         try:
@@ -175,6 +176,17 @@ def _():
     # values.yaml itself, and every value it documents at a value of its own kind.
     helm_render({"imagePullSecrets": [{"name": "registry"}], "nodeNetworks": ["100.64.0.0/16"],
                  "podAnnotations": {"a": "b"}, "tolerations": [{"operator": "Exists"}]})
+
+
+@check("the operator's log level and format come from logs: plain at info by default, json when asked")
+def _():
+    def env(objects):
+        _, c = container(objects)
+        return {e["name"]: e.get("value") for e in c["env"]}
+    assert env(DEFAULT)["TOA_LOG_LEVEL"] == "info", env(DEFAULT)
+    assert env(DEFAULT)["TOA_LOG_FORMAT"] == "plain", env(DEFAULT)
+    asked = env(render({"logs": {"level": "debug", "format": "json"}}))
+    assert (asked["TOA_LOG_LEVEL"], asked["TOA_LOG_FORMAT"]) == ("debug", "json"), asked
 
 
 @check("Chart.yaml: apiVersion v2, toa-operator 0.1.0, appVersion 0.1.0")

@@ -14,7 +14,7 @@ use toa_context::{Context, Credentials, ProcessVars};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    toa_agent::telemetry::init();
+    toa_context::logs::LogArgs::default().init();
     let (atomicity, credentials) = if std::env::var_os("TOA_ATOMICITY_REDIS").is_some() {
         let mut vars: std::collections::HashMap<String, String> = std::env::vars().collect();
         vars.entry("TOA_APPLICATION".into())

@@ -25,11 +25,11 @@
 //! - `component/`: a component's manifest, program and input checks;
 //! - [`config`]: every flag and variable of `compose`, read and checked before anything starts;
 //! - [`instance`]: the process's name; [`requeue`]: dead-lettered events sent back;
-//! - [`metrics`]: Prometheus metrics; [`telemetry`]: logging setup.
+//! - [`metrics`]: Prometheus metrics (logging: `toa_context::logs`).
 //!
 //! The groups are crate-private. The Rust API, at the paths it always had: the primitives
 //! ([`Atom`], [`atom::meter`], ...), the local API's [`api::router`], [`compose::run`] with
-//! [`config::options`], [`component_tokens::ComponentTokens`], [`Metrics`], [`telemetry::init`].
+//! [`config::options`], [`component_tokens::ComponentTokens`], [`Metrics`].
 
 // Functions stay short (clippy.toml: at most 60 lines): each says one step.
 #![warn(clippy::too_many_lines)]
@@ -45,7 +45,6 @@ pub mod instance;
 pub mod metrics;
 pub(crate) mod process;
 pub mod requeue;
-pub mod telemetry;
 
 pub use control::component_tokens;
 pub use coordination::atom;

@@ -31,6 +31,8 @@ const USAGE: u8 = 64;
 struct Args {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    logs: toa_context::logs::LogArgs,
 }
 
 #[derive(Subcommand)]
@@ -97,8 +99,8 @@ enum StorageCommand {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    toa_agent::telemetry::init();
     let args = Args::parse();
+    args.logs.init();
     match args.command {
         Command::Demo => demo::run().await,
         Command::Drain { agent } => call::drain(&agent).await,

@@ -753,3 +753,78 @@ fn the_python_helpers_onassigned_hears_the_assignment_until_off() {
     assert!(stopped, "{log}");
     assert_eq!(events(&record).last().unwrap()["event"], "off");
 }
+
+/// The agent's logs as a log pipeline reads them: `TOA_LOG_FORMAT=json` (`--log-format`) writes
+/// one JSON object a line, `TOA_LOG_LEVEL=warn` leaves the info events out, and a value neither
+/// flag takes stops the start, naming the flag.
+#[test]
+fn the_agents_logs_come_at_the_level_and_in_the_format_asked() {
+    let run = |env: &[(&str, &str)]| {
+        let mut env = env.to_vec();
+        env.extend([("RUST_LOG", ""), ("TOA_INSTANCE", "logs")]);
+        let composition = Composition::start(&["agent/tests/components/terminals"], &env);
+        // Served: a call is answered (whatever the log says).
+        let url = format!("{}/metrics", composition.agent);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while support::http_get_or_none(&url) != Some(200)
+            || call_with(
+                &composition.agent,
+                "test.terminals.pid",
+                "",
+                r#"{"instance":"logs"}"#,
+            )
+            .0 != 200
+        {
+            assert!(Instant::now() < deadline, "{}", composition.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Drained: whatever it logs on the way up and down is in the log by then.
+        let (stopped, log) = composition.terminate(Duration::from_secs(30));
+        assert!(stopped, "{log}");
+        log
+    };
+    // The agent's own lines (the program's come prefixed with its component's name).
+    let agents = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter(|line| line.contains("toa_agent"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let json = run(&[("TOA_LOG_FORMAT", "json")]);
+    let events: Vec<Value> = agents(&json)
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert!(
+        events
+            .iter()
+            .all(|e| e["timestamp"].is_string() && e["target"].is_string()),
+        "{json}"
+    );
+    let complete = events
+        .iter()
+        .find(|e| e["message"] == "Composition complete");
+    assert_eq!(
+        complete.map(|e| &e["level"]),
+        Some(&json!("INFO")),
+        "{json}"
+    );
+    let quiet = run(&[("TOA_LOG_LEVEL", "warn")]);
+    assert!(!quiet.contains("Composition complete"), "{quiet}");
+    assert!(
+        !agents(&quiet).iter().any(|line| line.contains(" INFO ")),
+        "{quiet}"
+    );
+    for (flag, bad) in [("--log-format", "xml"), ("--log-level", "loud")] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_toa-agent"))
+            .args([&format!("{flag}={bad}"), "call", "a.b.c"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2));
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            said.contains(&format!("invalid value '{bad}' for '{flag}")),
+            "{said}"
+        );
+    }
+}

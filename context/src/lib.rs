@@ -20,7 +20,8 @@
 //!   a refusal), written and read in one place;
 //! - [`agent_args`]: the agent's command line, written by the operator and parsed by the agent;
 //! - [`tls`]: what TLS connections to Redis and the broker trust;
-//! - [`network`]: address ranges the kubelet's hooks may come from.
+//! - [`network`]: address ranges the kubelet's hooks may come from;
+//! - [`logs`]: both binaries' log level and format.
 
 pub mod address;
 pub mod agent_args;
@@ -30,6 +31,7 @@ pub mod configuration;
 pub mod control;
 pub mod credentials;
 pub mod environment;
+pub mod logs;
 pub mod manifest;
 pub mod network;
 pub mod placeholders;

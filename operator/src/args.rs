@@ -19,6 +19,8 @@ use toa_context::network::{networks, Network};
 pub struct Args {
     #[command(subcommand)]
     pub command: Command,
+    #[command(flatten)]
+    pub logs: toa_context::logs::LogArgs,
 }
 
 #[derive(Debug, Subcommand)]

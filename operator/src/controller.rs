@@ -20,6 +20,7 @@ use crate::agent_client::{self, AgentControl, Keys};
 use crate::crd::{reasons, Composition, Stored, Undecodable};
 use crate::declarations;
 use crate::desired::{self, Owner, Settings};
+use crate::events::Events;
 use crate::halt::{self, Decision, Observation, Record, Report, Step};
 use crate::key_ring::KeyRing;
 use crate::kube_io;
@@ -38,7 +39,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{predicates, reflector, watcher, Controller, Predicate, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -83,8 +83,8 @@ pub struct Context {
     pub keys: watch::Receiver<Option<KeyRing>>,
     /// The namespaces watched (a namespaced install); empty: every namespace.
     pub watch_namespaces: Vec<String>,
-    /// Kubernetes events for halt transitions; `None` in tests.
-    pub recorder: Option<Recorder>,
+    /// Kubernetes events on the Compositions (none published in tests).
+    pub events: Events,
     /// The clock, injected so tests fix the time.
     pub now: fn() -> Timestamp,
     /// Failures in a row per Composition, for the backoff.
@@ -112,7 +112,7 @@ impl Context {
             leader,
             keys,
             watch_namespaces: Vec::new(),
-            recorder: None,
+            events: Events::default(),
             now: Timestamp::now,
             failures: Mutex::default(),
             declarations: declarations::Writers::default(),
@@ -306,7 +306,11 @@ async fn refuse_undecodable(
     let compositions = Api::<Stored>::namespaced(context.client.clone(), &namespace);
     let message = undecodable.to_string();
     let refusal = (reasons::INVALID_SPEC, message.as_str());
-    refuse(stored, &compositions, refusal, (context.now)()).await
+    let now = (context.now)();
+    let why = (reasons::INVALID_SPEC, "Reconcile");
+    let on = stored.object_ref(&());
+    context.events.warning(&on, why, message.clone(), now).await;
+    refuse(stored, &compositions, refusal, now).await
 }
 
 /// The reconcile proper, on the leader: steps 2 to 7 of the module's list.
@@ -321,6 +325,12 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let valid = match context.budget.check(&composition.spec).await? {
         Ok(valid) => valid,
         Err(invalid) => {
+            let why = (reasons::INVALID_SPEC, "Reconcile");
+            let on = composition.object_ref(&());
+            context
+                .events
+                .warning(&on, why, invalid.0.clone(), now)
+                .await;
             let refusal = (reasons::INVALID_SPEC, invalid.0.as_str());
             return refuse(&Stored::from(composition), &compositions, refusal, now).await;
         }
@@ -359,6 +369,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     };
     let written = (composition.name_any(), composition.status.as_ref());
     let status = write_status(&compositions, written, &observed).await?;
+    warn_degraded(context, composition, &status, now).await;
     Ok(next(&decision, &status, now))
 }
 
@@ -376,8 +387,9 @@ async fn report_conflict<T>(
     };
     let refusal = (reasons::CONFLICT, message.as_str());
     refuse(&Stored::from(composition), compositions, refusal, now).await?;
-    let event = (EventType::Warning, reasons::CONFLICT, "Reconcile");
-    publish(context, composition, event, message.clone()).await;
+    let on = composition.object_ref(&());
+    let why = (reasons::CONFLICT, "Reconcile");
+    context.events.warning(&on, why, message.clone(), now).await;
     Err(Error::Conflict(message))
 }
 
@@ -436,7 +448,11 @@ async fn write_status(
     (name, previous): (String, Option<&CompositionStatus>),
     observed: &Observed<'_>,
 ) -> Result<CompositionStatus, Error> {
-    let status = status::status(observed, previous);
+    let mut status = status::status(observed, previous);
+    if observed.rollout.is_some() {
+        // With the counts: a refused spec keeps both as they were.
+        status.selector = Some(names::pod_selector(&name));
+    }
     if status::changed(previous, &status) {
         kube_io::patch_status(compositions, &name, &status).await?;
     }
@@ -578,21 +594,21 @@ impl Halting<'_> {
         match &decision.step {
             Step::Record(new) => {
                 kube_io::record_halt(self.compositions, &name, Some(new)).await?;
-                let note = format!("halt {new}");
-                let event = (EventType::Normal, decision.phase.reason(), "Halt");
-                publish(context, composition, event, note).await;
+                let (note, on) = (format!("halt {new}"), composition.object_ref(&()));
+                let why = (decision.phase.reason(), "Halt");
+                if decision.phase == halt::Phase::CalledOff {
+                    let now = (context.now)();
+                    context.events.warning(&on, why, note, now).await;
+                } else {
+                    context.events.normal(&on, why, note).await;
+                }
                 Ok(Some(new.clone()))
             }
             Step::Clear => {
                 kube_io::record_halt(self.compositions, &name, None).await?;
                 let note = "the halt record is removed".to_owned();
-                publish(
-                    context,
-                    composition,
-                    (EventType::Normal, "HaltOver", "Halt"),
-                    note,
-                )
-                .await;
+                let on = composition.object_ref(&());
+                context.events.normal(&on, ("HaltOver", "Halt"), note).await;
                 Ok(None)
             }
             Step::Halt { id, pods } => {
@@ -643,25 +659,25 @@ impl Halting<'_> {
     }
 }
 
-/// Publishes an event on the Composition; a failure is logged, never fatal.
-async fn publish(
+/// A Warning for pods that fail or that admission refuses, with the `Degraded` condition's
+/// words (agents not answering are left to the status: they come and go with rollouts).
+async fn warn_degraded(
     context: &Context,
     composition: &Composition,
-    (type_, reason, action): (EventType, &str, &str),
-    note: String,
+    status: &CompositionStatus,
+    now: Timestamp,
 ) {
-    let Some(recorder) = &context.recorder else {
-        return;
-    };
-    let event = Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(note),
-        action: action.to_owned(),
-        secondary: None,
-    };
-    if let Err(error) = recorder.publish(&event, &composition.object_ref(&())).await {
-        tracing::warn!(%error, "cannot publish an event");
+    let failing = [reasons::PODS_FAILING, reasons::PODS_REFUSED];
+    let degraded = status.conditions.iter().find(|c| {
+        c.type_ == crate::crd::conditions::DEGRADED
+            && c.status == "True"
+            && failing.contains(&c.reason.as_str())
+    });
+    if let Some(degraded) = degraded {
+        let why = (degraded.reason.as_str(), "Reconcile");
+        let on = composition.object_ref(&());
+        let note = degraded.message.clone();
+        context.events.warning(&on, why, note, now).await;
     }
 }
 

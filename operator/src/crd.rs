@@ -72,10 +72,16 @@ pub mod reasons {
     status = "CompositionStatus",
     derive = "PartialEq",
     doc = "A set of toa components deployed together, with the agent beside each replica.",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready"),
     printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = r#".status.conditions[?(@.type=="Ready")].status"#
+        name = "Up-to-date",
+        type_ = "integer",
+        json_path = ".status.updatedReplicas"
     ),
     printcolumn(
         name = "Halted",
@@ -87,7 +93,6 @@ pub mod reasons {
         type_ = "string",
         json_path = r#".status.conditions[?(@.type=="Degraded")].status"#
     ),
-    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -136,6 +141,23 @@ pub struct CompositionSpec {
     /// profile whatever is set here; by default everything runs as uid and gid 65532.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SecuritySpec>,
+    /// The agents' logs. Changing it rolls the pods out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<LogsSpec>,
+}
+
+/// The agents' log level and format (`toa-agent --log-level`/`--log-format`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LogsSpec {
+    /// The least severe events logged: error, warn, info, debug or trace [default info].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "log_level_schema")]
+    pub level: Option<toa_context::logs::Level>,
+    /// `plain` text, or `json`: one object a line [default plain].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "log_format_schema")]
+    pub format: Option<toa_context::logs::Format>,
 }
 
 /// Who the component containers run as; the agent always runs as 65532.
@@ -244,6 +266,22 @@ pub struct CompositionStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The composition's pods, of any revision (the scale subresource's `status.replicas`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Pods whose containers are all ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Pods running the current spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_replicas: Option<i32>,
+    /// `ready/desired`, as `kubectl get` shows it (desired is 0 while a halt stops the
+    /// composition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+    /// The pods' label selector, for the scale subresource (`kubectl scale`, an autoscaler).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
 }
 
 impl Composition {
@@ -284,6 +322,24 @@ fn is_false(value: &bool) -> bool {
 }
 
 /// Manifests are free-form: the API server keeps every field as given.
+/// One of `values`: a plain string enum (the generated schema of an optional enum lists `null`
+/// among its values, which a structural schema need not carry).
+fn string_enum(values: Vec<&str>) -> schemars::Schema {
+    schemars::json_schema!({ "type": "string", "enum": values })
+}
+
+fn log_level_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    use clap::ValueEnum;
+    let levels = toa_context::logs::Level::value_variants();
+    string_enum(levels.iter().map(|level| level.as_str()).collect())
+}
+
+fn log_format_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    use clap::ValueEnum;
+    let formats = toa_context::logs::Format::value_variants();
+    string_enum(formats.iter().map(|format| format.as_str()).collect())
+}
+
 fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",

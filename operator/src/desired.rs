@@ -30,7 +30,7 @@
 use crate::agent_client::Keys;
 use crate::crd::Composition;
 use crate::names::{
-    components_name, control_name, labels, AGENT_CONTAINER, COMPONENTS_DIR, COMPONENT_CONTAINER,
+    component_container, components_name, control_name, labels, AGENT_CONTAINER, COMPONENTS_DIR,
     COMPONENT_TOKEN_DIR, CONTROL_DIR, CONTROL_PORT, DECLARATIONS, DECLARATIONS_DIR, DRAIN_KEY,
     LABEL_COMPOSITION, MANAGER, PREVIOUS_KEY, PROBE_PORT, TOKENS_DIR, TOKEN_KEY,
 };
@@ -57,6 +57,7 @@ use toa_context::agent_args::ComposeArgs;
 use toa_context::annotations::KUBERNETES_NAMESPACE;
 
 use toa_context::control::LOCAL_PORT;
+use toa_context::logs;
 use toa_context::program;
 /// How long the kubelet gives a stopping pod: the drain's wait for calls in flight, `dispose`
 /// (one run command), 5 s to stop the programs ([`toa_context::Limits::stop`]), and this margin
@@ -344,7 +345,7 @@ pub fn deployment(
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels(name)),
-                    annotations: Some(scrape_annotations()),
+                    annotations: Some(pod_annotations(valid)),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
@@ -383,12 +384,14 @@ fn containers(
 }
 
 /// Where Prometheus finds the agent's `/metrics` (annotation-based scraping; a PodMonitor names
-/// the port `probe` instead).
-fn scrape_annotations() -> BTreeMap<String, String> {
+/// the port `probe` instead), and the container `kubectl logs POD` shows: the first component's.
+fn pod_annotations(valid: &Valid) -> BTreeMap<String, String> {
+    let first = component_container(&valid.components[0].full_name());
     [
         ("prometheus.io/scrape", "true".to_owned()),
         ("prometheus.io/port", PROBE_PORT.to_string()),
         ("prometheus.io/path", "/metrics".to_owned()),
+        ("kubectl.kubernetes.io/default-container", first),
     ]
     .into_iter()
     .map(|(key, value)| (key.to_owned(), value))
@@ -470,7 +473,7 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
         .map(|(index, manifest)| {
             let full_name = manifest.full_name();
             Container {
-                name: format!("{COMPONENT_CONTAINER}-{index}"),
+                name: component_container(&full_name),
                 image: Some(composition.spec.image.clone()),
                 // Validation refuses a manifest without one.
                 command: manifest.program.clone(),
@@ -667,6 +670,12 @@ fn agent_env(valid: &Valid, settings: &Settings) -> Vec<EnvVar> {
             toa_context::network::NODE_NETWORKS,
             networks.join(","),
         ));
+    }
+    if let Some(level) = valid.logs.level {
+        env.push(value(logs::LEVEL_VAR, level.as_str().to_owned()));
+    }
+    if let Some(format) = valid.logs.format {
+        env.push(value(logs::FORMAT_VAR, format.as_str().to_owned()));
     }
     env.extend(credentials(valid));
     env.extend(cloud_native_pg(valid));

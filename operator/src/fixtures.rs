@@ -18,6 +18,7 @@ impl CompositionSpec {
             halted: false,
             halt: None,
             security_context: None,
+            logs: None,
         }
     }
 

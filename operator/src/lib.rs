@@ -40,6 +40,7 @@ pub mod controller;
 pub mod crd;
 pub mod declarations;
 pub mod desired;
+pub mod events;
 #[cfg(test)]
 mod fixtures;
 pub mod halt;

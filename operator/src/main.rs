@@ -27,6 +27,7 @@ fn main() -> ExitCode {
             };
         }
     };
+    args.logs.init();
     match args.command {
         Command::Render(args) => {
             let options = args.into_options();
@@ -56,14 +57,6 @@ fn run_command(args: RunArgs) -> ExitCode {
             return ExitCode::from(USAGE);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        // Colours only on a terminal: a pod's log stays plain.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -29,11 +29,23 @@ pub const COMPONENTS_DIR: &str = "/components";
 pub const DECLARATIONS: &str = "toa-declarations";
 /// Where [`DECLARATIONS`] is mounted in the agent container (`--declarations`).
 pub const DECLARATIONS_DIR: &str = "/var/run/toa/declarations";
-/// The agent's container name; component *i* (in the spec's order) runs in the container
-/// `component-<i>` ([`COMPONENT_CONTAINER`] and the index), a DNS label however long the
-/// component's name, and unique.
+/// The agent's container name; a component's is [`component_container`].
 pub const AGENT_CONTAINER: &str = "agent";
-pub const COMPONENT_CONTAINER: &str = "component";
+
+/// The container component `full_name` runs in: its name with `-` for `.` (`store.orders` →
+/// `store-orders`), so `kubectl logs POD -c store-orders` needs no lookup. A name longer than a
+/// DNS label (63) keeps its first 54 characters and 8 hex digits of its SHA-256: still unique.
+/// Validation refuses a component whose container would be the agent's or another's.
+pub fn component_container(full_name: &str) -> String {
+    let name = full_name.replace('.', "-");
+    if name.len() <= 63 {
+        return name;
+    }
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(full_name.as_bytes());
+    let suffix: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{suffix}", name[..54].trim_end_matches('-'))
+}
 /// Labels and the field manager of everything the operator applies.
 pub const MANAGER: &str = "toa-operator";
 pub const LABEL_COMPOSITION: &str = "toa.io/composition";

@@ -98,6 +98,7 @@ pub fn render(options: &Options) -> Result<Composition, RenderError> {
         halted: false,
         halt: None,
         security_context: None,
+        logs: None,
     };
     validate(&spec).map_err(RenderError::Invalid)?;
 

@@ -3,6 +3,7 @@
 use crate::agent_client::HttpAgentControl;
 use crate::controller::{self, Context};
 use crate::desired::Settings;
+use crate::events::Events;
 use crate::http;
 use crate::key_ring;
 use crate::lease;
@@ -187,7 +188,7 @@ fn context(
         key,
     );
     context.watch_namespaces = config.watch_namespaces.clone();
-    context.recorder = Some(Recorder::new(
+    context.events = Events::new(Recorder::new(
         client.clone(),
         Reporter {
             controller: "toa-operator".to_owned(),

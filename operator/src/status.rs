@@ -82,10 +82,36 @@ pub fn status(observed: &Observed<'_>, previous: Option<&CompositionStatus>) -> 
             }
         }
     }
-    CompositionStatus {
+    let mut status = CompositionStatus {
         observed_generation: generation,
         conditions,
-    }
+        ..CompositionStatus::default()
+    };
+    counts(&mut status, observed, previous);
+    status
+}
+
+/// The pods' counts, from the Deployment when there is one; else (a refused spec touches
+/// nothing) as they were.
+fn counts(
+    status: &mut CompositionStatus,
+    observed: &Observed<'_>,
+    previous: Option<&CompositionStatus>,
+) {
+    let Some(rollout) = observed.rollout else {
+        if let Some(previous) = previous {
+            status.replicas = previous.replicas;
+            status.ready_replicas = previous.ready_replicas;
+            status.updated_replicas = previous.updated_replicas;
+            status.ready.clone_from(&previous.ready);
+            status.selector.clone_from(&previous.selector);
+        }
+        return;
+    };
+    status.replicas = Some(rollout.replicas);
+    status.ready_replicas = Some(rollout.ready_replicas);
+    status.updated_replicas = Some(rollout.updated_replicas);
+    status.ready = Some(format!("{}/{}", rollout.ready_replicas, observed.replicas));
 }
 
 /// A refused spec: not ready, not progressing, degraded, all for the refusal's reason; the
@@ -273,8 +299,18 @@ fn halt_message(phase: Phase) -> &'static str {
 /// the controller from patching status on every reconcile.
 pub fn changed(old: Option<&CompositionStatus>, new: &CompositionStatus) -> bool {
     let Some(old) = old else { return true };
+    let counts = |s: &CompositionStatus| {
+        (
+            s.replicas,
+            s.ready_replicas,
+            s.updated_replicas,
+            s.ready.clone(),
+            s.selector.clone(),
+        )
+    };
     if old.observed_generation != new.observed_generation
         || old.conditions.len() != new.conditions.len()
+        || counts(old) != counts(new)
     {
         return true;
     }

@@ -9,8 +9,9 @@
 //! `Ready=False` condition with reason [`crate::crd::reasons::INVALID_SPEC`]. The controller runs
 //! it within a [`budget`]: the schemas it compiles and evaluates are users'.
 
-use crate::crd::{CompositionSpec, HaltSpec, SecuritySpec};
+use crate::crd::{CompositionSpec, HaltSpec, LogsSpec, SecuritySpec};
 use crate::manifest;
+use crate::names::{component_container, AGENT_CONTAINER};
 use std::sync::Mutex;
 use std::time::Duration;
 use toa_context::{Context, ContextError, Manifest};
@@ -43,6 +44,8 @@ pub struct Valid {
     pub cloud_native_pg: Option<String>,
     /// Who the component containers run as.
     pub security: Security,
+    /// The agents' logs (`spec.logs`).
+    pub logs: LogsSpec,
 }
 
 /// Who the component containers run as, and the pod's volume group.
@@ -141,6 +144,7 @@ pub fn validate_noting(spec: &CompositionSpec, progress: &Progress) -> Result<Va
         credentials,
         cloud_native_pg,
         security,
+        logs: spec.logs.clone().unwrap_or_default(),
     })
 }
 
@@ -256,6 +260,7 @@ fn components(spec: &CompositionSpec, progress: &Progress) -> Result<Vec<Manifes
                 format!("expected each component once, {full_name} is listed twice"),
             ));
         }
+        container(&manifests, index, &full_name)?;
         if manifest.program.is_none() {
             // The manifest may omit it (the agent checks it only when it starts programs), but in
             // a pod the component's own container runs exactly this command.
@@ -270,6 +275,29 @@ fn components(spec: &CompositionSpec, progress: &Progress) -> Result<Vec<Manifes
         manifests.push(manifest);
     }
     Ok(manifests)
+}
+
+/// Component `index`'s container name: not the agent's, and not another component's
+/// (`a.b-c` and `a-b.c` would both run in `a-b-c`).
+fn container(seen: &[Manifest], index: usize, full_name: &str) -> Result<(), InvalidSpec> {
+    let field = format!("spec.components[{index}].name");
+    let container = component_container(full_name);
+    if container == AGENT_CONTAINER {
+        return Err(invalid(
+            &field,
+            format!("{full_name} would run in the container `{AGENT_CONTAINER}`, the agent's: rename the component"),
+        ));
+    }
+    match seen.iter().find(|m| component_container(&m.full_name()) == container) {
+        Some(other) => Err(invalid(
+            &field,
+            format!(
+                "{full_name} and {} would both run in the container `{container}` (a component's container is its name with `-` for `.`): rename one",
+                other.full_name()
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// What a component's manifest needs of the context in a pod: a store for an entity, a broker

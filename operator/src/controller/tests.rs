@@ -643,7 +643,7 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
         let mut stored = Composition::test(CompositionSpec::test());
         stored.status = Some(crate::CompositionStatus {
             observed_generation: Some(1),
-            conditions: vec![],
+            ..crate::CompositionStatus::default()
         });
         let composition = Arc::new(stored);
         let task = tokio::spawn(reconcile(held(&composition), context.clone()));

@@ -60,7 +60,22 @@ fn the_crd_names_and_columns() {
     assert_eq!(crd.spec.names.short_names, Some(vec!["comp".to_owned()]));
     let version = &crd.spec.versions[0];
     assert_eq!(version.name, "v1alpha1");
-    assert!(version.subresources.as_ref().unwrap().status.is_some());
+    let subresources = version.subresources.as_ref().unwrap();
+    assert!(subresources.status.is_some());
+    // `kubectl scale` and an autoscaler: spec.replicas, the pods counted, their selector.
+    let scale = subresources.scale.as_ref().unwrap();
+    assert_eq!(
+        (
+            scale.spec_replicas_path.as_str(),
+            scale.status_replicas_path.as_str(),
+            scale.label_selector_path.as_deref()
+        ),
+        (
+            ".spec.replicas",
+            ".status.replicas",
+            Some(".status.selector")
+        )
+    );
     let columns: Vec<(&str, &str)> = version
         .additional_printer_columns
         .iter()
@@ -70,7 +85,8 @@ fn the_crd_names_and_columns() {
     assert_eq!(
         columns,
         [
-            ("Ready", r#".status.conditions[?(@.type=="Ready")].status"#),
+            ("Ready", ".status.ready"),
+            ("Up-to-date", ".status.updatedReplicas"),
             (
                 "Halted",
                 r#".status.conditions[?(@.type=="Halted")].status"#
@@ -79,7 +95,6 @@ fn the_crd_names_and_columns() {
                 "Degraded",
                 r#".status.conditions[?(@.type=="Degraded")].status"#
             ),
-            ("Replicas", ".spec.replicas"),
             ("Age", ".metadata.creationTimestamp"),
         ]
     );
@@ -140,8 +155,17 @@ fn condition_finds_a_condition_by_type() {
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ),
         }],
+        ..CompositionStatus::default()
     });
     let ready = composition.condition(conditions::READY).unwrap();
     assert_eq!(ready.reason, "InvalidSpec");
     assert!(composition.condition(conditions::HALTED).is_none());
+}
+
+#[test]
+fn the_crd_stays_well_under_the_api_servers_limits() {
+    // etcd takes objects up to 1.5 MiB, and a large schema costs every client that reads it:
+    // the CRD stays under 200 KiB.
+    let size = crate::crd::crd_yaml().len();
+    assert!(size < 200 * 1024, "{size} bytes");
 }

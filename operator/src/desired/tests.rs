@@ -117,7 +117,7 @@ fn the_agent_is_a_native_sidecar() {
     let native = build(CompositionSpec::test(), 1);
     let pod_spec = pod(&native);
     assert_eq!(pod_spec.containers.len(), 1);
-    assert_eq!(pod_spec.containers[0].name, "component-0");
+    assert_eq!(pod_spec.containers[0].name, "store-orders");
     assert_eq!(
         pod_spec.containers[0].image.as_deref(),
         Some("registry.example.com/shop:1.0")
@@ -498,12 +498,14 @@ fn each_component_runs_its_program_in_its_own_container_in_the_agents_order() {
 
     let containers = &pod_spec.containers;
     let names: Vec<_> = containers.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["component-0", "component-1"]);
+    assert_eq!(names, ["store-orders", "store-mail"]);
     let expected = [
         ("store.orders", "7100", vec!["python3", "orders.py"]),
         ("store.mail", "7101", vec!["node", "mail.js", "--quiet"]),
     ];
-    for (container, (full_name, port, program)) in containers.iter().zip(expected) {
+    for (index, (container, (full_name, port, program))) in
+        containers.iter().zip(expected).enumerate()
+    {
         assert_eq!(
             container.image.as_deref(),
             Some("registry.example.com/shop:1.0")
@@ -541,7 +543,6 @@ fn each_component_runs_its_program_in_its_own_container_in_the_agents_order() {
         // The image's own /components/<name>/ is the program's directory: nothing is mounted
         // over it; the control token and the agent's binary stay with the agent. Mounted: its
         // own local API token's volume, read-only, and no other component's.
-        let index = container.name.trim_start_matches("component-");
         let mounts = container.volume_mounts.clone().unwrap();
         assert_eq!(mounts.len(), 1);
         assert_eq!(
@@ -606,21 +607,30 @@ fn the_resources_apply_to_every_component_container_and_the_agent_has_its_own() 
 }
 
 #[test]
-fn container_names_are_short_unique_dns_labels_however_long_the_component_names() {
+fn containers_are_named_after_their_components_as_dns_labels_however_long_the_names() {
     let long = "a".repeat(63);
+    let longer = format!("{}b", "a".repeat(62));
     let spec = CompositionSpec::test().with_components(vec![
         crate::crd::ComponentSpec::test(&long, &long),
-        crate::crd::ComponentSpec::test("a-b", "c"),
-        crate::crd::ComponentSpec::test("a", "b-c"),
+        crate::crd::ComponentSpec::test(&long, &longer),
+        crate::crd::ComponentSpec::test("store", "orders"),
     ]);
     let desired = build(spec, 1);
     let names: Vec<_> = all_containers(&desired)
         .iter()
         .map(|c| c.name.clone())
         .collect();
+    assert_eq!(names[0], "agent");
+    assert_eq!(names[3], "store-orders");
+    // Two long names that share their first 54 characters stay apart.
+    assert!(names[1].starts_with(&"a".repeat(54)), "{names:?}");
+    assert_ne!(names[1], names[2]);
+    // `kubectl logs POD` shows the first component's program, not the agent.
+    let template = desired.deployment.spec.as_ref().unwrap().template.clone();
+    let annotations = template.metadata.unwrap().annotations.unwrap();
     assert_eq!(
-        names,
-        ["agent", "component-0", "component-1", "component-2"]
+        annotations["kubectl.kubernetes.io/default-container"],
+        names[1]
     );
     for name in &names {
         assert!(name.len() <= 63, "{name}");
@@ -731,7 +741,7 @@ fn components_run_as_the_users_the_spec_names_and_the_agent_stays_65532() {
         users(&image),
         [
             ("agent".to_owned(), Some(65532), Some(65532)),
-            ("component-0".to_owned(), None, None)
+            ("store-orders".to_owned(), None, None)
         ]
     );
     let given = build(
@@ -747,7 +757,7 @@ fn components_run_as_the_users_the_spec_names_and_the_agent_stays_65532() {
         users(&given),
         [
             ("agent".to_owned(), Some(65532), Some(65532)),
-            ("component-0".to_owned(), Some(1000), Some(1001))
+            ("store-orders".to_owned(), Some(1000), Some(1001))
         ]
     );
     assert_eq!(
@@ -899,6 +909,23 @@ fn the_agent_is_ready_by_its_probe_listener() {
     assert_eq!(
         (readiness.path.as_deref(), readiness.port),
         (Some("/readyz"), IntOrString::Int(7092))
+    );
+}
+
+#[test]
+fn the_agents_log_level_and_format_come_from_the_spec_and_are_absent_by_default() {
+    let unset = env(&agent_of(&build(CompositionSpec::test(), 1)));
+    assert!(!unset.contains_key("TOA_LOG_LEVEL") && !unset.contains_key("TOA_LOG_FORMAT"));
+    let mut spec = CompositionSpec::test();
+    spec.logs = Some(crate::crd::LogsSpec {
+        level: Some(toa_context::logs::Level::Debug),
+        format: Some(toa_context::logs::Format::Json),
+    });
+    let set = env(&agent_of(&build(spec, 1)));
+    let value = |name: &str| set[name].value.clone().unwrap();
+    assert_eq!(
+        (value("TOA_LOG_LEVEL"), value("TOA_LOG_FORMAT")),
+        ("debug".to_owned(), "json".to_owned())
     );
 }
 

@@ -17,6 +17,7 @@ pub struct Rollout {
     pub replicas: i32,
     pub updated_replicas: i32,
     pub available_replicas: i32,
+    pub ready_replicas: i32,
 }
 
 impl Rollout {
@@ -28,6 +29,7 @@ impl Rollout {
             replicas: status.replicas.unwrap_or(0),
             updated_replicas: status.updated_replicas.unwrap_or(0),
             available_replicas: status.available_replicas.unwrap_or(0),
+            ready_replicas: status.ready_replicas.unwrap_or(0),
         }
     }
 

@@ -24,7 +24,33 @@ fn rolled_out(generation: i64, replicas: i32) -> Rollout {
         replicas,
         updated_replicas: replicas,
         available_replicas: replicas,
+        ready_replicas: replicas,
     }
+}
+
+#[test]
+fn the_counts_come_from_the_deployment_and_a_refused_spec_keeps_them() {
+    let mut rollout = rolled_out(2, 3);
+    (rollout.ready_replicas, rollout.updated_replicas) = (2, 1);
+    let decision = running();
+    let new = status(&observed(Some(rollout), &decision, at(0)), None);
+    assert_eq!(
+        (new.replicas, new.ready_replicas, new.updated_replicas),
+        (Some(3), Some(2), Some(1))
+    );
+    assert_eq!(new.ready.as_deref(), Some("2/3"));
+    let mut refused = observed(None, &decision, at(1));
+    (refused.invalid, refused.halt) = (Some((reasons::INVALID_SPEC, "no")), None);
+    let kept = status(&refused, Some(&new));
+    assert_eq!(
+        (kept.ready.as_deref(), kept.replicas),
+        (Some("2/3"), Some(3))
+    );
+    // A count that moved is written even when no condition did.
+    let mut more = new.clone();
+    (more.ready_replicas, more.ready) = (Some(3), Some("3/3".into()));
+    assert!(changed(Some(&new), &more));
+    assert!(!changed(Some(&new), &new.clone()));
 }
 
 fn observed<'a>(rollout: Option<Rollout>, halt: &'a Decision, now: Timestamp) -> Observed<'a> {

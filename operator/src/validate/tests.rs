@@ -314,3 +314,32 @@ fn a_component_with_receivers_needs_a_broker() {
     let valid = validate(&spec);
     assert!(valid.is_ok(), "{:?}", valid.err());
 }
+
+#[test]
+fn a_component_whose_container_would_be_the_agents_or_anothers_is_refused() {
+    let manifest = serde_json::json!({ "name": "agent", "program": ["python3", "agent.py"] });
+    let named_agent = ComponentSpec {
+        name: "agent".into(),
+        manifest: manifest.as_object().cloned().unwrap(),
+        configuration: None,
+    };
+    let agent = CompositionSpec::test().with_components(vec![named_agent]);
+    let said = refused(&agent);
+    assert!(
+        said.starts_with(
+            "`spec.components[0].name`: agent would run in the container `agent`, the agent's"
+        ),
+        "{said}"
+    );
+    let clash = CompositionSpec::test().with_components(vec![
+        ComponentSpec::test("a-b", "c"),
+        ComponentSpec::test("a", "b-c"),
+    ]);
+    let said = refused(&clash);
+    assert!(
+        said.starts_with(
+            "`spec.components[1].name`: a.b-c and a-b.c would both run in the container `a-b-c`"
+        ),
+        "{said}"
+    );
+}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::cluster;
 use crate::support::{
     agent_status, apply, composition, condition, control_tokens, deployment, describe, lifecycle,
-    uids, wait_condition, wait_pods, Suite, COMPONENT, PATIENCE,
+    uids, wait_condition, wait_pods, warnings, Suite, COMPONENT, PATIENCE,
 };
 use crate::wait::eventually;
 
@@ -106,11 +106,19 @@ pub async fn ready(suite: Arc<Suite>) {
     for pod in &pods {
         // Every container started once and stayed up: the agent read its token (its control
         // endpoint answers with it), nothing crash-looped.
+        // The component's container is named after it, and `kubectl logs POD` shows it.
         assert_eq!(
             pod.restarts(),
-            [("agent".to_owned(), 0), ("component-0".to_owned(), 0)].into(),
+            [("agent".to_owned(), 0), ("e2e-recorder".to_owned(), 0)].into(),
             "{}",
             pod.name
+        );
+        let annotations = pod.pod.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            annotations
+                .get("kubectl.kubernetes.io/default-container")
+                .map(String::as_str),
+            Some("e2e-recorder")
         );
         let status = agent_status(pod, &tokens).await;
         assert_eq!(status["phase"], "running", "{}: {status}", pod.name);
@@ -213,6 +221,13 @@ pub async fn invalid_spec(suite: Arc<Suite>) {
     )
     .await;
     refusal(&refused);
+    // A Warning event says it too, without the password, once however often it is reconciled.
+    let said = warnings(&suite, namespace, "leaky", "InvalidSpec").await;
+    let (_, note) = said.iter().find(|(r, _)| r == "InvalidSpec").unwrap();
+    assert!(
+        note.contains("carries credentials") && !note.contains(PASSWORD),
+        "{note}"
+    );
     let degraded = condition(&refused, "Degraded").unwrap();
     assert_eq!(
         (degraded.status.as_str(), degraded.reason.as_str()),

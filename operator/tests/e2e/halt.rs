@@ -12,8 +12,9 @@ use crate::node::PodView;
 use crate::support::{
     agent_status, apply, assert_disposed_before_stopped, assert_no_failed_hooks,
     broker_credentials, components_of, composition, compositions, condition, control_tokens, count,
-    deployment, describe, halting, lifecycle, ready_pods, running_two, uids, wait_condition,
-    wait_halted, wait_no_pods, wait_pods, Suite, BROKER_CREDENTIALS, PATIENCE,
+    deployment, describe, halting, lifecycle, ready_pods, running_two, scale_to, uids,
+    wait_condition, wait_halted, wait_no_pods, wait_pods, warnings, Suite, BROKER_CREDENTIALS,
+    PATIENCE,
 };
 use crate::wait::eventually;
 use crate::{cluster, node, services, wait};
@@ -66,10 +67,52 @@ pub async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
         assert_disposed_before_stopped(&suite, pod);
     }
 
-    apply(&suite, &spec(false)).await;
+    // `kubectl scale` while halted: the Deployment stays at zero, the scale takes effect on resume.
+    let scaled = scale_to(&suite, namespace, name, 3).await;
+    wait_condition(&suite, namespace, name, "Halted", "True", None, PATIENCE).await;
+    let observed = compositions(&suite, namespace).get(name).await.unwrap();
+    assert!(observed.status.as_ref().unwrap().observed_generation >= Some(scaled));
+    let stays = deployment(&suite, namespace, name)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .replicas;
+    assert_eq!(stays, Some(0), "halted: zero whatever spec.replicas says");
+    assert_eq!(observed.status.unwrap().ready.as_deref(), Some("0/0"));
+
+    let mut unhalted = spec(false);
+    unhalted["spec"]["replicas"] = json!(3);
+    apply(&suite, &unhalted).await;
     let back = wait_condition(&suite, namespace, name, "Ready", "True", None, PATIENCE).await;
     assert_eq!(condition(&back, "Halted").unwrap().status, "False");
-    let again = wait_pods(&suite, namespace, name, 2).await;
+    let again = wait_pods(&suite, namespace, name, 3).await;
+    let counted = eventually("3/3 ready in the status", PATIENCE, || async {
+        let now = compositions(&suite, namespace)
+            .get(name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = now.status.clone().unwrap_or_default();
+        match status.ready.as_deref() {
+            Some("3/3") => Ok(status),
+            _ => Err(describe(&now)),
+        }
+    })
+    .await;
+    assert_eq!(
+        (counted.replicas, counted.ready_replicas),
+        (Some(3), Some(3))
+    );
+    // The scale subresource reads them back, with the pods' selector (what an autoscaler uses).
+    let read = compositions(&suite, namespace)
+        .get_scale(name)
+        .await
+        .unwrap();
+    let status = read.status.unwrap();
+    assert_eq!(
+        (status.replicas, status.selector.as_deref()),
+        (3, Some("toa.io/composition=quiet"))
+    );
     assert!(uids(&again).is_disjoint(&uids(&pods)), "new pods");
     for pod in &again {
         assert_eq!(
@@ -139,6 +182,12 @@ pub async fn halt_busy_called_off(suite: Arc<Suite>) {
     assert!(
         !message.contains(&pods[1].name),
         "names only the busy pod: {message}"
+    );
+    let said = warnings(&suite, namespace, name, "HaltCalledOff").await;
+    assert!(
+        said.iter()
+            .any(|(r, note)| r == "HaltCalledOff" && note.contains(&busy.name)),
+        "{said:?}"
     );
     // Stop asking for the halt before it is tried again (grace after the call-off).
     apply(&suite, &spec(false)).await;

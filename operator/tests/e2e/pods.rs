@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::node::PodView;
 use crate::support::{
     agent_status, apply, broker_credentials, components_of, composition, condition, control_tokens,
-    lifecycle, ready_pods, wait_condition, wait_pods, Suite,
+    lifecycle, ready_pods, wait_condition, wait_pods, warnings, Suite,
 };
 use crate::wait::eventually;
 use crate::{cluster, node};
@@ -66,7 +66,7 @@ pub async fn failing_pods_are_degraded(suite: Arc<Suite>) {
         (
             "nodeless",
             json!({ "components": component }),
-            "component-0",
+            "e2e-c000",
             "executable file not found",
         ),
         (
@@ -125,7 +125,13 @@ pub async fn failing_pods_are_degraded(suite: Arc<Suite>) {
             Some("True"),
             "{columns:?}"
         );
-        assert_eq!(columns.get("Ready").map(String::as_str), Some("False"));
+        assert_eq!(
+            columns.get("Ready").map(String::as_str),
+            Some("0/1"),
+            "{columns:?}"
+        );
+        let said = warnings(&suite, namespace, name, "PodsFailing").await;
+        assert!(said.iter().any(|(_, note)| note.contains(&pod)), "{said:?}");
     }
 }
 
@@ -162,7 +168,7 @@ pub async fn slow_preflight_is_not_killed(suite: Arc<Suite>) {
     assert!(took >= Duration::from_secs(40), "preflight took its 40 s");
     assert_eq!(
         pods[0].restarts(),
-        [("agent".to_owned(), 0), ("component-0".to_owned(), 0)].into()
+        [("agent".to_owned(), 0), ("e2e-slow".to_owned(), 0)].into()
     );
     assert_eq!(
         suite.harness.lifecycle(&pods[0].name, slow),
@@ -195,7 +201,7 @@ pub async fn a_crashed_program_is_served_again(suite: Arc<Suite>) {
             // Ready alone may be the kubelet's last probe from before the crash: the new
             // program's lifecycle is what says the pod serves again.
             let lifecycle = lifecycle(&suite, &pod);
-            if ready && restarts["component-0"] >= 1 && lifecycle.len() >= 4 {
+            if ready && restarts["e2e-recorder"] >= 1 && lifecycle.len() >= 4 {
                 Ok(pod)
             } else {
                 Err(format!(

@@ -460,3 +460,53 @@ pub async fn lease_spec(leases: &Api<Lease>, name: &str) -> Result<LeaseSpec, St
 pub fn holder(spec: &LeaseSpec) -> &str {
     spec.holder_identity.as_deref().unwrap_or_default()
 }
+
+/// The Warning events the operator published on the Composition `name`, once one of `reason`
+/// is there: their notes, by reason.
+pub async fn warnings(
+    suite: &Suite,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+) -> Vec<(String, String)> {
+    let api = Api::<k8s_openapi::api::core::v1::Event>::namespaced(suite.admin.clone(), namespace);
+    eventually(&format!("a Warning {reason} on {name}"), PATIENCE, || {
+        let api = api.clone();
+        async move {
+            let events = api
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let warnings: Vec<(String, String)> = events
+                .items
+                .into_iter()
+                .filter(|e| e.type_.as_deref() == Some("Warning"))
+                .filter(|e| e.involved_object.kind.as_deref() == Some("Composition"))
+                .filter(|e| e.involved_object.name.as_deref() == Some(name))
+                .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+                .collect();
+            if warnings.iter().any(|(r, _)| r == reason) {
+                Ok(warnings)
+            } else {
+                Err(format!("{warnings:?}"))
+            }
+        }
+    })
+    .await
+}
+
+/// `kubectl scale --replicas=N` through the Composition's scale subresource: the generation it
+/// made.
+pub async fn scale_to(suite: &Suite, namespace: &str, name: &str, replicas: i32) -> i64 {
+    let api = compositions(suite, namespace);
+    let patch = json!({ "spec": { "replicas": replicas } });
+    api.patch_scale(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let scaled = api.get(name).await.unwrap();
+    assert_eq!(
+        scaled.spec.replicas, replicas,
+        "spec.replicas through the subresource"
+    );
+    scaled.metadata.generation.unwrap()
+}

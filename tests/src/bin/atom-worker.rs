@@ -51,7 +51,7 @@ fn commands() -> tokio::sync::mpsc::UnboundedReceiver<String> {
 
 #[tokio::main]
 async fn main() {
-    toa_agent::telemetry::init();
+    toa_context::logs::LogArgs::default().init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| {
         args.get(i)
