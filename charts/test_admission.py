@@ -256,6 +256,17 @@ def checks():
         # RBAC decides, not the policy: alice reads no Secret.
         assert not can("alice", "get", "secret/backends")
 
+    @check("the pods' registry Secrets: named only by who may read each")
+    def _():
+        pulled = {"pod": {"imagePullSecrets": [{"name": "backends"}]}}
+        refused(create(composition("c", **pulled), user="alice"),
+                "spec.pod.imagePullSecrets: alice may not read (get) every Secret it names "
+                "(backends) in namespace shop, so may not name them")
+        allowed(create(composition("c", **pulled), user="bob"))
+        both = {"pod": {"imagePullSecrets": [{"name": "backends"}, {"name": "other"}]}}
+        refused(create(composition("c", **both), user="bob"),
+                "bob may not read (get) every Secret it names (backends, other)")
+
     @check("a user granted `get` on that one Secret may name it, and no other")
     def _():
         allowed(create(composition("c", secret="backends"), user="bob"))
@@ -373,11 +384,15 @@ def checks():
         for verb in ("create", "update", "patch", "delete"):
             assert not can("carol", verb, "compositions"), ("view", verb)
         assert not can("carol", "update", "compositions", subresource="status")
+        # `kubectl scale`: whoever may edit; a viewer reads the scale only.
+        assert can("carol", "get", "compositions", subresource="scale")
+        assert not can("carol", "update", "compositions", subresource="scale")
         for user in ("dave", "erin"):
             for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
                 assert can(user, verb, "compositions"), (user, verb)
             assert can(user, "get", "compositions", subresource="status"), user
             assert not can(user, "patch", "compositions", subresource="status"), user
+            assert can(user, "update", "compositions", subresource="scale"), user
         # Only in the namespace they are bound in.
         assert not can("dave", "create", "compositions", namespace=ELSEWHERE)
 

@@ -383,6 +383,8 @@ def _():
         ("events.k8s.io", "events", "create"),
         ("networking.k8s.io", "networkpolicies", "create"),
         ("networking.k8s.io", "networkpolicies", "patch"),
+        ("policy", "poddisruptionbudgets", "create"),
+        ("policy", "poddisruptionbudgets", "patch"),
     }
     # Exactly what the code asks for (the e2e suite fails on any `forbidden`), and no more.
     needed |= {
@@ -395,6 +397,7 @@ def _():
         ("events.k8s.io", "events", "patch"),
         # Read before written: one that is not the Composition's is never changed.
         ("networking.k8s.io", "networkpolicies", "get"),
+        ("policy", "poddisruptionbudgets", "get"),
     }
     assert needed == granted, (needed - granted, granted - needed)
     assert not any(verb in ("delete", "deletecollection", "escalate", "bind", "impersonate")
@@ -529,7 +532,7 @@ def _():
 AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
 
 
-@check("aggregated roles: edit (into edit and admin) writes Compositions, view reads them")
+@check("aggregated roles: edit (into edit and admin) writes and scales Compositions, view reads them")
 def _():
     edit = named(DEFAULT, "ClusterRole", "-composition-edit")
     view = named(DEFAULT, "ClusterRole", "-composition-view")
@@ -547,10 +550,10 @@ def _():
     assert grants(edit) == {
         (group, plural, verb)
         for verb in ("get", "list", "watch", "create", "update", "patch", "delete")
-    }, grants(edit)
+    } | {(group, f"{plural}/scale", verb) for verb in ("get", "update", "patch")}, grants(edit)
     assert grants(view) == {
         (group, resource, verb)
-        for resource in (plural, f"{plural}/status")
+        for resource in (plural, f"{plural}/status", f"{plural}/scale")
         for verb in ("get", "list", "watch")
     }, grants(view)
     # People never write the status (the operator's) and get no Secret through these.

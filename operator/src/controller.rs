@@ -37,6 +37,7 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -313,6 +314,25 @@ async fn refuse_undecodable(
     refuse(stored, &compositions, refusal, now).await
 }
 
+/// A spec the checks refused: `InvalidSpec` in its status and a Warning event, nothing else
+/// touched.
+async fn refuse_invalid(
+    context: &Context,
+    composition: &Composition,
+    compositions: &Api<Stored>,
+    invalid: &crate::InvalidSpec,
+) -> Result<Action, Error> {
+    let now = (context.now)();
+    let why = (reasons::INVALID_SPEC, "Reconcile");
+    let on = composition.object_ref(&());
+    context
+        .events
+        .warning(&on, why, invalid.0.clone(), now)
+        .await;
+    let refusal = (reasons::INVALID_SPEC, invalid.0.as_str());
+    refuse(&Stored::from(composition), compositions, refusal, now).await
+}
+
 /// The reconcile proper, on the leader: steps 2 to 7 of the module's list.
 async fn reconcile_inner(composition: &Composition, context: &Context) -> Result<Action, Error> {
     let name = composition.name_any();
@@ -324,16 +344,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let now = (context.now)();
     let valid = match context.budget.check(&composition.spec).await? {
         Ok(valid) => valid,
-        Err(invalid) => {
-            let why = (reasons::INVALID_SPEC, "Reconcile");
-            let on = composition.object_ref(&());
-            context
-                .events
-                .warning(&on, why, invalid.0.clone(), now)
-                .await;
-            let refusal = (reasons::INVALID_SPEC, invalid.0.as_str());
-            return refuse(&Stored::from(composition), &compositions, refusal, now).await;
-        }
+        Err(invalid) => return refuse_invalid(context, composition, &compositions, &invalid).await,
     };
     let owner = Owner::of(composition)?;
     if context.keys.borrow().is_none() {
@@ -356,6 +367,12 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
     let deployment = deployment(context, composition, &owner, &valid, existing, replicas);
     let applied = kube_io::apply(&deployments, &deployment).await?;
+    if let Some(budget) = desired::disruption_budget(&owner, &valid, replicas) {
+        let budgets = Api::<PodDisruptionBudget>::namespaced(client.clone(), &namespace);
+        let uid = owner.reference.uid.as_str();
+        let applied = kube_io::apply_own(&budgets, &budget, uid).await;
+        report_conflict(applied, context, composition, &compositions, now).await?;
+    }
     let refused = rollout::replica_failure(&applied);
     let observed = Observed {
         generation: composition.metadata.generation,

@@ -7,12 +7,15 @@
 //! [`crate::validate`] checks everything again at reconcile time, for objects stored before a rule
 //! existed, for what CEL cannot judge, and for `render` and the agent, which share its checks.
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 
 /// The context annotations the spec embeds: toa-context owns them, with their schema.
 pub use toa_context::spec::{AddressedSpec, AtomicitySpec, ContextSpec, LimitsSpec};
@@ -144,6 +147,70 @@ pub struct CompositionSpec {
     /// The agents' logs. Changing it rolls the pods out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs: Option<LogsSpec>,
+    /// How many of the composition's pods voluntary disruptions (a node drain) may take at once:
+    /// a PodDisruptionBudget, made while two or more replicas run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption_budget: Option<DisruptionBudgetSpec>,
+    /// What the pods get besides what the operator sets: where they run, the Secrets of the
+    /// registries their images come from, labels and annotations. What the operator needs (the
+    /// agent, its ports, the security context, the drain) cannot be changed here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodSettings>,
+}
+
+/// The pods' placement, registries and metadata ([`CompositionSpec::pod`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSettings {
+    /// Labels added to the pods; the keys the operator selects them by are refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations added to the pods (a service mesh's, a secrets injector's); the keys the
+    /// operator sets are refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Secrets in the namespace with the credentials of the registries `image` and the agent's
+    /// image come from. Naming one takes `get` on it (the chart's admission policy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// The nodes the pods may run on, by their labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Node and pod (anti-)affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// How the pods spread across zones or nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// The pods' PriorityClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+/// The composition's PodDisruptionBudget.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionBudgetSpec {
+    /// Pods a drain may evict at once, 1 or more [default 1]: 0 would block every drain.
+    #[serde(default = "default_max_unavailable")]
+    #[schemars(range(min = 1))]
+    pub max_unavailable: i32,
+}
+
+impl Default for DisruptionBudgetSpec {
+    fn default() -> Self {
+        Self {
+            max_unavailable: default_max_unavailable(),
+        }
+    }
+}
+
+fn default_max_unavailable() -> i32 {
+    1
 }
 
 /// The agents' log level and format (`toa-agent --log-level`/`--log-format`).
@@ -201,6 +268,9 @@ pub struct ComponentSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form_object")]
     pub configuration: Option<Map<String, Value>>,
+    /// Requests and limits of this component's container, instead of `spec.resources`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
 }
 
 /// The schema's check of a component's full name; the manifest's own rules (toa-context) are the

@@ -28,11 +28,11 @@
 //! manifests, mounted from the ConfigMap at the same paths in its own container.
 
 use crate::agent_client::Keys;
-use crate::crd::Composition;
+use crate::crd::{Composition, PodSettings};
 use crate::names::{
-    component_container, components_name, control_name, labels, AGENT_CONTAINER, COMPONENTS_DIR,
-    COMPONENT_TOKEN_DIR, CONTROL_DIR, CONTROL_PORT, DECLARATIONS, DECLARATIONS_DIR, DRAIN_KEY,
-    LABEL_COMPOSITION, MANAGER, PREVIOUS_KEY, PROBE_PORT, TOKENS_DIR, TOKEN_KEY,
+    self, component_container, components_name, control_name, labels, AGENT_CONTAINER,
+    COMPONENTS_DIR, COMPONENT_TOKEN_DIR, CONTROL_DIR, CONTROL_PORT, DECLARATIONS, DECLARATIONS_DIR,
+    DRAIN_KEY, MANAGER, PREVIOUS_KEY, PROBE_PORT, TOKENS_DIR, TOKEN_KEY,
 };
 use crate::validate::{Security, Valid, NONROOT};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
@@ -46,6 +46,7 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::ByteString;
@@ -181,6 +182,7 @@ pub struct Desired {
     pub declarations: ConfigMap,
     pub control: Secret,
     pub deployment: Deployment,
+    pub disruption_budget: Option<PodDisruptionBudget>,
 }
 
 /// Why no objects could be built: the Composition lacks what an owner reference needs (it was
@@ -245,6 +247,7 @@ pub fn desired(
         declarations: declarations(&owner, composition),
         control: control_secret(&owner, keys),
         deployment: deployment(&owner, composition, valid, settings, drain, replicas),
+        disruption_budget: disruption_budget(&owner, valid, replicas),
     })
 }
 
@@ -327,10 +330,7 @@ pub fn deployment(
     replicas: i32,
 ) -> Deployment {
     let name = owner.name.as_str();
-    let selector = BTreeMap::from([
-        ("app.kubernetes.io/instance".to_owned(), name.to_owned()),
-        (LABEL_COMPOSITION.to_owned(), name.to_owned()),
-    ]);
+    let selector = names::selector(name);
     let (containers, init_containers) = containers(composition, valid, settings, drain);
     let mut metadata = owner.meta(name.to_owned());
     metadata.annotations = Some(BTreeMap::from([(DRAIN_KEY.to_owned(), drain.to_owned())]));
@@ -344,27 +344,56 @@ pub fn deployment(
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels(name)),
+                    labels: Some(pod_labels(name, valid)),
                     annotations: Some(pod_annotations(valid)),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(PodSpec {
-                    containers,
-                    init_containers,
-                    volumes: Some(volumes(name, composition)),
-                    security_context: Some(pod_security(&valid.security)),
-                    // Component programs are not the operator's to trust: no API credentials and
-                    // no other Services' addresses in their environment.
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    termination_grace_period_seconds: Some(grace_seconds(valid)),
-                    ..PodSpec::default()
-                }),
+                spec: Some(placed(
+                    PodSpec {
+                        containers,
+                        init_containers,
+                        volumes: Some(volumes(name, composition)),
+                        security_context: Some(pod_security(&valid.security)),
+                        // Component programs are not the operator's to trust: no API credentials
+                        // and no other Services' addresses in their environment.
+                        automount_service_account_token: Some(false),
+                        enable_service_links: Some(false),
+                        termination_grace_period_seconds: Some(grace_seconds(valid)),
+                        ..PodSpec::default()
+                    },
+                    &valid.pod,
+                )),
             },
             ..DeploymentSpec::default()
         }),
         ..Deployment::default()
     }
+}
+
+/// The composition's PodDisruptionBudget: a node drain evicts at most `maxUnavailable` of its
+/// pods at once. None below two replicas (nor while halted): there is nothing to spread. One made
+/// before the replicas went down is left (the operator deletes nothing); with `maxUnavailable` at
+/// least 1 it never blocks the drain of a single pod.
+pub fn disruption_budget(
+    owner: &Owner,
+    valid: &Valid,
+    replicas: i32,
+) -> Option<PodDisruptionBudget> {
+    if replicas < 2 {
+        return None;
+    }
+    Some(PodDisruptionBudget {
+        metadata: owner.meta(owner.name.clone()),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(valid.max_unavailable)),
+            selector: Some(LabelSelector {
+                match_labels: Some(names::selector(&owner.name)),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    })
 }
 
 /// The pod's containers and init containers: the components', and the agent as a native sidecar
@@ -383,19 +412,47 @@ fn containers(
     (containers, Some(vec![agent]))
 }
 
+/// The pods' labels: the spec's, then the operator's (validation refuses the spec's setting
+/// those).
+fn pod_labels(name: &str, valid: &Valid) -> BTreeMap<String, String> {
+    let mut labels_ = valid.pod.labels.clone();
+    labels_.extend(labels(name));
+    labels_
+}
+
+/// `spec` with where the pods may run and which registries' Secrets they use (`spec.pod`).
+fn placed(spec: PodSpec, pod: &PodSettings) -> PodSpec {
+    let some_map = |map: &BTreeMap<String, String>| (!map.is_empty()).then(|| map.clone());
+    PodSpec {
+        image_pull_secrets: (!pod.image_pull_secrets.is_empty())
+            .then(|| pod.image_pull_secrets.clone()),
+        node_selector: some_map(&pod.node_selector),
+        tolerations: (!pod.tolerations.is_empty()).then(|| pod.tolerations.clone()),
+        affinity: pod.affinity.clone(),
+        topology_spread_constraints: (!pod.topology_spread_constraints.is_empty())
+            .then(|| pod.topology_spread_constraints.clone()),
+        priority_class_name: pod.priority_class_name.clone(),
+        ..spec
+    }
+}
+
 /// Where Prometheus finds the agent's `/metrics` (annotation-based scraping; a PodMonitor names
 /// the port `probe` instead), and the container `kubectl logs POD` shows: the first component's.
 fn pod_annotations(valid: &Valid) -> BTreeMap<String, String> {
     let first = component_container(&valid.components[0].full_name());
-    [
-        ("prometheus.io/scrape", "true".to_owned()),
-        ("prometheus.io/port", PROBE_PORT.to_string()),
-        ("prometheus.io/path", "/metrics".to_owned()),
-        ("kubectl.kubernetes.io/default-container", first),
-    ]
-    .into_iter()
-    .map(|(key, value)| (key.to_owned(), value))
-    .collect()
+    let [scrape, port, path] = names::SCRAPE_ANNOTATIONS;
+    // The spec's own first: validation refuses the keys below, which are the operator's.
+    let mut annotations = valid.pod.annotations.clone();
+    annotations.extend(
+        [
+            (scrape, "true".to_owned()),
+            (port, PROBE_PORT.to_string()),
+            (path, "/metrics".to_owned()),
+            (names::DEFAULT_CONTAINER_ANNOTATION, first),
+        ]
+        .map(|(key, value)| (key.to_owned(), value)),
+    );
+    annotations
 }
 
 fn volumes(name: &str, composition: &Composition) -> Vec<Volume> {
@@ -486,7 +543,11 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
                     read_only: Some(true),
                     ..VolumeMount::default()
                 }]),
-                resources: composition.spec.resources.clone(),
+                // The component's own, else the composition's.
+                resources: composition.spec.components[index]
+                    .resources
+                    .clone()
+                    .or_else(|| composition.spec.resources.clone()),
                 security_context: Some(container_security(
                     valid.security.run_as_user,
                     valid.security.run_as_group,

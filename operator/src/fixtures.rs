@@ -19,6 +19,8 @@ impl CompositionSpec {
             halt: None,
             security_context: None,
             logs: None,
+            disruption_budget: None,
+            pod: None,
         }
     }
 
@@ -51,6 +53,7 @@ impl ComponentSpec {
             name: format!("{namespace}.{name}"),
             manifest: manifest.as_object().cloned().unwrap_or_default(),
             configuration: None,
+            resources: None,
         }
     }
 }

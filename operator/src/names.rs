@@ -29,6 +29,15 @@ pub const COMPONENTS_DIR: &str = "/components";
 pub const DECLARATIONS: &str = "toa-declarations";
 /// Where [`DECLARATIONS`] is mounted in the agent container (`--declarations`).
 pub const DECLARATIONS_DIR: &str = "/var/run/toa/declarations";
+/// Where Prometheus finds a pod's metrics (annotation-based scraping).
+pub const SCRAPE_ANNOTATIONS: [&str; 3] = [
+    "prometheus.io/scrape",
+    "prometheus.io/port",
+    "prometheus.io/path",
+];
+/// The container `kubectl logs POD` shows.
+pub const DEFAULT_CONTAINER_ANNOTATION: &str = "kubectl.kubernetes.io/default-container";
+
 /// The agent's container name; a component's is [`component_container`].
 pub const AGENT_CONTAINER: &str = "agent";
 
@@ -71,6 +80,17 @@ pub fn labels(composition: &str) -> BTreeMap<String, String> {
         (
             "app.kubernetes.io/managed-by".to_owned(),
             MANAGER.to_owned(),
+        ),
+        (LABEL_COMPOSITION.to_owned(), composition.to_owned()),
+    ])
+}
+
+/// The labels its Deployment (and its PodDisruptionBudget) select a composition's pods by.
+pub fn selector(composition: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/instance".to_owned(),
+            composition.to_owned(),
         ),
         (LABEL_COMPOSITION.to_owned(), composition.to_owned()),
     ])

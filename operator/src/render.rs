@@ -78,6 +78,7 @@ pub fn render(options: &Options) -> Result<Composition, RenderError> {
                     .and_then(|values| values.as_object().cloned()),
                 name,
                 manifest: read.object,
+                resources: None,
             })
         })
         .collect::<Result<Vec<_>, RenderError>>()?;
@@ -99,6 +100,8 @@ pub fn render(options: &Options) -> Result<Composition, RenderError> {
         halt: None,
         security_context: None,
         logs: None,
+        disruption_budget: None,
+        pod: None,
     };
     validate(&spec).map_err(RenderError::Invalid)?;
 

@@ -9,7 +9,7 @@
 //! `Ready=False` condition with reason [`crate::crd::reasons::INVALID_SPEC`]. The controller runs
 //! it within a [`budget`]: the schemas it compiles and evaluates are users'.
 
-use crate::crd::{CompositionSpec, HaltSpec, LogsSpec, SecuritySpec};
+use crate::crd::{CompositionSpec, HaltSpec, LogsSpec, PodSettings, SecuritySpec};
 use crate::manifest;
 use crate::names::{component_container, AGENT_CONTAINER};
 use std::sync::Mutex;
@@ -17,6 +17,7 @@ use std::time::Duration;
 use toa_context::{Context, ContextError, Manifest};
 
 pub mod budget;
+mod pod;
 
 /// Why a spec was refused: one message naming the field and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,6 +47,10 @@ pub struct Valid {
     pub security: Security,
     /// The agents' logs (`spec.logs`).
     pub logs: LogsSpec,
+    /// Pods a voluntary disruption may take at once (`spec.disruptionBudget`).
+    pub max_unavailable: i32,
+    /// What the pods get besides what the operator sets (`spec.pod`).
+    pub pod: PodSettings,
 }
 
 /// Who the component containers run as, and the pod's volume group.
@@ -145,6 +150,8 @@ pub fn validate_noting(spec: &CompositionSpec, progress: &Progress) -> Result<Va
         cloud_native_pg,
         security,
         logs: spec.logs.clone().unwrap_or_default(),
+        max_unavailable: max_unavailable(spec)?,
+        pod: pod_settings(spec)?,
     })
 }
 
@@ -275,6 +282,28 @@ fn components(spec: &CompositionSpec, progress: &Progress) -> Result<Vec<Manifes
         manifests.push(manifest);
     }
     Ok(manifests)
+}
+
+/// `spec.pod`, checked.
+fn pod_settings(spec: &CompositionSpec) -> Result<PodSettings, InvalidSpec> {
+    let pod = spec.pod.clone().unwrap_or_default();
+    pod::check(&pod)?;
+    Ok(pod)
+}
+
+/// `spec.disruptionBudget.maxUnavailable`, at least 1 (0 would block every node drain).
+fn max_unavailable(spec: &CompositionSpec) -> Result<i32, InvalidSpec> {
+    let budget = spec.disruption_budget.clone().unwrap_or_default();
+    if budget.max_unavailable < 1 {
+        return Err(invalid(
+            "spec.disruptionBudget.maxUnavailable",
+            format!(
+                "expected 1 or more (0 would block every node drain), got {}",
+                budget.max_unavailable
+            ),
+        ));
+    }
+    Ok(budget.max_unavailable)
 }
 
 /// Component `index`'s container name: not the agent's, and not another component's

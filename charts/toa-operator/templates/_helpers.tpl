@@ -73,6 +73,10 @@ records events. Reading the server version needs no grant. */}}
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
+# Each composition's PodDisruptionBudget (two replicas or more), read and applied like the rest.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
 # A composition's pods: their IPs, for halts, and their statuses, for Degraded (watched, by the
 # operator's label, so a failing pod is reported at once).
 - apiGroups: [""]

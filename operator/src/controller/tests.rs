@@ -159,7 +159,22 @@ const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/shop/deployments/shop";
 
 /// The Deployment applied and answered with `status`; the query and the applied body.
 async fn apply_deployment(handle: &mut Handle, status: Value) -> (String, Value) {
-    expect(handle, "PATCH", DEPLOYMENT, deployment_with(status)).await
+    let (query, deployment) = expect(handle, "PATCH", DEPLOYMENT, deployment_with(status)).await;
+    if deployment["spec"]["replicas"].as_i64() >= Some(2) {
+        budget_applied(handle).await;
+    }
+    (query, deployment)
+}
+
+const BUDGET: &str = "/apis/policy/v1/namespaces/shop/poddisruptionbudgets/shop";
+
+/// The PodDisruptionBudget, read (none yet) and applied: what was applied.
+async fn budget_applied(handle: &mut Handle) -> Value {
+    expect(handle, "GET", BUDGET, |_| {
+        (StatusCode::NOT_FOUND, not_found())
+    })
+    .await;
+    expect(handle, "PATCH", BUDGET, echo).await.1
 }
 
 /// The Deployment as it is read first (its drain key, and whether the tokens may be written):

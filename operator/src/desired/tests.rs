@@ -1134,3 +1134,90 @@ fn a_configurations_secret_comes_from_the_credentials_secret_and_only_to_its_com
         "{error}"
     );
 }
+
+#[test]
+fn a_disruption_budget_limits_drains_from_two_replicas_on() {
+    assert!(build(CompositionSpec::test(), 1)
+        .disruption_budget
+        .is_none());
+    assert!(
+        build(CompositionSpec::test(), 0)
+            .disruption_budget
+            .is_none(),
+        "halted"
+    );
+    let two = build(CompositionSpec::test(), 2);
+    let budget = two.disruption_budget.unwrap();
+    let spec = budget.spec.unwrap();
+    assert_eq!(
+        spec.max_unavailable,
+        Some(IntOrString::Int(1)),
+        "one at a time by default"
+    );
+    // It selects exactly the Deployment's pods.
+    let deployment = two.deployment.spec.unwrap();
+    assert_eq!(
+        spec.selector.unwrap().match_labels,
+        deployment.selector.match_labels
+    );
+    assert_eq!(
+        budget.metadata.owner_references,
+        two.deployment.metadata.owner_references
+    );
+    let mut asked = CompositionSpec::test();
+    asked.disruption_budget = Some(crate::crd::DisruptionBudgetSpec { max_unavailable: 2 });
+    let three = build(asked, 3).disruption_budget.unwrap().spec.unwrap();
+    assert_eq!(three.max_unavailable, Some(IntOrString::Int(2)));
+}
+
+#[test]
+fn the_pod_gets_the_specs_placement_registries_and_metadata_and_keeps_the_operators() {
+    let mut spec = CompositionSpec::test();
+    let pod: crate::crd::PodSettings = serde_json::from_value(serde_json::json!({
+        "labels": { "team": "payments" },
+        "annotations": { "sidecar.istio.io/inject": "false" },
+        "imagePullSecrets": [{ "name": "registry" }],
+        "nodeSelector": { "kubernetes.io/arch": "arm64" },
+        "tolerations": [{ "key": "dedicated", "operator": "Equal", "value": "toa", "effect": "NoSchedule" }],
+        "priorityClassName": "high",
+    }))
+    .unwrap();
+    spec.pod = Some(pod);
+    let mut mail = crate::crd::ComponentSpec::test("store", "mail");
+    mail.resources =
+        serde_json::from_value(serde_json::json!({ "limits": { "memory": "64Mi" } })).unwrap();
+    spec.components.push(mail);
+    spec.resources =
+        serde_json::from_value(serde_json::json!({ "limits": { "memory": "1Gi" } })).unwrap();
+    let desired = build(spec, 2);
+    let template = desired.deployment.spec.unwrap().template;
+    let metadata = template.metadata.unwrap();
+    let labels = metadata.labels.unwrap();
+    assert_eq!(labels["team"], "payments");
+    assert_eq!(
+        labels["toa.io/composition"], "shop",
+        "the operator's labels stay"
+    );
+    let annotations = metadata.annotations.unwrap();
+    assert_eq!(annotations["sidecar.istio.io/inject"], "false");
+    assert_eq!(annotations["prometheus.io/port"], "7092");
+    let pod = template.spec.unwrap();
+    assert_eq!(pod.image_pull_secrets.unwrap()[0].name, "registry");
+    assert_eq!(pod.node_selector.unwrap()["kubernetes.io/arch"], "arm64");
+    assert_eq!(
+        pod.tolerations.unwrap()[0].key.as_deref(),
+        Some("dedicated")
+    );
+    assert_eq!(pod.priority_class_name.as_deref(), Some("high"));
+    // What the operator needs is not the spec's to change.
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert!(pod.security_context.unwrap().run_as_non_root.unwrap());
+    // Each component's own resources, else the composition's.
+    let memory = |c: &Container| {
+        c.resources.clone().unwrap().limits.unwrap()["memory"]
+            .0
+            .clone()
+    };
+    assert_eq!(memory(&pod.containers[0]), "1Gi");
+    assert_eq!(memory(&pod.containers[1]), "64Mi");
+}

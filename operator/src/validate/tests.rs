@@ -322,6 +322,7 @@ fn a_component_whose_container_would_be_the_agents_or_anothers_is_refused() {
         name: "agent".into(),
         manifest: manifest.as_object().cloned().unwrap(),
         configuration: None,
+        resources: None,
     };
     let agent = CompositionSpec::test().with_components(vec![named_agent]);
     let said = refused(&agent);
@@ -342,4 +343,46 @@ fn a_component_whose_container_would_be_the_agents_or_anothers_is_refused() {
         ),
         "{said}"
     );
+}
+
+#[test]
+fn a_disruption_budget_that_would_block_every_drain_is_refused() {
+    let mut spec = CompositionSpec::test();
+    spec.disruption_budget = Some(crate::crd::DisruptionBudgetSpec { max_unavailable: 0 });
+    assert_eq!(
+        refused(&spec),
+        "`spec.disruptionBudget.maxUnavailable`: expected 1 or more (0 would block every node drain), got 0"
+    );
+}
+
+#[test]
+fn what_the_pod_settings_may_not_change_or_misspell_is_refused_naming_the_field() {
+    let cases = [
+        (
+            serde_json::json!({ "labels": { "toa.io/composition": "other" } }),
+            "`spec.pod.labels.toa.io/composition`: set by the operator, which selects the pods by it",
+        ),
+        (
+            serde_json::json!({ "annotations": { "prometheus.io/port": "9" } }),
+            "`spec.pod.annotations.prometheus.io/port`: set by the operator",
+        ),
+        (
+            serde_json::json!({ "labels": { "team": "a b" } }),
+            "`spec.pod.labels.team`: expected a label value",
+        ),
+        (
+            serde_json::json!({ "nodeSelector": { "-bad": "x" } }),
+            "`spec.pod.nodeSelector.-bad`: expected a key",
+        ),
+        (
+            serde_json::json!({ "imagePullSecrets": [{ "name": "Registry" }] }),
+            "`spec.pod.imagePullSecrets[0].name`: expected a Secret's name, got \"Registry\"",
+        ),
+    ];
+    for (pod, expected) in cases {
+        let mut spec = CompositionSpec::test();
+        spec.pod = Some(serde_json::from_value(pod).unwrap());
+        let said = refused(&spec);
+        assert!(said.starts_with(expected), "{said}");
+    }
 }

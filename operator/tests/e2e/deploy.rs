@@ -19,9 +19,16 @@ pub async fn ready(suite: Arc<Suite>) {
     let (namespace, name) = ("e2e-ready", "shop");
     cluster::restricted_namespace(&suite.admin, namespace).await;
     let start = Instant::now();
+    // Shaped: a label, an annotation, placement the node meets, a toleration.
+    let pod = json!({
+        "labels": { "team": "e2e" },
+        "annotations": { "example.com/owner": "suite" },
+        "nodeSelector": { "kubernetes.io/os": "linux" },
+        "tolerations": [{ "key": "example.com/dedicated", "operator": "Exists" }],
+    });
     apply(
         &suite,
-        &composition(namespace, name, json!({ "replicas": 2 })),
+        &composition(namespace, name, json!({ "replicas": 2, "pod": pod })),
     )
     .await;
     let created = eventually("the Deployment exists", PATIENCE, || {
@@ -101,6 +108,26 @@ pub async fn ready(suite: Arc<Suite>) {
         );
     }
     let pods = wait_pods(&suite, namespace, name, 2).await;
+    // A node drain evicts one of the two at a time: the PodDisruptionBudget selects both (the
+    // disruption controller counts them).
+    let budgets: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        kube::Api::namespaced(suite.admin.clone(), namespace);
+    let budget = eventually("the budget counts both pods", PATIENCE, || {
+        let budgets = budgets.clone();
+        async move {
+            let budget = budgets.get(name).await.map_err(|e| e.to_string())?;
+            let expected = budget.status.as_ref().map(|s| s.expected_pods);
+            (expected == Some(2))
+                .then_some(budget.clone())
+                .ok_or(format!("{:?}", budget.status))
+        }
+    })
+    .await;
+    let max = budget.spec.unwrap().max_unavailable;
+    assert_eq!(
+        max,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
     let tokens = control_tokens(&suite, namespace, name).await;
     let http = reqwest::Client::new();
     for pod in &pods {
@@ -119,6 +146,22 @@ pub async fn ready(suite: Arc<Suite>) {
                 .get("kubectl.kubernetes.io/default-container")
                 .map(String::as_str),
             Some("e2e-recorder")
+        );
+        // The spec's pod settings, as the API server stored the pod the kubelet runs.
+        assert_eq!(
+            annotations.get("example.com/owner").map(String::as_str),
+            Some("suite")
+        );
+        let labels = pod.pod.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels.get("team").map(String::as_str), Some("e2e"));
+        let spec = pod.pod.spec.clone().unwrap();
+        assert_eq!(spec.node_selector.unwrap()["kubernetes.io/os"], "linux");
+        let tolerated = spec.tolerations.unwrap_or_default();
+        assert!(
+            tolerated
+                .iter()
+                .any(|t| t.key.as_deref() == Some("example.com/dedicated")),
+            "{tolerated:?}"
         );
         let status = agent_status(pod, &tokens).await;
         assert_eq!(status["phase"], "running", "{}: {status}", pod.name);
