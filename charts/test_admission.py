@@ -212,6 +212,15 @@ def setup():
          "--resource=secrets", "--resource-name=backends")
     must("create", "rolebinding", "bob-backends", "-n", NAMESPACE, "--role=read-backends",
          "--user=bob")
+    # bob may also run pods as the ServiceAccount builder (`use`, granted by name).
+    # (A Role object: `kubectl create role` takes only the verbs it knows.)
+    must("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "use-builder", "namespace": NAMESPACE},
+        "rules": [{"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["use"],
+                   "resourceNames": ["builder"]}]}))
+    must("create", "rolebinding", "bob-builder", "-n", NAMESPACE, "--role=use-builder",
+         "--user=bob")
     # frank: the chart's edit role and `get` on the CloudNativePG cluster's two Secrets.
     must("create", "rolebinding", "frank", "-n", NAMESPACE, f"--clusterrole={EDIT_ROLE}",
          "--user=frank")
@@ -227,6 +236,8 @@ def setup():
     probe = composition("probe", redis=["redis://evil.example.com:6379"])
     eventually("the policy refuses a disallowed host", lambda: DENIED in create(probe)[1])
     eventually("RBAC grants bob the Secret", lambda: can("bob", "get", "secret/backends"))
+    eventually("RBAC grants bob the ServiceAccount",
+               lambda: can("bob", "use", "serviceaccount/builder"))
     eventually("RBAC grants frank the cluster's Secrets",
                lambda: can("frank", "get", "secret/shop-db-ca"))
     eventually("the built-in roles aggregate the Composition roles",
@@ -266,6 +277,16 @@ def checks():
         both = {"pod": {"imagePullSecrets": [{"name": "backends"}, {"name": "other"}]}}
         refused(create(composition("c", **both), user="bob"),
                 "bob may not read (get) every Secret it names (backends, other)")
+
+    @check("the pods' ServiceAccount: named only by who may `use` it")
+    def _():
+        runs_as = {"pod": {"serviceAccountName": "builder"}}
+        refused(create(composition("c", **runs_as), user="alice"),
+                "spec.pod.serviceAccountName: alice may not use the ServiceAccount builder in "
+                "namespace shop")
+        allowed(create(composition("c", **runs_as), user="bob"))
+        refused(create(composition("c", pod={"serviceAccountName": "admin"}), user="bob"),
+                "bob may not use the ServiceAccount admin")
 
     @check("a user granted `get` on that one Secret may name it, and no other")
     def _():

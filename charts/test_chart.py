@@ -625,13 +625,19 @@ def _():
         "validationActions": ["Deny"],
     }, binding["spec"]
     expressions = [v["expression"] for v in spec["validations"]]
-    secret = [e for e in expressions if "authorizer" in e]
-    # The credentials Secret, and a CloudNativePG cluster's two.
-    assert len(secret) == 2, expressions
+    secret = [e for e in expressions if "resource('secrets')" in e]
+    # The credentials Secret, a CloudNativePG cluster's two, the registry Secrets.
+    assert len(secret) == 3, expressions
     for expression in secret:
-        assert "authorizer.group('').resource('secrets').namespace(request.namespace)" in expression
+        assert " ".join(expression.split()).replace(") .", ").").count(
+            "authorizer.group('').resource('secrets').namespace(request.namespace).name(") == 1, \
+            expression
     assert ".name(variables.secretName).check('get').allowed()" in secret[0], secret
     assert ".name(variables.cluster + suffix).check('get').allowed()" in secret[1], secret
+    assert ".name(n).check('get').allowed()" in secret[2], secret
+    # The pods' ServiceAccount: `use` of it.
+    account = [e for e in expressions if "resource('serviceaccounts')" in e]
+    assert len(account) == 1 and ".check('use').allowed()" in account[0], expressions
     # A message for every refusal, and one to fall back on should the expression fail.
     for validation in spec["validations"]:
         assert validation["message"] and validation["messageExpression"], validation

@@ -9,6 +9,8 @@
 //! | meter calls   | `toa_meter_calls_total`      | counter   |
 //! | (events)      | `toa_events_waiting_seconds`: how long the oldest event not yet published has waited (0: none) | gauge |
 //! | (receivers)   | `toa_events_dead_lettered_total`: events a receiver gave up on (`toa-agent requeue` sends them again) | counter |
+//! | (operations)  | `toa_operations_total{operation, outcome}`: the program's runs of an operation, by outcome (`ok`, `error`: one of its declared errors, `timeout`, `failed`) | counter |
+//! | (operations)  | `toa_operation_duration_seconds{operation}`: how long each run took | histogram |
 //!
 //! Every series carries `group`, the component (`namespace.name`), and `application`.
 
@@ -38,6 +40,74 @@ impl Labels {
 
 type Waits = Family<Labels, Histogram, fn() -> Histogram>;
 
+/// A component's operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub application: String,
+    pub group: String,
+    pub operation: String,
+}
+
+/// A component's operation and how a run of it ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub application: String,
+    pub group: String,
+    pub operation: String,
+    pub outcome: String,
+}
+
+type Durations = Family<OperationLabels, Histogram, fn() -> Histogram>;
+
+/// The operations' run counts and durations, registered.
+fn register_operations(registry: &mut Registry) -> (Family<OutcomeLabels, Counter>, Durations) {
+    let operations = Family::<OutcomeLabels, Counter>::default();
+    let durations: Durations = Family::new_with_constructor(duration_histogram);
+    registry.register(
+        "operations",
+        "The program's runs of an operation, by outcome: ok, error (one the operation declares), timeout, failed",
+        operations.clone(),
+    );
+    registry.register_with_unit(
+        "operation_duration",
+        "How long the program's runs of an operation took",
+        prometheus_client::registry::Unit::Seconds,
+        durations.clone(),
+    );
+    (operations, durations)
+}
+
+/// Counts and times one component's operation runs.
+#[derive(Clone)]
+pub struct Operations {
+    runs: Family<OutcomeLabels, Counter>,
+    durations: Durations,
+    labels: Labels,
+}
+
+impl Operations {
+    /// A run of `operation` that ended as `outcome` after `took`.
+    pub fn record(&self, operation: &str, outcome: &str, took: Duration) {
+        let Labels { application, group } = self.labels.clone();
+        let operation = operation.to_owned();
+        let key = OperationLabels {
+            application,
+            group,
+            operation,
+        };
+        self.durations
+            .get_or_create(&key)
+            .observe(took.as_secs_f64());
+        let outcome = OutcomeLabels {
+            application: key.application,
+            group: key.group,
+            operation: key.operation,
+            outcome: outcome.to_owned(),
+        };
+        self.runs.get_or_create(&outcome).inc();
+    }
+}
+
 /// The metrics of one process.
 pub struct Metrics {
     registry: Registry,
@@ -49,6 +119,8 @@ pub struct Metrics {
     calls_dead_lettered: Family<Labels, Counter>,
     events_waiting: Family<Labels, Waiting>,
     events_dead_lettered: Family<Labels, Counter>,
+    operations: Family<OutcomeLabels, Counter>,
+    operation_duration: Durations,
 }
 
 /// Seconds, as a float gauge.
@@ -57,6 +129,11 @@ pub type Waiting = Gauge<f64, std::sync::atomic::AtomicU64>;
 fn wait_histogram() -> Histogram {
     // 100 µs to about 30 minutes.
     Histogram::new(exponential_buckets(0.0001, 3.0, 16))
+}
+
+fn duration_histogram() -> Histogram {
+    // 1 ms to about a minute (the default operation limit).
+    Histogram::new(exponential_buckets(0.001, 2.5, 13))
 }
 
 impl Metrics {
@@ -70,6 +147,7 @@ impl Metrics {
         let calls_dead_lettered = Family::<Labels, Counter>::default();
         let events_waiting = Family::<Labels, Waiting>::default();
         let events_dead_lettered = Family::<Labels, Counter>::default();
+        let (operations, operation_duration) = register_operations(&mut registry);
         registry.register(
             "events_dead_lettered",
             "Events a receiving component gave up on (dead-lettered: never handled, or not within limits.deliveries)",
@@ -114,7 +192,18 @@ impl Metrics {
             calls_dead_lettered,
             events_waiting,
             events_dead_lettered,
+            operations,
+            operation_duration,
         })
+    }
+
+    /// The runs of one component's operations.
+    pub fn operations(&self, application: &str, component: &str) -> Operations {
+        Operations {
+            runs: self.operations.clone(),
+            durations: self.operation_duration.clone(),
+            labels: Labels::of(application, component),
+        }
     }
 
     /// How long one component's oldest unpublished event has waited.

@@ -828,3 +828,53 @@ fn the_agents_logs_come_at_the_level_and_in_the_format_asked() {
         );
     }
 }
+
+/// Each operation's runs are counted by outcome and timed: `toa_operations_total` and
+/// `toa_operation_duration_seconds` on `/metrics`, one series per operation.
+#[test]
+fn the_runs_of_each_operation_are_counted_by_outcome_and_timed() {
+    let composition = Composition::start(
+        &["agent/tests/components/terminals"],
+        &[("TOA_INSTANCE", "counted")],
+    );
+    composition.wait_ready();
+    let call = |operation: &str, body: &str| {
+        let target = format!("test.terminals.{operation}");
+        call_with(&composition.agent, &target, "", body)
+    };
+    for _ in 0..2 {
+        assert_eq!(call("pid", r#"{"instance":"counted"}"#).0, 200);
+    }
+    let unheld = r#"{"input":{"terminal":"t9","amount":1},"instance":"counted"}"#;
+    let (_, refused) = call("charge", unheld);
+    assert_eq!(
+        refused["error"]["code"], "NOT_HELD",
+        "one of its errors: {refused}"
+    );
+    let (status, failed) = call("note", r#"{"input":{"id":1,"fail":true}}"#);
+    assert_ne!(status, 200, "the program raised: {failed}");
+    let (status, metrics) = support::http_get(&format!("{}/metrics", composition.agent));
+    assert_eq!(status, 200);
+    let series = |name: &str, labels: &str| {
+        let line = metrics
+            .lines()
+            .find(|line| line.starts_with(name) && line.contains(labels));
+        line.and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let runs = |operation: &str, outcome: &str| {
+        let labels =
+            format!(r#"group="test.terminals",operation="{operation}",outcome="{outcome}"}}"#);
+        series("toa_operations_total{", &labels)
+    };
+    assert_eq!(runs("pid", "ok"), Some(2.0), "{metrics}");
+    assert_eq!(runs("charge", "error"), Some(1.0), "{metrics}");
+    assert_eq!(runs("note", "failed"), Some(1.0), "{metrics}");
+    let timed = r#"group="test.terminals",operation="pid"}"#;
+    assert_eq!(
+        series("toa_operation_duration_seconds_count{", timed),
+        Some(2.0),
+        "{metrics}"
+    );
+    let (stopped, log) = composition.terminate(Duration::from_secs(20));
+    assert!(stopped, "{log}");
+}

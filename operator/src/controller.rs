@@ -353,7 +353,7 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     }
     let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
     let existing = deployments.get_opt(&name).await?;
-    let configured = configure(context, composition, &owner, existing.as_ref()).await;
+    let configured = configure(context, (composition, &valid), &owner, existing.as_ref()).await;
     let keys = report_conflict(configured, context, composition, &compositions, now).await?;
     let pods = kube_io::pods(&Api::<Pod>::namespaced(client.clone(), &namespace), &name).await?;
     let halt = Halting {
@@ -366,13 +366,17 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let (decision, record) = halt.run(&valid, now).await?;
     let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
     let deployment = deployment(context, composition, &owner, &valid, existing, replicas);
-    let applied = kube_io::apply(&deployments, &deployment).await?;
-    if let Some(budget) = desired::disruption_budget(&owner, &valid, replicas) {
-        let budgets = Api::<PodDisruptionBudget>::namespaced(client.clone(), &namespace);
-        let uid = owner.reference.uid.as_str();
-        let applied = kube_io::apply_own(&budgets, &budget, uid).await;
-        report_conflict(applied, context, composition, &compositions, now).await?;
-    }
+    let applied = match kube_io::apply(&deployments, &deployment).await {
+        Ok(applied) => applied,
+        // What the spec adds to the pods (`spec.pod`, resources) is checked by the API server
+        // in full: its refusal is the spec's, said as such.
+        Err(kube::Error::Api(refusal)) if refusal.code == 422 => {
+            let message = format!("the API server refuses the pods: {}", refusal.message);
+            let invalid = crate::InvalidSpec(message);
+            return refuse_invalid(context, composition, &compositions, &invalid).await;
+        }
+        Err(error) => return Err(error.into()),
+    };
     let refused = rollout::replica_failure(&applied);
     let observed = Observed {
         generation: composition.metadata.generation,
@@ -468,7 +472,7 @@ async fn write_status(
     let mut status = status::status(observed, previous);
     if observed.rollout.is_some() {
         // With the counts: a refused spec keeps both as they were.
-        status.selector = Some(names::pod_selector(&name));
+        status.selector = Some(names::selector_text(&name));
     }
     if status::changed(previous, &status) {
         kube_io::patch_status(compositions, &name, &status).await?;
@@ -477,12 +481,13 @@ async fn write_status(
 }
 
 /// Applies what the pods read (the ConfigMap of manifests, this Composition's part of the
-/// namespace's declarations, the control Secret, the NetworkPolicy) and returns the control
-/// tokens, derived from the operator's key. Each object is applied only if it is the
-/// Composition's own ([`ownership`]), the Deployment (read already) included.
+/// namespace's declarations, the control Secret), and around them the NetworkPolicy and the
+/// PodDisruptionBudget, and returns the control tokens, derived from the operator's key. Each
+/// object is applied only if it is the Composition's own ([`ownership`]), the Deployment (read
+/// already) included: one of another owner's stops everything, before any rollout.
 async fn configure(
     context: &Context,
-    composition: &Composition,
+    (composition, valid): (&Composition, &Valid),
     owner: &Owner,
     existing: Option<&Deployment>,
 ) -> Result<Keys, Error> {
@@ -505,6 +510,11 @@ async fn configure(
         let policies = Api::<NetworkPolicy>::namespaced(context.client.clone(), &owner.namespace);
         let policy = desired::network_policy(owner, from, &context.settings.egress);
         kube_io::apply_own(&policies, &policy, uid).await?;
+    }
+    if let Some(budget) = desired::disruption_budget(owner, valid) {
+        let budgets =
+            Api::<PodDisruptionBudget>::namespaced(context.client.clone(), &owner.namespace);
+        kube_io::apply_own(&budgets, &budget, uid).await?;
     }
     Ok(keys)
 }

@@ -189,12 +189,24 @@ pub struct PodSettings {
     /// The pods' PriorityClass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// The ServiceAccount the pods run as (for a cloud identity, say) [default: the namespace's
+    /// `default`]. Naming one takes `use` on it (the chart's admission policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Whether the pods get the ServiceAccount's API token [default false: the component
+    /// programs are not the operator's to trust with API credentials].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub automount_service_account_token: Option<bool>,
 }
 
 /// The composition's PodDisruptionBudget.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DisruptionBudgetSpec {
+    /// Whether the operator keeps one [default true]; `false` where the namespace has budgets of
+    /// its own for these pods (two budgets over one pod make its eviction fail).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
     /// Pods a drain may evict at once, 1 or more [default 1]: 0 would block every drain.
     #[serde(default = "default_max_unavailable")]
     #[schemars(range(min = 1))]
@@ -204,9 +216,14 @@ pub struct DisruptionBudgetSpec {
 impl Default for DisruptionBudgetSpec {
     fn default() -> Self {
         Self {
+            enabled: true,
             max_unavailable: default_max_unavailable(),
         }
     }
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_max_unavailable() -> i32 {

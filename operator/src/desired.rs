@@ -247,7 +247,7 @@ pub fn desired(
         declarations: declarations(&owner, composition),
         control: control_secret(&owner, keys),
         deployment: deployment(&owner, composition, valid, settings, drain, replicas),
-        disruption_budget: disruption_budget(&owner, valid, replicas),
+        disruption_budget: disruption_budget(&owner, valid),
     })
 }
 
@@ -355,8 +355,11 @@ pub fn deployment(
                         volumes: Some(volumes(name, composition)),
                         security_context: Some(pod_security(&valid.security)),
                         // Component programs are not the operator's to trust: no API credentials
-                        // and no other Services' addresses in their environment.
-                        automount_service_account_token: Some(false),
+                        // (unless the spec asks) and no other Services' addresses in their
+                        // environment.
+                        automount_service_account_token: Some(
+                            valid.pod.automount_service_account_token.unwrap_or(false),
+                        ),
                         enable_service_links: Some(false),
                         termination_grace_period_seconds: Some(grace_seconds(valid)),
                         ..PodSpec::default()
@@ -371,25 +374,22 @@ pub fn deployment(
 }
 
 /// The composition's PodDisruptionBudget: a node drain evicts at most `maxUnavailable` of its
-/// pods at once. None below two replicas (nor while halted): there is nothing to spread. One made
-/// before the replicas went down is left (the operator deletes nothing); with `maxUnavailable` at
-/// least 1 it never blocks the drain of a single pod.
-pub fn disruption_budget(
-    owner: &Owner,
-    valid: &Valid,
-    replicas: i32,
-) -> Option<PodDisruptionBudget> {
-    if replicas < 2 {
-        return None;
-    }
+/// pods at once. None when the spec asks for fewer than two replicas (there is nothing to spread)
+/// or turns it off. One made before the replicas went down is left (the operator deletes
+/// nothing); with `maxUnavailable` at least 1 it never blocks the drain of a single pod, and pods
+/// that are not ready may always be evicted (`AlwaysAllow`), so a failing composition never
+/// holds a drain up.
+pub fn disruption_budget(owner: &Owner, valid: &Valid) -> Option<PodDisruptionBudget> {
+    let max_unavailable = valid.max_unavailable.filter(|_| valid.replicas >= 2)?;
     Some(PodDisruptionBudget {
         metadata: owner.meta(owner.name.clone()),
         spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(valid.max_unavailable)),
+            max_unavailable: Some(IntOrString::Int(max_unavailable)),
             selector: Some(LabelSelector {
                 match_labels: Some(names::selector(&owner.name)),
                 ..LabelSelector::default()
             }),
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".to_owned()),
             ..PodDisruptionBudgetSpec::default()
         }),
         ..PodDisruptionBudget::default()
@@ -432,6 +432,7 @@ fn placed(spec: PodSpec, pod: &PodSettings) -> PodSpec {
         topology_spread_constraints: (!pod.topology_spread_constraints.is_empty())
             .then(|| pod.topology_spread_constraints.clone()),
         priority_class_name: pod.priority_class_name.clone(),
+        service_account_name: pod.service_account_name.clone(),
         ..spec
     }
 }

@@ -42,18 +42,22 @@ pub const DEFAULT_CONTAINER_ANNOTATION: &str = "kubectl.kubernetes.io/default-co
 pub const AGENT_CONTAINER: &str = "agent";
 
 /// The container component `full_name` runs in: its name with `-` for `.` (`store.orders` →
-/// `store-orders`), so `kubectl logs POD -c store-orders` needs no lookup. A name longer than a
-/// DNS label (63) keeps its first 54 characters and 8 hex digits of its SHA-256: still unique.
-/// Validation refuses a component whose container would be the agent's or another's.
+/// `store-orders`), so `kubectl logs POD -c store-orders` needs no lookup. A name that is no DNS
+/// label so (longer than 63 characters, or ending in `-`, which component names may) keeps its
+/// first 54 characters and 8 hex digits of its SHA-256: still unique. Validation refuses a
+/// component whose container would be the agent's or another's.
 pub fn component_container(full_name: &str) -> String {
     let name = full_name.replace('.', "-");
-    if name.len() <= 63 {
+    if name.len() <= 63 && !name.ends_with('-') {
         return name;
     }
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(full_name.as_bytes());
     let suffix: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{suffix}", name[..54].trim_end_matches('-'))
+    format!(
+        "{}-{suffix}",
+        name[..name.len().min(54)].trim_end_matches('-')
+    )
 }
 /// Labels and the field manager of everything the operator applies.
 pub const MANAGER: &str = "toa-operator";
@@ -94,6 +98,15 @@ pub fn selector(composition: &str) -> BTreeMap<String, String> {
         ),
         (LABEL_COMPOSITION.to_owned(), composition.to_owned()),
     ])
+}
+
+/// [`selector`] as a label selector's text (the scale subresource's `status.selector`).
+pub fn selector_text(composition: &str) -> String {
+    let pairs: Vec<String> = selector(composition)
+        .into_iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect();
+    pairs.join(",")
 }
 
 /// The label selector of a composition's pods, as `Api::list` takes it.

@@ -47,8 +47,9 @@ pub struct Valid {
     pub security: Security,
     /// The agents' logs (`spec.logs`).
     pub logs: LogsSpec,
-    /// Pods a voluntary disruption may take at once (`spec.disruptionBudget`).
-    pub max_unavailable: i32,
+    /// Pods a voluntary disruption may take at once (`spec.disruptionBudget`); `None`: the
+    /// operator keeps no budget.
+    pub max_unavailable: Option<i32>,
     /// What the pods get besides what the operator sets (`spec.pod`).
     pub pod: PodSettings,
 }
@@ -291,9 +292,13 @@ fn pod_settings(spec: &CompositionSpec) -> Result<PodSettings, InvalidSpec> {
     Ok(pod)
 }
 
-/// `spec.disruptionBudget.maxUnavailable`, at least 1 (0 would block every node drain).
-fn max_unavailable(spec: &CompositionSpec) -> Result<i32, InvalidSpec> {
+/// `spec.disruptionBudget.maxUnavailable`, at least 1 (0 would block every node drain); `None`
+/// when the budget is turned off.
+fn max_unavailable(spec: &CompositionSpec) -> Result<Option<i32>, InvalidSpec> {
     let budget = spec.disruption_budget.clone().unwrap_or_default();
+    if !budget.enabled {
+        return Ok(None);
+    }
     if budget.max_unavailable < 1 {
         return Err(invalid(
             "spec.disruptionBudget.maxUnavailable",
@@ -303,7 +308,7 @@ fn max_unavailable(spec: &CompositionSpec) -> Result<i32, InvalidSpec> {
             ),
         ));
     }
-    Ok(budget.max_unavailable)
+    Ok(Some(budget.max_unavailable))
 }
 
 /// Component `index`'s container name: not the agent's, and not another component's

@@ -29,6 +29,8 @@ pub struct Callee {
     pub repeats: Arc<crate::coordination::atom::repeats::Repeats>,
     /// Its objects, when it declares an entity.
     pub objects: Option<Arc<Objects>>,
+    /// Counts and times its operations' runs.
+    pub operations: crate::metrics::Operations,
 }
 
 /// The in-process router.
@@ -463,6 +465,7 @@ fn run_here(
     let client = callee.client.clone();
     let repeats = callee.repeats.clone();
     let objects = callee.objects.clone();
+    let operations = callee.operations.clone();
     let Request {
         input,
         key,
@@ -494,7 +497,7 @@ fn run_here(
                 key: stored_key,
                 receipt,
             };
-            objects::operate(objects.as_deref(), run).await
+            objects::operate(objects.as_deref(), run, &operations).await
         };
         let once = crate::calls::once::run_once(
             &repeats, &operation, key, &input, deadline, window, program,

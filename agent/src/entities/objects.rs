@@ -23,6 +23,7 @@ use super::store::{Committed, Event, Found, Receipt, Record, Recorded, State, St
 use super::transition::{self, Answer, Call, Decision, Entity, TransitionError, Turns};
 use crate::component::client::{CallMeta, Outcome, ProgramClient, ProgramError};
 use crate::component::{Component, ComponentError};
+use crate::metrics::Operations;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -90,11 +91,28 @@ impl Run<'_> {
 }
 
 /// Runs one call: through the component's objects when it has an entity, else straight to the
-/// program.
-pub async fn operate(objects: Option<&Objects>, run: Run<'_>) -> Result<Outcome, ProgramError> {
-    match objects {
+/// program; counted and timed in `operations`.
+pub async fn operate(
+    objects: Option<&Objects>,
+    run: Run<'_>,
+    operations: &Operations,
+) -> Result<Outcome, ProgramError> {
+    let (started, operation) = (Instant::now(), run.operation);
+    let result = match objects {
         Some(objects) => objects.operate(run).await,
         None => run.plain(None).await,
+    };
+    operations.record(operation, outcome_of(&result), started.elapsed());
+    result
+}
+
+/// How a run ended, as `toa_operations_total` says it.
+fn outcome_of(result: &Result<Outcome, ProgramError>) -> &'static str {
+    match result {
+        Ok(Outcome::Reply(_)) => "ok",
+        Ok(Outcome::Error { .. }) => "error",
+        Err(ProgramError::TimedOut { .. }) => "timeout",
+        Err(_) => "failed",
     }
 }
 

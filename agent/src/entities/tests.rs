@@ -913,8 +913,9 @@ async fn frozen_once(freeze: Cut, next: u64) {
         id: Some("p1".to_owned()),
         version: None,
     };
+    let operations = crate::metrics::Metrics::new().operations("conformance", "shop.stock");
     let transit = |available: i64, within: Duration| {
-        let (objects, client, query) = (&objects, &client, &query);
+        let (objects, client, query, operations) = (&objects, &client, &query, &operations);
         async move {
             let (input, meta) = (json!({ "available": available }), CallMeta::default());
             let run = Run {
@@ -927,7 +928,8 @@ async fn frozen_once(freeze: Cut, next: u64) {
                 key: None,
                 receipt: None,
             };
-            operate(Some(objects), run).await.unwrap().to_json()
+            let ran = operate(Some(objects), run, operations).await;
+            ran.unwrap().to_json()
         }
     };
     let stored = transit(1, Duration::from_secs(10)).await;

@@ -159,11 +159,7 @@ const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/shop/deployments/shop";
 
 /// The Deployment applied and answered with `status`; the query and the applied body.
 async fn apply_deployment(handle: &mut Handle, status: Value) -> (String, Value) {
-    let (query, deployment) = expect(handle, "PATCH", DEPLOYMENT, deployment_with(status)).await;
-    if deployment["spec"]["replicas"].as_i64() >= Some(2) {
-        budget_applied(handle).await;
-    }
-    (query, deployment)
+    expect(handle, "PATCH", DEPLOYMENT, deployment_with(status)).await
 }
 
 const BUDGET: &str = "/apis/policy/v1/namespaces/shop/poddisruptionbudgets/shop";
@@ -301,8 +297,12 @@ async fn up_to_pods(handle: &mut Handle, pods: Value) {
     pods_listed(handle, pods).await;
 }
 
-/// The pod list, answered with `pods`.
+/// The PodDisruptionBudget (the tests' spec asks for two replicas), then the pod list, answered
+/// with `pods`.
 async fn pods_listed(handle: &mut Handle, pods: Value) {
+    let budget = budget_applied(handle).await;
+    assert_eq!(budget["spec"]["maxUnavailable"], 1);
+    assert_eq!(budget["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
     let (query, _) = expect(handle, "GET", "/api/v1/namespaces/shop/pods", |_| {
         (
             StatusCode::OK,
@@ -503,6 +503,30 @@ async fn a_valid_spec_applies_configmap_secret_deployment_then_status() {
     assert_eq!(condition(&status, conditions::HALTED)["status"], "False");
     // A rollout under way is looked at again soon.
     assert_eq!(task.await.unwrap().unwrap(), Action::requeue(HALT_POLL));
+    expect_nothing_more(handle, context).await;
+}
+
+/// What the spec adds to the pods that the API server refuses (a toleration's operator, say)
+/// is the spec's refusal: `InvalidSpec` with the server's words, nothing rolled out.
+#[tokio::test]
+async fn pods_the_api_server_refuses_make_the_spec_invalid_with_its_words() {
+    let (context, mut handle) = context(Arc::default(), true);
+    let composition = composition(CompositionSpec::test());
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
+    up_to_pods(&mut handle, json!([])).await;
+    let said = "Deployment.apps \"shop\" is invalid: spec.template.spec.tolerations[0].operator: Unsupported value: \"Sometimes\"";
+    let refusal = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                         "message": said, "reason": "Invalid", "code": 422});
+    let refused = move |_: &Value| (StatusCode::UNPROCESSABLE_ENTITY, refusal);
+    expect(&mut handle, "PATCH", DEPLOYMENT, refused).await;
+    let status = status_written(&mut handle, &composition).await;
+    let ready = condition(&status, conditions::READY);
+    assert_eq!(ready["reason"], "InvalidSpec");
+    assert_eq!(
+        ready["message"],
+        format!("the API server refuses the pods: {said}")
+    );
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(RESYNC));
     expect_nothing_more(handle, context).await;
 }
 

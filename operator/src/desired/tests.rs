@@ -614,6 +614,7 @@ fn containers_are_named_after_their_components_as_dns_labels_however_long_the_na
         crate::crd::ComponentSpec::test(&long, &long),
         crate::crd::ComponentSpec::test(&long, &longer),
         crate::crd::ComponentSpec::test("store", "orders"),
+        crate::crd::ComponentSpec::test("store", "mail-"),
     ]);
     let desired = build(spec, 1);
     let names: Vec<_> = all_containers(&desired)
@@ -622,6 +623,11 @@ fn containers_are_named_after_their_components_as_dns_labels_however_long_the_na
         .collect();
     assert_eq!(names[0], "agent");
     assert_eq!(names[3], "store-orders");
+    // A name ending in `-` (component names may) is no DNS label as it is: hashed too.
+    assert!(
+        names[4].starts_with("store-mail-") && names[4].len() == 19,
+        "{names:?}"
+    );
     // Two long names that share their first 54 characters stay apart.
     assert!(names[1].starts_with(&"a".repeat(54)), "{names:?}");
     assert_ne!(names[1], names[2]);
@@ -639,6 +645,7 @@ fn containers_are_named_after_their_components_as_dns_labels_however_long_the_na
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
             "{name}"
         );
+        assert!(!name.ends_with('-'), "{name}");
     }
 }
 
@@ -1137,22 +1144,30 @@ fn a_configurations_secret_comes_from_the_credentials_secret_and_only_to_its_com
 
 #[test]
 fn a_disruption_budget_limits_drains_from_two_replicas_on() {
-    assert!(build(CompositionSpec::test(), 1)
-        .disruption_budget
-        .is_none());
-    assert!(
-        build(CompositionSpec::test(), 0)
-            .disruption_budget
-            .is_none(),
-        "halted"
-    );
-    let two = build(CompositionSpec::test(), 2);
+    let one = CompositionSpec {
+        replicas: 1,
+        ..CompositionSpec::test()
+    };
+    assert!(build(one, 1).disruption_budget.is_none());
+    let mut off = CompositionSpec::test();
+    off.disruption_budget = Some(crate::crd::DisruptionBudgetSpec {
+        enabled: false,
+        ..Default::default()
+    });
+    assert!(build(off, 2).disruption_budget.is_none(), "turned off");
+    // Made by the spec's count: while halted too, so it is in place when the pods come back.
+    let two = build(CompositionSpec::test(), 0);
     let budget = two.disruption_budget.unwrap();
     let spec = budget.spec.unwrap();
     assert_eq!(
         spec.max_unavailable,
         Some(IntOrString::Int(1)),
         "one at a time by default"
+    );
+    // Pods that are not ready never hold a drain up.
+    assert_eq!(
+        spec.unhealthy_pod_eviction_policy.as_deref(),
+        Some("AlwaysAllow")
     );
     // It selects exactly the Deployment's pods.
     let deployment = two.deployment.spec.unwrap();
@@ -1165,7 +1180,10 @@ fn a_disruption_budget_limits_drains_from_two_replicas_on() {
         two.deployment.metadata.owner_references
     );
     let mut asked = CompositionSpec::test();
-    asked.disruption_budget = Some(crate::crd::DisruptionBudgetSpec { max_unavailable: 2 });
+    asked.disruption_budget = Some(crate::crd::DisruptionBudgetSpec {
+        max_unavailable: 2,
+        ..Default::default()
+    });
     let three = build(asked, 3).disruption_budget.unwrap().spec.unwrap();
     assert_eq!(three.max_unavailable, Some(IntOrString::Int(2)));
 }
@@ -1180,6 +1198,7 @@ fn the_pod_gets_the_specs_placement_registries_and_metadata_and_keeps_the_operat
         "nodeSelector": { "kubernetes.io/arch": "arm64" },
         "tolerations": [{ "key": "dedicated", "operator": "Equal", "value": "toa", "effect": "NoSchedule" }],
         "priorityClassName": "high",
+        "serviceAccountName": "builder",
     }))
     .unwrap();
     spec.pod = Some(pod);
@@ -1209,10 +1228,22 @@ fn the_pod_gets_the_specs_placement_registries_and_metadata_and_keeps_the_operat
         Some("dedicated")
     );
     assert_eq!(pod.priority_class_name.as_deref(), Some("high"));
-    // What the operator needs is not the spec's to change.
+    assert_eq!(pod.service_account_name.as_deref(), Some("builder"));
+    // What the operator needs is not the spec's to change; the token only when asked for.
     assert_eq!(pod.automount_service_account_token, Some(false));
     assert!(pod.security_context.unwrap().run_as_non_root.unwrap());
     // Each component's own resources, else the composition's.
+    // Even a spec that got past validation cannot move the pods off the operator's selector.
+    let composition = Composition::test(CompositionSpec::test());
+    let mut valid = validate(&composition.spec).unwrap();
+    valid
+        .pod
+        .labels
+        .insert("toa.io/composition".into(), "other".into());
+    let keys = Keys::one("s3cret");
+    let made = super::desired(&composition, &valid, &Settings::test(), &keys, DRAIN, 1).unwrap();
+    let made = made.deployment.spec.unwrap().template.metadata.unwrap();
+    assert_eq!(made.labels.unwrap()["toa.io/composition"], "shop");
     let memory = |c: &Container| {
         c.resources.clone().unwrap().limits.unwrap()["memory"]
             .0

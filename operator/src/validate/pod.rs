@@ -1,7 +1,9 @@
 //! `spec.pod`: what users add to the pods, checked before anything is applied so that a bad key
 //! is an `InvalidSpec` naming it rather than a Deployment the API server refuses. The keys the
 //! operator sets itself — the labels it selects the pods by, the annotations Prometheus and
-//! `kubectl logs` read — are refused, so nothing it needs can be changed from the spec.
+//! `kubectl logs` read — are refused, so nothing it needs can be changed from the spec; so are
+//! annotations under Kubernetes' own prefixes (`*.kubernetes.io/`, `*.k8s.io/`), through which a
+//! pod's AppArmor or seccomp profile could be loosened.
 
 use super::{invalid, InvalidSpec};
 use crate::crd::PodSettings;
@@ -23,6 +25,12 @@ pub fn check(pod: &PodSettings) -> Result<(), InvalidSpec> {
         if SCRAPE_ANNOTATIONS.contains(&key.as_str()) || key == DEFAULT_CONTAINER_ANNOTATION {
             return Err(invalid(&field, "set by the operator"));
         }
+        if kubernetes_own(key) {
+            return Err(invalid(
+                &field,
+                "under a prefix Kubernetes keeps for itself (kubernetes.io, k8s.io): not the spec's to set",
+            ));
+        }
     }
     for (index, secret) in pod.image_pull_secrets.iter().enumerate() {
         if !subdomain(&secret.name) {
@@ -33,13 +41,30 @@ pub fn check(pod: &PodSettings) -> Result<(), InvalidSpec> {
             ));
         }
     }
-    match &pod.priority_class_name {
-        Some(class) if !subdomain(class) => Err(invalid(
+    let named = [
+        (
             "spec.pod.priorityClassName",
-            format!("expected a PriorityClass's name, got {class:?}"),
-        )),
-        _ => Ok(()),
+            "PriorityClass",
+            &pod.priority_class_name,
+        ),
+        (
+            "spec.pod.serviceAccountName",
+            "ServiceAccount",
+            &pod.service_account_name,
+        ),
+    ];
+    for (field, kind, name) in named {
+        match name {
+            Some(name) if !subdomain(name) => {
+                return Err(invalid(
+                    field,
+                    format!("expected a {kind}'s name, got {name:?}"),
+                ));
+            }
+            _ => {}
+        }
     }
+    Ok(())
 }
 
 const NOT_A_KEY: &str = "expected a key of an optional DNS-subdomain prefix and `/`, then 1 to 63 letters, digits, `-`, `_` or `.`, beginning and ending with a letter or digit";
@@ -66,6 +91,16 @@ fn labels(
         }
     }
     Ok(())
+}
+
+/// Whether `key`'s prefix is Kubernetes' own: `kubernetes.io`, `k8s.io`, or a subdomain of them.
+fn kubernetes_own(key: &str) -> bool {
+    let Some((prefix, _)) = key.rsplit_once('/') else {
+        return false;
+    };
+    ["kubernetes.io", "k8s.io"]
+        .iter()
+        .any(|own| prefix == *own || prefix.ends_with(&format!(".{own}")))
 }
 
 /// A label or annotation key: `[prefix/]name`.

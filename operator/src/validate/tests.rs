@@ -348,7 +348,10 @@ fn a_component_whose_container_would_be_the_agents_or_anothers_is_refused() {
 #[test]
 fn a_disruption_budget_that_would_block_every_drain_is_refused() {
     let mut spec = CompositionSpec::test();
-    spec.disruption_budget = Some(crate::crd::DisruptionBudgetSpec { max_unavailable: 0 });
+    spec.disruption_budget = Some(crate::crd::DisruptionBudgetSpec {
+        max_unavailable: 0,
+        ..Default::default()
+    });
     assert_eq!(
         refused(&spec),
         "`spec.disruptionBudget.maxUnavailable`: expected 1 or more (0 would block every node drain), got 0"
@@ -367,6 +370,10 @@ fn what_the_pod_settings_may_not_change_or_misspell_is_refused_naming_the_field(
             "`spec.pod.annotations.prometheus.io/port`: set by the operator",
         ),
         (
+            serde_json::json!({ "annotations": { "container.apparmor.security.beta.kubernetes.io/agent": "unconfined" } }),
+            "`spec.pod.annotations.container.apparmor.security.beta.kubernetes.io/agent`: under a prefix Kubernetes keeps",
+        ),
+        (
             serde_json::json!({ "labels": { "team": "a b" } }),
             "`spec.pod.labels.team`: expected a label value",
         ),
@@ -377,6 +384,10 @@ fn what_the_pod_settings_may_not_change_or_misspell_is_refused_naming_the_field(
         (
             serde_json::json!({ "imagePullSecrets": [{ "name": "Registry" }] }),
             "`spec.pod.imagePullSecrets[0].name`: expected a Secret's name, got \"Registry\"",
+        ),
+        (
+            serde_json::json!({ "serviceAccountName": "Builder" }),
+            "`spec.pod.serviceAccountName`: expected a ServiceAccount's name, got \"Builder\"",
         ),
     ];
     for (pod, expected) in cases {

@@ -111,7 +111,10 @@ pub async fn halt_quiet_then_unhalt(suite: Arc<Suite>) {
     let status = read.status.unwrap();
     assert_eq!(
         (status.replicas, status.selector.as_deref()),
-        (3, Some("toa.io/composition=quiet"))
+        (
+            3,
+            Some("app.kubernetes.io/instance=quiet,toa.io/composition=quiet")
+        )
     );
     assert!(uids(&again).is_disjoint(&uids(&pods)), "new pods");
     for pod in &again {

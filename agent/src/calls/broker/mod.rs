@@ -119,6 +119,8 @@ pub struct Offer {
     pub redeliveries: Arc<crate::coordination::atom::redeliveries::Redeliveries>,
     /// Its objects, when it declares an entity.
     pub objects: Option<Arc<crate::entities::objects::Objects>>,
+    /// Counts and times its operations' runs.
+    pub operations: crate::metrics::Operations,
 }
 
 /// A component served by this process: replayed on every session.
@@ -145,6 +147,7 @@ struct Served {
     repeats: Arc<crate::coordination::atom::repeats::Repeats>,
     redeliveries: Arc<crate::coordination::atom::redeliveries::Redeliveries>,
     objects: Option<Arc<crate::entities::objects::Objects>>,
+    operations: crate::metrics::Operations,
     /// How long a key's outcome answers repeats.
     idempotency: Duration,
     /// Where calls at the delivery limit go.
@@ -602,6 +605,7 @@ impl Broker {
             repeats: offer.repeats,
             redeliveries: offer.redeliveries,
             objects: offer.objects,
+            operations: offer.operations,
             idempotency: self.limits.idempotency,
             draining: self.draining.subscribe(),
         };

@@ -571,7 +571,7 @@ impl Call {
                 key: stored_key,
                 receipt: None,
             };
-            crate::entities::objects::operate(objects, run).await
+            crate::entities::objects::operate(objects, run, &served.operations).await
         };
         let once = run_once(
             &served.repeats,

@@ -406,6 +406,9 @@ impl Composition {
                     client: m.client.clone(),
                     repeats: self.atoms[&m.component.name].repeats(),
                     objects: m.objects.clone(),
+                    operations: self
+                        .metrics
+                        .operations(&self.context.name, &m.component.name),
                 };
                 (m.component.name.clone(), callee)
             })
@@ -539,6 +542,7 @@ impl Composition {
                 repeats: self.atoms[name].repeats(),
                 redeliveries: self.atoms[name].redeliveries(),
                 objects: member.objects.clone(),
+                operations: self.metrics.operations(application, name),
             };
             broker.serve(offer).await.map_err(|e| setup(&e))?;
         }
