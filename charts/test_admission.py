@@ -285,6 +285,8 @@ def checks():
                 "spec.pod.serviceAccountName: alice may not use the ServiceAccount builder in "
                 "namespace shop")
         allowed(create(composition("c", **runs_as), user="bob"))
+        # The namespace's default, as without the field.
+        allowed(create(composition("c", pod={"serviceAccountName": "default"}), user="alice"))
         refused(create(composition("c", pod={"serviceAccountName": "admin"}), user="bob"),
                 "bob may not use the ServiceAccount admin")
 

@@ -148,7 +148,7 @@ pub struct CompositionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs: Option<LogsSpec>,
     /// How many of the composition's pods voluntary disruptions (a node drain) may take at once:
-    /// a PodDisruptionBudget, made while two or more replicas run.
+    /// a PodDisruptionBudget, made while the spec asks for two or more replicas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disruption_budget: Option<DisruptionBudgetSpec>,
     /// What the pods get besides what the operator sets: where they run, the Secrets of the
@@ -166,7 +166,7 @@ pub struct PodSettings {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     /// Annotations added to the pods (a service mesh's, a secrets injector's); the keys the
-    /// operator sets are refused.
+    /// operator sets, and AppArmor or seccomp profiles, are refused.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
     /// Secrets in the namespace with the credentials of the registries `image` and the agent's
@@ -204,7 +204,8 @@ pub struct PodSettings {
 #[serde(rename_all = "camelCase")]
 pub struct DisruptionBudgetSpec {
     /// Whether the operator keeps one [default true]; `false` where the namespace has budgets of
-    /// its own for these pods (two budgets over one pod make its eviction fail).
+    /// its own for these pods (two budgets over one pod make its eviction fail). The operator
+    /// deletes nothing: one it made before is deleted by hand (`kubectl delete pdb <name>`).
     #[serde(default = "default_true")]
     pub enabled: bool,
     /// Pods a drain may evict at once, 1 or more [default 1]: 0 would block every drain.

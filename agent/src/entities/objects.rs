@@ -111,7 +111,7 @@ fn outcome_of(result: &Result<Outcome, ProgramError>) -> &'static str {
     match result {
         Ok(Outcome::Reply(_)) => "ok",
         Ok(Outcome::Error { .. }) => "error",
-        Err(ProgramError::TimedOut { .. }) => "timeout",
+        Err(error) if error.past_deadline() => "timeout",
         Err(_) => "failed",
     }
 }

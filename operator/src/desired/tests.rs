@@ -1193,7 +1193,10 @@ fn the_pod_gets_the_specs_placement_registries_and_metadata_and_keeps_the_operat
     let mut spec = CompositionSpec::test();
     let pod: crate::crd::PodSettings = serde_json::from_value(serde_json::json!({
         "labels": { "team": "payments" },
-        "annotations": { "sidecar.istio.io/inject": "false" },
+        "annotations": {
+            "sidecar.istio.io/inject": "false",
+            "cluster-autoscaler.kubernetes.io/safe-to-evict": "true"
+        },
         "imagePullSecrets": [{ "name": "registry" }],
         "nodeSelector": { "kubernetes.io/arch": "arm64" },
         "tolerations": [{ "key": "dedicated", "operator": "Equal", "value": "toa", "effect": "NoSchedule" }],

@@ -2,8 +2,9 @@
 //! is an `InvalidSpec` naming it rather than a Deployment the API server refuses. The keys the
 //! operator sets itself — the labels it selects the pods by, the annotations Prometheus and
 //! `kubectl logs` read — are refused, so nothing it needs can be changed from the spec; so are
-//! annotations under Kubernetes' own prefixes (`*.kubernetes.io/`, `*.k8s.io/`), through which a
-//! pod's AppArmor or seccomp profile could be loosened.
+//! the annotations through which a container's AppArmor or seccomp profile could be loosened.
+//! Other annotations under Kubernetes' prefixes (`cluster-autoscaler.kubernetes.io/safe-to-evict`,
+//! `kubernetes.io/egress-bandwidth`) are the user's to set.
 
 use super::{invalid, InvalidSpec};
 use crate::crd::PodSettings;
@@ -25,10 +26,10 @@ pub fn check(pod: &PodSettings) -> Result<(), InvalidSpec> {
         if SCRAPE_ANNOTATIONS.contains(&key.as_str()) || key == DEFAULT_CONTAINER_ANNOTATION {
             return Err(invalid(&field, "set by the operator"));
         }
-        if kubernetes_own(key) {
+        if PROFILES.iter().any(|prefix| key.starts_with(prefix)) {
             return Err(invalid(
                 &field,
-                "under a prefix Kubernetes keeps for itself (kubernetes.io, k8s.io): not the spec's to set",
+                "sets a container's AppArmor or seccomp profile, which the operator keeps at the runtime's default",
             ));
         }
     }
@@ -93,15 +94,11 @@ fn labels(
     Ok(())
 }
 
-/// Whether `key`'s prefix is Kubernetes' own: `kubernetes.io`, `k8s.io`, or a subdomain of them.
-fn kubernetes_own(key: &str) -> bool {
-    let Some((prefix, _)) = key.rsplit_once('/') else {
-        return false;
-    };
-    ["kubernetes.io", "k8s.io"]
-        .iter()
-        .any(|own| prefix == *own || prefix.ends_with(&format!(".{own}")))
-}
+/// The annotation prefixes of the (legacy, still honoured) AppArmor and seccomp profiles.
+const PROFILES: [&str; 2] = [
+    "container.apparmor.security.beta.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+];
 
 /// A label or annotation key: `[prefix/]name`.
 fn qualified(key: &str) -> bool {

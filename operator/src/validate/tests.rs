@@ -371,7 +371,7 @@ fn what_the_pod_settings_may_not_change_or_misspell_is_refused_naming_the_field(
         ),
         (
             serde_json::json!({ "annotations": { "container.apparmor.security.beta.kubernetes.io/agent": "unconfined" } }),
-            "`spec.pod.annotations.container.apparmor.security.beta.kubernetes.io/agent`: under a prefix Kubernetes keeps",
+            "`spec.pod.annotations.container.apparmor.security.beta.kubernetes.io/agent`: sets a container's AppArmor or seccomp profile",
         ),
         (
             serde_json::json!({ "labels": { "team": "a b" } }),
