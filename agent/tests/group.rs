@@ -122,6 +122,14 @@ fn meter(composition: &Composition) -> u64 {
     body["debts"][0].as_u64().unwrap()
 }
 
+/// A directory of the test's own, empty: `toa-group-<name>-<pid>` in the temp directory.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("toa-group-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + BOUND;
     loop {
@@ -135,9 +143,7 @@ fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
 
 #[test]
 fn two_composes_of_one_application_share_slots_locks_and_meters_and_the_survivor_takes_all() {
-    let scratch = std::env::temp_dir().join(format!("toa-group-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = scratch("e2e");
     let runtime = scratch.join("run");
     let group = format!("e2e-{}", std::process::id());
     let records: [PathBuf; 2] = [scratch.join("first.jsonl"), scratch.join("second.jsonl")];
@@ -211,9 +217,7 @@ fn two_composes_of_one_application_share_slots_locks_and_meters_and_the_survivor
 /// again, tells its holder the lock was lost.
 #[test]
 fn a_stopped_process_holds_no_lock_for_long_and_is_told_it_lost_it_when_it_runs_again() {
-    let scratch = std::env::temp_dir().join(format!("toa-group-stop-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = scratch("stop");
     let (runtime, group) = (scratch.join("run"), format!("stop-{}", std::process::id()));
     let first = start("first", &group, &runtime, &scratch.join("first.jsonl"));
     let second = start("second", &group, &runtime, &scratch.join("second.jsonl"));
@@ -247,9 +251,7 @@ fn a_stopped_process_holds_no_lock_for_long_and_is_told_it_lost_it_when_it_runs_
 /// does not run it as well: each call starts once, in the process that answered it.
 #[test]
 fn a_call_handed_to_a_stopped_process_runs_once_elsewhere_and_not_when_it_resumes() {
-    let scratch = std::env::temp_dir().join(format!("toa-group-resume-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = scratch("resume");
     let (runtime, group) = (
         scratch.join("run"),
         format!("resume-{}", std::process::id()),
@@ -350,9 +352,7 @@ fn no_slot_owned_twice(records: &[PathBuf; 2], killed_at: f64) {
 /// both, a call addressed to a process runs there, and one to a process nobody runs is refused.
 #[test]
 fn calls_between_two_composes_reach_either_and_addressed_calls_the_process_named() {
-    let scratch = std::env::temp_dir().join(format!("toa-group-calls-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = scratch("calls");
     let (runtime, notes) = (scratch.join("run"), scratch.join("notes.jsonl"));
     let group = format!("calls-{}", std::process::id());
     let charges = scratch.join("charges.jsonl");
@@ -521,9 +521,7 @@ fn two_composes_share_one_store_and_their_events() {
 /// group (at least once, as over a broker); a bad `TOA_ALONE` stops the start, naming it.
 #[test]
 fn a_call_running_in_a_killed_process_runs_again_in_the_other() {
-    let scratch = std::env::temp_dir().join(format!("toa-group-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = scratch("kill");
     let (runtime, starts) = (scratch.join("run"), scratch.join("starts.jsonl"));
     let group = format!("kill-{}", std::process::id());
     let notes = scratch.join("notes.jsonl");
