@@ -23,6 +23,7 @@ Prints `N passed, 0 failed` at the end and exits 1 when anything failed.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -158,6 +159,8 @@ def _():
         "watchNamespaces": {"watchNamespaces": ["Shop"]},
         "port": {"metrics": {"port": 70000}},
         "format": {"logs": {"format": "xml"}},
+        "extraEnv": {"extraEnv": [{"name": "POD_NAME", "value": "x"}]},
+        "maxUnavailable": {"podDisruptionBudget": {"maxUnavailable": 0}},
     }
     for name, values in refused.items():
         try:
@@ -199,16 +202,25 @@ def _():
     assert meta["appVersion"] == "0.1.0", meta
 
 
-@check("the chart ships the Composition CRD in crds/")
+@check("the chart renders the Composition CRD (so helm upgrade updates it): crds/composition.yaml, labelled, kept on uninstall")
 def _():
     with helm.Chart.load(CHART) as chart:
-        crds = chart.crds
-    assert len(crds) == 1, crds
-    crd = yaml.safe_load(crds[0]["data"])
-    assert crd["kind"] == "CustomResourceDefinition"
-    assert crd["metadata"]["name"] == "compositions.toa.io", crd["metadata"]
+        assert chart.crds == [], "a CRD in crds/ is installed once and never upgraded by Helm"
+    shipped = (CHART / "files" / "composition.yaml").read_text()
     committed = (CHART.parent.parent / "crds" / "composition.yaml").read_text()
-    assert crds[0]["data"] == committed, "charts/toa-operator/crds differs from crds/"
+    assert shipped == committed, "charts/toa-operator/files/composition.yaml differs from crds/"
+    crd = copy.deepcopy(one(DEFAULT, "CustomResourceDefinition"))
+    metadata = crd.pop("metadata")
+    assert metadata["annotations"] == {"helm.sh/resource-policy": "keep"}, metadata
+    assert metadata["labels"]["app.kubernetes.io/managed-by"] == "Helm", metadata
+    committed = yaml.safe_load(committed)
+    assert metadata["name"] == committed.pop("metadata")["name"] == "compositions.toa.io"
+    crd.pop("apiVersion"), crd.pop("kind")
+    assert crd == {k: v for k, v in committed.items() if k not in ("apiVersion", "kind")}, \
+        "the rendered CRD's schema differs from crds/composition.yaml"
+    unkept = one(render({"crd": {"keep": False}}), "CustomResourceDefinition")
+    assert "annotations" not in unkept["metadata"], unkept["metadata"]
+    assert not [o for o in render({"crd": {"install": False}}) if o["kind"] == "CustomResourceDefinition"]
 
 
 @check("default values render the expected objects")
@@ -220,7 +232,10 @@ def _():
             "ClusterRole",
             "ClusterRole",
             "ClusterRoleBinding",
+            "CustomResourceDefinition",
             "Deployment",
+            "Pod",  # helm test's
+            "PodDisruptionBudget",
             "Role",
             "Role",
             "RoleBinding",
@@ -323,6 +338,69 @@ def _():
             assert flag in known, arg
             field = flag[2:].replace("-", "_")
             assert f"pub {field}:" in source, f"{flag} is not a field of RunArgs"
+
+
+@check("podDisruptionBudget: one at a time of two replicas or more, unready pods always evictable; none for one replica")
+def _():
+    budget = one(DEFAULT, "PodDisruptionBudget")["spec"]
+    deployment, _ = container(DEFAULT)
+    assert budget["selector"] == deployment["spec"]["selector"], (budget, deployment["spec"]["selector"])
+    assert budget["maxUnavailable"] == 1 and budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow", budget
+    assert one(render({"podDisruptionBudget": {"maxUnavailable": 2}, "replicas": 3}),
+               "PodDisruptionBudget")["spec"]["maxUnavailable"] == 2
+    for values in [{"leaderElection": False, "replicas": 1}, {"podDisruptionBudget": {"enabled": False}}]:
+        assert not [o for o in render(values) if o["kind"] == "PodDisruptionBudget"], values
+
+
+@check("topologySpreadConstraints: soft spread over nodes by default, counting the operator's pods; given ones kept")
+def _():
+    deployment, _ = container(DEFAULT)
+    spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread == [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+                       "labelSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}}], spread
+    own = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+           "labelSelector": {"matchLabels": {"team": "platform"}}}
+    deployment, _ = container(render({"topologySpreadConstraints": [own]}))
+    assert deployment["spec"]["template"]["spec"]["topologySpreadConstraints"] == [own]
+    deployment, _ = container(render({"topologySpreadConstraints": []}))
+    assert "topologySpreadConstraints" not in deployment["spec"]["template"]["spec"]
+
+
+@check("priorityClassName, extraArgs and extraEnv reach the operator's pod after the chart's own")
+def _():
+    objects = render({"priorityClassName": "system-cluster-critical", "extraArgs": ["--lease-identity=me"],
+                      "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]})
+    deployment, c = container(objects)
+    assert deployment["spec"]["template"]["spec"]["priorityClassName"] == "system-cluster-critical"
+    assert c["args"][-1] == "--lease-identity=me", c["args"]
+    assert c["env"][-1] == {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}, c["env"]
+    assert [e["name"] for e in c["env"]][:3] == ["TOA_LOG_LEVEL", "TOA_LOG_FORMAT", "POD_NAME"], c["env"]
+    validate(objects)
+    deployment, _ = container(DEFAULT)
+    assert "priorityClassName" not in deployment["spec"]["template"]["spec"]
+
+
+@check("helm test: a restricted pod of the operator's image asks /ready through the metrics Service")
+def _():
+    pod = one(DEFAULT, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test", pod["metadata"]
+    # Never one of the operator's pods: its ReplicaSet would adopt it.
+    deployment, _ = container(DEFAULT)
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert not all(pod["metadata"]["labels"].get(k) == v for k, v in selector.items()), pod["metadata"]
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False, spec
+    _, operator = container(DEFAULT)
+    probe = spec["containers"][0]
+    assert probe["image"] == operator["image"], probe
+    service = one(DEFAULT, "Service")
+    port = service["spec"]["ports"][0]["port"]
+    address = f"{service['metadata']['name']}.{NAMESPACE}.svc:{port}"
+    assert probe["args"] == ["probe", f"http://{address}/ready", "--timeout=60"], probe["args"]
+    assert probe["securityContext"] == operator["securityContext"], probe
+    elsewhere = one(render({"tests": {"address": "10.88.0.1:18080", "timeoutSeconds": 5}}), "Pod")
+    assert elsewhere["spec"]["containers"][0]["args"][1:] == ["http://10.88.0.1:18080/ready", "--timeout=5"]
+    assert not [o for o in render({"tests": {"enabled": False}}) if o["kind"] == "Pod"]
 
 
 @check("the Deployment runs as non-root on a read-only root filesystem")

@@ -9,6 +9,7 @@
 //! | meter calls   | `toa_meter_calls_total`      | counter   |
 //! | (events)      | `toa_events_waiting_seconds`: how long the oldest event not yet published has waited (0: none) | gauge |
 //! | (receivers)   | `toa_events_dead_lettered_total`: events a receiver gave up on (`toa-agent requeue` sends them again) | counter |
+//! | (calls)       | `toa_calls_dead_lettered_total`: calls delivered `limits.deliveries` times without an answer, whose callers were told | counter |
 //! | (operations)  | `toa_operations_total{operation, outcome}`: the program's runs of an operation, by outcome (`ok`, `error`: an error code it answered, `timeout`, `failed`) | counter |
 //! | (operations)  | `toa_operation_duration_seconds{operation}`: how long each run took | histogram |
 //!

@@ -18,6 +18,9 @@
 //! first each time, and is scaled to zero before ours starts.
 
 #[allow(dead_code)]
+#[path = "../tests/e2e/chart.rs"]
+mod chart;
+#[allow(dead_code)]
 #[path = "../tests/e2e/cluster.rs"]
 mod cluster;
 #[allow(dead_code)]
@@ -434,7 +437,9 @@ async fn main() {
         &terminals,
         "",
     );
-    let chart = cluster::install_chart(&admin, &plane.kubeconfig, "toa-system").await;
+    cluster::privileged_namespace(&admin, "toa-system").await;
+    let chart =
+        chart::install_release(&admin, &plane.kubeconfig, "toa-system", chart::RELEASE, &[]).await;
     let agent_image = chart
         .args
         .iter()

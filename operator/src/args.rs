@@ -30,6 +30,18 @@ pub enum Command {
     Render(RenderArgs),
     /// Run the controller: watch Compositions and run their Deployments, halts and status.
     Run(RunArgs),
+    /// Ask a plain-HTTP URL (an operator's /ready) every 2 s until it answers 200; exit 1 when
+    /// it has not within the timeout. The chart's `helm test` runs it.
+    Probe(ProbeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ProbeArgs {
+    /// `http://HOST:PORT/PATH`.
+    pub url: String,
+    /// How long to keep asking, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub timeout: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -429,7 +441,7 @@ mod tests {
         all.extend(args);
         match Args::try_parse_from(all)?.command {
             Command::Run(run) => Ok(run),
-            Command::Render(_) => panic!("parsed as render"),
+            other => panic!("parsed as {other:?}"),
         }
     }
 

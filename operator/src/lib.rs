@@ -52,6 +52,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod names;
 pub mod observed;
+pub mod probe;
 pub mod render;
 pub mod restricted;
 pub mod run;

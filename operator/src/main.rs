@@ -4,7 +4,7 @@ use clap::Parser;
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
-use toa_operator::args::{Args, Command, RunArgs};
+use toa_operator::args::{Args, Command, ProbeArgs, RunArgs};
 use toa_operator::{render, run};
 
 /// BSD's EX_USAGE: the command line or the files it names are wrong.
@@ -45,6 +45,35 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run(args) => run_command(args),
+        Command::Probe(args) => probe_command(&args),
+    }
+}
+
+fn probe_command(args: &ProbeArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("toa-operator probe: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let timeout = Duration::from_secs(args.timeout);
+    match runtime.block_on(toa_operator::probe::probe(&args.url, timeout)) {
+        Ok(()) => {
+            println!("{} answered 200", args.url);
+            ExitCode::SUCCESS
+        }
+        Err(error @ toa_operator::probe::ProbeError::Url(_)) => {
+            eprintln!("toa-operator probe: {error}");
+            ExitCode::from(USAGE)
+        }
+        Err(error) => {
+            eprintln!("toa-operator probe: {error}");
+            ExitCode::FAILURE
+        }
     }
 }
 

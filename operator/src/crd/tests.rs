@@ -23,10 +23,10 @@ fn the_generated_crd_matches_crds_composition_yaml() {
 
 #[test]
 fn the_helm_charts_crd_matches_the_generated_crd() {
-    let chart = include_str!("../../../charts/toa-operator/crds/composition.yaml");
+    let chart = include_str!("../../../charts/toa-operator/files/composition.yaml");
     assert!(
         crd_yaml() == chart,
-        "charts/toa-operator/crds/composition.yaml differs from the CRD generated from \
+        "charts/toa-operator/files/composition.yaml differs from the CRD generated from \
          operator/src/crd.rs; copy it from crds/composition.yaml after regenerating that \
          (`cargo run -p toa-operator --bin crdgen > crds/composition.yaml`)"
     );

@@ -23,7 +23,7 @@ const TWO_ADDRESSES: &str = "Atomicity takes an odd number of addresses, 2 given
 pub async fn the_crd_installs_without_a_warning(suite: Arc<Suite>) {
     let crd = std::fs::read_to_string(cluster::repo().join("crds/composition.yaml")).unwrap();
     let chart =
-        std::fs::read_to_string(cluster::repo().join("charts/toa-operator/crds/composition.yaml"))
+        std::fs::read_to_string(cluster::repo().join("charts/toa-operator/files/composition.yaml"))
             .unwrap();
     assert_eq!(crd, chart, "the chart's CRD is crds/composition.yaml");
     let copy = crd

@@ -1,10 +1,8 @@
 //! The control plane (`scripts/control-plane`) of one Kubernetes release, the chart installed on
 //! it, and the clients.
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -13,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::chart::Chart;
 use crate::wait::eventually;
 
 /// The repository's root.
@@ -245,165 +244,6 @@ async fn namespace_labelled(client: &Client, name: &str, labels: serde_json::Val
         )
         .await
         .unwrap_or_else(|error| panic!("namespace {name}: {error}"));
-}
-
-/// What the chart installed and how its Deployment runs the operator.
-pub struct Chart {
-    pub namespace: String,
-    pub service_account: String,
-    /// The operator container's `args` and `env` values (without `valueFrom` ones).
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub metrics_port: u16,
-    /// The chart's Deployment, as rendered.
-    pub deployment: Deployment,
-}
-
-/// Installs charts/toa-operator with `helm install` (scripts/helm, the real command) as release
-/// `toa`: the CRD, the ServiceAccount, RBAC, the Service and the Deployment, with no error and
-/// nothing on standard error (no warning). The Deployment has no replicas (pods cannot reach
-/// the API server on loopback): the suite runs the operator binary with that Deployment's
-/// arguments instead, under the ServiceAccount's identity; the image scenario runs it with host
-/// networking.
-pub async fn install_chart(admin: &Client, kubeconfig: &Path, namespace: &str) -> Chart {
-    // The image scenario runs the chart's Deployment here with host networking.
-    privileged_namespace(admin, namespace).await;
-    install_release(admin, kubeconfig, namespace, "toa", &[]).await
-}
-
-/// [`install_chart`] as release `release`, with `sets` (`KEY=JSON`) beside the suite's own values,
-/// into `namespace`, which must exist. The returned [`Chart`] holds the Deployment as the release
-/// installed it (`helm get manifest`).
-/// A klog line at info level: `I` and the date as `MMDD`, then a space.
-fn klog_info(line: &str) -> bool {
-    let bytes = line.as_bytes();
-    bytes.len() > 5
-        && bytes[0] == b'I'
-        && bytes[1..5].iter().all(u8::is_ascii_digit)
-        && bytes[5] == b' '
-}
-
-pub async fn install_release(
-    admin: &Client,
-    kubeconfig: &Path,
-    namespace: &str,
-    release: &str,
-    sets: &[&str],
-) -> Chart {
-    let metrics_port = free_ports(METRICS_PORTS, 1);
-    let metrics = format!("metrics.port={metrics_port}");
-    let values: Vec<&str> = sets
-        .iter()
-        .copied()
-        .chain([
-            metrics.as_str(),
-            "replicas=0",
-            // The admission policy has its own test on a real API server
-            // (charts/test_admission.py); here it would refuse what the suite needs the API server
-            // to take: addresses on the node's bridge IPs, and one with credentials, which the
-            // operator must refuse itself.
-            "admissionPolicy.enabled=false",
-            // The images scripts/images built and imported into the node.
-            "image.repository=\"localhost/toa/operator\"",
-            "image.tag=\"e2e\"",
-            "agentImage.repository=\"localhost/toa/agent\"",
-            "agentImage.tag=\"e2e\"",
-        ])
-        .collect();
-    let installed = Command::new(repo().join("scripts/helm"))
-        .args(["install", release])
-        .arg(repo().join("charts/toa-operator"))
-        .args(["--namespace", namespace])
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(values.iter().flat_map(|set| ["--set-json", set]))
-        .output()
-        .expect("scripts/helm runs");
-    let stderr = String::from_utf8_lossy(&installed.stderr);
-    // Helm's client-go logs its own watches at info level (klog's `I1203 …` lines, as when a
-    // watch of the CRD ends while Helm stops waiting): those are not the API server's warnings,
-    // which come as `Warning:` or klog `W` lines, and fail the install here.
-    let said: Vec<&str> = stderr
-        .lines()
-        .filter(|line| !klog_info(line) && !line.trim().is_empty())
-        .collect();
-    assert!(
-        installed.status.success() && said.is_empty(),
-        "helm install {release} (scripts/helm): {}\n{stderr}",
-        installed.status
-    );
-    wait_established(admin, "compositions.toa.io").await;
-    // What the release installed, as Helm recorded it.
-    let output = Command::new(repo().join("scripts/helm"))
-        .args(["get", "manifest", release, "--namespace", namespace])
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .output()
-        .expect("scripts/helm runs");
-    assert!(
-        output.status.success(),
-        "helm get manifest {release}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).unwrap();
-    let mut deployment = None;
-    let mut service_account = None;
-    let documents: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|document| serde::Deserialize::deserialize(document).unwrap())
-        .collect();
-    for value in documents {
-        match value["kind"].as_str() {
-            Some("Deployment") => {
-                deployment = Some(serde_json::from_value::<Deployment>(value).unwrap());
-            }
-            Some("ServiceAccount") => {
-                service_account = Some(value["metadata"]["name"].as_str().unwrap().to_owned());
-            }
-            _ => {}
-        }
-    }
-    let deployment = deployment.expect("the release installed a Deployment");
-    let container = deployment
-        .clone()
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
-        .containers[0]
-        .clone();
-    Chart {
-        deployment,
-        namespace: namespace.to_owned(),
-        service_account: service_account.expect("the chart renders a ServiceAccount"),
-        args: container.args.clone().unwrap_or_default(),
-        env: container
-            .env
-            .iter()
-            .flatten()
-            .filter_map(|var| Some((var.name.clone(), var.value.clone()?)))
-            .collect(),
-        metrics_port,
-    }
-}
-
-/// Waits until the CRD `name` is established.
-async fn wait_established(client: &Client, name: &str) {
-    let api = Api::<CustomResourceDefinition>::all(client.clone());
-    eventually("the CRD is established", Duration::from_secs(30), || {
-        let api = api.clone();
-        async move {
-            let crd = api.get(name).await.map_err(|e| e.to_string())?;
-            let established = crd
-                .status
-                .and_then(|status| status.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            established.then_some(()).ok_or("not yet".to_owned())
-        }
-    })
-    .await;
 }
 
 /// A kubeconfig for the chart's ServiceAccount: a token from the TokenRequest API (no token

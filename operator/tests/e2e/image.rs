@@ -9,14 +9,16 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster;
 use crate::support::{apply, composition, holder, lease_spec, wait_condition, Suite, PATIENCE};
 use crate::wait::eventually;
+use crate::{chart, cluster};
 
 /// The chart's own Deployment, running the operator's image (built as its Dockerfile says): it
 /// starts as uid 65532, takes the Lease and reconciles a Composition. Pods cannot reach the API
 /// server on loopback, so this one pod runs on the host's network with a kubeconfig Secret (the
-/// chart's ServiceAccount token), test-only; the suite's operator is stopped meanwhile.
+/// chart's ServiceAccount token), test-only; the suite's operator is stopped meanwhile. `helm
+/// test` (the chart's test pod, of the same image) fails while no operator answers there and
+/// passes once this one does.
 pub async fn the_operator_image_runs(suite: Arc<Suite>) {
     let mut operator = suite.operator.lock().await;
     let lease = operator.lease();
@@ -32,17 +34,11 @@ pub async fn the_operator_image_runs(suite: Arc<Suite>) {
         "the operator's pod is gone",
         Duration::from_secs(90),
         || async {
-            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
-                suite.admin.clone(),
-                &suite.chart.namespace,
-            )
-            .list(&kube::api::ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-            if pods.items.is_empty() {
+            let pods = operator_pods(&suite).await?;
+            if pods.is_empty() {
                 Ok(())
             } else {
-                Err(format!("{} pods left", pods.items.len()))
+                Err(format!("pods left: {pods:?}"))
             }
         },
     )
@@ -53,10 +49,37 @@ pub async fn the_operator_image_runs(suite: Arc<Suite>) {
     }
 }
 
+/// The names of the chart Deployment's pods (not the chart's `helm test` pod).
+async fn operator_pods(suite: &Suite) -> Result<Vec<String>, String> {
+    let selector = suite
+        .chart
+        .deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .selector
+        .clone();
+    let labels = selector.match_labels.unwrap_or_default();
+    let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+        suite.admin.clone(),
+        &suite.chart.namespace,
+    )
+    .list(&kube::api::ListParams::default().labels(&selector.join(",")))
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(pods.items.iter().map(|p| p.name_any()).collect())
+}
+
 async fn operator_image(suite: Arc<Suite>, (lease_namespace, lease_name): (String, String)) {
     let (namespace, name) = ("e2e-image", "imaged");
-    cluster::restricted_namespace(&suite.admin, namespace).await;
     let chart_namespace = suite.chart.namespace.clone();
+    let (passed, said) = chart::helm_test(&suite.admin_kubeconfig, &chart_namespace);
+    assert!(
+        !passed && said.contains("did not answer 200 within"),
+        "helm test with no operator answering: {said}"
+    );
+    cluster::restricted_namespace(&suite.admin, namespace).await;
     let secrets = Api::<Secret>::namespaced(suite.admin.clone(), &chart_namespace);
     let kubeconfig = std::fs::read_to_string(&suite.operator_kubeconfig).unwrap();
     let secret: Secret = serde_json::from_value(json!({
@@ -108,14 +131,7 @@ async fn operator_image(suite: Arc<Suite>, (lease_namespace, lease_name): (Strin
         Duration::from_secs(90),
         || async {
             let spec = lease_spec(&leases, &lease_name).await?;
-            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
-                suite.admin.clone(),
-                &chart_namespace,
-            )
-            .list(&kube::api::ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-            let running: Vec<String> = pods.items.iter().map(|p| p.name_any()).collect();
+            let running = operator_pods(&suite).await?;
             if running.iter().any(|p| p == holder(&spec)) {
                 return Ok(holder(&spec).to_owned());
             }
@@ -175,5 +191,10 @@ async fn operator_image(suite: Arc<Suite>, (lease_namespace, lease_name): (Strin
     assert!(
         !log.contains("forbidden") && !log.contains("Forbidden"),
         "the image's operator was refused requests: {log}"
+    );
+    let (passed, said) = chart::helm_test(&suite.admin_kubeconfig, &chart_namespace);
+    assert!(
+        passed && said.contains("answered 200"),
+        "helm test with the operator running: {said}"
     );
 }

@@ -174,12 +174,13 @@ async fn namespaced(suite: Arc<Suite>) {
     cluster::restricted_namespace(&suite.admin, other).await;
     let set = format!("watchNamespaces=[\"{watched}\"]");
     cluster::restricted_namespace(&suite.admin, "e2e-operator-ns").await;
-    let chart = cluster::install_release(
+    let chart = crate::chart::install_release(
         &suite.admin,
         &suite.admin_kubeconfig,
         "e2e-operator-ns",
         "scoped",
-        &[&set],
+        // The CRD is release `toa`'s.
+        &[&set, "crd.install=false"],
     )
     .await;
     let root = suite.root.join("namespaced");

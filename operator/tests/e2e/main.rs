@@ -15,8 +15,10 @@
 //! restart and the deletion run last. A failed scenario does not stop the others: all run, then
 //! the test fails naming each failure.
 //!
-//! Setup: the chart is installed with `helm install` (scripts/helm; the CRD, ServiceAccount, RBAC,
-//! Service, and the Deployment without replicas), failing on any warning; the operator runs as a process with the chart Deployment's arguments under the
+//! Setup: the chart's earlier shape (its CRD in `crds/`, an older schema) is installed with `helm
+//! install` (scripts/helm), the CRD handed to the release as the docs say, and the release
+//! upgraded to this chart with `helm upgrade` (the CRD with its new schema, ServiceAccount, RBAC,
+//! Service, and the Deployment without replicas), each failing on any warning; the operator runs as a process with the chart Deployment's arguments under the
 //! chart's ServiceAccount (a token from the TokenRequest API), so a permission the chart lacks
 //! fails the suite (and any `forbidden` in its log fails it too); the API server listens on
 //! loopback, which pods cannot reach, so only the image scenario runs the chart's own Deployment
@@ -32,12 +34,13 @@
 //! (the operator's own image), [`drain`] (who may drain a pod), [`deletion`], [`ownership`]
 //! (names the operator derives) and
 //! [`poison`] (a Composition it cannot decode, stored through the whole run); [`support`] holds
-//! the suite's shared parts and the helpers they share. The machinery: [`cluster`] (the control plane and the chart), [`node`],
+//! the suite's shared parts and the helpers they share. The machinery: [`cluster`] (the control plane), [`chart`] (Helm's install, upgrade and test), [`node`],
 //! [`operator`] (the operator as a process), [`harness`], [`services`] (a Redis and a RabbitMQ of
 //! the suite's own) and [`wait`].
 
 mod admission;
 mod atomicity;
+mod chart;
 mod cluster;
 mod deletion;
 mod deploy;
@@ -214,7 +217,7 @@ async fn start(
         &terminals,
         &harness.url,
     );
-    let chart = cluster::install_chart(&admin, &plane.kubeconfig, "toa-system").await;
+    let chart = chart::install_chart(&admin, &plane.kubeconfig, "toa-system", root).await;
     let mut operator = Operator::under_chart(&admin, plane.port, &chart, root).await;
     operator.start().await;
     eprintln!(

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cluster::Chart;
+use crate::chart::Chart;
 
 pub struct Operator {
     child: Option<Child>,

@@ -39,7 +39,7 @@ pub struct Suite {
     pub admin_kubeconfig: std::path::PathBuf,
     pub node: Node,
     pub harness: Harness,
-    pub chart: cluster::Chart,
+    pub chart: crate::chart::Chart,
     /// The operator's kubeconfig (the chart's ServiceAccount).
     pub operator_kubeconfig: std::path::PathBuf,
     /// Where the suite keeps its state.
