@@ -212,6 +212,11 @@ def setup():
          "--resource=secrets", "--resource-name=backends")
     must("create", "rolebinding", "bob-backends", "-n", NAMESPACE, "--role=read-backends",
          "--user=bob")
+    # ... and read the ConfigMap settings.
+    must("create", "role", "read-settings", "-n", NAMESPACE, "--verb=get",
+         "--resource=configmaps", "--resource-name=settings")
+    must("create", "rolebinding", "bob-settings", "-n", NAMESPACE, "--role=read-settings",
+         "--user=bob")
     # bob may also run pods as the ServiceAccount builder (`use`, granted by name).
     # (A Role object: `kubectl create role` takes only the verbs it knows.)
     must("apply", "-f", "-", stdin=json.dumps({
@@ -236,6 +241,7 @@ def setup():
     probe = composition("probe", redis=["redis://evil.example.com:6379"])
     eventually("the policy refuses a disallowed host", lambda: DENIED in create(probe)[1])
     eventually("RBAC grants bob the Secret", lambda: can("bob", "get", "secret/backends"))
+    eventually("RBAC grants bob the ConfigMap", lambda: can("bob", "get", "configmap/settings"))
     eventually("RBAC grants bob the ServiceAccount",
                lambda: can("bob", "use", "serviceaccount/builder"))
     eventually("RBAC grants frank the cluster's Secrets",
@@ -277,6 +283,34 @@ def checks():
         both = {"pod": {"imagePullSecrets": [{"name": "backends"}, {"name": "other"}]}}
         refused(create(composition("c", **both), user="bob"),
                 "bob may not read (get) every Secret it names (backends, other)")
+
+    @check("the components' variables: a Secret or ConfigMap named only by who may read each")
+    def _():
+        def component(name, *env):
+            return {"name": f"store.{name}", "env": list(env),
+                    "manifest": {"name": name, "namespace": "store",
+                                 "program": ["python3", f"{name}.py"], "lifecycle": ["ready"]}}
+
+        def secret(name):
+            return {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": name, "key": "k"}}}
+
+        config = {"name": "FORMAT", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "f"}}}
+        plain = [component("orders", {"name": "REGION", "value": "eu"})]
+        allowed(create(composition("c", components=plain), user="alice"))
+        one = [component("orders", secret("backends"))]
+        refused(create(composition("c", components=one), user="alice"),
+                "spec.components[].env: alice may not read (get) every Secret its "
+                "valueFrom.secretKeyRef names (backends) in namespace shop, so may not name them")
+        allowed(create(composition("c", components=one), user="bob"))
+        # One component's readable Secret does not let another's unreadable one through.
+        two = [component("orders", secret("backends")), component("mail", secret("other"))]
+        refused(create(composition("c", components=two), user="bob"),
+                "bob may not read (get) every Secret its valueFrom.secretKeyRef names (backends, other)")
+        configured = [component("orders", config)]
+        refused(create(composition("c", components=configured), user="alice"),
+                "spec.components[].env: alice may not read (get) every ConfigMap its "
+                "valueFrom.configMapKeyRef names (settings) in namespace shop")
+        allowed(create(composition("c", components=configured), user="bob"))
 
     @check("the pods' ServiceAccount: named only by who may `use` it")
     def _():

@@ -161,6 +161,8 @@ def _():
         "format": {"logs": {"format": "xml"}},
         "extraEnv": {"extraEnv": [{"name": "POD_NAME", "value": "x"}]},
         "maxUnavailable": {"podDisruptionBudget": {"maxUnavailable": 0}},
+        # A flag the chart passes itself: clap refuses it twice, and the operator would not start.
+        "extraArgs": {"extraArgs": ["--lease-name=other"]},
     }
     for name, values in refused.items():
         try:
@@ -178,7 +180,8 @@ def _():
             raise AssertionError(f"{values} linted")
     # values.yaml itself, and every value it documents at a value of its own kind.
     helm_render({"imagePullSecrets": [{"name": "registry"}], "nodeNetworks": ["100.64.0.0/16"],
-                 "podAnnotations": {"a": "b"}, "tolerations": [{"operator": "Exists"}]})
+                 "podAnnotations": {"a": "b"}, "tolerations": [{"operator": "Exists"}],
+                 "podDisruptionBudget": {"maxUnavailable": "50%"}, "extraArgs": ["--lease-identity=me"]})
 
 
 @check("the operator's log level and format come from logs: plain at info by default, json when asked")
@@ -704,8 +707,8 @@ def _():
     }, binding["spec"]
     expressions = [v["expression"] for v in spec["validations"]]
     secret = [e for e in expressions if "resource('secrets')" in e]
-    # The credentials Secret, a CloudNativePG cluster's two, the registry Secrets.
-    assert len(secret) == 3, expressions
+    # The credentials Secret, a CloudNativePG cluster's two, the registry Secrets, the variables'.
+    assert len(secret) == 4, expressions
     for expression in secret:
         assert " ".join(expression.split()).replace(") .", ").").count(
             "authorizer.group('').resource('secrets').namespace(request.namespace).name(") == 1, \
@@ -713,6 +716,9 @@ def _():
     assert ".name(variables.secretName).check('get').allowed()" in secret[0], secret
     assert ".name(variables.cluster + suffix).check('get').allowed()" in secret[1], secret
     assert ".name(n).check('get').allowed()" in secret[2], secret
+    assert "variables.envSecrets.all(names, names.all(n," in secret[3], secret
+    config_maps = [e for e in expressions if "resource('configmaps')" in e]
+    assert len(config_maps) == 1 and "variables.envConfigMaps.all(names, names.all(n," in config_maps[0]
     # The pods' ServiceAccount: `use` of it.
     account = [e for e in expressions if "resource('serviceaccounts')" in e]
     assert len(account) == 1 and ".check('use').allowed()" in account[0], expressions

@@ -118,7 +118,8 @@ def _():
     names = (ROOT / "operator/src/names.rs").read_text()
     desired = (ROOT / "operator/src/desired.rs").read_text()
     # The labels the operator puts on every pod it makes, and the agent's port name.
-    assert '"app.kubernetes.io/managed-by"' in names and 'LABEL_COMPOSITION: &str = "toa.io/composition"' in names
+    assert '"app.kubernetes.io/managed-by".to_owned(),\n            MANAGER.to_owned()' in names, "names::labels"
+    assert 'MANAGER: &str = "toa-operator"' in names and 'LABEL_COMPOSITION: &str = "toa.io/composition"' in names
     assert monitor["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "toa-operator"}, monitor
     assert monitor["selector"]["matchExpressions"] == [{"key": "toa.io/composition", "operator": "Exists"}]
     endpoint = monitor["podMetricsEndpoints"][0]
@@ -142,6 +143,13 @@ def _():
         assert code == 0 and "SUCCESS: 4 rules found" in said, said
         code, said = promtool("test", "rules", "rules_test.yaml", cwd=directory)
         assert code == 0 and "SUCCESS" in said, said
+
+
+@check("ToaOperatorNoLeader only with the ServiceMonitor, which scrapes what it judges")
+def _():
+    rules = rules_of(helm_template({"monitoring": {"rules": {"enabled": True}}}))
+    alerts = sorted(rule["alert"] for group in rules["groups"] for rule in group["rules"])
+    assert alerts == ["ToaCallsFailing", "ToaCompositionNotReady", "ToaHaltCalledOff"], alerts
 
 
 @check("the rules' thresholds come from values: notReadyFor, failingRatio, severity")

@@ -289,6 +289,56 @@ pub struct ComponentSpec {
     /// Requests and limits of this component's container, instead of `spec.resources`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Environment variables of this component's program, beside the runtime's own (`TOA_*`,
+    /// which are refused here): each a `value`, or a key of a Secret or ConfigMap in the
+    /// composition's namespace. The admission policy lets only someone who may read (`get`) each
+    /// Secret and ConfigMap name it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub env: Vec<ComponentEnv>,
+}
+
+/// One environment variable of a component's program ([`ComponentSpec::env`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentEnv {
+    /// Letters, digits, '_', '-' and '.', not starting with a digit; not `TOA_…`.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The value; exclusive with `valueFrom`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32768))]
+    pub value: Option<String>,
+    /// A key of a Secret or of a ConfigMap, exactly one of them; exclusive with `value`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<ComponentEnvSource>,
+}
+
+/// Where a component's variable takes its value ([`ComponentEnv::value_from`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentEnvSource {
+    /// A key of a Secret in the composition's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeyRef>,
+    /// A key of a ConfigMap in the composition's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeyRef>,
+}
+
+/// A key of a Secret or ConfigMap.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRef {
+    /// The object's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+    /// A missing object or key leaves the variable unset instead of holding the container back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
 }
 
 /// The schema's check of a component's full name; the manifest's own rules (toa-context) are the

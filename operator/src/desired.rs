@@ -28,7 +28,7 @@
 //! manifests, mounted from the ConfigMap at the same paths in its own container.
 
 use crate::agent_client::Keys;
-use crate::crd::{Composition, PodSettings};
+use crate::crd::{ComponentEnv, Composition, KeyRef, PodSettings};
 use crate::names::{
     self, component_container, components_name, control_name, labels, AGENT_CONTAINER,
     COMPONENTS_DIR, COMPONENT_TOKEN_DIR, CONTROL_DIR, CONTROL_PORT, DECLARATIONS, DECLARATIONS_DIR,
@@ -37,10 +37,11 @@ use crate::names::{
 use crate::validate::{Security, Valid, NONROOT};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret,
-    SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort,
+    EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
@@ -536,7 +537,12 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
                 // Validation refuses a manifest without one.
                 command: manifest.program.clone(),
                 working_dir: Some(format!("{COMPONENTS_DIR}/{full_name}")),
-                env: Some(program_env(valid, index, full_name)),
+                env: Some(program_env(
+                    valid,
+                    index,
+                    full_name,
+                    &composition.spec.components[index].env,
+                )),
                 // Its own token only: the other components' volumes are not mounted here.
                 volume_mounts: Some(vec![VolumeMount {
                     name: format!("token-{index}"),
@@ -562,7 +568,12 @@ fn component_containers(composition: &Composition, valid: &Valid, drain: &str) -
 
 /// Component `index`'s program environment ([`toa_context::program`]): the same a local run
 /// gives, its instance the pod's name and its token in its own volume, then its secrets.
-fn program_env(valid: &Valid, index: usize, component: String) -> Vec<EnvVar> {
+fn program_env(
+    valid: &Valid,
+    index: usize,
+    component: String,
+    own: &[ComponentEnv],
+) -> Vec<EnvVar> {
     let environment = program::Environment {
         port: toa_context::agent_args::attach_port(ATTACH_PORT, index),
         agent: format!("http://127.0.0.1:{LOCAL_PORT}"),
@@ -582,7 +593,38 @@ fn program_env(valid: &Valid, index: usize, component: String) -> Vec<EnvVar> {
             },
             program::Source::PodName => pod_name(name),
         });
-    vars.chain(configuration_secrets(valid, index)).collect()
+    vars.chain(configuration_secrets(valid, index))
+        .chain(own.iter().map(user_var))
+        .collect()
+}
+
+/// A variable of `spec.components[].env` (checked: a value or one key reference).
+fn user_var(var: &ComponentEnv) -> EnvVar {
+    let key = |key_ref: &KeyRef| (key_ref.name.clone(), key_ref.key.clone(), key_ref.optional);
+    let from = var.value_from.as_ref();
+    EnvVar {
+        name: var.name.clone(),
+        value: var.value.clone(),
+        value_from: from.map(|from| EnvVarSource {
+            secret_key_ref: from
+                .secret_key_ref
+                .as_ref()
+                .map(key)
+                .map(|(name, key, optional)| SecretKeySelector {
+                    name,
+                    key,
+                    optional,
+                }),
+            config_map_key_ref: from.config_map_key_ref.as_ref().map(key).map(
+                |(name, key, optional)| ConfigMapKeySelector {
+                    name,
+                    key,
+                    optional,
+                },
+            ),
+            ..EnvVarSource::default()
+        }),
+    }
 }
 
 /// Stopping a pod drains the agent first: no more calls in, dispose runs while the component

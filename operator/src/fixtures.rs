@@ -54,6 +54,7 @@ impl ComponentSpec {
             manifest: manifest.as_object().cloned().unwrap_or_default(),
             configuration: None,
             resources: None,
+            env: Vec::new(),
         }
     }
 }

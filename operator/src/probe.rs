@@ -78,11 +78,16 @@ async fn status_line(target: &Target) -> std::io::Result<String> {
         target.path, target.authority
     );
     stream.write_all(request.as_bytes()).await?;
+    // Up to the status line's end: a server that keeps the connection open is not waited for.
     let mut answer = Vec::new();
-    (&mut stream)
-        .take(ANSWER as u64)
-        .read_to_end(&mut answer)
-        .await?;
+    let mut chunk = [0u8; 512];
+    while !answer.contains(&b'\n') && answer.len() < ANSWER {
+        let read = stream.read(&mut chunk).await?;
+        if read == 0 {
+            break;
+        }
+        answer.extend_from_slice(&chunk[..read]);
+    }
     let text = String::from_utf8_lossy(&answer);
     Ok(text.lines().next().unwrap_or("an empty answer").to_owned())
 }
@@ -145,5 +150,23 @@ mod tests {
             .await
             .unwrap_err();
         assert!(error.to_string().contains("refused"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_keeps_the_connection_open_is_read_to_its_status_line() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/ready", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 512];
+            let _ = stream.read(&mut request).await;
+            stream.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
+            // Neither the rest nor the end: the answer's first line is all the probe reads.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        });
+        tokio::time::timeout(Duration::from_secs(5), probe(&url, Duration::from_secs(1)))
+            .await
+            .expect("the probe returned")
+            .unwrap();
     }
 }

@@ -79,6 +79,7 @@ pub fn render(options: &Options) -> Result<Composition, RenderError> {
                 name,
                 manifest: read.object,
                 resources: None,
+                env: Vec::new(),
             })
         })
         .collect::<Result<Vec<_>, RenderError>>()?;

@@ -17,6 +17,7 @@ use std::time::Duration;
 use toa_context::{Context, ContextError, Manifest};
 
 pub mod budget;
+mod env;
 mod pod;
 
 /// Why a spec was refused: one message naming the field and what was expected.
@@ -269,6 +270,7 @@ fn components(spec: &CompositionSpec, progress: &Progress) -> Result<Vec<Manifes
             ));
         }
         container(&manifests, index, &full_name)?;
+        env::check(index, &component.env)?;
         if manifest.program.is_none() {
             // The manifest may omit it (the agent checks it only when it starts programs), but in
             // a pod the component's own container runs exactly this command.

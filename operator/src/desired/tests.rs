@@ -1255,3 +1255,59 @@ fn the_pod_gets_the_specs_placement_registries_and_metadata_and_keeps_the_operat
     assert_eq!(memory(&pod.containers[0]), "1Gi");
     assert_eq!(memory(&pod.containers[1]), "64Mi");
 }
+
+#[test]
+fn a_components_own_variables_follow_the_runtimes_in_its_container_only() {
+    let mut orders = crate::crd::ComponentSpec::test("store", "orders");
+    orders.env = serde_json::from_value(serde_json::json!([
+        { "name": "REGION", "value": "eu" },
+        { "name": "PAYMENTS_KEY", "valueFrom": { "secretKeyRef": { "name": "payments", "key": "api-key" } } },
+        { "name": "FORMAT", "valueFrom": { "configMapKeyRef": { "name": "shop", "key": "format", "optional": true } } },
+    ]))
+    .unwrap();
+    let spec = CompositionSpec::test().with_components(vec![
+        orders,
+        crate::crd::ComponentSpec::test("store", "mail"),
+    ]);
+    let desired = build(spec, 1);
+    let containers = &pod(&desired).containers;
+    let env = containers[0].env.clone().unwrap();
+    let names: Vec<_> = env.iter().map(|var| var.name.as_str()).collect();
+    assert_eq!(names[..1], ["TOA_PORT"]);
+    assert_eq!(
+        names[names.len() - 3..],
+        ["REGION", "PAYMENTS_KEY", "FORMAT"]
+    );
+    let [region, key, format] = &env[env.len() - 3..] else {
+        unreachable!()
+    };
+    assert_eq!(
+        (region.value.as_deref(), &region.value_from),
+        (Some("eu"), &None)
+    );
+    let secret = key.value_from.clone().unwrap().secret_key_ref.unwrap();
+    assert_eq!(
+        (secret.name.as_str(), secret.key.as_str(), secret.optional),
+        ("payments", "api-key", None)
+    );
+    let config = format
+        .value_from
+        .clone()
+        .unwrap()
+        .config_map_key_ref
+        .unwrap();
+    assert_eq!(
+        (config.name.as_str(), config.key.as_str(), config.optional),
+        ("shop", "format", Some(true))
+    );
+    // Not the other component's, nor the agent's.
+    let others = [&containers[1], &agent_of(&desired)];
+    for container in others {
+        let env = container.env.clone().unwrap_or_default();
+        assert!(
+            !env.iter().any(|var| var.name == "REGION"),
+            "{}",
+            container.name
+        );
+    }
+}

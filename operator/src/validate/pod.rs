@@ -116,7 +116,7 @@ fn name(text: &str) -> bool {
 }
 
 /// A DNS subdomain: at most 253 of `[a-z0-9-.]`, alphanumeric at both ends.
-fn subdomain(text: &str) -> bool {
+pub(super) fn subdomain(text: &str) -> bool {
     spelled(text, 253, |b| {
         b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.')
     })

@@ -323,6 +323,7 @@ fn a_component_whose_container_would_be_the_agents_or_anothers_is_refused() {
         manifest: manifest.as_object().cloned().unwrap(),
         configuration: None,
         resources: None,
+        env: Vec::new(),
     };
     let agent = CompositionSpec::test().with_components(vec![named_agent]);
     let said = refused(&agent);
@@ -395,5 +396,66 @@ fn what_the_pod_settings_may_not_change_or_misspell_is_refused_naming_the_field(
         spec.pod = Some(serde_json::from_value(pod).unwrap());
         let said = refused(&spec);
         assert!(said.starts_with(expected), "{said}");
+    }
+}
+
+fn with_env(env: serde_json::Value) -> CompositionSpec {
+    let component = ComponentSpec {
+        env: serde_json::from_value(env).unwrap(),
+        ..ComponentSpec::test("store", "orders")
+    };
+    CompositionSpec::test().with_components(vec![component])
+}
+
+#[test]
+fn a_components_env_takes_values_and_key_references_and_refuses_the_runtimes_names() {
+    let fine = with_env(serde_json::json!([
+        { "name": "REGION", "value": "eu" },
+        { "name": "PAYMENTS_KEY", "valueFrom": { "secretKeyRef": { "name": "payments", "key": "api-key" } } },
+        { "name": "log.format", "valueFrom": { "configMapKeyRef": { "name": "shop", "key": "format", "optional": true } } },
+    ]));
+    assert!(validate(&fine).is_ok(), "{:?}", validate(&fine).err());
+    let cases = [
+        (
+            serde_json::json!([{ "name": "TOA_PORT", "value": "1" }]),
+            "`spec.components[0].env[0].name`: TOA_PORT is the runtime's",
+        ),
+        (
+            serde_json::json!([{ "name": "A", "value": "1" }, { "name": "A", "value": "2" }]),
+            "`spec.components[0].env[1].name`: A is listed twice",
+        ),
+        (
+            serde_json::json!([{ "name": "1A", "value": "1" }]),
+            "`spec.components[0].env[0].name`: \"1A\" is not a variable name",
+        ),
+        (
+            serde_json::json!([{ "name": "A=B", "value": "1" }]),
+            "`spec.components[0].env[0].name`: \"A=B\" is not a variable name",
+        ),
+        (
+            serde_json::json!([{ "name": "A" }]),
+            "`spec.components[0].env[0]`: A needs exactly one of value and valueFrom",
+        ),
+        (
+            serde_json::json!([{ "name": "A", "value": "1",
+                "valueFrom": { "secretKeyRef": { "name": "s", "key": "k" } } }]),
+            "`spec.components[0].env[0]`: A needs exactly one of value and valueFrom",
+        ),
+        (
+            serde_json::json!([{ "name": "A", "valueFrom": {} }]),
+            "`spec.components[0].env[0].valueFrom`: expected exactly one of secretKeyRef and configMapKeyRef",
+        ),
+        (
+            serde_json::json!([{ "name": "A", "valueFrom": { "secretKeyRef": { "name": "Payments", "key": "k" } } }]),
+            "`spec.components[0].env[0].valueFrom.secretKeyRef.name`: \"Payments\" is not an object name",
+        ),
+        (
+            serde_json::json!([{ "name": "A", "valueFrom": { "configMapKeyRef": { "name": "shop", "key": "a/b" } } }]),
+            "`spec.components[0].env[0].valueFrom.configMapKeyRef.key`: \"a/b\" is not a key",
+        ),
+    ];
+    for (env, expected) in cases {
+        let said = refused(&with_env(env.clone()));
+        assert!(said.starts_with(expected), "{env}: {said}");
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::cluster;
 use crate::support::{
     agent_status, apply, composition, condition, control_tokens, deployment, describe, lifecycle,
-    uids, wait_condition, wait_pods, warnings, Suite, COMPONENT, PATIENCE,
+    manifest, uids, wait_condition, wait_pods, warnings, Suite, COMPONENT, PATIENCE,
 };
 use crate::wait::eventually;
 
@@ -26,9 +26,38 @@ pub async fn ready(suite: Arc<Suite>) {
         "nodeSelector": { "kubernetes.io/os": "linux" },
         "tolerations": [{ "key": "example.com/dedicated", "operator": "Exists" }],
     });
+    // The component's own variables: a value, a ConfigMap's key and a Secret's key.
+    let configs = Api::<ConfigMap>::namespaced(suite.admin.clone(), namespace);
+    let settings: ConfigMap = serde_json::from_value(
+        json!({ "metadata": { "name": "settings" }, "data": { "format": "plain" } }),
+    )
+    .unwrap();
+    configs
+        .create(&Default::default(), &settings)
+        .await
+        .unwrap();
+    let secrets = Api::<Secret>::namespaced(suite.admin.clone(), namespace);
+    let payments = serde_json::from_value(
+        json!({ "metadata": { "name": "payments" }, "stringData": { "api-key": "k-123" } }),
+    )
+    .unwrap();
+    secrets
+        .create(&Default::default(), &payments)
+        .await
+        .unwrap();
+    let env = json!([
+        { "name": "E2E_REGION", "value": "eu" },
+        { "name": "E2E_FORMAT", "valueFrom": { "configMapKeyRef": { "name": "settings", "key": "format" } } },
+        { "name": "E2E_KEY", "valueFrom": { "secretKeyRef": { "name": "payments", "key": "api-key" } } },
+    ]);
+    let components = json!([{ "name": COMPONENT, "manifest": manifest(), "env": env }]);
     apply(
         &suite,
-        &composition(namespace, name, json!({ "replicas": 2, "pod": pod })),
+        &composition(
+            namespace,
+            name,
+            json!({ "replicas": 2, "pod": pod, "components": components }),
+        ),
     )
     .await;
     let created = eventually("the Deployment exists", PATIENCE, || {
@@ -162,6 +191,20 @@ pub async fn ready(suite: Arc<Suite>) {
                 .iter()
                 .any(|t| t.key.as_deref() == Some("example.com/dedicated")),
             "{tolerated:?}"
+        );
+        // The component's variables, as its program read them.
+        let told: Vec<serde_json::Value> = suite
+            .harness
+            .events(&pod.name)
+            .iter()
+            .filter(|e| e.event == "environment")
+            .map(|e| e.details["variables"].clone())
+            .collect();
+        assert_eq!(
+            told,
+            [json!({ "E2E_REGION": "eu", "E2E_FORMAT": "plain", "E2E_KEY": "k-123" })],
+            "{}",
+            pod.name
         );
         let status = agent_status(pod, &tokens).await;
         assert_eq!(status["phase"], "running", "{}: {status}", pod.name);
