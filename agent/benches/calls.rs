@@ -313,34 +313,35 @@ async fn main() {
     // The cost of an idempotency key: ordinary calls with a fresh key each (a claim and a
     // record on Redis) against the same calls without one, in alternating rounds.
     let url = format!("http://127.0.0.1:{port_b}/v1/call/terminals/echo");
-    let (mut with, mut without) = (Vec::new(), Vec::new());
-    for round in 0..6 {
-        for keyed in [round % 2 == 0, round % 2 == 1] {
-            let (http, url) = (http.clone(), url.clone());
-            let figures = measure(1, 300, move |_| {
-                let (http, url) = (http.clone(), url.clone());
-                async move {
-                    let mut body = serde_json::json!({"input": {"n": 1}});
-                    if keyed {
-                        body["key"] = serde_json::json!(format!("{:x}", rand::random::<u64>()));
-                    }
-                    let response = http.post(&url).json(&body).send().await.unwrap();
-                    assert_eq!(response.status(), 200);
-                    let _ = response.bytes().await.unwrap();
-                }
-            })
-            .await;
-            if keyed { &mut with } else { &mut without }.push(figures.p50);
+    let (with, without) = alternating(&http, &url, |http, url, keyed| {
+        let mut body = serde_json::json!({"input": {"n": 1}});
+        if keyed {
+            body["key"] = serde_json::json!(format!("{:x}", rand::random::<u64>()));
         }
-    }
-    let median = |values: &mut Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
+        http.post(url).json(&body)
+    })
+    .await;
     line(
         "call_ordinary_with_key_p50_us_vs_without",
-        median(&mut with),
-        Some(median(&mut without)),
+        with,
+        Some(without),
+    );
+    // The cost of a trace with no exporter configured (the agents' setting here): a sampled
+    // `traceparent` read, written into the AMQP headers and passed to the program, against none.
+    let (with, without) = alternating(&http, &url, |http, url, traced| {
+        let request = http.post(url).json(&serde_json::json!({"input": {"n": 1}}));
+        if traced {
+            let (trace, span) = (rand::random::<u128>() | 1, rand::random::<u64>() | 1);
+            request.header("traceparent", format!("00-{trace:032x}-{span:016x}-01"))
+        } else {
+            request
+        }
+    })
+    .await;
+    line(
+        "call_ordinary_traced_unexported_p50_us_vs_without",
+        with,
+        Some(without),
     );
 
     // Durable tasks: ours (caller's agent → persistent publish with confirm to the quorum
@@ -474,6 +475,36 @@ async fn main() {
 }
 
 /// 6400 tasks through an agent's local API at `url`, 32 at a time.
+/// The median p50 of single-caller calls made by `make(…, true)` and by `make(…, false)`, in six
+/// alternating rounds of 300 each (so the machine's drift falls on both).
+async fn alternating(
+    http: &reqwest::Client,
+    url: &str,
+    make: fn(&reqwest::Client, &str, bool) -> reqwest::RequestBuilder,
+) -> (f64, f64) {
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..6 {
+        for on in [round % 2 == 0, round % 2 == 1] {
+            let (http, url) = (http.clone(), url.to_owned());
+            let figures = measure(1, 300, move |_| {
+                let request = make(&http, &url, on);
+                async move {
+                    let response = request.send().await.unwrap();
+                    assert_eq!(response.status(), 200);
+                    let _ = response.bytes().await.unwrap();
+                }
+            })
+            .await;
+            if on { &mut with } else { &mut without }.push(figures.p50);
+        }
+    }
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    (median(&mut with), median(&mut without))
+}
+
 async fn post_tasks(http: &reqwest::Client, url: &str) -> Figures {
     let (http, url) = (http.clone(), url.to_owned());
     measure(32, 6400, move |_| {

@@ -45,6 +45,7 @@ pub mod instance;
 pub mod metrics;
 pub(crate) mod process;
 pub mod requeue;
+pub mod traces;
 
 pub use control::component_tokens;
 pub use coordination::atom;

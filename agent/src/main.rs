@@ -157,6 +157,20 @@ async fn compose(args: ComposeArgs) -> ExitCode {
             return ExitCode::from(USAGE);
         }
     };
+    // Spans, when an OTLP endpoint is configured (OTEL_EXPORTER_OTLP_ENDPOINT).
+    let traces = toa_agent::traces::Settings::from_env(
+        |name| std::env::var(name).ok(),
+        options.instance.as_str(),
+        &options.context.name,
+    );
+    match traces {
+        Ok(Some(settings)) => toa_agent::traces::start(settings),
+        Ok(None) => {}
+        Err(error) => {
+            eprintln!("toa-agent compose: {error}");
+            return ExitCode::from(USAGE);
+        }
+    }
     match compose::run(options, compose::signals()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -87,6 +87,11 @@ pub struct Operations {
 }
 
 impl Operations {
+    /// The component whose runs these are (`group`).
+    pub fn component(&self) -> &str {
+        &self.labels.group
+    }
+
     /// A run of `operation` that ended as `outcome` after `took`.
     pub fn record(&self, operation: &str, outcome: &str, took: Duration) {
         let Labels { application, group } = self.labels.clone();

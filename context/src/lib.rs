@@ -40,6 +40,7 @@ pub mod query;
 pub mod schema;
 pub mod spec;
 pub mod tls;
+pub mod trace;
 
 pub use address::{AmqpAddress, RedisAddress};
 pub use annotations::{Addressed, Atomicity, Context, Limits, ProcessVars, Vars};

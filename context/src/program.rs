@@ -139,12 +139,14 @@ pub const DEADLINE: &str = "DEADLINE";
 const MAX_CALL_ID: usize = 64;
 
 /// The headers a program puts on its calls to the local API, beside its token. One place for
-/// both who write them (the SDKs, Rust clients) and the agent, which reads them; a trace context
-/// and a per-component credential take their place here when they come.
+/// both who write them (the SDKs, Rust clients) and the agent, which reads them; a per-component
+/// credential takes its place here when it comes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CallHeaders {
     /// The running call's id ([`CALL_HEADER`]).
     pub call: Option<String>,
+    /// The caller's trace (`traceparent`, `tracestate`); a malformed one is none.
+    pub trace: Option<crate::trace::TraceContext>,
 }
 
 /// A call header that was refused: which, what was expected, what came.
@@ -169,15 +171,26 @@ impl CallHeaders {
                 })
             })
             .transpose()?;
-        Ok(Self { call })
+        let trace = crate::trace::TraceContext::read(
+            header(crate::trace::TRACEPARENT),
+            header(crate::trace::TRACESTATE),
+        );
+        Ok(Self { call, trace })
     }
 
     /// The headers to send, by name.
     pub fn write(&self) -> Vec<(&'static str, String)> {
-        self.call
+        let mut headers: Vec<_> = self
+            .call
             .iter()
             .map(|call| (CALL_HEADER, call.clone()))
-            .collect()
+            .collect();
+        headers.extend(
+            self.trace
+                .iter()
+                .flat_map(crate::trace::TraceContext::write),
+        );
+        headers
     }
 }
 
@@ -289,7 +302,12 @@ mod tests {
     fn call_headers_read_back_as_written_and_a_bad_one_is_named() {
         let headers = CallHeaders {
             call: Some("0123456789abcdef0123456789abcdef".to_owned()),
+            trace: crate::trace::TraceContext::read(
+                Some(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+                Some(b"congo=t61rcWkgMzE"),
+            ),
         };
+        assert!(headers.trace.is_some());
         let written = headers.write();
         let read = CallHeaders::read(|name| {
             written
@@ -300,7 +318,7 @@ mod tests {
         assert_eq!(read, Ok(headers));
         assert_eq!(CallHeaders::read(|_| None), Ok(CallHeaders::default()));
         for bad in [&b""[..], &b"a b"[..], &b"\xff"[..], &[b'a'; 65][..]] {
-            let error = CallHeaders::read(|_| Some(bad)).unwrap_err();
+            let error = CallHeaders::read(|name| (name == CALL_HEADER).then_some(bad)).unwrap_err();
             assert_eq!(error.header, "toa-call");
             assert!(
                 error

@@ -17,6 +17,7 @@
 use super::body::{Object, Path};
 use super::{ApiError, Host};
 use crate::calls::contract::{CallError, Request};
+use crate::traces::{self, Span};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -68,8 +69,8 @@ async fn forward(
     if let Err(refused) = if_match(headers, &mut request) {
         return refused.into_response();
     }
-    let made_in = match CallHeaders::read(|name| headers.get(name).map(|v| v.as_bytes())) {
-        Ok(read) => read.call,
+    let (made_in, trace) = match CallHeaders::read(|name| headers.get(name).map(|v| v.as_bytes())) {
+        Ok(read) => (read.call, read.trace),
         Err(bad) => return ApiError::bad_request(bad.to_string()).into_response(),
     };
     tracing::debug!(%component, %operation, made_in = made_in.as_deref(), "a call from the program");
@@ -81,12 +82,24 @@ async fn forward(
         )
         .into_response();
     };
-    match calls
-        .call(&component, &operation, request, task, made_in.as_deref())
-        .await
-    {
-        Ok(outcome) => (status_of(&outcome), Json(outcome.to_json())).into_response(),
+    let kind = if task { "task" } else { "call" };
+    let mut span = Span::start(
+        || format!("{kind} {component}.{operation}"),
+        traces::Kind::Server,
+        trace,
+    );
+    // Boxed: the call's future is deep, and the trace's scope around it went past the compiler's
+    // limit for computing its layout.
+    let called = Box::pin(calls.call(&component, &operation, request, task, made_in.as_deref()));
+    match traces::within(span.context(), called).await {
+        Ok(outcome) => {
+            if let Outcome::Error { code, .. } = &outcome {
+                span.attribute("toa.error", || code.clone());
+            }
+            (status_of(&outcome), Json(outcome.to_json())).into_response()
+        }
         Err(error) => {
+            span.fail(|| error.code().to_owned());
             let status = match &error {
                 CallError::RequestContract(_) | CallError::Unrepeatable { .. } => {
                     StatusCode::BAD_REQUEST

@@ -11,6 +11,7 @@ use toa_context::answer::NotAnOutcome;
 pub use toa_context::answer::Outcome;
 use toa_context::program;
 pub use toa_context::program::{CallMeta, Description};
+use toa_context::trace::TraceContext;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProgramError {
@@ -511,7 +512,14 @@ impl ProgramClient {
         body: &Value,
         limit: Duration,
     ) -> Result<reqwest::Response, ProgramError> {
-        let request = self.http.post(format!("{}{path}", self.base));
+        let mut request = self.http.post(format!("{}{path}", self.base));
+        // The run's trace, which the program's own spans and calls continue.
+        for (name, value) in crate::traces::current()
+            .iter()
+            .flat_map(TraceContext::write)
+        {
+            request = request.header(name, value);
+        }
         self.authorized(request)
             .json(body)
             .timeout(limit)
@@ -663,5 +671,38 @@ mod tests {
         operate(&client).await.unwrap();
         client.run("ready").await.unwrap();
         assert_eq!(*seen.lock().unwrap(), ["Bearer t-1"; 3]);
+    }
+
+    #[tokio::test]
+    async fn a_run_in_a_trace_tells_the_program_its_context_and_one_outside_tells_none() {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        let app = axum::Router::new().route(
+            "/operations/send",
+            axum::routing::post(move |headers: axum::http::HeaderMap| async move {
+                let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+                kept.lock()
+                    .unwrap()
+                    .push((header("traceparent"), header("tracestate")));
+                r#"{"reply": 1}"#
+            }),
+        );
+        let client = client(app, 1 << 20).await;
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let context = TraceContext::read(Some(parent.as_bytes()), Some(b"congo=t61rcWkgMzE"));
+        crate::traces::within(context, operate(&client))
+            .await
+            .unwrap();
+        operate(&client).await.unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                (
+                    Some(parent.to_owned()),
+                    Some("congo=t61rcWkgMzE".to_owned())
+                ),
+                (None, None)
+            ]
+        );
     }
 }

@@ -24,6 +24,7 @@ use super::transition::{self, Answer, Call, Decision, Entity, TransitionError, T
 use crate::component::client::{CallMeta, Outcome, ProgramClient, ProgramError};
 use crate::component::{Component, ComponentError};
 use crate::metrics::Operations;
+use crate::traces::{self, Span};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -98,11 +99,23 @@ pub async fn operate(
     operations: &Operations,
 ) -> Result<Outcome, ProgramError> {
     let (started, operation) = (Instant::now(), run.operation);
-    let result = match objects {
-        Some(objects) => objects.operate(run).await,
-        None => run.plain(None).await,
-    };
-    operations.record(operation, outcome_of(&result), started.elapsed());
+    let mut span = Span::start(
+        || format!("operate {}.{operation}", operations.component()),
+        traces::Kind::Client,
+        traces::current(),
+    );
+    let result = traces::within(span.context(), async {
+        match objects {
+            Some(objects) => objects.operate(run).await,
+            None => run.plain(None).await,
+        }
+    })
+    .await;
+    let outcome = outcome_of(&result);
+    if outcome != "ok" {
+        span.fail(|| outcome.to_owned());
+    }
+    operations.record(operation, outcome, started.elapsed());
     result
 }
 

@@ -25,6 +25,18 @@ pub fn published(headers: Option<&FieldTable>, limit: u32) -> i64 {
     counted.clamp(1, i64::from(limit.max(1)))
 }
 
+/// The caller's trace, when its headers hold a valid one (any other value counts as none).
+pub fn trace(headers: Option<&FieldTable>) -> Option<toa_context::trace::TraceContext> {
+    let text = |name: &str| match headers?.inner().get(name) {
+        Some(AMQPValue::LongString(value)) => Some(value.as_bytes()),
+        _ => None,
+    };
+    toa_context::trace::TraceContext::read(
+        text(toa_context::trace::TRACEPARENT),
+        text(toa_context::trace::TRACESTATE),
+    )
+}
+
 /// The header `name` as agents write integers; any other type counts as absent.
 fn integer(headers: Option<&FieldTable>, name: &str) -> Option<i64> {
     match headers?.inner().get(name) {

@@ -182,18 +182,28 @@ fn properties(
     } else {
         properties.with_reply_to(session.replies.as_str().into())
     };
+    // The table only when there is something to put in it: most calls have no deadline, and
+    // without an exporter most have no trace.
+    let trace = crate::traces::current();
+    if deadline_ms.is_none() && trace.is_none() {
+        return properties;
+    }
+    let mut table = FieldTable::default();
     if let Some(deadline_ms) = deadline_ms {
-        let mut headers = FieldTable::default();
-        headers.insert(
+        table.insert(
             ShortString::from(headers::DEADLINE),
             AMQPValue::LongLongInt(deadline_ms),
         );
         let left = (deadline_ms - now_ms()).max(1);
-        properties = properties
-            .with_expiration(left.to_string().into())
-            .with_headers(headers);
+        properties = properties.with_expiration(left.to_string().into());
     }
-    properties
+    for (name, value) in trace
+        .iter()
+        .flat_map(toa_context::trace::TraceContext::write)
+    {
+        table.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
+    }
+    properties.with_headers(table)
 }
 
 /// A reply: refused by the receiving agent (the process was leaving, or the call broke the

@@ -8,6 +8,7 @@ use super::{now_ms, Served};
 use crate::calls::contract::START_MARGIN;
 use crate::calls::once::{run_once, Once};
 use crate::component::client::{CallMeta, Outcome, ProgramError};
+use crate::traces::{self, Span};
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -228,7 +229,22 @@ fn handle_apart(session: &Arc<Session>, served: &Served, delivery: Delivery, kin
             return finish(&session, &delivery, handled).await;
         }
         let mut in_flight = None;
-        let handled = handle(&delivery, &served, kind == Kind::Own, &mut in_flight).await;
+        let trace = headers::trace(delivery.properties.headers().as_ref());
+        let mut span = Span::start(
+            || format!("receive {}", served.component.name),
+            traces::Kind::Consumer,
+            trace,
+        );
+        let own = kind == Kind::Own;
+        let handled = traces::within(
+            span.context(),
+            handle(&delivery, &served, own, &mut in_flight),
+        )
+        .await;
+        if let Handled::Drop = handled {
+            span.fail(|| "not run: past its deadline, or the process drains".to_owned());
+        }
+        drop(span);
         let handled = give_back(&session, &delivery, handled, &served, (kind, number)).await;
         finish(&session, &delivery, handled).await;
         drop(in_flight);

@@ -1,0 +1,212 @@
+//! Traces: a call from a program through its agent, the broker and another agent to the program
+//! that runs it is one trace, its spans exported over OTLP/HTTP to a receiver of the test's own
+//! (agent/tests/otlp_receiver.py, which decodes them with the OpenTelemetry project's generated
+//! messages). Needs RabbitMQ on 127.0.0.1:5672 and python3 with opentelemetry-proto
+//! (scripts/services installs both).
+
+mod support;
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::{broker_context, call_with, free_port, root, Composition};
+
+/// The receiver, and the spans it printed.
+struct Receiver {
+    child: Child,
+    spans: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Receiver {
+    fn start(port: u16) -> Self {
+        let mut child = Command::new("python3")
+            .arg(root().join("agent/tests/otlp_receiver.py"))
+            .arg(port.to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().and_then(Result::ok);
+        assert_eq!(
+            first.as_deref(),
+            Some("listening"),
+            "the receiver did not start"
+        );
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let kept = spans.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let span: Value = serde_json::from_str(&line).unwrap();
+                kept.lock().unwrap().push(span);
+            }
+        });
+        Self { child, spans }
+    }
+
+    /// The spans of `trace` once there are `count` of them (within 20 s), in order of start.
+    fn trace(&self, trace: &str, count: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let spans = self.spans.lock().unwrap().clone();
+            assert!(
+                !spans.iter().any(|span| span.get("error").is_some()),
+                "the receiver could not decode a request: {spans:?}"
+            );
+            let mut of_trace: Vec<Value> =
+                spans.into_iter().filter(|s| s["trace"] == trace).collect();
+            if of_trace.len() >= count {
+                of_trace.sort_by_key(|span| span["start"].as_u64());
+                return of_trace;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {count} spans of {trace}: {of_trace:?}",
+                of_trace.len()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLERS_SPAN: &str = "00f067aa0ba902b7";
+
+#[test]
+fn one_call_across_two_agents_is_one_trace_with_its_spans_in_order() {
+    let port = free_port();
+    let receiver = Receiver::start(port);
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let (context, _application, _queues) = broker_context("traces", "amqp://127.0.0.1:5672");
+    let record = std::env::temp_dir().join(format!("toa-traces-{}", std::process::id()));
+    let exporting = |instance: &'static str| {
+        vec![
+            ("TOA_INSTANCE", instance.to_owned()),
+            ("TEST_RECORD", record.to_str().unwrap().to_owned()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50".to_owned()),
+        ]
+    };
+    let start = |component: &str, instance| {
+        let env = exporting(instance);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let composition =
+            Composition::start(&[component, "--context", context.to_str().unwrap()], &env);
+        composition.wait_ready();
+        composition
+    };
+    let callee = start("agent/tests/components/terminals", "till-a");
+    let caller = start("agent/tests/components/recorder", "caller");
+    let headers =
+        format!("traceparent: 00-{TRACE}-{CALLERS_SPAN}-01\r\ntracestate: congo=t61rcWkgMzE\r\n");
+    let (status, answer) = call_with(
+        &caller.agent,
+        "test.terminals.connect",
+        &headers,
+        r#"{"input": {"terminal": "t1"}}"#,
+    );
+    assert_eq!(status, 200, "{answer}\n{}", caller.log());
+
+    let spans = receiver.trace(TRACE, 3);
+    let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "call test.terminals.connect",
+            "receive test.terminals",
+            "operate test.terminals.connect"
+        ],
+        "{spans:?}"
+    );
+    let [call, receive, operate] = &spans[..] else {
+        unreachable!()
+    };
+    // Each the child of the one before; the first, of the program's span that made the call.
+    assert_eq!(call["parent"], CALLERS_SPAN);
+    assert_eq!(receive["parent"], call["span"]);
+    assert_eq!(operate["parent"], receive["span"]);
+    // Server, consumer, client; where each ran; the vendors' state passed on.
+    let kinds: Vec<u64> = spans.iter().map(|s| s["kind"].as_u64().unwrap()).collect();
+    assert_eq!(kinds, [2, 5, 3]);
+    let instances: Vec<&str> = spans
+        .iter()
+        .map(|s| s["instance"].as_str().unwrap())
+        .collect();
+    assert_eq!(instances, ["caller", "till-a", "till-a"]);
+    assert!(spans
+        .iter()
+        .all(|s| s["state"] == "congo=t61rcWkgMzE" && s["service"] == "toa-agent"));
+    // Nested in time: one machine's clock.
+    assert!(call["end"].as_u64() >= receive["end"].as_u64(), "{spans:?}");
+    assert!(
+        receive["end"].as_u64() >= operate["end"].as_u64(),
+        "{spans:?}"
+    );
+
+    // Without a trace, the caller's agent starts one.
+    let (status, _) = call_with(
+        &caller.agent,
+        "test.terminals.connect",
+        "",
+        r#"{"input": {"terminal": "t2"}}"#,
+    );
+    assert_eq!(status, 200);
+    let root = wait_for(&receiver, |s| {
+        s["name"] == "call test.terminals.connect" && s["parent"] == ""
+    });
+    let rooted = receiver.trace(root["trace"].as_str().unwrap(), 3);
+    assert_eq!(rooted[1]["parent"], rooted[0]["span"], "{rooted:?}");
+
+    // A caller that does not sample its trace: nothing recorded of it, the call served.
+    let unsampled = "0af7651916cd43dd8448eb211c80319c";
+    let headers = format!("traceparent: 00-{unsampled}-b7ad6b7169203331-00\r\n");
+    let (status, _) = call_with(
+        &caller.agent,
+        "test.terminals.connect",
+        &headers,
+        r#"{"input": {"terminal": "t3"}}"#,
+    );
+    assert_eq!(status, 200);
+    // A sampled call after it: once its spans are in (each agent exports in order), none of the
+    // unsampled one came before.
+    let after = "11111111111111111111111111111111";
+    let headers = format!("traceparent: 00-{after}-{CALLERS_SPAN}-01\r\n");
+    let (status, _) = call_with(
+        &caller.agent,
+        "test.terminals.connect",
+        &headers,
+        r#"{"input": {"terminal": "t4"}}"#,
+    );
+    assert_eq!(status, 200);
+    receiver.trace(after, 3);
+    let recorded = receiver.spans.lock().unwrap().clone();
+    assert!(
+        !recorded.iter().any(|s| s["trace"] == unsampled),
+        "{recorded:?}"
+    );
+    drop(callee);
+}
+
+/// The first span `accept` takes, within 20 s.
+fn wait_for(receiver: &Receiver, accept: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(span) = receiver.spans.lock().unwrap().iter().find(|s| accept(s)) {
+            return span.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no such span: {:?}",
+            receiver.spans.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
