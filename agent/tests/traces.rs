@@ -107,13 +107,7 @@ fn one_call_across_two_agents_is_one_trace_with_its_spans_in_order() {
     let caller = start("agent/tests/components/recorder", "caller");
     let headers =
         format!("traceparent: 00-{TRACE}-{CALLERS_SPAN}-01\r\ntracestate: congo=t61rcWkgMzE\r\n");
-    let (status, answer) = call_with(
-        &caller.agent,
-        "test.terminals.connect",
-        &headers,
-        r#"{"input": {"terminal": "t1"}}"#,
-    );
-    assert_eq!(status, 200, "{answer}\n{}", caller.log());
+    connect(&caller, &headers, "t1");
 
     let spans = receiver.trace(TRACE, 3);
     let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
@@ -144,21 +138,44 @@ fn one_call_across_two_agents_is_one_trace_with_its_spans_in_order() {
     assert!(spans
         .iter()
         .all(|s| s["state"] == "congo=t61rcWkgMzE" && s["service"] == "toa-agent"));
-    // Nested in time: one machine's clock.
+    // Real times (a mis-encoded fixed64 would read as 0), nested: one machine's clock.
+    for span in &spans {
+        let (start, end) = (
+            span["start"].as_u64().unwrap(),
+            span["end"].as_u64().unwrap(),
+        );
+        assert!(start > 1_700_000_000_000_000_000 && start <= end, "{span}");
+        assert_eq!(span["status"], 0, "an answered call is no failure: {span}");
+    }
     assert!(call["end"].as_u64() >= receive["end"].as_u64(), "{spans:?}");
     assert!(
         receive["end"].as_u64() >= operate["end"].as_u64(),
         "{spans:?}"
     );
 
-    // Without a trace, the caller's agent starts one.
-    let (status, _) = call_with(
-        &caller.agent,
-        "test.terminals.connect",
-        "",
-        r#"{"input": {"terminal": "t2"}}"#,
+    // A declared error is an answer: no failure, its code an attribute of `call` and `operate`.
+    let declared = "22222222222222222222222222222222";
+    let headers = format!("traceparent: 00-{declared}-{CALLERS_SPAN}-01\r\n");
+    let body = r#"{"input": {"terminal": "t9", "amount": 1}, "instance": "till-a"}"#;
+    let (_, answer) = call_with(&caller.agent, "test.terminals.charge", &headers, body);
+    assert_eq!(answer["error"]["code"], "NOT_HELD", "{answer}");
+    let spans = receiver.trace(declared, 3);
+    assert!(spans.iter().all(|s| s["status"] == 0), "{spans:?}");
+    let errors: Vec<&Value> = spans
+        .iter()
+        .map(|s| &s["attributes"]["toa.error"])
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            &Value::from("NOT_HELD"),
+            &Value::Null,
+            &Value::from("NOT_HELD")
+        ]
     );
-    assert_eq!(status, 200);
+
+    // Without a trace, the caller's agent starts one.
+    connect(&caller, "", "t2");
     let root = wait_for(&receiver, |s| {
         s["name"] == "call test.terminals.connect" && s["parent"] == ""
     });
@@ -168,24 +185,12 @@ fn one_call_across_two_agents_is_one_trace_with_its_spans_in_order() {
     // A caller that does not sample its trace: nothing recorded of it, the call served.
     let unsampled = "0af7651916cd43dd8448eb211c80319c";
     let headers = format!("traceparent: 00-{unsampled}-b7ad6b7169203331-00\r\n");
-    let (status, _) = call_with(
-        &caller.agent,
-        "test.terminals.connect",
-        &headers,
-        r#"{"input": {"terminal": "t3"}}"#,
-    );
-    assert_eq!(status, 200);
+    connect(&caller, &headers, "t3");
     // A sampled call after it: once its spans are in (each agent exports in order), none of the
     // unsampled one came before.
     let after = "11111111111111111111111111111111";
     let headers = format!("traceparent: 00-{after}-{CALLERS_SPAN}-01\r\n");
-    let (status, _) = call_with(
-        &caller.agent,
-        "test.terminals.connect",
-        &headers,
-        r#"{"input": {"terminal": "t4"}}"#,
-    );
-    assert_eq!(status, 200);
+    connect(&caller, &headers, "t4");
     receiver.trace(after, 3);
     let recorded = receiver.spans.lock().unwrap().clone();
     assert!(
@@ -193,6 +198,13 @@ fn one_call_across_two_agents_is_one_trace_with_its_spans_in_order() {
         "{recorded:?}"
     );
     drop(callee);
+}
+
+/// `test.terminals.connect` of `terminal` through `caller`'s local API, with `headers`: answered.
+fn connect(caller: &Composition, headers: &str, terminal: &str) {
+    let body = format!(r#"{{"input": {{"terminal": "{terminal}"}}}}"#);
+    let (status, answer) = call_with(&caller.agent, "test.terminals.connect", headers, &body);
+    assert_eq!(status, 200, "{answer}\n{}", caller.log());
 }
 
 /// The first span `accept` takes, within 20 s.

@@ -28,7 +28,11 @@ impl TraceParent {
     /// its first four fields, as the recommendation asks; version `ff` is invalid.
     pub fn parse(text: &str) -> Option<Self> {
         let bytes = text.as_bytes();
-        if bytes.len() < 55 || (bytes.len() > 55 && (text.starts_with("00") || bytes[55] != b'-')) {
+        // ASCII first: the fields are sliced by byte, and the header may come from anyone.
+        if !bytes.is_ascii()
+            || bytes.len() < 55
+            || (bytes.len() > 55 && (text.starts_with("00") || bytes[55] != b'-'))
+        {
             return None;
         }
         let version = hex::<1>(&text[0..2])?;
@@ -37,7 +41,8 @@ impl TraceParent {
         }
         let trace_id = hex::<16>(&text[3..35])?;
         let parent_id = hex::<8>(&text[36..52])?;
-        let flags = hex::<1>(&text[53..55])?[0];
+        // Only the flags this version defines are kept: unknown ones are not passed on.
+        let flags = hex::<1>(&text[53..55])?[0] & SAMPLED;
         let zero = |id: &[u8]| id.iter().all(|b| *b == 0);
         (!zero(&trace_id) && !zero(&parent_id)).then_some(Self {
             trace_id,
@@ -159,8 +164,11 @@ mod tests {
         ] {
             assert_eq!(TraceParent::parse(bad), None, "{bad:?} taken");
         }
-        let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes";
-        assert!(TraceParent::parse(later).is_some());
+        let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff-what-comes";
+        assert_eq!(TraceParent::parse(later).map(|p| p.flags), Some(SAMPLED));
+        // Not ASCII: refused, however it splits (a byte slice inside a character would panic).
+        let wide = format!("0é{}", &EXAMPLE[3..]);
+        assert_eq!(TraceParent::parse(&wide), None);
         assert_eq!(TraceContext::read(Some(b"\xff"), None), None);
         // A state too long or not printable is dropped, the trace kept.
         let long = "a=".to_owned() + &"b".repeat(600);

@@ -405,12 +405,15 @@ impl Calls {
             self.idempotency,
         );
         if task {
-            tokio::spawn(async move {
+            // The task runs on after the answer, in the caller's trace (a task-local ends at a
+            // spawn).
+            let trace = crate::traces::current();
+            tokio::spawn(crate::traces::within(trace, async move {
                 let _in_flight = in_flight;
                 if let Err(error) = run.await {
                     tracing::warn!(%error, "a task failed");
                 }
-            });
+            }));
             return Ok(Outcome::Reply(Value::Null));
         }
         run.await.map_err(|error| match error {

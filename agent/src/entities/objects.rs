@@ -111,9 +111,12 @@ pub async fn operate(
         }
     })
     .await;
+    // A declared error is an answer, as `toa_operations_total` and the alerts count it.
     let outcome = outcome_of(&result);
-    if outcome != "ok" {
-        span.fail(|| outcome.to_owned());
+    match &result {
+        Ok(Outcome::Error { code, .. }) => span.attribute("toa.error", || code.clone()),
+        Err(_) => span.fail(|| outcome.to_owned()),
+        Ok(_) => {}
     }
     operations.record(operation, outcome, started.elapsed());
     result

@@ -5,7 +5,8 @@
 //! code (prost, tonic) into an agent that needs 200 lines of it.
 //!
 //! Spans are handed over without waiting: the queue holds [`QUEUE`] of them, and a span that
-//! finds it full is dropped and counted rather than slowing a call. A collector that fails is
+//! finds it full is dropped (a debug line) rather than slowing a call. Spans still queued when
+//! the process ends are lost: at most [`Settings::delay`]'s worth. A collector that fails is
 //! logged at most once a minute; the spans of the failed batch are dropped.
 
 use super::Kind;

@@ -241,12 +241,12 @@ fn handle_apart(session: &Arc<Session>, served: &Served, delivery: Delivery, kin
             handle(&delivery, &served, own, &mut in_flight),
         )
         .await;
-        if let Handled::Drop = handled {
-            span.fail(|| "not run: past its deadline, or the process drains".to_owned());
+        if let Some(why) = unanswered(&handled) {
+            span.fail(|| why.to_owned());
         }
-        drop(span);
         let handled = give_back(&session, &delivery, handled, &served, (kind, number)).await;
         finish(&session, &delivery, handled).await;
+        drop(span);
         drop(in_flight);
     });
 }
@@ -344,6 +344,18 @@ async fn answer_dead(
         }
     });
     Ok(())
+}
+
+/// Why `handled` is no answer of the program's, for the `receive` span; `None`: it is one (a
+/// declared error too).
+fn unanswered(handled: &Handled) -> Option<&'static str> {
+    match handled {
+        Handled::Reply(Reply::Outcome(_)) => None,
+        Handled::Reply(Reply::Failure(_)) => Some("failed"),
+        Handled::Reply(Reply::Refused(_)) | Handled::Addressee => Some("refused"),
+        Handled::Drop => Some("not run"),
+        Handled::Requeue { .. } => Some("given back"),
+    }
 }
 
 /// What becomes of a delivery.
