@@ -318,18 +318,8 @@ mod tests {
             ),
             (("OTEL_BSP_SCHEDULE_DELAY", "soon"), "expected milliseconds"),
         ] {
-            let pairs = [
-                (
-                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                    "http://c:4318/v1/traces",
-                ),
-                bad,
-            ];
-            let pairs = if bad.0 == "OTEL_EXPORTER_OTLP_ENDPOINT" {
-                vec![bad]
-            } else {
-                pairs.to_vec()
-            };
+            // The bad value first: `vars` reads the first pair of a name.
+            let pairs = [bad, ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")];
             let error = Settings::from_env(vars(&pairs), "p", "a").unwrap_err();
             assert!(error.to_string().contains(said), "{error}");
         }
