@@ -7,12 +7,14 @@ The agent binary: $TOA_AGENT_BIN, else the workspace's debug build ($CARGO_TARGE
 """
 
 import concurrent.futures
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from pathlib import Path
@@ -146,6 +148,57 @@ def wait_for(condition, within, what):
             return
         time.sleep(0.05)
     raise AssertionError(f"not within {within} s: {what}")
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP trace receiver of the test's own (agent/tests/otlp_receiver.py, decoding with
+    the OpenTelemetry project's messages): its `endpoint`, and the `spans` it took so far."""
+
+    def __init__(self):
+        port = free_port()
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "agent" / "tests" / "otlp_receiver.py"), str(port)],
+            stdout=subprocess.PIPE, text=True)
+        first = self.process.stdout.readline().strip()
+        if first != "listening":
+            self.stop()
+            raise AssertionError(f"the OTLP receiver did not start: {first!r}")
+        self.spans = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.spans.append(json.loads(line))
+
+    def named(self, name):
+        return next((span for span in list(self.spans) if span["name"] == name), None)
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+        self.process.stdout.close()
+
+
+class Traces(unittest.TestCase):
+    def test_an_operations_calls_join_the_trace_its_request_came_with(self):
+        receiver = OtlpReceiver()
+        self.addCleanup(receiver.stop)
+        record = Path(tempfile.mkdtemp(prefix="toa-sdk-record-")) / "record"
+        env = {"TEST_RECORD": str(record), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+               "OTEL_BSP_SCHEDULE_DELAY": "50"}
+        running = stage(COMPONENTS / "shop.catalog", env=env)
+        self.addCleanup(running.stop)
+        running.call("shop.catalog.quote", {"input": {"customer": "q"}})
+        names = ["call shop.catalog.quote", "operate shop.catalog.quote", "call shop.catalog.appraise",
+                 "operate shop.catalog.appraise", "task shop.catalog.remember"]
+        wait_for(lambda: all(receiver.named(name) for name in names), 20, f"the spans {names}")
+        call, quote, nested, appraise, task = (receiver.named(name) for name in names)
+        self.assertEqual(quote["parent"], call["span"], receiver.spans)
+        self.assertEqual(nested["parent"], quote["span"], "the program passed the trace it was given on")
+        self.assertEqual(appraise["parent"], nested["span"])
+        self.assertEqual(task["parent"], quote["span"], "a task too")
+        self.assertEqual({span["trace"] for span in (call, quote, nested, appraise, task)}, {call["trace"]})
 
 
 class Faults(unittest.TestCase):

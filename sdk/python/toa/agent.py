@@ -44,6 +44,8 @@ class Agent:
         self._token_file = environ.get("TOA_AGENT_TOKEN_FILE")
         # The call each thread serves (`.call`, the agent's `{"id", ...}`): its id goes with every
         # call the operation makes (the `toa-call` header), so that the agent knows what makes it.
+        # `.trace`: the W3C trace context headers the operation's request came with, passed on
+        # with them so that those calls join its trace.
         self.running = threading.local()
 
     def headers(self) -> dict[str, str]:
@@ -99,11 +101,15 @@ class Agent:
             raise CallError(error)
         return connection, response
 
-    def made_in(self) -> Optional[str]:
-        """The id of the call this thread's operation answers, if it answers one."""
+    def made_in(self) -> Optional[dict[str, str]]:
+        """The headers of a call or lock this thread's operation makes: the id of the call it
+        answers and the trace context it was given, if it answers one."""
+        headers = dict(getattr(self.running, "trace", None) or {})
         running = getattr(self.running, "call", None)
         made_in = running.get("id") if isinstance(running, dict) else None
-        return made_in if isinstance(made_in, str) else None
+        if isinstance(made_in, str):
+            headers[protocol.CALL_HEADER] = made_in
+        return headers or None
 
     def own(self, route: Route, **parameters: object) -> str:
         """One of the component's own routes (`/v1/{component}/...`)."""
@@ -116,9 +122,8 @@ class Agent:
         body: LockRequest = {"keys": [keys] if isinstance(keys, str) else list(keys)}
         # Asked for in an operation: the agent waits for it only until the call's deadline, and
         # then answers DEADLINE (the caller is told the call failed; the block must not run).
-        made_in = self.made_in()
-        headers = {protocol.CALL_HEADER: made_in} if made_in else None
-        connection, response = self.stream(protocol.LOCK.method, self.own(protocol.LOCK), body, headers=headers)
+        connection, response = self.stream(protocol.LOCK.method, self.own(protocol.LOCK), body,
+                                           headers=self.made_in())
         try:
             signal = None
             for line in response:
@@ -141,10 +146,8 @@ class Agent:
              body: Union[CallRequest, TaskRequest]) -> Any:
         """A call (`route` CALL) or a task (TASK): the reply, or the operation's own `Error`;
         a call that failed as a call raises `CallError`."""
-        made_in = self.made_in()
-        headers = {protocol.CALL_HEADER: made_in} if made_in else None
         path = route.at(component=component, operation=operation)
-        status, answer = self.request(route.method, path, body, headers=headers)
+        status, answer = self.request(route.method, path, body, headers=self.made_in())
         if status >= 400:
             raise CallError(refusal(answer, status))
         value: Outcome = answer

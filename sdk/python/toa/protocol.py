@@ -219,8 +219,11 @@ OWN = ("Authorization",)
 # `program::CallHeaders`): the agent refuses a call from a transition that retries to an
 # operation declaring `once`, and waits for a lock only until the call's deadline.
 CALL_HEADER = "toa-call"
+# W3C trace context: the agent sends it with an operation's request; the program passes it on,
+# as it came, with every call and lock the operation makes, so they join the caller's trace.
+TRACE_HEADERS = ("traceparent", "tracestate")
 
-LOCK = Route("POST", "/v1/{component}/lock", headers=(*OWN, CALL_HEADER), request=LockRequest, response=LockEvent,
+LOCK = Route("POST", "/v1/{component}/lock", headers=(*OWN, CALL_HEADER, *TRACE_HEADERS), request=LockRequest, response=LockEvent,
              error=ErrorBody)
 SLOTS = Route("GET", "/v1/{component}/slots", query=("total",), headers=OWN, response=SlotsResponse,
               error=ErrorBody)
@@ -234,16 +237,16 @@ STASH_GET = Route("GET", "/v1/{component}/stash/{key}", headers=OWN, response=St
 STASH_SET = Route("PUT", "/v1/{component}/stash/{key}", headers=OWN, request=StashRequest, error=ErrorBody)
 STASH_DELETE = Route("DELETE", "/v1/{component}/stash/{key}", headers=OWN, response=StashDeleted,
                      error=ErrorBody)
-CALL = Route("POST", "/v1/call/{component}/{operation}", headers=(CALL_HEADER,), request=CallRequest,
+CALL = Route("POST", "/v1/call/{component}/{operation}", headers=(CALL_HEADER, *TRACE_HEADERS), request=CallRequest,
              response=Outcome, error=ErrorBody)
-TASK = Route("POST", "/v1/task/{component}/{operation}", headers=(CALL_HEADER,), request=TaskRequest,
+TASK = Route("POST", "/v1/task/{component}/{operation}", headers=(CALL_HEADER, *TRACE_HEADERS), request=TaskRequest,
              error=ErrorBody)
 READYZ = Route("GET", "/readyz")
 DRAIN = Route("POST", "/v1/drain")
 # The program's side, which takes only the agent's requests (`Authorization`: its token).
 PROGRAM = Route("GET", "/program", headers=("Authorization",), response=Description)
 LIFECYCLE = Route("POST", "/lifecycle/{command}", headers=("Authorization",))
-OPERATIONS = Route("POST", "/operations/{name}", headers=("Authorization",),
+OPERATIONS = Route("POST", "/operations/{name}", headers=("Authorization", *TRACE_HEADERS),
                    request=OperationRequest, response=Decision)
 RECEIVERS = Route("POST", "/receivers/{label}", headers=("Authorization",), request=AdaptRequest,
                   response=Adaptation)

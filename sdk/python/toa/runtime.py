@@ -176,22 +176,26 @@ class Component:
 
     def run_command(self, name: str) -> None:
         self.context._calls.call = None
+        self.context._calls.trace = None
         for function in self.commands.get(name, []):
             call_function(function, self.context)
 
     def operate(self, name: str, input: Any, call: Optional[CallInfo] = None,
-                entry: Any = ABSENT) -> Decision:
+                entry: Any = ABSENT, trace: Optional[dict[str, str]] = None) -> Decision:
         """`{"reply": ...}` or the operation's own `{"error": ...}`; an exception is a failure.
         `call` is what the agent says of the call (`context.call` on this thread). With an
         `entry` (a component with an entity) the function is given it before the context, and a
-        transition answers the entry as it left it too."""
+        transition answers the entry as it left it too. `trace`: the request's trace context
+        headers, which the calls the operation makes pass on."""
         self.context._calls.call = call
+        self.context._calls.trace = trace
         try:
             return self._operate(name, input, entry)
         finally:
             # The thread serves other requests after this one (the agent keeps its connections):
             # a run command there has no call, and names none on the calls it makes.
             self.context._calls.call = None
+            self.context._calls.trace = None
 
     def _operate(self, name: str, input: Any, entry: Any) -> Decision:
         function = self.operations[name]
@@ -283,7 +287,10 @@ def handler(component: Component) -> Type[BaseHTTPRequestHandler]:
                     if past_deadline(request.get("call")):
                         return self._answer(504, {"message": PAST_DEADLINE})
                     entry = request["entry"] if "entry" in request else ABSENT
-                    answer = component.operate(name, request.get("input"), request.get("call"), entry)
+                    trace = {header: value for header in protocol.TRACE_HEADERS
+                             if (value := self.headers.get(header))}
+                    answer = component.operate(name, request.get("input"), request.get("call"), entry,
+                                               trace)
                     return self._answer(200, answer)
                 # Not an `error` body: the agent would take it for an operation's own error.
                 return self._answer(404, {"message": f"no route {self.path}"})

@@ -5,13 +5,42 @@
 import { AsyncLocalStorage } from 'node:async_hooks'
 import { Agent, refusal } from './agent.js'
 import { CallError, abandoned, contract } from './errors.js'
-import { CALL, CALL_HEADER, FAILED, LOCK, METER, ONASSIGNED, STASH_DELETE, STASH_GET, STASH_SET, TASK, at } from './protocol.js'
+import { CALL, CALL_HEADER, FAILED, LOCK, METER, ONASSIGNED, STASH_DELETE, STASH_GET, STASH_SET, TASK, TRACE_HEADERS, at } from './protocol.js'
 
 /** The call an operation serves, through everything it awaits: `context.call`, and its id goes
  * with every call the operation makes (the `toa-call` header), so that the agent knows what
  * makes it.
  * @type {AsyncLocalStorage<CallInfo>} */
 export const running = new AsyncLocalStorage()
+
+/** The W3C trace context headers the operation's request came with (`traceparent`,
+ * `tracestate`), through everything it awaits: passed on with every call and lock it makes, so
+ * that they join its trace.
+ * @type {AsyncLocalStorage<Record<string, string>>} */
+export const traced = new AsyncLocalStorage()
+
+/** The trace context headers of an operation's request, if it came with any.
+ * @param {import('node:http').IncomingHttpHeaders} headers
+ * @returns {Record<string, string> | undefined} */
+export function traceOf (headers) {
+  /** @type {Record<string, string>} */
+  const trace = {}
+  for (const name of TRACE_HEADERS) {
+    const value = headers[name]
+    if (typeof value === 'string' && value !== '') trace[name] = value
+  }
+  return Object.keys(trace).length ? trace : undefined
+}
+
+/** The headers of a call or lock the running operation makes: the id of the call it answers
+ * and the trace context it was given; none outside an operation.
+ * @returns {Record<string, string> | undefined} */
+function madeIn () {
+  const id = running.getStore()?.id
+  const headers = { ...traced.getStore() }
+  if (id !== undefined) headers[CALL_HEADER] = id
+  return Object.keys(headers).length ? headers : undefined
+}
 
 /** @typedef {import('./protocol.js').Assignment} Assignment */
 /** @typedef {import('./protocol.js').AssignedEvent} AssignedEvent */
@@ -151,9 +180,8 @@ class Atom {
     const body = { keys }
     // Asked for in an operation: the agent waits for it only until the call's deadline, and
     // then answers DEADLINE (the caller is told the call failed; `fn` must not run).
-    const madeIn = running.getStore()?.id
     const close = await this.agent.stream(LOCK.method, this.agent.own(LOCK), body, {
-      headers: madeIn === undefined ? undefined : { [CALL_HEADER]: madeIn },
+      headers: madeIn(),
       onLine: (/** @type {LockEvent} */ event) => {
         if (event.event === 'acquired') acquired.resolve(/** @type {number} */ (event.token))
         else if (event.event === 'lost') controller.abort(new Error(`the lock on ${keys.join(', ')} was lost`))
@@ -333,10 +361,8 @@ async function call (agent, component, operation, request, options = {}) {
   if (request.key !== undefined) body.key = request.key
   let answer
   try {
-    const madeIn = running.getStore()?.id
-    const headers = madeIn === undefined ? undefined : { [CALL_HEADER]: madeIn }
     const route = discard ? TASK : CALL
-    answer = await agent.request(route.method, at(route, { component, operation }), body, { signal, headers })
+    answer = await agent.request(route.method, at(route, { component, operation }), body, { signal, headers: madeIn() })
   } catch (error) {
     if (signal?.aborted) throw abandoned(`${target}: the signal ended the wait`)
     throw new CallError({ code: 'UNAVAILABLE', message: `${target}: the agent did not answer: ${/** @type {Error} */ (error).message}` })

@@ -88,11 +88,15 @@ export const STASH_DELETE = { method: 'DELETE', path: STASH_PATH, headers: own, 
  * operation declaring `once`, and waits for a lock only until the call's deadline. */
 export const CALL_HEADER = 'toa-call'
 
+/** W3C trace context: the agent sends it with an operation's request; the program passes it on,
+ * as it came, with every call and lock the operation makes, so they join the caller's trace. */
+export const TRACE_HEADERS = ['traceparent', 'tracestate']
+
 /** @satisfies {Route} */
 export const LOCK = {
   method: 'POST',
   path: '/v1/{component}/lock',
-  headers: [...own, CALL_HEADER],
+  headers: [...own, CALL_HEADER, ...TRACE_HEADERS],
   request: /** @satisfies {Fields<LockRequest>} */ ({ keys: true }),
   response: /** @satisfies {Fields<LockEvent>} */ ({ event: true, token: true, code: true, message: true }),
   error
@@ -117,10 +121,10 @@ export const METER = {
   error
 }
 /** @satisfies {Route} */
-export const CALL = { method: 'POST', path: '/v1/call/{component}/{operation}', headers: [CALL_HEADER], request: callRequest, response: outcome, error }
+export const CALL = { method: 'POST', path: '/v1/call/{component}/{operation}', headers: [CALL_HEADER, ...TRACE_HEADERS], request: callRequest, response: outcome, error }
 /** A task: the same request as a call, answered once the broker took it (`{"reply": null}`). */
 /** @satisfies {Route} */
-export const TASK = { method: 'POST', path: '/v1/task/{component}/{operation}', headers: [CALL_HEADER], request: callRequest, error }
+export const TASK = { method: 'POST', path: '/v1/task/{component}/{operation}', headers: [CALL_HEADER, ...TRACE_HEADERS], request: callRequest, error }
 /** @satisfies {Route} */
 export const READYZ = { method: 'GET', path: '/readyz' }
 /** @satisfies {Route} */
@@ -139,7 +143,7 @@ export const LIFECYCLE = { method: 'POST', path: '/lifecycle/{command}', headers
 export const OPERATIONS = {
   method: 'POST',
   path: '/operations/{name}',
-  headers: ['Authorization'],
+  headers: ['Authorization', ...TRACE_HEADERS],
   request: /** @satisfies {Fields<OperationRequest>} */ ({ input: true, entry: true, call: { id: true, redelivered: true, deadline_ms: true } }),
   response: /** @satisfies {Fields<Decision>} */ ({ ...outcome, entry: true })
 }

@@ -19,7 +19,7 @@ import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { timingSafeEqual } from 'node:crypto'
 import { readToken } from './agent.js'
-import { Context, running } from './context.js'
+import { Context, running, traceOf, traced } from './context.js'
 import { CONDITIONS, PROGRAM } from './protocol.js'
 
 /** @typedef {(input: any, ...rest: any[]) => unknown} Operation */
@@ -259,7 +259,9 @@ export function handler (component, name = process.env.TOA_COMPONENT) {
       }
       if (kind === 'operations' && component.operations.has(operation)) {
         if (pastDeadline(call)) return answer(response, 504, { message: PAST_DEADLINE })
-        const run = () => component.operate(operation, input ?? null, entry)
+        const trace = traceOf(request.headers)
+        const operate = () => component.operate(operation, input ?? null, entry)
+        const run = trace === undefined ? operate : () => traced.run(trace, operate)
         const known = typeof call?.id === 'string' && call.id !== '' ? call : undefined
         return answer(response, 200, await (known === undefined ? run() : running.run(known, run)))
       }

@@ -47,6 +47,27 @@ const answers = (port) => new Promise((resolve) => {
   socket.on('error', () => resolve(false))
 })
 
+/** An OTLP/HTTP trace receiver of the test's own (agent/tests/otlp_receiver.py, which decodes
+ * with the OpenTelemetry project's messages): its `endpoint`, and the `spans` it took so far. */
+export async function otlpReceiver () {
+  const port = await freePort()
+  const child = spawn('python3', [join(ROOT, 'agent', 'tests', 'otlp_receiver.py'), String(port)], { stdio: ['ignore', 'pipe', 'inherit'] })
+  /** @type {any[]} */
+  const spans = []
+  let rest = ''
+  let listening = false
+  child.stdout.on('data', (chunk) => {
+    const lines = (rest + chunk).split('\n')
+    rest = lines.pop() ?? ''
+    for (const line of lines) {
+      if (line === 'listening') listening = true
+      else if (line) spans.push(JSON.parse(line))
+    }
+  })
+  await until(() => listening, 10_000, `the OTLP receiver on ${port}`)
+  return { endpoint: `http://127.0.0.1:${port}`, spans: () => [...spans], stop: () => child.kill('SIGKILL') }
+}
+
 /** A redis-server of the test's own on a free port, nothing kept on disk. */
 export async function redis () {
   const port = await freePort()

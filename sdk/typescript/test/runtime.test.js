@@ -7,7 +7,7 @@ import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
 import { Component } from '../lib/runtime.js'
 import { compose } from '../lib/stage.js'
-import { AGENT, FIXTURES, HERE, contextFile, freePort, redis, scratch, until } from './helpers.js'
+import { AGENT, FIXTURES, HERE, contextFile, freePort, otlpReceiver, redis, scratch, until } from './helpers.js'
 
 /** What the agent said when `component` did not start. */
 const refusal = async (component) => {
@@ -138,6 +138,28 @@ describe('the context', () => {
     assert.deepEqual({ i: first.i, n: first.n }, { i: 0, n: 1 }, 'alone, replica 0 of 1')
     assert.deepEqual(slots, [0, 1, 2, 3])
   })
+})
+
+test("an operation's calls join the trace its request came with: the nested call is a child of its run", async () => {
+  const receiver = await otlpReceiver()
+  const env = { OTEL_EXPORTER_OTLP_ENDPOINT: receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY: '50' }
+  const stage = await compose([`${FIXTURES}/shop.probe`], { agent: AGENT, env })
+  try {
+    assert.deepEqual(await stage.call('shop.probe.relay'), { relayed: true })
+    const names = ['call shop.probe.relay', 'operate shop.probe.relay', 'call shop.probe.echo', 'operate shop.probe.echo']
+    const spans = await until(() => {
+      const found = names.map((name) => receiver.spans().find((span) => span.name === name))
+      return found.every(Boolean) && found
+    }, 20_000, 'the four spans of the relayed call')
+    const [call, relay, nested, echo] = spans
+    assert.equal(relay.parent, call.span, JSON.stringify(spans))
+    assert.equal(nested.parent, relay.span, 'the program passed the trace it was given on')
+    assert.equal(echo.parent, nested.span)
+    assert.ok(spans.every((span) => span.trace === call.trace), 'one trace')
+  } finally {
+    await stage.stop()
+    receiver.stop()
+  }
 })
 
 test("seed 000: a lock's wait ends with its call; what it guards never runs after the caller was told it failed", async () => {
