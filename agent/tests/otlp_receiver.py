@@ -3,7 +3,7 @@
 OpenTelemetry project's own generated messages (opentelemetry-proto, so a mistake in the agent's
 hand-written encoding is caught against the real schema) and prints one JSON line per span.
 
-Usage: otlp_receiver.py PORT. Prints `listening` first; answers 400 to a body that is no
+Usage: otlp_receiver.py PORT [HOST] (127.0.0.1 by default). Prints `listening` first; answers 400 to a body that is no
 ExportTraceServiceRequest (and prints an `error` line).
 """
 
@@ -67,6 +67,7 @@ class Receiver(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    server = HTTPServer(("127.0.0.1", int(sys.argv[1])), Receiver)
+    host = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"
+    server = HTTPServer((host, int(sys.argv[1])), Receiver)
     print("listening", flush=True)
     server.serve_forever()

@@ -123,6 +123,59 @@ pub fn lower_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The variable naming the collector's OTLP/HTTP base URL: spans go to its `/v1/traces`.
+pub const ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+/// The variable naming the whole traces URL instead.
+pub const TRACES_ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+/// The variable naming the spans' `service.name`.
+pub const SERVICE_VAR: &str = "OTEL_SERVICE_NAME";
+/// The longest endpoint taken.
+const MAX_ENDPOINT: usize = 2048;
+
+/// What is wrong with an OTLP endpoint. The value itself is not repeated: it may hold a
+/// credential, and the message goes to logs and a Composition's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadEndpoint {
+    #[error("expected an http:// URL (spans go over plain HTTP)")]
+    NotHttp,
+    #[error("expected a URL with a host, http://host:4318")]
+    NoHost,
+    #[error("a URL naming a user or password is refused: it would show in logs")]
+    Credentials,
+    #[error("a URL with a query or fragment is refused")]
+    Query,
+    #[error("over {MAX_ENDPOINT} bytes")]
+    TooLong,
+}
+
+/// Checks an OTLP/HTTP endpoint: `http://host[:port][/path]`, nothing more. One rule for the
+/// agent (its variables) and the operator (a Composition's `spec.traces.endpoint`).
+pub fn check_endpoint(text: &str) -> Result<(), BadEndpoint> {
+    if text.len() > MAX_ENDPOINT {
+        return Err(BadEndpoint::TooLong);
+    }
+    let url = url::Url::parse(text).map_err(|_| {
+        if text.starts_with("http://") {
+            BadEndpoint::NoHost
+        } else {
+            BadEndpoint::NotHttp
+        }
+    })?;
+    if url.scheme() != "http" {
+        return Err(BadEndpoint::NotHttp);
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(BadEndpoint::Credentials);
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(BadEndpoint::NoHost);
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(BadEndpoint::Query);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +228,33 @@ mod tests {
         for state in [long.as_bytes(), b"a=\x01"] {
             let context = TraceContext::read(Some(EXAMPLE.as_bytes()), Some(state)).unwrap();
             assert_eq!(context.state, None);
+        }
+    }
+
+    #[test]
+    fn an_endpoint_is_plain_http_to_a_host_and_names_no_user() {
+        for good in [
+            "http://collector:4318",
+            "http://10.0.0.1:4318/otlp/",
+            "http://c",
+        ] {
+            assert_eq!(check_endpoint(good), Ok(()), "{good}");
+        }
+        let long = format!("http://c/{}", "a".repeat(MAX_ENDPOINT));
+        for (bad, said) in [
+            ("https://collector:4318", BadEndpoint::NotHttp),
+            ("collector:4318", BadEndpoint::NotHttp),
+            ("http://", BadEndpoint::NoHost),
+            (
+                "http://user:secret@collector:4318",
+                BadEndpoint::Credentials,
+            ),
+            ("http://token@collector:4318", BadEndpoint::Credentials),
+            ("http://collector:4318/?key=secret", BadEndpoint::Query),
+            (long.as_str(), BadEndpoint::TooLong),
+        ] {
+            assert_eq!(check_endpoint(bad), Err(said), "{bad}");
+            assert!(!said.to_string().contains("secret"));
         }
     }
 }

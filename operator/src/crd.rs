@@ -147,6 +147,11 @@ pub struct CompositionSpec {
     /// The agents' logs. Changing it rolls the pods out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs: Option<LogsSpec>,
+    /// Where the agents send their spans (OpenTelemetry, OTLP over HTTP). Without, none are
+    /// recorded; calls still pass their callers' trace context on. Changing it rolls the pods
+    /// out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traces: Option<TracesSpec>,
     /// How many of the composition's pods voluntary disruptions (a node drain) may take at once:
     /// a PodDisruptionBudget, made while the spec asks for two or more replicas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -243,6 +248,21 @@ pub struct LogsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "log_format_schema")]
     pub format: Option<toa_context::logs::Format>,
+}
+
+/// Where the agents export their spans.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TracesSpec {
+    /// The collector's OTLP/HTTP base URL, `http://otel-collector.monitoring:4318`: spans go
+    /// to its `/v1/traces`. Plain http://, without a user, password or query. Where the
+    /// operator restricts the pods' egress, the collector must be among the places allowed.
+    #[schemars(length(min = 8, max = 2048), regex(pattern = r"^http://"))]
+    pub endpoint: String,
+    /// The spans' `service.name` [default: the Composition's name].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_name: Option<String>,
 }
 
 /// Who the component containers run as; the agent always runs as 65532.

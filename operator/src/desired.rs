@@ -61,6 +61,7 @@ use toa_context::annotations::KUBERNETES_NAMESPACE;
 use toa_context::control::LOCAL_PORT;
 use toa_context::logs;
 use toa_context::program;
+use toa_context::trace;
 /// How long the kubelet gives a stopping pod: the drain's wait for calls in flight, `dispose`
 /// (one run command), 5 s to stop the programs ([`toa_context::Limits::stop`]), and this margin
 /// for the hooks and the signal.
@@ -654,7 +655,7 @@ fn agent(composition: &Composition, valid: &Valid, settings: &Settings, drain: &
         name: AGENT_CONTAINER.to_owned(),
         image: Some(settings.agent_image.clone()),
         command: Some(agent_command(composition, &token_file, drain)),
-        env: Some(agent_env(valid, settings)),
+        env: Some([agent_env(valid, settings), traces_env(composition, valid)].concat()),
         ports: Some(agent_ports()),
         resources: Some(settings.agent_resources.clone()),
         termination_message_policy: Some(LOG_TAIL.to_owned()),
@@ -784,6 +785,29 @@ fn agent_env(valid: &Valid, settings: &Settings) -> Vec<EnvVar> {
     env.extend(credentials(valid));
     env.extend(cloud_native_pg(valid));
     env
+}
+
+/// Where the agent exports its spans (`spec.traces`), named by the Composition unless the spec
+/// names the service.
+fn traces_env(composition: &Composition, valid: &Valid) -> Vec<EnvVar> {
+    let Some(traces) = &valid.traces else {
+        return Vec::new();
+    };
+    let service = traces
+        .service_name
+        .clone()
+        .unwrap_or_else(|| composition.name_any());
+    [
+        (trace::ENDPOINT_VAR, traces.endpoint.clone()),
+        (trace::SERVICE_VAR, service),
+    ]
+    .into_iter()
+    .map(|(name, value)| EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        value_from: None,
+    })
+    .collect()
 }
 
 /// The credentials Secret's keys, each optional (a Redis without ACLs needs none).

@@ -19,6 +19,7 @@ impl CompositionSpec {
             halt: None,
             security_context: None,
             logs: None,
+            traces: None,
             disruption_budget: None,
             pod: None,
         }

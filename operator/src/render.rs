@@ -101,6 +101,7 @@ pub fn render(options: &Options) -> Result<Composition, RenderError> {
         halt: None,
         security_context: None,
         logs: None,
+        traces: None,
         disruption_budget: None,
         pod: None,
     };

@@ -9,7 +9,7 @@
 //! `Ready=False` condition with reason [`crate::crd::reasons::INVALID_SPEC`]. The controller runs
 //! it within a [`budget`]: the schemas it compiles and evaluates are users'.
 
-use crate::crd::{CompositionSpec, HaltSpec, LogsSpec, PodSettings, SecuritySpec};
+use crate::crd::{CompositionSpec, HaltSpec, LogsSpec, PodSettings, SecuritySpec, TracesSpec};
 use crate::manifest;
 use crate::names::{component_container, AGENT_CONTAINER};
 use std::sync::Mutex;
@@ -48,6 +48,8 @@ pub struct Valid {
     pub security: Security,
     /// The agents' logs (`spec.logs`).
     pub logs: LogsSpec,
+    /// Where the agents export their spans (`spec.traces`), checked.
+    pub traces: Option<TracesSpec>,
     /// Pods a voluntary disruption may take at once (`spec.disruptionBudget`); `None`: the
     /// operator keeps no budget.
     pub max_unavailable: Option<i32>,
@@ -152,9 +154,28 @@ pub fn validate_noting(spec: &CompositionSpec, progress: &Progress) -> Result<Va
         cloud_native_pg,
         security,
         logs: spec.logs.clone().unwrap_or_default(),
+        traces: traces(spec)?,
         max_unavailable: max_unavailable(spec)?,
         pod: pod_settings(spec)?,
     })
+}
+
+/// `spec.traces`: an endpoint the agent takes (the agent's own rule) and a printable service name.
+fn traces(spec: &CompositionSpec) -> Result<Option<TracesSpec>, InvalidSpec> {
+    let Some(traces) = &spec.traces else {
+        return Ok(None);
+    };
+    toa_context::trace::check_endpoint(&traces.endpoint)
+        .map_err(|bad| invalid("spec.traces.endpoint", bad.to_string()))?;
+    if let Some(name) = &traces.service_name {
+        if name.is_empty() || name.len() > 253 || name.chars().any(char::is_control) {
+            return Err(invalid(
+                "spec.traces.serviceName",
+                "expected 1 to 253 characters, none a control character",
+            ));
+        }
+    }
+    Ok(Some(traces.clone()))
 }
 
 /// The CloudNativePG cluster whose Secrets hold the store's credentials and CA: only with a

@@ -11,6 +11,7 @@
 
 use super::Kind;
 use std::time::Duration;
+use toa_context::trace;
 use tokio::sync::mpsc;
 
 /// Spans waiting for the exporter; beyond, dropped.
@@ -39,8 +40,8 @@ pub struct Settings {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
-    #[error("{0}: expected an http:// URL (this agent sends OTLP over plain HTTP), got {1:?}")]
-    Endpoint(&'static str, String),
+    #[error("{0}: {1}")]
+    Endpoint(&'static str, trace::BadEndpoint),
     #[error("OTEL_EXPORTER_OTLP_PROTOCOL: this agent sends http/protobuf only, got {0:?}")]
     Protocol(String),
     #[error("OTEL_BSP_SCHEDULE_DELAY: expected milliseconds, 1 to 60000, got {0:?}")]
@@ -59,20 +60,16 @@ impl Settings {
         if set("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
             return Ok(None);
         }
-        let endpoint = match (
-            set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
-            set("OTEL_EXPORTER_OTLP_ENDPOINT"),
-        ) {
-            (Some(traces), _) => ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces),
+        let endpoint = match (set(trace::TRACES_ENDPOINT_VAR), set(trace::ENDPOINT_VAR)) {
+            (Some(traces), _) => (trace::TRACES_ENDPOINT_VAR, traces),
             (None, Some(base)) => (
-                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                trace::ENDPOINT_VAR,
                 format!("{}/v1/traces", base.trim_end_matches('/')),
             ),
             (None, None) => return Ok(None),
         };
-        if !endpoint.1.starts_with("http://") || endpoint.1.len() <= "http://".len() {
-            return Err(SettingsError::Endpoint(endpoint.0, endpoint.1));
-        }
+        trace::check_endpoint(&endpoint.1)
+            .map_err(|bad| SettingsError::Endpoint(endpoint.0, bad))?;
         if let Some(protocol) = set("OTEL_EXPORTER_OTLP_PROTOCOL").filter(|p| p != "http/protobuf")
         {
             return Err(SettingsError::Protocol(protocol));
@@ -86,7 +83,7 @@ impl Settings {
         };
         Ok(Some(Self {
             endpoint: endpoint.1,
-            service: set("OTEL_SERVICE_NAME").unwrap_or_else(|| "toa-agent".to_owned()),
+            service: set(trace::SERVICE_VAR).unwrap_or_else(|| "toa-agent".to_owned()),
             instance: instance.to_owned(),
             application: application.to_owned(),
             delay,
@@ -310,7 +307,14 @@ mod tests {
         for (bad, said) in [
             (
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
-                "expected an http:// URL",
+                "OTEL_EXPORTER_OTLP_ENDPOINT: expected an http:// URL",
+            ),
+            (
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "http://user:secret@collector:4318/v1/traces",
+                ),
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: a URL naming a user",
             ),
             (
                 ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
@@ -322,6 +326,7 @@ mod tests {
             let pairs = [bad, ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")];
             let error = Settings::from_env(vars(&pairs), "p", "a").unwrap_err();
             assert!(error.to_string().contains(said), "{error}");
+            assert!(!error.to_string().contains("secret"), "{error}");
         }
     }
 

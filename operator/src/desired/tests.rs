@@ -937,6 +937,29 @@ fn the_agents_log_level_and_format_come_from_the_spec_and_are_absent_by_default(
 }
 
 #[test]
+fn the_agents_export_spans_where_the_spec_says_named_by_the_composition() {
+    let unset = env(&agent_of(&build(CompositionSpec::test(), 1)));
+    assert!(!unset.keys().any(|name| name.starts_with("OTEL_")));
+    let mut spec = CompositionSpec::test();
+    // The Composition `shop` of the application `store`: the spans say which Composition.
+    spec.application = "store".to_owned();
+    spec.traces = Some(crate::crd::TracesSpec {
+        endpoint: "http://collector.monitoring:4318".to_owned(),
+        service_name: None,
+    });
+    let set = env(&agent_of(&build(spec.clone(), 1)));
+    let value = |set: &BTreeMap<String, EnvVar>, name: &str| set[name].value.clone().unwrap();
+    assert_eq!(
+        value(&set, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        "http://collector.monitoring:4318"
+    );
+    assert_eq!(value(&set, "OTEL_SERVICE_NAME"), "shop");
+    spec.traces.as_mut().unwrap().service_name = Some("checkout".to_owned());
+    let named = env(&agent_of(&build(spec, 1)));
+    assert_eq!(value(&named, "OTEL_SERVICE_NAME"), "checkout");
+}
+
+#[test]
 fn prometheus_finds_the_agents_metrics_on_the_probe_port() {
     let desired = build(CompositionSpec::test(), 1);
     let template = desired.deployment.spec.as_ref().unwrap().template.clone();

@@ -347,6 +347,32 @@ fn a_component_whose_container_would_be_the_agents_or_anothers_is_refused() {
 }
 
 #[test]
+fn a_traces_endpoint_the_agent_would_refuse_is_refused_without_repeating_it() {
+    let mut spec = CompositionSpec::test();
+    let with = |endpoint: &str| crate::crd::TracesSpec {
+        endpoint: endpoint.to_owned(),
+        service_name: None,
+    };
+    spec.traces = Some(with("http://collector:4318"));
+    assert!(validate(&spec).unwrap().traces.is_some());
+    spec.traces = Some(with("http://shop:secret@collector:4318"));
+    assert_eq!(
+        refused(&spec),
+        "`spec.traces.endpoint`: a URL naming a user or password is refused: it would show in logs"
+    );
+    spec.traces = Some(with("https://collector:4318"));
+    assert_eq!(
+        refused(&spec),
+        "`spec.traces.endpoint`: expected an http:// URL (spans go over plain HTTP)"
+    );
+    spec.traces = Some(crate::crd::TracesSpec {
+        service_name: Some("shop\n".to_owned()),
+        ..with("http://collector:4318")
+    });
+    assert!(refused(&spec).starts_with("`spec.traces.serviceName`: expected 1 to 253"));
+}
+
+#[test]
 fn a_disruption_budget_that_would_block_every_drain_is_refused() {
     let mut spec = CompositionSpec::test();
     spec.disruption_budget = Some(crate::crd::DisruptionBudgetSpec {

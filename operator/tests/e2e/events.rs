@@ -1,7 +1,9 @@
 //! Events in pods (DESIGN 18): e2e.orders in one Composition publishes e2e.orders.changed on
 //! every stored change; e2e.ledger in another Composition of the same application receives it
 //! over a RabbitMQ of the suite's own, each on a PostgreSQL of the suite's own. 20 transitions of
-//! one order: the ledger holds one object per stored version, checked from its store.
+//! one order: the ledger holds one object per stored version, checked from its store. Both
+//! export their spans to an OTLP receiver of the suite's own (`spec.traces`): a call from the
+//! orders' pod to the ledger is one trace across the two pods.
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -20,6 +22,53 @@ fn fixture(name: &str) -> Value {
     let path = format!("operator/tests/fixtures/image/components/{name}/manifest.toa.yaml");
     let text = std::fs::read_to_string(cluster::repo().join(path)).unwrap();
     serde_yaml::from_str(&text).unwrap()
+}
+
+/// A call from the orders' pod to the ledger, through the broker, is one trace: `call` in the
+/// caller's pod, `receive` and `operate` in the ledger's, each the child of the one before, each
+/// pod's spans under its Composition's name.
+async fn one_trace_across_two_pods(
+    suite: &Suite,
+    traces: &services::Traces,
+    caller: &str,
+    callee: &str,
+) {
+    let request = json!({ "input": { "limit": 1 } });
+    let answers = calls(suite, caller, "e2e.ledger.enumerate", 1, request).await;
+    assert!(answers[0].get("reply").is_some(), "{answers:?}");
+    let spans = eventually("the call's three spans exported", PATIENCE, || async {
+        let all = traces.spans();
+        let call = all
+            .iter()
+            .find(|s| s["name"] == "call e2e.ledger.enumerate" && s["instance"] == caller)
+            .ok_or_else(|| format!("no call span yet: {all:?}"))?;
+        let trace: Vec<&Value> = all.iter().filter(|s| s["trace"] == call["trace"]).collect();
+        let named = |name: &str| trace.iter().find(|s| s["name"] == name).copied();
+        match (
+            named("receive e2e.ledger"),
+            named("operate e2e.ledger.enumerate"),
+        ) {
+            (Some(receive), Some(operate)) => Ok([call.clone(), receive.clone(), operate.clone()]),
+            _ => Err(format!("{trace:?}")),
+        }
+    })
+    .await;
+    let [call, receive, operate] = &spans;
+    assert_eq!(receive["parent"], call["span"], "{spans:?}");
+    assert_eq!(operate["parent"], receive["span"], "{spans:?}");
+    let placed: Vec<(&Value, &Value)> = spans
+        .iter()
+        .map(|s| (&s["instance"], &s["service"]))
+        .collect();
+    assert_eq!(
+        placed,
+        [
+            (&json!(caller), &json!("orders")),
+            (&json!(callee), &json!("ledger")),
+            (&json!(callee), &json!("ledger")),
+        ],
+        "each pod's spans, under its Composition's name"
+    );
 }
 
 /// Asks `pod`'s recorder for `count` calls of `target` at once with `request`; the answers.
@@ -71,6 +120,8 @@ pub async fn an_event_crosses_two_compositions_once_per_stored_change(suite: Arc
     let rabbit = tokio::task::spawn_blocking(move || services::Rabbit::start(node::BRIDGE_IP, dir))
         .await
         .unwrap();
+    let spans = std::env::temp_dir().join(format!("toa-e2e-spans-{}", std::process::id()));
+    let traces = services::Traces::start(node::BRIDGE_IP, spans);
     cluster::restricted_namespace(&suite.admin, namespace).await;
     let login = json!({
         "amqp-username": "guest", "amqp-password": "guest",
@@ -83,6 +134,7 @@ pub async fn an_event_crosses_two_compositions_once_per_stored_change(suite: Arc
             "replicas": replicas,
             "context": { "amqp": rabbit.url(), "storage": address },
             "credentials": credentials,
+            "traces": { "endpoint": traces.endpoint() },
             "components": [
                 { "name": component, "manifest": fixture(component) },
                 { "name": format!("e2e.{recorder}"), "manifest": manifest_of(recorder) },
@@ -140,6 +192,7 @@ pub async fn an_event_crosses_two_compositions_once_per_stored_change(suite: Arc
         "e2e: events: 20 changes received across Compositions {:.1} s after apply",
         start.elapsed().as_secs_f64()
     );
+    one_trace_across_two_pods(&suite, &traces, &publishing.name, &receiving.name).await;
     // The pods go before their store and broker.
     for (name, component, recorder) in [
         ("orders", "e2e.orders", "c127"),

@@ -163,3 +163,61 @@ impl Drop for Rabbit {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// An OTLP/HTTP trace receiver of the suite's own (agent/tests/otlp_receiver.py, decoding with
+/// the OpenTelemetry project's messages), its spans one JSON line each in a file.
+pub struct Traces {
+    pub ip: String,
+    pub port: u16,
+    spans: PathBuf,
+    child: Child,
+}
+
+impl Traces {
+    pub fn start(ip: &str, spans: PathBuf) -> Self {
+        let port = free_port(ip);
+        let child = Command::new("python3")
+            .arg(crate::cluster::repo().join("agent/tests/otlp_receiver.py"))
+            .args([&port.to_string(), ip])
+            .stdout(std::fs::File::create(&spans).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3");
+        wait_port(
+            ip,
+            port,
+            Duration::from_secs(20),
+            "the OTLP receiver",
+            &|| std::fs::read_to_string(&spans).unwrap_or_default(),
+        );
+        Self {
+            ip: ip.to_owned(),
+            port,
+            spans,
+            child,
+        }
+    }
+
+    /// The base URL the agents export to.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}:{}", self.ip, self.port)
+    }
+
+    /// The spans received so far.
+    pub fn spans(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.spans)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.starts_with('{'))
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+}
+
+impl Drop for Traces {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.spans);
+    }
+}
