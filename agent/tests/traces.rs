@@ -1,7 +1,7 @@
 //! Traces: a call from a program through its agent, the broker and another agent to the program
 //! that runs it is one trace, its spans exported over OTLP/HTTP to a receiver of the test's own
 //! (agent/tests/otlp_receiver.py, which decodes them with the OpenTelemetry project's generated
-//! messages). Needs RabbitMQ on 127.0.0.1:5672 and python3 with opentelemetry-proto
+//! messages), and one handed through the local group of two processes. Needs RabbitMQ on 127.0.0.1:5672 and python3 with opentelemetry-proto
 //! (scripts/services installs both).
 
 mod support;
@@ -223,4 +223,61 @@ fn wait_for(receiver: &Receiver, accept: impl Fn(&Value) -> bool) -> Value {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Two `compose` processes of one local group (no broker): a call handed from one to the other
+/// is one trace, `call` and `hand` in the first, `run` and `operate` in the second.
+#[test]
+fn a_call_handed_through_the_local_group_is_one_trace() {
+    let port = free_port();
+    let receiver = Receiver::start(port);
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let scratch = std::env::temp_dir().join(format!("toa-traces-group-{}", std::process::id()));
+    let runtime = scratch.join("run");
+    let group = format!("traces-{}", std::process::id());
+    let record = scratch.join("record");
+    let member = |instance: &str| {
+        let env = [
+            ("TOA_ALONE", "false"),
+            ("TOA_LOCAL_GROUP", group.as_str()),
+            ("TOA_RUNTIME_DIR", runtime.to_str().unwrap()),
+            ("TOA_INSTANCE", instance),
+            ("TEST_RECORD", record.to_str().unwrap()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ];
+        let composition = Composition::start(&["agent/tests/components/terminals"], &env);
+        composition.wait_ready();
+        composition
+    };
+    let (first, second) = (member("first"), member("second"));
+    let headers = format!("traceparent: 00-{TRACE}-{CALLERS_SPAN}-01\r\n");
+    let body = r#"{"instance": "second"}"#;
+    let (status, answer) = call_with(&first.agent, "test.terminals.pid", &headers, body);
+    assert_eq!(status, 200, "{answer}\n{}", first.log());
+
+    let spans = receiver.trace(TRACE, 4);
+    let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "call test.terminals.pid",
+            "hand test.terminals.pid",
+            "run test.terminals.pid",
+            "operate test.terminals.pid"
+        ],
+        "{spans:?}"
+    );
+    let parents: Vec<&Value> = spans.iter().map(|s| &s["parent"]).collect();
+    let callers = Value::from(CALLERS_SPAN);
+    let mut expected = vec![&callers];
+    expected.extend(spans[..3].iter().map(|s| &s["span"]));
+    assert_eq!(parents, expected, "each the child of the one before");
+    let instances: Vec<&str> = spans
+        .iter()
+        .map(|s| s["instance"].as_str().unwrap())
+        .collect();
+    assert_eq!(instances, ["first", "first", "second", "second"]);
+    drop((first, second));
+    let _ = std::fs::remove_dir_all(&scratch);
 }

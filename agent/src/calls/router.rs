@@ -15,10 +15,12 @@ use crate::coordination::group::{CallAnswer, Group, GroupError};
 use crate::entities::objects::{self, Objects, Run};
 use crate::entities::retrying::Retrying;
 use crate::entities::store::Receipt;
+use crate::traces::{self, Kind, Span};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use toa_context::trace::TraceContext;
 use tokio::sync::watch;
 
 /// A component this process runs, reachable for calls.
@@ -302,10 +304,24 @@ impl Calls {
             return self.in_process(call, in_flight).await;
         }
         let here = self.callees.contains_key(call.component);
-        let wire =
+        // The hand-over, to the leader's answer; a run `Here` is outside it, as the caller's own.
+        let mut span = Span::start(
+            || format!("hand {}.{}", call.component, call.operation),
+            Kind::Client,
+            traces::current(),
+        );
+        let mut wire =
             json!({"operation": call.operation, "request": &call.request, "task": call.task});
+        for (header, value) in span.context().iter().flat_map(|trace| trace.write()) {
+            wire[header] = Value::String(value);
+        }
         let wait = timeout.unwrap_or(self.operation_limit) + RELAY_MARGIN;
-        let answer = match hand(group, call.component, named.as_deref(), &wire, wait).await {
+        let handed = hand(group, call.component, named.as_deref(), &wire, wait).await;
+        if let Err(error) = &handed {
+            span.fail(|| error.to_string());
+        }
+        drop(span);
+        let answer = match handed {
             Ok(answer) => answer,
             // No answer within the call's time: it may still run where it was handed, so it is
             // not run here as well.
@@ -345,7 +361,13 @@ impl Calls {
             return json!(CallAnswer::Gone);
         }
         let outcome = async {
-            let (operation, request, task) = handed(call)?;
+            let (operation, request, task, trace) = handed(call)?;
+            // The caller's `hand` span's child; the program's run (`operate`) is this one's.
+            let mut span = Span::start(
+                || format!("run {component}.{operation}"),
+                Kind::Server,
+                trace,
+            );
             let callee = self
                 .callees
                 .get(&component)
@@ -359,7 +381,11 @@ impl Calls {
                 task,
                 stateful,
             };
-            self.in_process(call, in_flight).await
+            let ran = traces::within(span.context(), self.in_process(call, in_flight)).await;
+            if let Err(error) = &ran {
+                span.fail(|| error.to_string());
+            }
+            ran
         };
         match outcome.await {
             Ok(outcome) => json!({ "outcome": outcome.to_json() }),
@@ -534,20 +560,29 @@ async fn hand(
     }
 }
 
-/// A handed call's parts: the operation, the request, whether it is a task.
-fn handed(call: Value) -> Result<(String, Request, bool), CallError> {
+/// A handed call's parts: the operation, the request, whether it is a task, and the trace it is
+/// in (read as strictly as from a program: a malformed one is ignored).
+fn handed(call: Value) -> Result<(String, Request, bool, Option<TraceContext>), CallError> {
     #[derive(serde::Deserialize)]
     struct Handed {
         operation: String,
         request: Request,
         task: bool,
+        #[serde(default)]
+        traceparent: Option<String>,
+        #[serde(default)]
+        tracestate: Option<String>,
     }
     let handed: Handed = serde_json::from_value(call).map_err(|e| {
         CallError::Failed(format!(
             "a call handed by the group that this process cannot read: {e}"
         ))
     })?;
-    Ok((handed.operation, handed.request, handed.task))
+    let trace = TraceContext::read(
+        handed.traceparent.as_deref().map(str::as_bytes),
+        handed.tracestate.as_deref().map(str::as_bytes),
+    );
+    Ok((handed.operation, handed.request, handed.task, trace))
 }
 
 /// The answer another process of the group gave.

@@ -11,7 +11,9 @@
 //! | `operate <component>.<operation>` | the callee's agent, the program's run | client |
 //! | (the program's own) | the callee's program, from the request's `traceparent` | |
 //!
-//! A call run in the caller's own process (no broker) has no `receive`. The context travels in a
+//! A call run in the caller's own process (no broker) has no `receive`; one handed through the
+//! local group has `hand` (client) in the caller's process and `run` (server) in the one that
+//! runs it, in place of `receive`. The context travels in a
 //! task-local ([`within`], [`current`]): the publish ([`crate::calls`]) and the request to the
 //! program ([`crate::component`]) read it where they write their headers, so nothing between
 //! passes it by hand. Without an endpoint nothing is recorded, and a call passes its caller's
