@@ -304,24 +304,8 @@ impl Calls {
             return self.in_process(call, in_flight).await;
         }
         let here = self.callees.contains_key(call.component);
-        // The hand-over, to the leader's answer; a run `Here` is outside it, as the caller's own.
-        let mut span = Span::start(
-            || format!("hand {}.{}", call.component, call.operation),
-            Kind::Client,
-            traces::current(),
-        );
-        let mut wire =
-            json!({"operation": call.operation, "request": &call.request, "task": call.task});
-        for (header, value) in span.context().iter().flat_map(|trace| trace.write()) {
-            wire[header] = Value::String(value);
-        }
         let wait = timeout.unwrap_or(self.operation_limit) + RELAY_MARGIN;
-        let handed = hand(group, call.component, named.as_deref(), &wire, wait).await;
-        if let Err(error) = &handed {
-            span.fail(|| error.to_string());
-        }
-        drop(span);
-        let answer = match handed {
+        let answer = match hand(group, &call, named.as_deref(), wait).await {
             Ok(answer) => answer,
             // No answer within the call's time: it may still run where it was handed, so it is
             // not run here as well.
@@ -541,17 +525,28 @@ fn run_here(
 const HAND_OUTS: usize = 3;
 
 /// Hands a call to the group's leader; again, to another process, when the one that took an
-/// ordinary call stopped before it answered.
+/// ordinary call stopped before it answered. In a `hand` span, to the leader's answer (a run
+/// `Here` is outside it, as the caller's own), whose context goes with the call.
 async fn hand(
     group: &Group,
-    component: &str,
+    call: &Local<'_>,
     named: Option<&str>,
-    wire: &Value,
     wait: Duration,
 ) -> Result<Value, GroupError> {
+    let mut span = Span::start(
+        || format!("hand {}.{}", call.component, call.operation),
+        Kind::Client,
+        traces::current(),
+    );
+    let mut wire =
+        json!({"operation": call.operation, "request": &call.request, "task": call.task});
+    for (header, value) in span.context().iter().flat_map(|trace| trace.write()) {
+        wire[header] = Value::String(value);
+    }
     let mut handed = 1;
     loop {
-        let answer = group.call(component, named, wire.clone(), wait).await?;
+        let answer = group.call(call.component, named, wire.clone(), wait).await;
+        let answer = answer.inspect_err(|error| span.fail(|| error.to_string()))?;
         let gone = answer == json!(CallAnswer::Gone);
         if !gone || named.is_some() || handed == HAND_OUTS {
             return Ok(answer);
