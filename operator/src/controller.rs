@@ -361,7 +361,11 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
     let existing = deployments.get_opt(&name).await?;
     let configured = configure(context, (composition, &valid), &owner, existing.as_ref()).await;
-    let keys = report_conflict(configured, context, composition, &compositions, now).await?;
+    let keys = report_conflict(configured, context, composition, &compositions, now).await;
+    let keys = match refused_or(keys, context, composition, &compositions).await? {
+        Ok(keys) => keys,
+        Err(refused) => return Ok(refused),
+    };
     let pods = kube_io::pods(&Api::<Pod>::namespaced(client.clone(), &namespace), &name).await?;
     let halt = Halting {
         context,
@@ -373,16 +377,12 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let (decision, record) = halt.run(&valid, now).await?;
     let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
     let deployment = deployment(context, composition, &owner, &valid, existing, replicas);
-    let applied = match kube_io::apply(&deployments, &deployment).await {
+    let applied = kube_io::apply(&deployments, &deployment)
+        .await
+        .map_err(pods_refused);
+    let applied = match refused_or(applied, context, composition, &compositions).await? {
         Ok(applied) => applied,
-        // What the spec adds to the pods (`spec.pod`, resources) is checked by the API server
-        // in full: its refusal is the spec's, said as such.
-        Err(kube::Error::Api(refusal)) if refusal.code == 422 => {
-            let message = format!("the API server refuses the pods: {}", refusal.message);
-            let invalid = crate::InvalidSpec(message);
-            return refuse_invalid(context, composition, &compositions, &invalid).await;
-        }
-        Err(error) => return Err(error.into()),
+        Err(refused) => return Ok(refused),
     };
     let refused = rollout::replica_failure(&applied);
     let observed = Observed {
@@ -399,6 +399,49 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let status = write_status(&compositions, written, &observed).await?;
     warn_degraded(context, composition, &status, now).await;
     Ok(next(&decision, &status, now))
+}
+
+/// `result`, or, when it is the spec's refusal ([`Error::InvalidSpec`]), that refusal said
+/// ([`refuse_invalid`]) and the reconcile's end.
+async fn refused_or<T>(
+    result: Result<T, Error>,
+    context: &Context,
+    composition: &Composition,
+    compositions: &Api<Stored>,
+) -> Result<Result<T, Action>, Error> {
+    match result {
+        Err(Error::InvalidSpec(invalid)) => Ok(Err(refuse_invalid(
+            context,
+            composition,
+            compositions,
+            &invalid,
+        )
+        .await?)),
+        result => result.map(Ok),
+    }
+}
+
+/// The API server's refusal of the pods (422) as the spec's: what the spec adds to them
+/// (`spec.pod`, resources, env) is checked by the server in full, and its words say what.
+fn pods_refused(error: kube::Error) -> Error {
+    match error {
+        kube::Error::Api(refusal) if refusal.code == 422 => Error::InvalidSpec(crate::InvalidSpec(
+            format!("the API server refuses the pods: {}", refusal.message),
+        )),
+        error => error.into(),
+    }
+}
+
+/// Whether the API server took this generation's pods already: the status observed it and does
+/// not refuse it. Until then each reconcile asks it first ([`configure`]).
+fn settled(composition: &Composition) -> bool {
+    composition.status.as_ref().is_some_and(|status| {
+        status.observed_generation == composition.metadata.generation
+            && !status
+                .conditions
+                .iter()
+                .any(|c| c.reason == reasons::INVALID_SPEC)
+    })
 }
 
 /// `configured` as it is, but a [`Error::Conflict`] said first, in the status and a Warning
@@ -491,7 +534,9 @@ async fn write_status(
 /// namespace's declarations, the control Secret), and around them the NetworkPolicy and the
 /// PodDisruptionBudget, and returns the control tokens, derived from the operator's key. Each
 /// object is applied only if it is the Composition's own ([`ownership`]), the Deployment (read
-/// already) included: one of another owner's stops everything, before any rollout.
+/// already) included: one of another owner's stops everything, before any rollout. A spec not
+/// yet [`settled`] has its Deployment tried first (a dry run): pods the API server refuses are
+/// `InvalidSpec` before anything the running pods read is written.
 async fn configure(
     context: &Context,
     (composition, valid): (&Composition, &Valid),
@@ -503,6 +548,23 @@ async fn configure(
     let keys = ring.keys_for(uid);
     if let Some(why) = existing.and_then(|d| ownership::foreign("Deployment", &d.metadata, uid)) {
         return Err(Error::Conflict(why));
+    }
+    if !settled(composition) {
+        let deployments = Api::<Deployment>::namespaced(context.client.clone(), &owner.namespace);
+        let replicas = existing
+            .and_then(|d| d.spec.as_ref()?.replicas)
+            .unwrap_or(0);
+        let trial = deployment(
+            context,
+            composition,
+            owner,
+            valid,
+            existing.cloned(),
+            replicas,
+        );
+        kube_io::apply_dry_run(&deployments, &trial)
+            .await
+            .map_err(pods_refused)?;
     }
     let config_maps = Api::<ConfigMap>::namespaced(context.client.clone(), &owner.namespace);
     let components = desired::components(owner, composition);

@@ -26,6 +26,17 @@ where
     apply_as(api, object, MANAGER).await
 }
 
+/// Whether the API server would take `object` as [`apply`] sends it: a dry run, nothing written
+/// (admission and validation run as for the real one).
+pub async fn apply_dry_run<K>(api: &Api<K>, object: &K) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
+    let params = PatchParams::apply(MANAGER).force().dry_run();
+    api.patch(&object.name_any(), &params, &Patch::Apply(object))
+        .await
+}
+
 /// Applies `object` as `manager`: for an object several Compositions share, each applying only
 /// its own fields.
 pub async fn apply_as<K>(api: &Api<K>, object: &K, manager: &str) -> Result<K, kube::Error>

@@ -183,6 +183,19 @@ async fn deployment_read(handle: &mut Handle, existing: Option<Value>) {
     .await;
 }
 
+/// The Deployment read, then tried (a dry run of the apply: the spec is not settled yet), the
+/// try answered with `answer`; returns what was tried.
+async fn deployment_tried(
+    handle: &mut Handle,
+    existing: Option<Value>,
+    answer: impl FnOnce(&Value) -> (StatusCode, Value),
+) -> Value {
+    deployment_read(handle, existing).await;
+    let (query, tried) = expect(handle, "PATCH", DEPLOYMENT, answer).await;
+    assert!(query.contains("dryRun=All"), "{query}");
+    tried
+}
+
 const SECRET: &str = "/api/v1/namespaces/shop/secrets/shop-control";
 
 /// The control Secret written without a read: a JSON Patch that tests the Secret's owner is the
@@ -288,7 +301,7 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
 
 /// The Deployment read (none yet), ConfigMap apply, control Secret, pod list.
 async fn up_to_pods(handle: &mut Handle, pods: Value) {
-    deployment_read(handle, None).await;
+    deployment_tried(handle, None, echo).await;
     config_maps(handle).await;
     // The control Secret: the derived token, written only into the Composition's own Secret.
     let data = secret_written(handle).await;
@@ -507,18 +520,18 @@ async fn a_valid_spec_applies_configmap_secret_deployment_then_status() {
 }
 
 /// What the spec adds to the pods that the API server refuses (a toleration's operator, say)
-/// is the spec's refusal: `InvalidSpec` with the server's words, nothing rolled out.
+/// is the spec's refusal: `InvalidSpec` with the server's words, found by the dry run before
+/// anything is written (the running pods' ConfigMap and Secret stay as they were).
 #[tokio::test]
 async fn pods_the_api_server_refuses_make_the_spec_invalid_with_its_words() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(held(&composition), context.clone()));
-    up_to_pods(&mut handle, json!([])).await;
     let said = "Deployment.apps \"shop\" is invalid: spec.template.spec.tolerations[0].operator: Unsupported value: \"Sometimes\"";
     let refusal = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                          "message": said, "reason": "Invalid", "code": 422});
     let refused = move |_: &Value| (StatusCode::UNPROCESSABLE_ENTITY, refusal);
-    expect(&mut handle, "PATCH", DEPLOYMENT, refused).await;
+    deployment_tried(&mut handle, None, refused).await;
     let status = status_written(&mut handle, &composition).await;
     let ready = condition(&status, conditions::READY);
     assert_eq!(ready["reason"], "InvalidSpec");
@@ -771,7 +784,7 @@ async fn a_secret_the_composition_does_not_own_is_not_changed() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(held(&composition), context.clone()));
-    deployment_read(&mut handle, None).await;
+    deployment_tried(&mut handle, None, echo).await;
     config_maps(&mut handle).await;
     let (_, body) = expect(&mut handle, "PATCH", SECRET, |_| {
         let invalid = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
@@ -799,7 +812,7 @@ async fn a_missing_secret_is_created_owned_by_the_composition() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(held(&composition), context.clone()));
-    deployment_read(&mut handle, None).await;
+    deployment_tried(&mut handle, None, echo).await;
     config_maps(&mut handle).await;
     expect(&mut handle, "PATCH", SECRET, |_| {
         (StatusCode::NOT_FOUND, not_found())
@@ -826,7 +839,7 @@ async fn a_foreign_object_under_a_derived_name_is_not_changed() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(held(&composition), context.clone()));
-    deployment_read(&mut handle, None).await;
+    deployment_tried(&mut handle, None, echo).await;
     let users = json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "shop-components", "namespace": "shop",
             "managedFields": [{"manager": "kubectl-create", "operation": "Update"}]},
@@ -855,7 +868,7 @@ async fn a_component_another_composition_declares_is_not_taken_over() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(held(&composition), context.clone()));
-    deployment_read(&mut handle, None).await;
+    deployment_tried(&mut handle, None, echo).await;
     let components = "/api/v1/namespaces/shop/configmaps/shop-components";
     absent(&mut handle, components).await;
     expect(&mut handle, "PATCH", components, echo).await;
@@ -914,7 +927,7 @@ async fn during_a_rotation_the_secret_holds_the_new_and_the_previous_token() {
     let (context, mut handle) = context_with(Arc::default(), true, Some(rotating.clone()));
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(held(&composition), context.clone()));
-    deployment_read(&mut handle, None).await;
+    deployment_tried(&mut handle, None, echo).await;
     config_maps(&mut handle).await;
     let data = secret_written(&mut handle).await;
     let uid = composition.metadata.uid.clone().unwrap();
@@ -940,7 +953,12 @@ async fn a_deployments_drain_key_is_kept() {
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(held(&composition), context.clone()));
     let key = "0123456789abcdef".repeat(4);
-    deployment_read(&mut handle, Some(existing_deployment(Some(&key), true))).await;
+    deployment_tried(
+        &mut handle,
+        Some(existing_deployment(Some(&key), true)),
+        echo,
+    )
+    .await;
     config_maps(&mut handle).await;
     secret_written(&mut handle).await;
     pods_listed(&mut handle, json!([])).await;
@@ -970,7 +988,7 @@ async fn the_tokens_wait_until_no_pod_of_an_older_template_is_left() {
         let composition = composition(CompositionSpec::test());
         let task = tokio::spawn(reconcile(held(&composition), context.clone()));
         let upgraded = existing["metadata"]["annotations"].is_null();
-        deployment_read(&mut handle, Some(existing)).await;
+        deployment_tried(&mut handle, Some(existing), echo).await;
         config_maps(&mut handle).await;
         // No Secret: the pod list comes next.
         pods_listed(&mut handle, json!([])).await;

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use crate::cluster;
 use crate::support::{
-    agent_status, apply, composition, condition, control_tokens, deployment, describe, lifecycle,
-    manifest, uids, wait_condition, wait_pods, warnings, Suite, COMPONENT, PATIENCE,
+    agent_status, apply, components_of, composition, condition, control_tokens, deployment,
+    describe, lifecycle, manifest, uids, wait_condition, wait_pods, warnings, Suite, COMPONENT,
+    PATIENCE,
 };
 use crate::wait::eventually;
 
@@ -271,7 +272,8 @@ pub async fn ready(suite: Arc<Suite>) {
 /// A Redis address with credentials in it (which the API server's schema cannot see; the CEL
 /// rule refuses only an even count, see [`crate::admission`]): `Ready=False`, `InvalidSpec`, a
 /// message naming the field without the password, nothing deployed; and a running composition
-/// changed so keeps its Deployment and pods as they were.
+/// changed so keeps its Deployment and pods as they were, as it does when the API server would
+/// refuse its pods (the manifests' ConfigMap unchanged too).
 pub async fn invalid_spec(suite: Arc<Suite>) {
     const PASSWORD: &str = "hunter2-e2e";
     let namespace = "e2e-invalid";
@@ -369,4 +371,39 @@ pub async fn invalid_spec(suite: Arc<Suite>) {
         uids(&wait_pods(&suite, namespace, "kept", 1).await),
         uids(&pods)
     );
+
+    // Pods the API server refuses (an unknown toleration operator), with a second component:
+    // the dry run finds it before anything the running pods read is written, so the manifests'
+    // ConfigMap keeps its one component and the Deployment its template.
+    let config_maps = Api::<ConfigMap>::namespaced(suite.admin.clone(), namespace);
+    let manifests = config_maps.get("kept-components").await.unwrap();
+    let second = components_of("c125")[0].clone();
+    let spec = json!({
+        "pod": { "tolerations": [{ "key": "example.com/x", "operator": "Sometimes" }] },
+        "components": [{ "name": COMPONENT, "manifest": manifest() }, second],
+    });
+    apply(&suite, &composition(namespace, "kept", spec)).await;
+    let refused = wait_condition(
+        &suite,
+        namespace,
+        "kept",
+        "Ready",
+        "False",
+        Some("InvalidSpec"),
+        PATIENCE,
+    )
+    .await;
+    let message = condition(&refused, "Ready").unwrap().message;
+    assert!(
+        message.starts_with("the API server refuses the pods:") && message.contains("operator"),
+        "{message}"
+    );
+    let kept = config_maps.get("kept-components").await.unwrap();
+    assert_eq!(
+        (kept.metadata.resource_version, kept.data),
+        (manifests.metadata.resource_version, manifests.data),
+        "the manifests the running pods read are unchanged"
+    );
+    let after = deployment(&suite, namespace, "kept").await.unwrap();
+    assert_eq!(after.spec, before.spec, "the Deployment is untouched");
 }
