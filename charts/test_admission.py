@@ -374,6 +374,24 @@ def checks():
         ok, output = create(composition("c", store="postgres://app:hunter2@db.shop.svc/app"))
         assert not ok and "hunter2" not in output, output
 
+    @check("where spans go: judged as the context's addresses")
+    def _():
+        collector = {"traces": {"endpoint": "http://otel-collector.monitoring.svc:4318"}}
+        allowed(create(composition("c", **collector), user="alice"))
+        allowed(create(composition(
+            "c", traces={"endpoint": "http://collector.shop.svc/otlp/"}), user="alice"))
+        refused(create(composition("c", traces={"endpoint": "http://evil.example.com:4318"})),
+                "spec.traces.endpoint: http://evil.example.com:4318 names the host "
+                "evil.example.com, which is not allowed: the agents would send credentials or "
+                "spans there")
+        for address in ("http://collector.shop.svc:4318/?key=1", "http://Collector.shop.svc"):
+            refused(create(composition("c", traces={"endpoint": address})),
+                    f"spec.traces.endpoint: {address} is not of the form "
+                    "http://host[:port][/path]")
+        ok, output = create(composition(
+            "c", traces={"endpoint": "http://u:hunter2@collector.shop.svc"}))
+        assert not ok and "hunter2" not in output, output
+
     @check("addresses outside the agents' form are refused readably, credentials not shown")
     def _():
         refused(create(composition("c", redis=["redis://shop:hunter2@redis.shop.svc:6379"])),

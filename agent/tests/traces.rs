@@ -251,7 +251,8 @@ fn a_call_handed_through_the_local_group_is_one_trace() {
         composition
     };
     let (first, second) = (member("first"), member("second"));
-    let headers = format!("traceparent: 00-{TRACE}-{CALLERS_SPAN}-01\r\n");
+    let headers =
+        format!("traceparent: 00-{TRACE}-{CALLERS_SPAN}-01\r\ntracestate: congo=t61rcWkgMzE\r\n");
     let body = r#"{"instance": "second"}"#;
     let (status, answer) = call_with(&first.agent, "test.terminals.pid", &headers, body);
     assert_eq!(status, 200, "{answer}\n{}", first.log());
@@ -278,6 +279,10 @@ fn a_call_handed_through_the_local_group_is_one_trace() {
         .map(|s| s["instance"].as_str().unwrap())
         .collect();
     assert_eq!(instances, ["first", "first", "second", "second"]);
+    assert!(
+        spans.iter().all(|s| s["state"] == "congo=t61rcWkgMzE"),
+        "the vendors' state through the hand-over: {spans:?}"
+    );
     drop((first, second));
     let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -6,6 +6,8 @@
 //! A reconcile, in order:
 //! 1. if this replica does not hold the lease, nothing (asked again later);
 //! 2. validate the spec; refused → `Ready=False`, `InvalidSpec`, and nothing else is touched;
+//!    a generation not yet settled has its Deployment tried (a dry run) before anything is
+//!    written, pods the API server refuses being `InvalidSpec` too;
 //! 3. apply the ConfigMap of manifests and this Composition's part of the namespace's shared
 //!    declarations (kept by [`crate::declarations`]), the control Secret (tokens derived from the
 //!    operator's key, [`crate::key_ring`]; never read back) and the NetworkPolicy;
@@ -17,7 +19,7 @@
 //! 7. write the status when it changed.
 
 use crate::agent_client::{self, AgentControl, Keys};
-use crate::crd::{reasons, Composition, Stored, Undecodable};
+use crate::crd::{conditions, reasons, Composition, Stored, Undecodable};
 use crate::declarations;
 use crate::desired::{self, Owner, Settings};
 use crate::events::Events;
@@ -362,8 +364,8 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     let existing = deployments.get_opt(&name).await?;
     let configured = configure(context, (composition, &valid), &owner, existing.as_ref()).await;
     let keys = report_conflict(configured, context, composition, &compositions, now).await;
-    let keys = match refused_or(keys, context, composition, &compositions).await? {
-        Ok(keys) => keys,
+    let (keys, drain) = match refused_or(keys, context, composition, &compositions).await? {
+        Ok(configured) => configured,
         Err(refused) => return Ok(refused),
     };
     let pods = kube_io::pods(&Api::<Pod>::namespaced(client.clone(), &namespace), &name).await?;
@@ -376,10 +378,8 @@ async fn reconcile_inner(composition: &Composition, context: &Context) -> Result
     };
     let (decision, record) = halt.run(&valid, now).await?;
     let replicas = halt::replicas(valid.replicas, composition.spec.halted, record.as_ref());
-    let deployment = deployment(context, composition, &owner, &valid, existing, replicas);
-    let applied = kube_io::apply(&deployments, &deployment)
-        .await
-        .map_err(pods_refused);
+    let deployment = deployment(context, composition, &owner, &valid, &drain, replicas);
+    let applied = apply_deployment(&deployments, &deployment).await;
     let applied = match refused_or(applied, context, composition, &compositions).await? {
         Ok(applied) => applied,
         Err(refused) => return Ok(refused),
@@ -432,16 +432,18 @@ fn pods_refused(error: kube::Error) -> Error {
     }
 }
 
-/// Whether the API server took this generation's pods already: the status observed it and does
-/// not refuse it. Until then each reconcile asks it first ([`configure`]).
+/// Whether the API server took this generation's pods already: `Ready` observed it, and not as
+/// a refusal (a Conflict stops a reconcile before its pods are tried, so it settles nothing).
+/// Until then each reconcile asks the server first ([`configure`]). The key is the generation:
+/// an operator upgrade that changes the pods of a settled one has them checked by the real
+/// apply only, after the ConfigMaps are written (the refusal is then ours, not the spec's).
 fn settled(composition: &Composition) -> bool {
-    composition.status.as_ref().is_some_and(|status| {
-        status.observed_generation == composition.metadata.generation
-            && !status
-                .conditions
-                .iter()
-                .any(|c| c.reason == reasons::INVALID_SPEC)
-    })
+    composition
+        .condition(conditions::READY)
+        .is_some_and(|ready| {
+            ready.observed_generation == composition.metadata.generation
+                && ![reasons::INVALID_SPEC, reasons::CONFLICT].contains(&ready.reason.as_str())
+        })
 }
 
 /// `configured` as it is, but a [`Error::Conflict`] said first, in the status and a Warning
@@ -464,26 +466,37 @@ async fn report_conflict<T>(
     Err(Error::Conflict(message))
 }
 
-/// The Deployment to apply: the pods' drain key kept (or a new one for a new Deployment), and
-/// the replicas the halt leaves.
+/// Applies the Deployment; pods the API server refuses are the spec's refusal.
+async fn apply_deployment(
+    api: &Api<Deployment>,
+    deployment: &Deployment,
+) -> Result<Deployment, Error> {
+    kube_io::apply(api, deployment).await.map_err(pods_refused)
+}
+
+/// The pods' drain key: the existing Deployment's, or a new one for a new Deployment. One for a
+/// whole reconcile, so the dry run tries the pods the apply sends.
+fn drain_key(existing: Option<&Deployment>) -> String {
+    existing
+        .and_then(rollout::drain_key_of)
+        .unwrap_or_else(rollout::new_drain_key)
+}
+
+/// The Deployment to apply, with the replicas the halt leaves.
 fn deployment(
     context: &Context,
     composition: &Composition,
     owner: &Owner,
     valid: &Valid,
-    existing: Option<Deployment>,
+    drain: &str,
     replicas: i32,
 ) -> Deployment {
-    let drain = existing
-        .as_ref()
-        .and_then(rollout::drain_key_of)
-        .unwrap_or_else(rollout::new_drain_key);
     desired::deployment(
         owner,
         composition,
         valid,
         &context.settings,
-        &drain,
+        drain,
         replicas,
     )
 }
@@ -532,36 +545,31 @@ async fn write_status(
 
 /// Applies what the pods read (the ConfigMap of manifests, this Composition's part of the
 /// namespace's declarations, the control Secret), and around them the NetworkPolicy and the
-/// PodDisruptionBudget, and returns the control tokens, derived from the operator's key. Each
-/// object is applied only if it is the Composition's own ([`ownership`]), the Deployment (read
-/// already) included: one of another owner's stops everything, before any rollout. A spec not
-/// yet [`settled`] has its Deployment tried first (a dry run): pods the API server refuses are
-/// `InvalidSpec` before anything the running pods read is written.
+/// PodDisruptionBudget, and returns the control tokens, derived from the operator's key, and the
+/// pods' drain key ([`drain_key`]). Each object is applied only if it is the Composition's own
+/// ([`ownership`]), the Deployment (read already) included: one of another owner's stops
+/// everything, before any rollout. A spec not yet [`settled`] has its Deployment tried first (a
+/// dry run): pods the API server refuses are `InvalidSpec` before anything the running pods read
+/// is written.
 async fn configure(
     context: &Context,
     (composition, valid): (&Composition, &Valid),
     owner: &Owner,
     existing: Option<&Deployment>,
-) -> Result<Keys, Error> {
+) -> Result<(Keys, String), Error> {
     let ring = context.keys.borrow().clone().ok_or(Error::NoKey)?;
     let uid = owner.reference.uid.as_str();
     let keys = ring.keys_for(uid);
     if let Some(why) = existing.and_then(|d| ownership::foreign("Deployment", &d.metadata, uid)) {
         return Err(Error::Conflict(why));
     }
+    let drain = drain_key(existing);
     if !settled(composition) {
         let deployments = Api::<Deployment>::namespaced(context.client.clone(), &owner.namespace);
         let replicas = existing
             .and_then(|d| d.spec.as_ref()?.replicas)
             .unwrap_or(0);
-        let trial = deployment(
-            context,
-            composition,
-            owner,
-            valid,
-            existing.cloned(),
-            replicas,
-        );
+        let trial = deployment(context, composition, owner, valid, &drain, replicas);
         kube_io::apply_dry_run(&deployments, &trial)
             .await
             .map_err(pods_refused)?;
@@ -585,7 +593,7 @@ async fn configure(
             Api::<PodDisruptionBudget>::namespaced(context.client.clone(), &owner.namespace);
         kube_io::apply_own(&budgets, &budget, uid).await?;
     }
-    Ok(keys)
+    Ok((keys, drain))
 }
 
 /// The halt record the Composition's annotation holds; an unreadable one is ignored (logged).

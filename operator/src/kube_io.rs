@@ -32,9 +32,7 @@ pub async fn apply_dry_run<K>(api: &Api<K>, object: &K) -> Result<K, kube::Error
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
-    let params = PatchParams::apply(MANAGER).force().dry_run();
-    api.patch(&object.name_any(), &params, &Patch::Apply(object))
-        .await
+    patched(api, object, PatchParams::apply(MANAGER).force().dry_run()).await
 }
 
 /// Applies `object` as `manager`: for an object several Compositions share, each applying only
@@ -43,7 +41,13 @@ pub async fn apply_as<K>(api: &Api<K>, object: &K, manager: &str) -> Result<K, k
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
-    let params = PatchParams::apply(manager).force();
+    patched(api, object, PatchParams::apply(manager).force()).await
+}
+
+async fn patched<K>(api: &Api<K>, object: &K, params: PatchParams) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
     api.patch(&object.name_any(), &params, &Patch::Apply(object))
         .await
 }

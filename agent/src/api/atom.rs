@@ -3,6 +3,7 @@
 use super::body::{Object, Path};
 use super::{ApiError, Host};
 use crate::coordination::atom::{keys, stash, Atom, Held};
+use crate::traces::{Kind, Span};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -172,8 +173,8 @@ async fn lock(
     // the program no longer answers (the agent gave up on it: the caller was told it failed)
     // gets no lock at all.
     let made_in = CallHeaders::read(|name| headers.get(name).map(|v| v.as_bytes()))
-        .map_err(|bad| ApiError::bad_request(bad.to_string()))?
-        .call;
+        .map_err(|bad| ApiError::bad_request(bad.to_string()))?;
+    let (made_in, trace) = (made_in.call, made_in.trace);
     let answering = host.answering.get(&component);
     let until = made_in.map(|id| {
         let until = answering.and_then(|answering| answering.until(&id));
@@ -183,7 +184,15 @@ async fn lock(
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     tokio::spawn(async move {
         let _stream = stream;
-        if let Some(held) = acquired(&atom, keys, until, &tx).await {
+        // The wait for the lock, in the trace of the operation that asked for it (no keys in
+        // it: they may name a customer).
+        let mut span = Span::start(|| format!("lock {component}"), Kind::Server, trace);
+        let held = acquired(&atom, keys, until, &tx).await;
+        if held.is_none() {
+            span.fail(|| "not taken".to_owned());
+        }
+        drop(span);
+        if let Some(held) = held {
             hold(held, &tx).await;
         }
     });

@@ -367,7 +367,7 @@ impl Calls {
             };
             let ran = traces::within(span.context(), self.in_process(call, in_flight)).await;
             if let Err(error) = &ran {
-                span.fail(|| error.to_string());
+                span.fail(|| error.code().to_owned());
             }
             ran
         };
@@ -546,7 +546,9 @@ async fn hand(
     let mut handed = 1;
     loop {
         let answer = group.call(call.component, named, wire.clone(), wait).await;
-        let answer = answer.inspect_err(|error| span.fail(|| error.to_string()))?;
+        // The kind of failure only: the spans go to a collector, and the leader's refusal
+        // may quote the request.
+        let answer = answer.inspect_err(|_| span.fail(|| "unanswered".to_owned()))?;
         let gone = answer == json!(CallAnswer::Gone);
         if !gone || named.is_some() || handed == HAND_OUTS {
             return Ok(answer);

@@ -10,6 +10,7 @@
 //! | `receive <component>` | the callee's agent, from the delivery to the reply | consumer |
 //! | `operate <component>.<operation>` | the callee's agent, the program's run | client |
 //! | (the program's own) | the callee's program, from the request's `traceparent` | |
+//! | `lock <component>` | the agent, a lock's wait, from a program's request in its trace | server |
 //!
 //! A call run in the caller's own process (no broker) has no `receive`; one handed through the
 //! local group has `hand` (client) in the caller's process and `run` (server) in the one that

@@ -62,14 +62,16 @@ impl Settings {
         }
         let endpoint = match (set(trace::TRACES_ENDPOINT_VAR), set(trace::ENDPOINT_VAR)) {
             (Some(traces), _) => (trace::TRACES_ENDPOINT_VAR, traces),
-            (None, Some(base)) => (
-                trace::ENDPOINT_VAR,
-                format!("{}/v1/traces", base.trim_end_matches('/')),
-            ),
+            (None, Some(base)) => (trace::ENDPOINT_VAR, base),
             (None, None) => return Ok(None),
         };
+        // The value as given, by the rule the operator checks a Composition's with.
         trace::check_endpoint(&endpoint.1)
             .map_err(|bad| SettingsError::Endpoint(endpoint.0, bad))?;
+        let endpoint = match endpoint.0 {
+            trace::ENDPOINT_VAR => format!("{}/v1/traces", endpoint.1.trim_end_matches('/')),
+            _ => endpoint.1,
+        };
         if let Some(protocol) = set("OTEL_EXPORTER_OTLP_PROTOCOL").filter(|p| p != "http/protobuf")
         {
             return Err(SettingsError::Protocol(protocol));
@@ -82,7 +84,7 @@ impl Settings {
             },
         };
         Ok(Some(Self {
-            endpoint: endpoint.1,
+            endpoint,
             service: set(trace::SERVICE_VAR).unwrap_or_else(|| "toa-agent".to_owned()),
             instance: instance.to_owned(),
             application: application.to_owned(),

@@ -159,7 +159,9 @@ const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/shop/deployments/shop";
 
 /// The Deployment applied and answered with `status`; the query and the applied body.
 async fn apply_deployment(handle: &mut Handle, status: Value) -> (String, Value) {
-    expect(handle, "PATCH", DEPLOYMENT, deployment_with(status)).await
+    let (query, applied) = expect(handle, "PATCH", DEPLOYMENT, deployment_with(status)).await;
+    assert!(!query.contains("dryRun"), "the real apply: {query}");
+    (query, applied)
 }
 
 const BUDGET: &str = "/apis/policy/v1/namespaces/shop/poddisruptionbudgets/shop";
@@ -498,11 +500,18 @@ async fn a_valid_spec_applies_configmap_secret_deployment_then_status() {
     let (context, mut handle) = context(Arc::default(), true);
     let composition = composition(CompositionSpec::test());
     let task = tokio::spawn(reconcile(held(&composition), context.clone()));
-    up_to_pods(&mut handle, json!([])).await;
+    // The dry run first: the same pods (a new Deployment is tried at 0 replicas).
+    let tried = deployment_tried(&mut handle, None, echo).await;
+    assert_eq!(tried["spec"]["replicas"], 0);
+    config_maps(&mut handle).await;
+    let data = secret_written(&mut handle).await;
+    assert_eq!(data["token"], base64(&token()));
+    pods_listed(&mut handle, json!([])).await;
     let (query, deployment) = apply_deployment(&mut handle, json!({})).await;
     assert!(query.contains("fieldManager=toa-operator"), "{query}");
     assert_eq!(deployment["kind"], "Deployment");
     assert_eq!(deployment["spec"]["replicas"], 2);
+    assert_eq!(tried["spec"]["template"], deployment["spec"]["template"]);
     let status = status_written(&mut handle, &composition).await;
     let ready = condition(&status, conditions::READY);
     assert_eq!(
@@ -692,26 +701,11 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
 ) {
     for holds in [true, false] {
         let (context, mut handle) = context(Arc::default(), true);
-        let mut stored = Composition::test(CompositionSpec::test());
-        stored.status = Some(crate::CompositionStatus {
-            observed_generation: Some(1),
-            ..crate::CompositionStatus::default()
-        });
-        let composition = Arc::new(stored);
+        let composition = settled_at(reasons::ROLLED_OUT);
         let task = tokio::spawn(reconcile(held(&composition), context.clone()));
+        // Settled: no dry run.
         deployment_read(&mut handle, None).await;
-        absent(
-            &mut handle,
-            "/api/v1/namespaces/shop/configmaps/shop-components",
-        )
-        .await;
-        expect(
-            &mut handle,
-            "PATCH",
-            "/api/v1/namespaces/shop/configmaps/shop-components",
-            echo,
-        )
-        .await;
+        manifests_applied(&mut handle).await;
         let part = desired::declarations(&Owner::of(&composition).unwrap(), &composition);
         let mut current = serde_json::to_value(&part).unwrap();
         current["data"]["other.component.yaml"] = json!("name: component\n");
@@ -732,6 +726,87 @@ async fn a_reconciled_generation_reads_the_declarations_and_writes_them_only_whe
         secret_written(&mut handle).await;
         task.abort();
     }
+}
+
+/// The Composition of the tests' spec whose generation 1 the status observed, `Ready` with
+/// `reason`.
+fn settled_at(reason: &str) -> Arc<Composition> {
+    let mut stored = Composition::test(CompositionSpec::test());
+    let ready = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        type_: conditions::READY.to_owned(),
+        status: "False".to_owned(),
+        reason: reason.to_owned(),
+        message: String::new(),
+        observed_generation: Some(1),
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()),
+    };
+    stored.status = Some(crate::CompositionStatus {
+        observed_generation: Some(1),
+        conditions: vec![ready],
+        ..crate::CompositionStatus::default()
+    });
+    Arc::new(stored)
+}
+
+/// The ConfigMap of manifests, read (none yet) and applied.
+async fn manifests_applied(handle: &mut Handle) {
+    let path = "/api/v1/namespaces/shop/configmaps/shop-components";
+    absent(handle, path).await;
+    expect(handle, "PATCH", path, echo).await;
+}
+
+/// A generation refused before (the spec, or a Conflict that stopped the reconcile before its
+/// pods were tried) is not settled: its Deployment is tried again before anything is written.
+#[tokio::test]
+async fn a_generation_refused_before_is_tried_again_before_anything_is_written() {
+    for reason in [reasons::INVALID_SPEC, reasons::CONFLICT] {
+        let (context, mut handle) = context(Arc::default(), true);
+        let composition = settled_at(reason);
+        let task = tokio::spawn(reconcile(held(&composition), context.clone()));
+        let tried = deployment_tried(&mut handle, None, echo).await;
+        assert_eq!(tried["kind"], "Deployment", "{reason}");
+        manifests_applied(&mut handle).await;
+        task.abort();
+    }
+}
+
+/// A settled generation is not tried; should the real apply be refused (an operator upgrade
+/// changed its pods), that is said as the spec's refusal too.
+#[tokio::test]
+async fn a_settled_generation_whose_apply_is_refused_is_invalid_with_the_servers_words() {
+    let (context, mut handle) = context(Arc::default(), true);
+    let composition = settled_at(reasons::ROLLED_OUT);
+    let task = tokio::spawn(reconcile(held(&composition), context.clone()));
+    deployment_read(&mut handle, None).await;
+    manifests_applied(&mut handle).await;
+    let part = desired::declarations(&Owner::of(&composition).unwrap(), &composition);
+    let current = serde_json::to_value(&part).unwrap();
+    let declarations = "/api/v1/namespaces/shop/configmaps/toa-declarations";
+    expect(&mut handle, "GET", declarations, |_| {
+        (StatusCode::OK, current)
+    })
+    .await;
+    secret_written(&mut handle).await;
+    pods_listed(&mut handle, json!([])).await;
+    let said = "Deployment.apps \"shop\" is invalid: spec.template.spec.containers[0].env[0].name: Invalid value";
+    let refusal = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                         "message": said, "reason": "Invalid", "code": 422});
+    let (query, _) = expect(&mut handle, "PATCH", DEPLOYMENT, move |_| {
+        (StatusCode::UNPROCESSABLE_ENTITY, refusal)
+    })
+    .await;
+    assert!(!query.contains("dryRun"), "the real apply: {query}");
+    let status = status_written(&mut handle, &composition).await;
+    let ready = condition(&status, conditions::READY);
+    assert_eq!(
+        (&ready["reason"], &ready["message"]),
+        (
+            &json!("InvalidSpec"),
+            &json!(format!("the API server refuses the pods: {said}"))
+        )
+    );
+    assert_eq!(task.await.unwrap().unwrap(), Action::requeue(RESYNC));
+    expect_nothing_more(handle, context).await;
 }
 
 /// An evicted pod (Failed, its IP still in its status, perhaps another pod's by now) and a pod

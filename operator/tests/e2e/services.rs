@@ -203,14 +203,22 @@ impl Traces {
         format!("http://{}:{}", self.ip, self.port)
     }
 
-    /// The spans received so far.
+    /// The spans received so far; a request the receiver could not decode fails the test.
     pub fn spans(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&self.spans)
+        let spans: Vec<serde_json::Value> = std::fs::read_to_string(&self.spans)
             .unwrap_or_default()
             .lines()
             .filter(|line| line.starts_with('{'))
+            // The last line may be half written.
             .filter_map(|line| serde_json::from_str(line).ok())
-            .collect()
+            .collect();
+        let errors: Vec<&serde_json::Value> =
+            spans.iter().filter(|s| s.get("error").is_some()).collect();
+        assert!(
+            errors.is_empty(),
+            "the receiver could not decode: {errors:?}"
+        );
+        spans
     }
 }
 

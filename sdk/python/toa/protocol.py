@@ -223,8 +223,8 @@ CALL_HEADER = "toa-call"
 # as it came, with every call and lock the operation makes, so they join the caller's trace.
 TRACE_HEADERS = ("traceparent", "tracestate")
 
-LOCK = Route("POST", "/v1/{component}/lock", headers=(*OWN, CALL_HEADER, *TRACE_HEADERS), request=LockRequest, response=LockEvent,
-             error=ErrorBody)
+LOCK = Route("POST", "/v1/{component}/lock", headers=(*OWN, CALL_HEADER, *TRACE_HEADERS),
+             request=LockRequest, response=LockEvent, error=ErrorBody)
 SLOTS = Route("GET", "/v1/{component}/slots", query=("total",), headers=OWN, response=SlotsResponse,
               error=ErrorBody)
 ONASSIGNED = Route("GET", "/v1/{component}/onassigned", headers=OWN, response=AssignedEvent,

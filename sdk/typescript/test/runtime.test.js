@@ -146,13 +146,14 @@ test("an operation's calls join the trace its request came with: the nested call
   const stage = await compose([`${FIXTURES}/shop.probe`], { agent: AGENT, env })
   try {
     assert.deepEqual(await stage.call('shop.probe.relay'), { relayed: true })
-    const names = ['call shop.probe.relay', 'operate shop.probe.relay', 'call shop.probe.echo', 'operate shop.probe.echo']
+    const names = ['call shop.probe.relay', 'operate shop.probe.relay', 'lock shop.probe', 'call shop.probe.echo', 'operate shop.probe.echo']
     const spans = await until(() => {
       const found = names.map((name) => receiver.spans().find((span) => span.name === name))
       return found.every(Boolean) && found
-    }, 20_000, 'the four spans of the relayed call')
-    const [call, relay, nested, echo] = spans
+    }, 20_000, 'the spans of the relayed call')
+    const [call, relay, lock, nested, echo] = spans
     assert.equal(relay.parent, call.span, JSON.stringify(spans))
+    assert.equal(lock.parent, relay.span, 'the lock\'s wait too')
     assert.equal(nested.parent, relay.span, 'the program passed the trace it was given on')
     assert.equal(echo.parent, nested.span)
     assert.ok(spans.every((span) => span.trace === call.trace), 'one trace')
