@@ -337,6 +337,10 @@ pub async fn invalid_spec(suite: Arc<Suite>) {
         .is_none());
 
     // Running, then refused: what runs stays.
+    let kept_refused = || {
+        let ready = Some("InvalidSpec");
+        wait_condition(&suite, namespace, "kept", "Ready", "False", ready, PATIENCE)
+    };
     apply(&suite, &composition(namespace, "kept", json!({}))).await;
     wait_condition(&suite, namespace, "kept", "Ready", "True", None, PATIENCE).await;
     let before = deployment(&suite, namespace, "kept").await.unwrap();
@@ -350,16 +354,7 @@ pub async fn invalid_spec(suite: Arc<Suite>) {
         ),
     )
     .await;
-    let refused = wait_condition(
-        &suite,
-        namespace,
-        "kept",
-        "Ready",
-        "False",
-        Some("InvalidSpec"),
-        PATIENCE,
-    )
-    .await;
+    let refused = kept_refused().await;
     refusal(&refused);
     let after = deployment(&suite, namespace, "kept").await.unwrap();
     assert_eq!(
@@ -383,16 +378,7 @@ pub async fn invalid_spec(suite: Arc<Suite>) {
         "components": [{ "name": COMPONENT, "manifest": manifest() }, second],
     });
     apply(&suite, &composition(namespace, "kept", spec)).await;
-    let refused = wait_condition(
-        &suite,
-        namespace,
-        "kept",
-        "Ready",
-        "False",
-        Some("InvalidSpec"),
-        PATIENCE,
-    )
-    .await;
+    let refused = kept_refused().await;
     let message = condition(&refused, "Ready").unwrap().message;
     assert!(
         message.starts_with("the API server refuses the pods:") && message.contains("operator"),
