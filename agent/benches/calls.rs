@@ -457,13 +457,16 @@ async fn main() {
         let _ = child.kill();
         let _ = child.wait();
     }
-    // The application's queues are durable: remove them.
-    for suffix in ["#v2", "#dead", ""] {
+    // The application's queues are durable: remove them (each run's tasks queue kept 6,400
+    // tasks on the machine's broker while this named an older queue).
+    let components = ["terminals", "caller"];
+    for queue in components
+        .map(|c| [format!("{c}#tasks"), format!("{c}#dead"), c.to_owned()])
+        .concat()
+    {
         let _ = channel
             .queue_delete(
-                format!("toa.{application}.terminals{suffix}")
-                    .as_str()
-                    .into(),
+                format!("toa.{application}.{queue}").as_str().into(),
                 Default::default(),
             )
             .await;

@@ -92,6 +92,8 @@ pub fn free_ports(range: std::ops::Range<u16>, count: u16) -> u16 {
 /// ephemeral ports (and below NodePorts, 30000-32767).
 pub const CONTROL_PLANE_PORTS: std::ops::Range<u16> = 21000..29000;
 pub const METRICS_PORTS: std::ops::Range<u16> = 12000..20000;
+/// Where the suite's RabbitMQ nodes take their Erlang distribution ports.
+pub const DIST_PORTS: std::ops::Range<u16> = 20000..21000;
 /// Where Linux's default `ip_local_port_range` starts.
 const EPHEMERAL_START: u16 = 32768;
 

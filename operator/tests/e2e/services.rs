@@ -92,7 +92,10 @@ impl Rabbit {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
         std::fs::write(dir.join("rabbitmq.conf"), "loopback_users = none\n").unwrap();
-        let (port, dist) = (free_port(ip), free_port("127.0.0.1"));
+        // The distribution port on loopback, below the ephemeral ports: one picked among them was
+        // taken by an outgoing connection before the node bound it (a fresh machine's CI run).
+        let dist = crate::cluster::free_ports(crate::cluster::DIST_PORTS, 1);
+        let port = free_port(ip);
         // Several nodes may run at once (one per scenario that needs one): each its own name.
         static NODES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NODES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
