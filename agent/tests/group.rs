@@ -271,6 +271,9 @@ fn a_call_handed_to_a_stopped_process_runs_once_elsewhere_and_not_when_it_resume
     // SAFETY: signals to the agent this test started.
     let signal = |signal| assert_eq!(unsafe { libc::kill(second.pid() as i32, signal) }, 0);
     signal(libc::SIGSTOP);
+    // SIGSTOP takes effect as each thread next runs: under load a call made at once reached the
+    // process before it stopped, and its program started it (a record of that, not a fault).
+    until("the second stopped", || stopped(second.pid()).then_some(()));
     // Two calls in a row: the group hands them out in turn, so one goes to the stopped process.
     for id in [900, 901] {
         let body = format!(r#"{{"input":{{"id":{id}}}}}"#);
@@ -296,6 +299,19 @@ fn a_call_handed_to_a_stopped_process_runs_once_elsewhere_and_not_when_it_resume
         assert!(stopped, "{log}");
     }
     let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// Whether every thread of the process `pid` is stopped (state `T` in /proc).
+fn stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // `pid (comm) state …`: the state follows the last parenthesis.
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    })
 }
 
 /// From each program's record: the slots it owned from each assignment to the next (the killed
