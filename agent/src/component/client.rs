@@ -19,6 +19,10 @@ pub enum ProgramError {
     Unreachable { component: String, message: String },
     #[error("{component} did not answer within {limit:?}")]
     TimedOut { component: String, limit: Duration },
+    /// The program on the component's port does not know the agent's token (401): another
+    /// process serves that port, or the program was given another token.
+    #[error("{component}: 127.0.0.1:{port} refused the agent's token (401): the process serving it is not the program this agent started or was told of, or it was given another token")]
+    Refused { component: String, port: u16 },
     #[error("{component} answered {status}: {body}")]
     Failed {
         component: String,
@@ -296,6 +300,12 @@ impl ProgramClient {
             .send()
             .await
             .map_err(unreachable)?;
+        if response.status() == reqwest::StatusCode::UNAUTHORIZED {
+            return Err(ProgramError::Refused {
+                component: self.component.clone(),
+                port: self.port,
+            });
+        }
         // 404, 405, 501 (a handler without GET): the program does not say.
         if !response.status().is_success() {
             return Ok(None);
@@ -566,6 +576,28 @@ mod tests {
         assert_eq!(described(program("<html>hello</html>")).await, None);
         // A program without the route.
         assert_eq!(described(axum::Router::new()).await, None);
+    }
+
+    /// A program that refuses the agent's token is not taken at its manifest's word: every call
+    /// would be refused, so the start fails naming the port.
+    #[tokio::test]
+    async fn a_program_refusing_the_agents_token_is_no_program_of_its() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stranger =
+            axum::Router::new().fallback(|| async { (axum::http::StatusCode::UNAUTHORIZED, "{}") });
+        tokio::spawn(async move { axum::serve(listener, stranger).await });
+        let error = ProgramClient::new("shop.mail", port)
+            .with_token(Some("ours"))
+            .describe()
+            .await
+            .unwrap_err();
+        assert!(matches!(error, ProgramError::Refused { .. }), "{error}");
+        let message = error.to_string();
+        assert!(
+            message.contains(&format!("127.0.0.1:{port} refused the agent's token")),
+            "{message}"
+        );
     }
 
     /// The client of a program serving `app`, its answers limited to `message` bytes.

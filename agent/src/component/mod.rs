@@ -18,6 +18,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use toa_context::{Manifest, RunCommand, Secret};
 
+/// How often a program is started on a new port when the one it was given turns out to be
+/// another's ([`Component::start`]).
+const START_TRIES: u32 = 3;
+
+/// How long a program started on another's port has to stop (it has usually exited already,
+/// its port taken).
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Why a component could not be loaded, started or run.
 #[derive(Debug, thiserror::Error)]
 pub enum ComponentError {
@@ -174,24 +182,40 @@ impl Component {
                     component: self.name.clone(),
                 },
             })?;
-        let program = Program::start(
-            &self.name,
-            &self.dir,
-            command,
-            program::Environment {
-                agent,
-                instance,
-                token,
-                configuration: &self.configuration,
-                secrets: &self.secrets,
-                withheld,
-            },
-        )
-        .await?;
-        let client = ProgramClient::new(&self.name, program.port())
-            .with_token(token)
-            .with_errors(&self.manifest);
-        Ok((program, client))
+        let environment = || program::Environment {
+            agent,
+            instance,
+            token,
+            configuration: &self.configuration,
+            secrets: &self.secrets,
+            withheld,
+        };
+        let mut tries = 1;
+        loop {
+            let program = Program::start(&self.name, &self.dir, command, environment()).await?;
+            let client = ProgramClient::new(&self.name, program.port())
+                .with_token(token)
+                .with_errors(&self.manifest);
+            // The free port the program was given may be given to another agent's program in
+            // the moment before this one binds it: the one that binds second exits, and its
+            // agent, finding the port served, would send every call to the other program.
+            // Only a program that knows the token tells them apart; the later `describe`
+            // reports any other failure.
+            match client.describe().await {
+                Err(refused @ client::ProgramError::Refused { .. }) => {
+                    program.stop(STOP_GRACE).await;
+                    if tries == START_TRIES {
+                        return Err(ComponentError::Start {
+                            component: self.name.clone(),
+                            message: refused.to_string(),
+                        });
+                    }
+                    tracing::warn!(component = %self.name, %refused, "starting the program again on another port");
+                    tries += 1;
+                }
+                _ => return Ok((program, client)),
+            }
+        }
     }
 
     /// The variables this component's secrets were read from (`NAME` for `TOA_SECRET_NAME`).
@@ -400,6 +424,79 @@ mod tests {
         assert!(message.contains("operations/a.ts"), "{message}");
         assert!(message.contains("operations/b.py"), "{message}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Component `shop.port`, whose program records each start (its pid and port) in `runs`
+    /// and answers 401, as a process that does not know the agent's token, on its first
+    /// `refusing` starts.
+    fn refusing(refusing: usize) -> (Component, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("toa-port-{}-{refusing}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let runs = dir.join("runs");
+        let manifest = format!(
+            "name: port\nnamespace: shop\nprogram: [python3, program.py, {}, '{refusing}']\noperations:\n  a: {{}}\n",
+            runs.display()
+        );
+        std::fs::write(dir.join("manifest.toa.yaml"), manifest).unwrap();
+        let program = r#"
+import http.server, os, sys
+port = int(os.environ["TOA_PORT"])
+with open(sys.argv[1], "a") as runs:
+    runs.write(f"{os.getpid()} {port}\n")
+refuse = len(open(sys.argv[1]).read().splitlines()) <= int(sys.argv[2])
+class Program(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(401 if refuse else 404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Program).serve_forever()
+"#;
+        std::fs::write(dir.join("program.py"), program).unwrap();
+        (Component::load(&dir).unwrap(), runs)
+    }
+
+    /// Each start's pid and port, from the program's record.
+    fn runs(path: &Path) -> Vec<(i32, u16)> {
+        let runs = std::fs::read_to_string(path).unwrap();
+        let run = |line: &str| {
+            let (pid, port) = line.split_once(' ').unwrap();
+            (pid.parse().unwrap(), port.parse().unwrap())
+        };
+        runs.lines().map(run).collect()
+    }
+
+    /// Two agents starting at once may give their programs one free port: the second to bind
+    /// exits, and its agent finds the port served by the other's, which refuses its token. The
+    /// program is started again on another port, the stranger's stopped; a port that is never
+    /// the program's fails the start after three, naming it.
+    #[tokio::test]
+    async fn a_program_whose_port_another_serves_is_started_again_on_another() {
+        let (component, record) = refusing(1);
+        let (program, _) = component
+            .start("http://127.0.0.1:1", ("i", Some("t"), &[]))
+            .await
+            .unwrap();
+        let started = runs(&record);
+        assert_eq!(started.len(), 2, "{started:?}");
+        assert_eq!(started[1].1, program.port());
+        // SAFETY: signal 0 only asks whether the process exists.
+        let alive = unsafe { libc::kill(started[0].0, 0) } == 0;
+        assert!(!alive, "the first program, refusing, was stopped");
+        program.stop(STOP_GRACE).await;
+
+        let (component, record) = refusing(5);
+        let refused = component
+            .start("http://127.0.0.1:1", ("i", Some("t"), &[]))
+            .await;
+        let message = refused.err().expect("refused at start").to_string();
+        assert!(
+            message.contains("refused the agent's token (401)"),
+            "{message}"
+        );
+        assert_eq!(runs(&record).len(), 3, "three starts, then the failure");
     }
 
     fn said(commands: &[&str], operations: &[&str]) -> Description {
