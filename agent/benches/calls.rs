@@ -3,7 +3,11 @@
 //!
 //!   cargo build --release -p toa-example-terminals && cargo bench -p toa-agent --bench calls
 //!
-//! Prints `BENCH <name> <ours> <baseline> <ratio>`; latencies in µs, rates per second, RSS in MB.
+//! With `TOA_BENCH_TRACES=1` the agents export their spans (OTLP/HTTP) to a receiver in this
+//! process that counts them and answers at once, as a collector on another machine would.
+//!
+//! Prints `BENCH <name> <ours> <baseline> <ratio>`; latencies in µs, rates per second, RSS in MB,
+//! CPU in µs per call (both agents together, from /proc).
 //! Ours: caller → agent B (HTTP) → broker → agent A → the Rust terminals program (HTTP) and back.
 //! The baseline: a request published to a queue, consumed by another process that replies at
 //! once — the broker's round trip with nothing else.
@@ -38,6 +42,117 @@ fn quorum() -> (QueueDeclareOptions, FieldTable) {
         ..Default::default()
     };
     (options, arguments)
+}
+
+/// The spans' receiver, when the agents export them (`TOA_BENCH_TRACES=1`).
+static RECEIVER: std::sync::OnceLock<Spans> = std::sync::OnceLock::new();
+
+/// A trace receiver in this process: counts the export requests and their bytes and answers
+/// 200 at once (the agent reads no more of the answer).
+struct Spans {
+    endpoint: String,
+    requests: Arc<std::sync::atomic::AtomicU64>,
+    bytes: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Starts the receiver when `TOA_BENCH_TRACES=1`; says which way this run goes.
+async fn traced() {
+    use std::sync::atomic::Ordering::Relaxed;
+    if std::env::var("TOA_BENCH_TRACES").as_deref() != Ok("1") {
+        println!("BENCH tracing off");
+        return;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let spans = Spans {
+        endpoint: format!("http://{}", listener.local_addr().unwrap()),
+        requests: Arc::default(),
+        bytes: Arc::default(),
+    };
+    let (requests, bytes) = (spans.requests.clone(), spans.bytes.clone());
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| async move {
+            requests.fetch_add(1, Relaxed);
+            bytes.fetch_add(body.len() as u64, Relaxed);
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    println!("BENCH tracing on, exported to {}", spans.endpoint);
+    RECEIVER.set(spans).ok();
+}
+
+/// A process's CPU time so far (user and system), in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf only reads a constant of the system.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// A bare consumer acking each delivery of the quorum queue `queue` at once (the served
+/// tasks' baseline).
+async fn acknowledge(queue: &str) {
+    let connection = Connection::connect(BROKER, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let (options, arguments) = quorum();
+    channel
+        .queue_declare(queue.into(), options, arguments)
+        .await
+        .unwrap();
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    println!("ready");
+    while let Some(Ok(delivery)) = consumer.next().await {
+        delivery
+            .acker
+            .ack(BasicAckOptions::default())
+            .await
+            .unwrap();
+    }
+}
+
+/// `--load URL CALLERS SECONDS`: ordinary calls of `{"input":{"n":1}}` to `URL` from `CALLERS`
+/// tasks for `SECONDS` (the profiling harness's load, scripts/profile-calls); prints the count.
+async fn load(args: &[String]) {
+    let (url, callers, seconds) = (&args[0], args[1].parse().unwrap(), args[2].parse().unwrap());
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let tasks: Vec<_> = (0..callers)
+        .map(|_| {
+            let (http, url, count) = (http.clone(), url.clone(), count.clone());
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    let response = http
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(r#"{"input":{"n":1}}"#)
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(response.status(), 200);
+                    let _ = response.bytes().await.unwrap();
+                    count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        })
+        .collect::<Vec<tokio::task::JoinHandle<()>>>();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    println!("{}", count.load(std::sync::atomic::Ordering::Relaxed));
 }
 
 /// The bare responder: consumes `queue` (a transient classic queue, or with `durable` a quorum
@@ -96,7 +211,9 @@ async fn respond(queue: &str, durable: bool) {
 }
 
 fn agent(bin: &str, dir: &Path, context: &Path, instance: &str, port: u16) -> Child {
+    let traces = RECEIVER.get().map(|spans| spans.endpoint.clone());
     Command::new(bin)
+        .envs(traces.map(|endpoint| ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)))
         .args([
             "compose",
             dir.to_str().unwrap(),
@@ -121,6 +238,13 @@ async fn main() {
     if let Some(position) = args.iter().position(|a| a == "--quorum-responder") {
         return respond(&args[position + 1], true).await;
     }
+    if let Some(position) = args.iter().position(|a| a == "--acker") {
+        return acknowledge(&args[position + 1]).await;
+    }
+    if let Some(position) = args.iter().position(|a| a == "--load") {
+        return load(&args[position + 1..]).await;
+    }
+    traced().await;
     let exe = std::env::current_exe().unwrap();
     let release = exe
         .parent()
@@ -177,6 +301,9 @@ async fn main() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle = rss_mb(a.id());
+    // A loopback HTTP round trip with nothing else: the program alone, asked as agent A asks
+    // it (each call crosses two such hops, B's from its caller and A's to its program).
+    let (mut lone, lone_url) = lone_program(&program).await;
     // Agent A holds terminal t1 (the call is addressed to it, so it lands there).
     let connect = serde_json::json!({"input": {"terminal": "t1"}});
     http.post(format!(
@@ -259,9 +386,22 @@ async fn main() {
 
     for callers in [1usize, 32] {
         let total = if callers == 1 { 1000 } else { 6400 };
+        let hop = http_round_trips(&http, &lone_url, callers, total).await;
+        line(
+            &format!("http_loopback_{callers}callers_p50_us"),
+            hop.p50,
+            None,
+        );
+        line(
+            &format!("http_loopback_{callers}callers_per_s"),
+            hop.rate,
+            None,
+        );
         let bare_quorum =
             bare_round_trips(callers, total, &channel, &pending, &durable_queue, &replies).await;
+        let responder_cpu = cpu_seconds(transient_responder.id());
         let bare = bare_round_trips(callers, total, &channel, &pending, &queue, &replies).await;
+        let responder_cpu = cpu_seconds(transient_responder.id()) - responder_cpu;
         for (name, path, body) in [
             (
                 "addressed",
@@ -276,6 +416,8 @@ async fn main() {
         ] {
             let url = format!("http://127.0.0.1:{port_b}/v1/call/{path}");
             let (http, body) = (http.clone(), body.clone());
+            let agents_cpu = || cpu_seconds(a.id()) + cpu_seconds(b.id());
+            let cpu = agents_cpu();
             let ours = measure(callers, total, move |_| {
                 let (http, url, body) = (http.clone(), url.clone(), body.clone());
                 async move {
@@ -299,6 +441,14 @@ async fn main() {
                 &format!("call_{name}_{callers}callers_per_s_vs_bare_lapin"),
                 ours.rate,
                 Some(bare.rate),
+            );
+            // Both agents' CPU per call, in µs (= ms per 1,000 calls; 250 µs is 0.25 vCPU per
+            // 1,000 calls/s): ratio against the bare responder's, which also takes every call
+            // once and publishes every reply.
+            line(
+                &format!("call_{name}_{callers}callers_agents_cpu_us_per_call_vs_bare_responder"),
+                (agents_cpu() - cpu) * 1e6 / total as f64,
+                Some(responder_cpu * 1e6 / total as f64),
             );
             if name == "ordinary" {
                 // The same kind of queue as ours: what the agent adds, apart from durability.
@@ -370,34 +520,19 @@ async fn main() {
         )
         .await
         .unwrap();
-    let bare_tasks = {
-        let (channel, durable) = (confirming.clone(), durable.clone());
-        measure(32, 6400, move |_| {
-            let (channel, durable) = (channel.clone(), durable.clone());
-            async move {
-                let confirm = channel
-                    .basic_publish(
-                        "".into(),
-                        durable.as_str().into(),
-                        BasicPublishOptions::default(),
-                        br#"{"operation":"echo","input":{"n":1}}"#,
-                        BasicProperties::default().with_delivery_mode(2),
-                    )
-                    .await
-                    .unwrap()
-                    .await
-                    .unwrap();
-                assert!(confirm.is_ack());
-            }
-        })
-        .await
-    };
+    let bare_tasks = bare_publishes(32, 6400, &confirming, &durable).await;
+    // The same publisher with a bare consumer acking each task meanwhile: the baseline of
+    // tasks served as they are accepted.
+    let mut acker = start_responder(&exe, "--acker", &durable);
+    let bare_served = bare_publishes(32, 6400, &confirming, &durable).await;
+    let _ = acker.kill();
+    let _ = acker.wait();
     let url = format!("http://127.0.0.1:{port_b}/v1/task/terminals/echo");
     let served_tasks = post_tasks(&http, &url).await;
     line(
-        "task_durable_served_32callers_per_s_vs_bare_lapin_confirmed",
+        "task_durable_served_32callers_per_s_vs_bare_lapin_confirmed_consumed",
         served_tasks.rate,
-        Some(bare_tasks.rate),
+        Some(bare_served.rate),
     );
     // Like the bare publisher, with nobody consuming: a third agent, of another component,
     // publishes to the queue A and B declared, once they are gone.
@@ -448,11 +583,18 @@ async fn main() {
     let _ = c.wait();
     line("agent_rss_idle_mb", idle, None);
     line("agent_rss_loaded_mb", loaded, None);
+    if let Some(spans) = RECEIVER.get() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (requests, bytes) = (spans.requests.load(Relaxed), spans.bytes.load(Relaxed));
+        line("traces_exported_requests", requests as f64, None);
+        line("traces_exported_mb", bytes as f64 / 1e6, None);
+    }
     for child in [
         &mut a,
         &mut b,
         &mut transient_responder,
         &mut quorum_responder,
+        &mut lone,
     ] {
         let _ = child.kill();
         let _ = child.wait();
@@ -516,6 +658,83 @@ async fn post_tasks(http: &reqwest::Client, url: &str) -> Figures {
             let response = http
                 .post(&url)
                 .json(&serde_json::json!({"input": {"n": 1}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            let _ = response.bytes().await.unwrap();
+        }
+    })
+    .await
+}
+
+/// `total` persistent publishes from `callers` tasks to the quorum queue `durable` on the
+/// confirming `channel`, each awaiting its confirm.
+async fn bare_publishes(
+    callers: usize,
+    total: usize,
+    channel: &lapin::Channel,
+    durable: &str,
+) -> Figures {
+    let (channel, durable) = (channel.clone(), durable.to_owned());
+    measure(callers, total, move |_| {
+        let (channel, durable) = (channel.clone(), durable.clone());
+        async move {
+            let confirm = channel
+                .basic_publish(
+                    "".into(),
+                    durable.as_str().into(),
+                    BasicPublishOptions::default(),
+                    br#"{"operation":"echo","input":{"n":1}}"#,
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            assert!(confirm.is_ack());
+        }
+    })
+    .await
+}
+
+/// The terminals program on a port of its own, no agent in front: asked as an agent asks it.
+async fn lone_program(program: &Path) -> (Child, String) {
+    let port = common::free_port();
+    let child = Command::new(program)
+        .env("TOA_PORT", port.to_string())
+        .env_remove("TOA_AGENT_TOKEN")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the lone program did not serve");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (child, format!("http://127.0.0.1:{port}/operations/echo"))
+}
+
+/// `total` loopback HTTP round trips to the lone program from `callers` tasks, each the request
+/// agent A makes of its program for an ordinary call.
+async fn http_round_trips(
+    http: &reqwest::Client,
+    url: &str,
+    callers: usize,
+    total: usize,
+) -> Figures {
+    let (http, url) = (http.clone(), url.to_owned());
+    measure(callers, total, move |_| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let body = r#"{"input":{"n":1},"call":{"id":"00000000000000000000000000000001","redelivered":false,"deadline_ms":null}}"#;
+            let response = http
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body)
                 .send()
                 .await
                 .unwrap();

@@ -52,6 +52,7 @@ pub async fn run_once<F>(
 where
     F: Future<Output = Result<Outcome, ProgramError>>,
 {
+    let run = std::pin::pin!(run); // awaited by reference: by value it was held here thrice
     let Some(key) = key else {
         return Once::Ran(run.await);
     };

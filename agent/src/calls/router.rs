@@ -499,7 +499,8 @@ fn run_here(
         let (stored_key, key) =
             crate::calls::once::keys(objects.as_deref(), &operation, key.as_deref());
         // The program's time counts from when it runs, after any wait for the key's claim.
-        let program = async {
+        // Pinned here: `run_once` holds a pointer to it, not a copy of the program's call path.
+        let program = std::pin::pin!(async {
             let run = Run {
                 client: &client,
                 operation: &operation,
@@ -511,7 +512,7 @@ fn run_here(
                 receipt,
             };
             objects::operate(objects.as_deref(), run, &operations).await
-        };
+        });
         let once = crate::calls::once::run_once(
             &repeats, &operation, key, &input, deadline, window, program,
         )

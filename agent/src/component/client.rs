@@ -6,6 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::answering::Answering;
+use super::hop::{self, Hop};
+use hyper::http::header::{HeaderName, HeaderValue, AUTHORIZATION};
+use hyper::{Method, StatusCode};
 
 use toa_context::answer::NotAnOutcome;
 pub use toa_context::answer::Outcome;
@@ -110,8 +113,9 @@ pub struct ProgramClient {
     /// The component's token, sent with every request: a program that knows it (the SDKs)
     /// answers no one else.
     token: Option<String>,
-    base: String,
-    http: reqwest::Client,
+    /// `Authorization: Bearer <token>`, made once.
+    bearer: Option<HeaderValue>,
+    hop: Hop,
     /// Each operation's declared error codes (the manifest's `errors:`); `None`: not checked
     /// (a client made without a manifest, in tests).
     errors: Option<Arc<HashMap<String, Vec<String>>>>,
@@ -127,11 +131,8 @@ impl ProgramClient {
             run_command_limit: toa_context::Limits::default().run_command,
             answer_limit: toa_context::Limits::default().message as usize,
             token: None,
-            base: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::builder()
-                .no_proxy()
-                .build()
-                .expect("an HTTP client"),
+            bearer: None,
+            hop: Hop::new(port),
             errors: None,
             answering: Arc::default(),
         }
@@ -211,15 +212,13 @@ impl ProgramClient {
     /// The same client, sending `token` with every request.
     pub fn with_token(mut self, token: Option<&str>) -> Self {
         self.token = token.map(str::to_owned);
+        self.bearer = token.map(|token| {
+            let mut value = HeaderValue::try_from(format!("Bearer {token}"))
+                .expect("a token is printable ASCII");
+            value.set_sensitive(true);
+            value
+        });
         self
-    }
-
-    /// `request` with the component's token, when there is one.
-    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.token {
-            Some(token) => request.bearer_auth(token),
-            None => request,
-        }
     }
 
     /// The same client, with run commands limited to `limits.runCommand` and answers to
@@ -233,33 +232,14 @@ impl ProgramClient {
     /// The answer's body as text, read up to the limit: a longer one is refused with the rest
     /// unread (a program answering 200 MB no longer takes the agent's memory with it).
     /// `limit`: the request's time limit, past which reading it is the program's timeout.
-    async fn body(
-        &self,
-        mut response: reqwest::Response,
-        limit: Duration,
-    ) -> Result<String, ProgramError> {
-        let too_large = || ProgramError::TooLarge {
-            component: self.component.clone(),
-            limit: self.answer_limit,
-        };
-        if response
-            .content_length()
-            .is_some_and(|length| length > self.answer_limit as u64)
-        {
-            return Err(too_large());
-        }
-        let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
+    async fn body(&self, response: hop::Answer, limit: Duration) -> Result<String, ProgramError> {
+        let body = response
+            .bytes(self.answer_limit)
             .await
-            .map_err(|error| self.failed(&error, limit))?
-        {
-            if body.len() + chunk.len() > self.answer_limit {
-                return Err(too_large());
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Ok(String::from_utf8_lossy(&body).into_owned())
+            .map_err(|failure| self.failed(failure, limit))?;
+        // Valid UTF-8 (the JSON every program sends) is taken as it is, not copied.
+        Ok(String::from_utf8(body)
+            .unwrap_or_else(|invalid| String::from_utf8_lossy(invalid.as_bytes()).into_owned()))
     }
 
     /// Runs a run command (within the client's limit); a non-2xx answer is its failure.
@@ -287,20 +267,18 @@ impl ProgramClient {
     /// [...]}`), or `None` from a program that does not say (any answer but a 2xx, or one that is
     /// not a description: the manifest's word is taken).
     pub async fn describe(&self) -> Result<Option<Description>, ProgramError> {
-        let unreachable = |error: reqwest::Error| ProgramError::Unreachable {
-            component: self.component.clone(),
-            message: error.to_string(),
-        };
-        let request = self
-            .http
-            .get(format!("{}{}", self.base, program::PROGRAM_PATH));
+        let until = tokio::time::Instant::now() + DESCRIBE_LIMIT;
         let response = self
-            .authorized(request)
-            .timeout(DESCRIBE_LIMIT)
-            .send()
+            .hop
+            .send(
+                (Method::GET, program::PROGRAM_PATH),
+                self.bearer.clone().map(|token| (AUTHORIZATION, token)),
+                None,
+                until,
+            )
             .await
-            .map_err(unreachable)?;
-        if response.status() == reqwest::StatusCode::UNAUTHORIZED {
+            .map_err(|failure| self.failed(failure, DESCRIBE_LIMIT))?;
+        if response.status() == StatusCode::UNAUTHORIZED {
             return Err(ProgramError::Refused {
                 component: self.component.clone(),
                 port: self.port,
@@ -472,12 +450,8 @@ impl ProgramClient {
         };
         let _answer = (!call.id.is_empty()).then(|| self.answering.enter(&call.id, until));
         let request = program::OperationCall { input, entry, call };
-        let body = serde_json::to_value(request).map_err(|error| ProgramError::Unreachable {
-            component: self.component.clone(),
-            message: error.to_string(),
-        })?;
         let response = self
-            .post(&program::operation_path(operation), &body, limit)
+            .post(&program::operation_path(operation), &request, limit)
             .await?;
         let status = response.status().as_u16();
         let body = self.body(response, limit).await?;
@@ -501,41 +475,51 @@ impl ProgramClient {
         }
     }
 
-    /// What a request's failure means: past its time `limit`, or the program unreachable.
-    fn failed(&self, error: &reqwest::Error, limit: Duration) -> ProgramError {
-        if error.is_timeout() {
-            ProgramError::TimedOut {
-                component: self.component.clone(),
-                limit,
-            }
-        } else {
-            ProgramError::Unreachable {
-                component: self.component.clone(),
-                message: error.to_string(),
-            }
+    /// What a request's failure means: past its time `limit`, the program unreachable, or its
+    /// answer too long.
+    fn failed(&self, failure: hop::Failure, limit: Duration) -> ProgramError {
+        let component = self.component.clone();
+        match failure {
+            hop::Failure::TimedOut => ProgramError::TimedOut { component, limit },
+            hop::Failure::Unreachable(message) => ProgramError::Unreachable { component, message },
+            hop::Failure::TooLarge => ProgramError::TooLarge {
+                component,
+                limit: self.answer_limit,
+            },
         }
     }
 
+    /// Posts `body` as JSON to the program's `path`, with the component's token and the run's
+    /// trace (which the program's own spans and calls continue), answered within `limit`.
     async fn post(
         &self,
         path: &str,
-        body: &Value,
+        body: &impl serde::Serialize,
         limit: Duration,
-    ) -> Result<reqwest::Response, ProgramError> {
-        let mut request = self.http.post(format!("{}{path}", self.base));
-        // The run's trace, which the program's own spans and calls continue.
-        for (name, value) in crate::traces::current()
-            .iter()
-            .flat_map(TraceContext::write)
-        {
-            request = request.header(name, value);
-        }
-        self.authorized(request)
-            .json(body)
-            .timeout(limit)
-            .send()
+    ) -> Result<hop::Answer, ProgramError> {
+        let until = tokio::time::Instant::now() + limit;
+        let body = serde_json::to_vec(body).map_err(|error| ProgramError::Unreachable {
+            component: self.component.clone(),
+            message: error.to_string(),
+        })?;
+        let trace = crate::traces::current();
+        let trace = trace.iter().flat_map(TraceContext::write);
+        let trace = trace.filter_map(|(name, value)| {
+            Some((
+                HeaderName::from_static(name),
+                HeaderValue::try_from(value).ok()?,
+            ))
+        });
+        let token = self.bearer.clone().map(|token| (AUTHORIZATION, token));
+        self.hop
+            .send(
+                (Method::POST, path),
+                token.into_iter().chain(trace),
+                Some(body),
+                until,
+            )
             .await
-            .map_err(|error| self.failed(&error, limit))
+            .map_err(|failure| self.failed(failure, limit))
     }
 }
 

@@ -8,6 +8,7 @@
 
 pub mod answering;
 pub mod client;
+mod hop;
 pub mod program;
 pub mod schema;
 pub mod sdk;

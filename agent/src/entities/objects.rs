@@ -106,7 +106,9 @@ pub async fn operate(
     );
     let result = traces::within(span.context(), async {
         match objects {
-            Some(objects) => objects.operate(run).await,
+            // Boxed: the store's path is a few KB of future, which a plain call would carry
+            // (and copy) for nothing; a call on an object pays one allocation beside its I/O.
+            Some(objects) => Box::pin(objects.operate(run)).await,
             None => run.plain(None).await,
         }
     })

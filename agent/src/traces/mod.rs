@@ -46,9 +46,14 @@ pub fn current() -> Option<TraceContext> {
     CURRENT.try_with(Clone::clone).ok().flatten()
 }
 
-/// Runs `future` with `context` as its [`current`] trace.
-pub async fn within<F: Future>(context: Option<TraceContext>, future: F) -> F::Output {
-    CURRENT.scope(context, future).await
+/// Runs `future` with `context` as its [`current`] trace. Not an `async fn`: one would hold
+/// `future` twice (the argument, then the scope it moves into), and the calls' futures are
+/// tens of KB, each byte copied on every move (docs/benchmarks.md, "Where a call's cost goes").
+pub fn within<F: Future>(
+    context: Option<TraceContext>,
+    future: F,
+) -> impl Future<Output = F::Output> {
+    CURRENT.scope(context, future)
 }
 
 /// What a span is to its trace (OTLP's `SpanKind`).

@@ -588,7 +588,8 @@ impl Call {
         let (stored_key, key) =
             crate::calls::once::keys(objects, &request.operation, request.key.as_deref());
         // The program's time counts from when it runs, after any wait for the key's claim.
-        let program = async {
+        // Pinned here: `run_once` holds a pointer to it, not a copy of the program's call path.
+        let program = std::pin::pin!(async {
             let run = crate::entities::objects::Run {
                 client: &served.client,
                 operation: &request.operation,
@@ -600,7 +601,7 @@ impl Call {
                 receipt: None,
             };
             crate::entities::objects::operate(objects, run, &served.operations).await
-        };
+        });
         let once = run_once(
             &served.repeats,
             &request.operation,
