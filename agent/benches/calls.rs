@@ -3,6 +3,7 @@
 //!
 //!   cargo build --release -p toa-example-terminals && cargo bench -p toa-agent --bench calls
 //!
+//! `TOA_BENCH_AGENT=<path>` runs another build of the agent (an earlier commit's, say).
 //! With `TOA_BENCH_TRACES=1` the agents export their spans (OTLP/HTTP) to a receiver in this
 //! process that counts them and answers at once, as a collector on another machine would.
 //!
@@ -281,7 +282,10 @@ async fn main() {
     )
     .unwrap();
 
-    let bin = env!("CARGO_BIN_EXE_toa-agent");
+    // Another build of the agent, to compare one with another in the same harness.
+    let bin = std::env::var("TOA_BENCH_AGENT");
+    let bin = bin.as_deref().unwrap_or(env!("CARGO_BIN_EXE_toa-agent"));
+    println!("BENCH agent {bin}");
     let (port_a, port_b) = (17301, 17302);
     let mut a = agent(bin, &dir, &context, "till-a", port_a);
     let mut b = agent(bin, &dir, &context, "till-b", port_b);
