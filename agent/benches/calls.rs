@@ -96,25 +96,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 /// A bare consumer acking each delivery of the quorum queue `queue` at once (the served
 /// tasks' baseline).
 async fn acknowledge(queue: &str) {
-    let connection = Connection::connect(BROKER, ConnectionProperties::default())
-        .await
-        .unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    let (options, arguments) = quorum();
-    channel
-        .queue_declare(queue.into(), options, arguments)
-        .await
-        .unwrap();
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    println!("ready");
+    let (_connection, _channel, mut consumer) = consuming(queue, true).await;
     while let Some(Ok(delivery)) = consumer.next().await {
         delivery
             .acker
@@ -156,9 +138,9 @@ async fn load(args: &[String]) {
     println!("{}", count.load(std::sync::atomic::Ordering::Relaxed));
 }
 
-/// The bare responder: consumes `queue` (a transient classic queue, or with `durable` a quorum
-/// queue) and replies to each request at once.
-async fn respond(queue: &str, durable: bool) {
+/// A channel consuming `queue` (a transient classic queue, or with `durable` a quorum queue),
+/// once it says `ready` to the process that started this one.
+async fn consuming(queue: &str, durable: bool) -> (Connection, lapin::Channel, lapin::Consumer) {
     let connection = Connection::connect(BROKER, ConnectionProperties::default())
         .await
         .unwrap();
@@ -176,7 +158,7 @@ async fn respond(queue: &str, durable: bool) {
         .queue_declare(queue.into(), options, arguments)
         .await
         .unwrap();
-    let mut consumer = channel
+    let consumer = channel
         .basic_consume(
             queue.into(),
             "".into(),
@@ -186,6 +168,13 @@ async fn respond(queue: &str, durable: bool) {
         .await
         .unwrap();
     println!("ready");
+    (connection, channel, consumer)
+}
+
+/// The bare responder: consumes `queue` (a transient classic queue, or with `durable` a quorum
+/// queue) and replies to each request at once.
+async fn respond(queue: &str, durable: bool) {
+    let (_connection, channel, mut consumer) = consuming(queue, durable).await;
     while let Some(Ok(delivery)) = consumer.next().await {
         let channel = channel.clone();
         tokio::spawn(async move {
@@ -526,7 +515,12 @@ async fn main() {
         .unwrap();
     let bare_tasks = bare_publishes(32, 6400, &confirming, &durable).await;
     // The same publisher with a bare consumer acking each task meanwhile: the baseline of
-    // tasks served as they are accepted.
+    // tasks served as they are accepted. Emptied first: the consumer would drain the phase
+    // before's tasks too.
+    confirming
+        .queue_purge(durable.as_str().into(), Default::default())
+        .await
+        .unwrap();
     let mut acker = start_responder(&exe, "--acker", &durable);
     let bare_served = bare_publishes(32, 6400, &confirming, &durable).await;
     let _ = acker.kill();

@@ -2,7 +2,7 @@
 //! connections, and nothing else in between.
 //!
 //! Not reqwest, which the agent uses elsewhere: on this hop, taken by every call, its layers cost
-//! a served call about a third of its instructions (a URL parsed and printed again per request, a
+//! a quarter of a served call's instructions (a URL parsed and printed again per request, a
 //! redirect policy and a retry layer cloning each request; docs/benchmarks.md, "Where a call's
 //! cost goes"). The time limit covers the whole exchange, as reqwest's did: connecting, the
 //! request, and the answer to its last byte.
@@ -14,8 +14,11 @@ use hyper::http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE}
 use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::{timeout_at, Instant};
+
+/// How long a connection to the program is kept idle.
+const IDLE: std::time::Duration = std::time::Duration::from_secs(50);
 
 /// How a request to the program failed.
 #[derive(Debug)]
@@ -50,7 +53,13 @@ impl Hop {
         // A request is one write; nothing to gain by holding it back.
         connector.set_nodelay(true);
         Self {
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            // Idle connections closed after 50 s, by a reaper of their own: before the
+            // TypeScript SDK's server closes them (60 s), so one it is closing is not taken for
+            // a call; without the timer an idle connection (a Python SDK thread each) stayed.
+            client: Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .pool_idle_timeout(IDLE)
+                .build(connector),
             authority: format!("127.0.0.1:{port}")
                 .parse()
                 .expect("a loopback authority"),
@@ -85,7 +94,7 @@ impl Hop {
         let response = timeout_at(until, self.client.request(request))
             .await
             .map_err(|_| Failure::TimedOut)?
-            .map_err(|error| Failure::Unreachable(described(&error)))?;
+            .map_err(|error| Failure::Unreachable(format!("{path}: {}", described(&error))))?;
         let length = response
             .headers()
             .get(CONTENT_LENGTH)

@@ -470,17 +470,17 @@ http.server.HTTPServer(("127.0.0.1", port), Program).serve_forever()
     }
 
     /// Two agents starting at once may give their programs one free port: the second to bind
-    /// exits, and its agent finds the port served by the other's, which refuses its token. The
-    /// program is started again on another port, the stranger's stopped; a port that is never
+    /// exits, and its agent finds the port served by the other's, which refuses its token. Its
+    /// own program is stopped and started again on another port; a port that is never
     /// the program's fails the start after three, naming it.
     #[tokio::test]
     async fn a_program_whose_port_another_serves_is_started_again_on_another() {
-        let (component, record) = refusing(1);
+        let (component, started_record) = refusing(1);
         let (program, _) = component
             .start("http://127.0.0.1:1", ("i", Some("t"), &[]))
             .await
             .unwrap();
-        let started = runs(&record);
+        let started = runs(&started_record);
         assert_eq!(started.len(), 2, "{started:?}");
         assert_eq!(started[1].1, program.port());
         // SAFETY: signal 0 only asks whether the process exists.
@@ -498,6 +498,9 @@ http.server.HTTPServer(("127.0.0.1", port), Program).serve_forever()
             "{message}"
         );
         assert_eq!(runs(&record).len(), 3, "three starts, then the failure");
+        for record in [&record, &started_record] {
+            let _ = std::fs::remove_dir_all(record.parent().unwrap());
+        }
     }
 
     fn said(commands: &[&str], operations: &[&str]) -> Description {
