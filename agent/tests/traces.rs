@@ -79,6 +79,8 @@ impl Drop for Receiver {
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLERS_SPAN: &str = "00f067aa0ba902b7";
+/// A second trace, of a call the local group's first process makes alone.
+const ALONE_TRACE: &str = "5cf92f3577b34da6a3ce929d0e0e4737";
 
 #[test]
 fn one_call_across_two_agents_is_one_trace_with_its_spans_in_order() {
@@ -226,7 +228,8 @@ fn wait_for(receiver: &Receiver, accept: impl Fn(&Value) -> bool) -> Value {
 }
 
 /// Two `compose` processes of one local group (no broker): a call handed from one to the other
-/// is one trace, `call` and `hand` in the first, `run` and `operate` in the second.
+/// is one trace, `call` and `hand` in the first, `run` and `operate` in the second; before the
+/// second joined, the first's call had no `hand`.
 #[test]
 fn a_call_handed_through_the_local_group_is_one_trace() {
     let port = free_port();
@@ -250,7 +253,21 @@ fn a_call_handed_through_the_local_group_is_one_trace() {
         composition.wait_ready();
         composition
     };
-    let (first, second) = (member("first"), member("second"));
+    let first = member("first");
+    // Alone in the group, the first process runs its own component's calls without handing them
+    // to itself: no `hand` span.
+    let alone = format!("traceparent: 00-{ALONE_TRACE}-{CALLERS_SPAN}-01\r\n");
+    connect(&first, &alone, "t1");
+    let spans = receiver.trace(ALONE_TRACE, 2);
+    let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "call test.terminals.connect",
+            "operate test.terminals.connect"
+        ]
+    );
+    let second = member("second");
     let headers =
         format!("traceparent: 00-{TRACE}-{CALLERS_SPAN}-01\r\ntracestate: congo=t61rcWkgMzE\r\n");
     let body = r#"{"instance": "second"}"#;

@@ -304,6 +304,10 @@ impl Calls {
             return self.in_process(call, in_flight).await;
         }
         let here = self.callees.contains_key(call.component);
+        // The leader would answer `Here`: no other process serves the component.
+        if here && named.is_none() && group.only_here(call.component) {
+            return self.in_process(call, in_flight).await;
+        }
         let wait = timeout.unwrap_or(self.operation_limit) + RELAY_MARGIN;
         let answer = match hand(group, &call, named.as_deref(), wait).await {
             Ok(answer) => answer,

@@ -190,6 +190,17 @@ impl Group {
         self.shared.leading.lock().expect("leading").is_some()
     }
 
+    /// Whether a call to `component` would come back to this process anyway: it leads, and it
+    /// is the only member offering the component. The caller then runs the call here without
+    /// the round trip through its own socket (a local run alone, the common case).
+    pub fn only_here(&self, component: &str) -> bool {
+        let own = self.shared.session.load(Ordering::Relaxed);
+        let leading = self.shared.leading.lock().expect("leading");
+        leading
+            .as_ref()
+            .is_some_and(|leading| own != 0 && leading.server.alone_offering(own, component))
+    }
+
     /// Waits until every key is free, then holds them: the holding's id, its fencing token, and
     /// what is cancelled should the lock be lost (a new leader gave it to another). An error
     /// only when the leader refuses the request.

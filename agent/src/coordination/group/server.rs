@@ -175,6 +175,17 @@ impl Server {
         state.sessions.keys().filter(|s| Some(**s) != own).count()
     }
 
+    /// Whether `own` offers `component` and no other session does: every call to it would be
+    /// handed to `own`.
+    pub fn alone_offering(&self, own: Session, component: &str) -> bool {
+        let state = self.state.lock().expect("group");
+        let mut offering = state
+            .offers
+            .iter()
+            .filter(|(_, offer)| offer.components.iter().any(|c| c == component));
+        matches!((offering.next(), offering.next()), (Some((session, _)), None) if *session == own)
+    }
+
     /// A new session, answered through `sender`.
     fn open(&self, sender: mpsc::UnboundedSender<String>) -> Session {
         let mut state = self.state.lock().expect("group");

@@ -355,3 +355,29 @@ fn place_with_leader_at(test: &str) -> (Place, File) {
         .unwrap();
     (place, lock)
 }
+
+/// Waits (bounded) until `check` holds.
+async fn until(what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + BOUND;
+    while !check() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_call_skips_the_leader_only_while_the_leader_alone_serves_its_component() {
+    let place = place("only-here");
+    let runner: Runner = Arc::new(|_, _| Box::pin(async { Value::Null }));
+    let leader = Group::join(place.clone(), "leader", None).await.unwrap();
+    assert!(!leader.only_here("c"), "nobody offers c yet");
+    leader.offer(vec!["c".into()], runner.clone());
+    until("the leader's own offer counted", || leader.only_here("c")).await;
+    assert!(!leader.only_here("d"), "the leader does not serve d");
+    let member = Group::join(place, "member", None).await.unwrap();
+    member.offer(vec!["c".into()], runner);
+    until("the member's offer counted", || !leader.only_here("c")).await;
+    assert!(!member.only_here("c"), "a member does not lead");
+    drop(member);
+    until("the member gone", || leader.only_here("c")).await;
+}
