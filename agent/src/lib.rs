@@ -41,6 +41,7 @@ pub mod config;
 pub(crate) mod control;
 pub(crate) mod coordination;
 pub(crate) mod entities;
+pub(crate) mod errors;
 pub mod instance;
 pub mod metrics;
 pub(crate) mod process;

@@ -634,3 +634,37 @@ fn abandoned_error(operation: &str, limit: Duration) -> CallError {
         timeout_ms: limit.as_millis() as u64,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At most this many bytes in a call's future, in a debug build (whose futures are larger
+    /// than a release's). The future lives for the whole call, one per call in flight, and is
+    /// copied as it moves (issue 24, docs/benchmarks.md "Where a call's cost goes"): 6.7 KB on
+    /// 2026-12-03, 10.2 KB with the store's path not boxed (`objects::operate`).
+    const MOST: usize = 8 * 1024;
+
+    #[test]
+    fn a_calls_future_stays_small() {
+        let local = toa_context::Environment::local();
+        let context = toa_context::Context::parse("name: sizes\n", &local).expect("a context");
+        let (_serve, serving) = watch::channel(true);
+        let calls = Calls::new(
+            HashMap::new(),
+            "i".into(),
+            &context,
+            serving,
+            Activity::new(),
+        );
+        let request: Request = serde_json::from_value(json!({})).expect("a request");
+        let call = calls.call("c", "o", request, false, None);
+        let size = std::mem::size_of_val(&call);
+        println!("a call's future: {size} bytes");
+        assert!(
+            size <= MOST,
+            "a call's future is {size} bytes, over {MOST}: box what made it grow, or raise the \
+             bound knowing what each call in flight now holds"
+        );
+    }
+}

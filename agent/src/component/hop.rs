@@ -7,6 +7,7 @@
 //! cost goes"). The time limit covers the whole exchange, as reqwest's did: connecting, the
 //! request, and the answer to its last byte.
 
+use crate::errors::described;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::body::Incoming;
@@ -137,18 +138,6 @@ impl Answer {
             }
         }
     }
-}
-
-/// An error with its causes, as one line (hyper's own says only "client error (Connect)").
-fn described(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = error.to_string();
-    let mut cause = error.source();
-    while let Some(next) = cause {
-        line.push_str(": ");
-        line.push_str(&next.to_string());
-        cause = next.source();
-    }
-    line
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::support::{apply, composition, ready_pods, wait_no_pods, Suite, PATIENCE};
+use crate::support::{
+    apply, composition, wait_condition, wait_no_pods, wait_pods, Suite, PATIENCE, STOP_PATIENCE,
+};
 use crate::wait::eventually;
 use crate::{cluster, node, services};
 
@@ -69,7 +71,20 @@ pub async fn a_typescript_composition_answers_as_the_seed_says(suite: Arc<Suite>
     };
     let start = Instant::now();
     apply(&suite, &composition(namespace, name, spec(1))).await;
-    let pods = ready_pods(&suite, namespace, name, 1).await;
+    // Longer than the other scenarios' bound: both programs are Node, each transpiling its
+    // TypeScript at start. A fresh machine's CI, a dozen scenarios starting pods on two cores,
+    // saw the pod Ready about 90 s after the apply, just past the common bound.
+    wait_condition(
+        &suite,
+        namespace,
+        name,
+        "Ready",
+        "True",
+        None,
+        STOP_PATIENCE,
+    )
+    .await;
+    let pods = wait_pods(&suite, namespace, name, 1).await;
     let appraised = eventually("the caller's appraisals", PATIENCE, || async {
         suite
             .harness

@@ -31,6 +31,7 @@
 
 use super::backend::Retention;
 use super::store::{Committed, Event, Found, Record, Recorded, State, Store, StoreError, Write};
+use crate::errors::described;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde_json::Value;
 use std::time::Duration;
@@ -228,21 +229,6 @@ fn told(described: &str) -> String {
     tracing::warn!(error = %described, "the store refused a statement");
     let lines = described.lines().filter(|line| !is_more(line));
     lines.collect::<Vec<_>>().join("\n")
-}
-
-/// An error with its causes: tokio-postgres says only `db error` of an error the server
-/// answered, and keeps what the server said (`ERROR: permission denied …`) as its cause.
-fn described(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text = format!("{text}: {more}");
-        }
-        source = cause.source();
-    }
-    text
 }
 
 impl Postgres {

@@ -4,8 +4,9 @@
 //! rows whose lease ran out (`FOR UPDATE SKIP LOCKED`, so two relays never claim one row), and a
 //! published row is deleted after `limits.events`.
 
-use super::{described, Postgres};
+use super::Postgres;
 use crate::entities::store::{Event, StoreError};
+use crate::errors::described;
 use std::time::Duration;
 use tokio_postgres::types::Json;
 
