@@ -291,7 +291,8 @@ impl Calls {
     }
 
     /// A call through the local group: the leader picks the process (the one named, else the
-    /// next in turn serving the component), this one included.
+    /// next in turn serving the component), this one included; run here without asking when
+    /// this process leads and alone serves the component.
     async fn through(
         &self,
         group: &Group,

@@ -41,16 +41,26 @@ describe('toa, the seeds\' commands', () => {
     }
   })
 
-  test("seed 000's Try it: the eleventh appraisal within a minute is TOO_MANY_REQUESTS", () => {
+  test("seed 000's Try it: the eleventh appraisal within a minute is TOO_MANY_REQUESTS", async () => {
     const call = "npx toa call store.catalog.appraise \"{ input: { customer: 'c1', product: 'a1' } }\""
-    const calls = Array.from({ length: 11 }, (_, i) => `echo "### ${i + 1}"\n${call}`).join('\n')
     try {
-      const { out, err } = shell(`npm run restart\n${calls}\nnpm stop`)
-      assert.match(out, /Composition complete \(pid \d+, local API http:\/\/127\.0\.0\.1:\d+\); its log: \.toa\/app\.log/, err)
-      const answers = out.split(/### \d+\n/).slice(1)
-      assert.equal(answers.length, 11, out)
-      for (const answer of answers.slice(0, 10)) assert.doesNotMatch(answer, /error|TOO_MANY_REQUESTS/, out)
-      assert.match(answers[10], /TOO_MANY_REQUESTS/, out)
+      const started = shell('npm run restart')
+      const api = started.out.match(/Composition complete \(pid \d+, local API (http:\/\/127\.0\.0\.1:\d+)\); its log: \.toa\/app\.log/)
+      assert.ok(api, `${started.out}\n${started.err}`)
+      // The meter's debt is paid off as time passes (one call's 6 s of cost in 6 s), so the
+      // eleventh is refused only while the eleven come within 6 s; each `npx toa call` starts
+      // Node, which took 1.4 s a call in a loaded CI run (the eleventh then passed). The first
+      // ten go to the local API the command calls, the eleventh as the seed writes it.
+      for (let n = 1; n <= 10; n++) {
+        const response = await fetch(`${api[1]}/v1/call/store.catalog/appraise`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ input: { customer: 'c1', product: 'a1' } })
+        })
+        assert.deepEqual(await response.json(), { reply: { product: 'a1', price: 42 } }, `appraisal ${n}`)
+      }
+      const { out, err } = shell(`${call}\nnpm stop`)
+      assert.match(out, /TOO_MANY_REQUESTS/, `${out}\n${err}`)
       assert.match(out, /stopped \(pid \d+\)/)
       assert.ok(!running(), 'npm stop removed what restart kept')
     } finally {

@@ -473,6 +473,9 @@ impl Shared {
     ) {
         loop {
             let error = self.serve(connection, &mut woken).await;
+            // The next leader numbers its sessions anew: until this process joins it, the old
+            // number could be another member's there (`only_here` would take its offer for ours).
+            self.session.store(0, Ordering::Relaxed);
             tracing::warn!(group = %self.place.name, %error, "local group: the connection to the leader ended; joining the next one");
             connection = loop {
                 match self.connect(false).await {
