@@ -325,7 +325,17 @@ pub async fn wait_pods(suite: &Suite, namespace: &str, name: &str, count: usize)
 
 /// `Ready=True`, then the composition's `count` running pods.
 pub async fn ready_pods(suite: &Suite, namespace: &str, name: &str, count: usize) -> Vec<PodView> {
-    wait_condition(suite, namespace, name, "Ready", "True", None, PATIENCE).await;
+    ready_pods_within(suite, (namespace, name), count, PATIENCE).await
+}
+
+/// [`ready_pods`], waiting up to `bound` for `Ready=True`.
+pub async fn ready_pods_within(
+    suite: &Suite,
+    (namespace, name): (&str, &str),
+    count: usize,
+    bound: Duration,
+) -> Vec<PodView> {
+    wait_condition(suite, namespace, name, "Ready", "True", None, bound).await;
     wait_pods(suite, namespace, name, count).await
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::support::{
-    apply, composition, wait_condition, wait_no_pods, wait_pods, Suite, PATIENCE, STOP_PATIENCE,
+    apply, composition, ready_pods_within, wait_no_pods, Suite, PATIENCE, STOP_PATIENCE,
 };
 use crate::wait::eventually;
 use crate::{cluster, node, services};
@@ -74,17 +74,7 @@ pub async fn a_typescript_composition_answers_as_the_seed_says(suite: Arc<Suite>
     // Longer than the other scenarios' bound: both programs are Node, each transpiling its
     // TypeScript at start. A fresh machine's CI, a dozen scenarios starting pods on two cores,
     // saw the pod Ready about 90 s after the apply, just past the common bound.
-    wait_condition(
-        &suite,
-        namespace,
-        name,
-        "Ready",
-        "True",
-        None,
-        STOP_PATIENCE,
-    )
-    .await;
-    let pods = wait_pods(&suite, namespace, name, 1).await;
+    let pods = ready_pods_within(&suite, (namespace, name), 1, STOP_PATIENCE).await;
     let appraised = eventually("the caller's appraisals", PATIENCE, || async {
         suite
             .harness
