@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 mod common;
-use common::{line, measure, rss_mb, Figures};
+use common::{cpu_seconds, line, measure, rss_mb, Figures};
 
 const BROKER: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
@@ -80,17 +80,6 @@ async fn traced() {
     tokio::spawn(async move { axum::serve(listener, app).await });
     println!("BENCH tracing on, exported to {}", spans.endpoint);
     RECEIVER.set(spans).ok();
-}
-
-/// A process's CPU time so far (user and system), in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    // SAFETY: sysconf only reads a constant of the system.
-    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
 
 /// A bare consumer acking each delivery of the quorum queue `queue` at once (the served

@@ -63,6 +63,37 @@ pub fn rss_mb(pid: u32) -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
+/// A process's CPU time so far (user and system), in seconds; 0 for a process that is gone.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // SAFETY: sysconf only reads a constant of the system.
+    (field(11) + field(12)) / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// The CPU time so far of every process named `name` (its command, as /proc gives it), in
+/// seconds: a server's processes, whichever connection they serve.
+pub fn cpu_seconds_named(name: &str) -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name)
+        })
+        .map(cpu_seconds)
+        .sum()
+}
+
 /// The workspace's root, where the benches' agents run.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -71,10 +102,10 @@ pub fn root() -> PathBuf {
         .to_owned()
 }
 
-/// An agent process (`toa-agent compose`), killed when dropped.
-pub struct Agent(pub std::process::Child);
+/// A child process (an agent, a bench's helper), killed when dropped.
+pub struct Process(pub std::process::Child);
 
-impl Drop for Agent {
+impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -126,7 +157,7 @@ pub fn compose(
     (application, context): (&str, &str),
     components: &[&str],
     env: &[(&str, &str)],
-) -> Agent {
+) -> Process {
     let file = std::env::temp_dir().join(format!("toa-bench-{application}-{port}.yaml"));
     std::fs::write(&file, format!("name: {application}\n{context}")).unwrap();
     let child = std::process::Command::new(Path::new(env!("CARGO_BIN_EXE_toa-agent")))
@@ -144,7 +175,7 @@ pub fn compose(
         .stderr(std::process::Stdio::inherit())
         .spawn()
         .unwrap();
-    Agent(child)
+    Process(child)
 }
 
 /// A connection to the tests' PostgreSQL as its owner.
