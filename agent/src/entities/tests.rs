@@ -1378,11 +1378,17 @@ async fn pump(client: tokio::net::TcpStream, upstream: tokio::net::TcpStream, cu
     // The driver prepares a statement (its text), then binds and executes it (the next write):
     // the cut comes with the execution.
     let mut prepared = None;
+    // The store's purge runs at its start, concurrently with a test's first calls: a freeze is
+    // never armed for it (its DELETE, prepared, then executed in the next message) nor for a
+    // connection's start (its startup and authentication, before any Parse, Bind or Query).
+    let mut after_delete = false;
     while let Ok(n @ 1..) = client_read.read(&mut buffer).await {
         let chunk = &buffer[..n];
         let mut armed = prepared.take();
         let has = |word: &[u8]| chunk.windows(word.len()).any(|w| w == word);
-        let freeze = armed.is_none() && {
+        let purging = std::mem::replace(&mut after_delete, has(b"DELETE")) || has(b"DELETE");
+        let querying = matches!(chunk.first(), Some(b'P' | b'B' | b'Q'));
+        let freeze = armed.is_none() && querying && !purging && {
             let mut waiting = cutter.armed.lock().unwrap();
             *waiting == Some(Cut::Freeze) && waiting.take().is_some()
         };
