@@ -321,9 +321,9 @@ async fn main() {
 
     // The baseline's two processes: this one asks, the responder answers.
     let queue = format!("bench-bare-{}", std::process::id());
-    let mut transient_responder = start_responder(&exe, "--responder", &queue);
+    let mut transient_responder = start_responder("--responder", &queue);
     let durable_queue = format!("bench-bare-quorum-{}", std::process::id());
-    let mut quorum_responder = start_responder(&exe, "--quorum-responder", &durable_queue);
+    let mut quorum_responder = start_responder("--quorum-responder", &durable_queue);
     let connection = Connection::connect(BROKER, ConnectionProperties::default())
         .await
         .unwrap();
@@ -510,7 +510,7 @@ async fn main() {
         .queue_purge(durable.as_str().into(), Default::default())
         .await
         .unwrap();
-    let mut acker = start_responder(&exe, "--acker", &durable);
+    let mut acker = start_responder("--acker", &durable);
     let bare_served = bare_publishes(32, 6400, &confirming, &durable).await;
     let _ = acker.kill();
     let _ = acker.wait();
@@ -630,11 +630,7 @@ async fn alternating(
             if on { &mut with } else { &mut without }.push(figures.p50);
         }
     }
-    let median = |values: &mut Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
-    (median(&mut with), median(&mut without))
+    (common::median(with), common::median(without))
 }
 
 async fn post_tasks(http: &reqwest::Client, url: &str) -> Figures {
@@ -733,17 +729,8 @@ async fn http_round_trips(
 }
 
 /// Starts this program as a bare responder (`flag`) on `queue`; returns once it consumes.
-fn start_responder(exe: &Path, flag: &str, queue: &str) -> Child {
-    let mut child = Command::new(exe)
-        .args([flag, queue])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::BufRead;
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut ready = String::new();
-    out.read_line(&mut ready).unwrap();
-    child
+fn start_responder(flag: &str, queue: &str) -> Child {
+    common::helper(&[flag, queue]).1
 }
 
 /// The bare request/reply round trip to the responder on `queue`.

@@ -3,19 +3,24 @@
 //!
 //!   cargo bench -p toa-agent --bench entities
 //!
-//! Prints `BENCH <name> <ours> <baseline> <ratio>`; latencies in µs, rates per second, RSS in MB.
-//! Ours: a caller → the agent's local API (HTTP) → the inherited `transit` (read, compare-and-set)
-//! → PostgreSQL, and back; the program is not asked (the inherited operations are the agent's).
-//! The baseline: the same read and compare-and-set update, sent by this process straight to the
-//! server over as many connections as the agent's pool (8), with its statements prepared once, as
-//! the agent's are, and the 16 callers' statements pipelined on them (tokio-postgres sends those
-//! of concurrent callers on one connection together); `transit_many_pooled`, the same with one
-//! statement at a time on a connection, as a caller of a pool sends them. Observation:
-//! `observe` through the agent against a bare SELECT plus one bare loopback HTTP round trip to
-//! another process (the local call a caller makes).
-//! Transitions are measured in rounds, ours and the baseline in turn (a shared VM's speed drifts
-//! within a run): the medians, each round's ratio, and where each process's CPU went, in µs per
-//! transition: the agent's, PostgreSQL's (all its processes) and this process's (the callers').
+//! Prints `BENCH <name> <ours> <baseline> <ratio>` (`-` where a line has no baseline); latencies
+//! in µs, rates per second, RSS in MB.
+//!
+//! - Ours: a caller → the agent's local API (HTTP) → the inherited `transit` (read,
+//!   compare-and-set) → PostgreSQL, and back; the program is not asked (the inherited operations
+//!   are the agent's).
+//! - The baseline: the same read and compare-and-set update, sent by this process straight to
+//!   the server over as many connections as the agent's pool (8), its statements prepared once as
+//!   the agent's are, two callers pinned to each connection and their statements pipelined on it
+//!   (tokio-postgres sends those of concurrent callers on one connection together).
+//!   `transit_many_pooled`: the same with one statement at a time on a connection, as the agent
+//!   and any caller of a pool send them.
+//! - Transitions are measured in rounds, each load in turn (a shared VM's speed drifts within a
+//!   run): the medians, the lowest and highest round's ratio, and where each process's CPU went,
+//!   in µs per transition: the agent's, PostgreSQL's (all its processes, those that ended
+//!   meanwhile included) and this process's (the callers').
+//! - Observation: `observe` through the agent, one caller, against a bare SELECT plus one bare
+//!   loopback HTTP round trip to another process (the local call a caller makes).
 
 use std::sync::Arc;
 
@@ -26,15 +31,20 @@ use common::{
 };
 
 const CALLERS: usize = 16;
+/// The argument that makes this executable the observation baseline's echo server.
+const ECHO: &str = "--echo";
 /// The bare baseline's connections: as many as the agent's pool has (entities/backend.rs), so
 /// that both have the same connections to the server; 16 callers share them.
 const CONNECTIONS: usize = 8;
 const CALLS: usize = 4_000;
-/// Loads of ours and of the baseline in turn, the order swapped each round, so that a machine
-/// whose speed drifts during the run (a shared VM's does) weighs on both alike; the medians are
-/// reported, and each round's ratio.
-const ROUNDS: usize = 5;
+/// Rounds of ours and of the baselines in turn, so that a machine whose speed drifts during the
+/// run (a shared VM's does) weighs on each alike; the medians are reported, and the lowest and
+/// highest round's ratio. Even, so that each load of two comes first as often.
+const ROUNDS: usize = 6;
 const OBJECTS: usize = 1_000;
+/// The objects of the two loads: one, and many.
+const HOT: (&str, usize) = ("hot", 1);
+const MANY: (&str, usize) = ("many", OBJECTS);
 
 /// One connection of the bare baseline, with its statements prepared once (as the agent's
 /// are, per pooled connection).
@@ -93,15 +103,19 @@ async fn bare(connections: usize) -> (Arc<Vec<Bare>>, String) {
 /// statement alone on its connection; else pipelined with the other callers' on it.
 async fn bare_transit(bare: &Bare, id: &str, n: i64, pooled: bool) {
     let client = &bare.client;
-    let turn = || async { pooled.then_some(bare.turn.lock().await) };
+    let turn = || async {
+        match pooled {
+            true => Some(bare.turn.lock().await),
+            false => None,
+        }
+    };
+    let state = tokio_postgres::types::Json(serde_json::json!({ "available": n }));
+    let attempt = format!("{n}");
     loop {
         let alone = turn().await;
         let row = client.query_opt(&bare.read, &[&id]).await.unwrap();
         drop(alone);
         let alone = turn().await;
-        let state = serde_json::json!({ "available": n });
-        let state = tokio_postgres::types::Json(state);
-        let attempt = format!("{n}");
         let changed = match row {
             None => client.execute(&bare.insert, &[&id, &state, &attempt]).await,
             Some(row) => {
@@ -119,7 +133,7 @@ async fn bare_transit(bare: &Bare, id: &str, n: i64, pooled: bool) {
 
 #[tokio::main]
 async fn main() {
-    if std::env::var_os(ECHO).is_some() {
+    if std::env::args().any(|a| a == ECHO) {
         return echo().await;
     }
     let port = free_port();
@@ -131,17 +145,23 @@ async fn main() {
     let base = format!("http://127.0.0.1:{port}/v1/call/fulfilment.stock");
     wait_ready(&http, port).await;
     let (clients, table) = bare(CONNECTIONS).await;
-    let mut plain_many = None;
-    for (name, objects) in [("hot", 1), ("many", OBJECTS)] {
-        let ours = transit(&http, &base, (name, objects));
-        let bare = bare_transit_load(&clients, (name, objects), false);
-        plain_many = Some(rounds(&format!("transit_{name}"), agent.0.id(), &ours, bare).await);
-    }
-    // Against a bare client whose connections serve one statement at a time (a pool's).
-    let ours = transit(&http, &base, ("many", OBJECTS));
-    let pooled = bare_transit_load(&clients, ("many", OBJECTS), true);
-    rounds("transit_many_pooled", agent.0.id(), &ours, pooled).await;
-    keyed(&http, &base, plain_many.expect("measured")).await;
+    let id = agent.0.id();
+    let (ours, bare) = (
+        transit(&http, &base, HOT),
+        bare_transit_load(&clients, HOT, false),
+    );
+    let [ours, bare] = <[Measured; 2]>::try_from(rounds(id, &[&ours, &bare]).await)
+        .ok()
+        .unwrap();
+    report("transit_hot", &ours, &bare);
+    let ours = transit(&http, &base, MANY);
+    let bare = bare_transit_load(&clients, MANY, false);
+    let pooled = bare_transit_load(&clients, MANY, true);
+    let measured = rounds(id, &[&ours, &bare, &pooled]).await;
+    let [ours, bare, pooled] = <[Measured; 3]>::try_from(measured).ok().unwrap();
+    let plain_many = report("transit_many", &ours, &bare);
+    report("transit_many_pooled", &ours, &pooled);
+    keyed(&http, &base, plain_many).await;
     observation(&http, &base, &clients).await;
     line("agent_rss_mb", rss_mb(agent.0.id()), None);
     clients[0]
@@ -153,14 +173,13 @@ async fn main() {
         .unwrap();
 }
 
+/// One load of calls, made anew each time it is called: its figures.
+type Load = Box<dyn Fn() -> futures::future::BoxFuture<'static, common::Figures>>;
+
 /// One load of `transit` calls through the agent on `objects` objects named `<name>-<i>`.
-fn transit(
-    http: &reqwest::Client,
-    base: &str,
-    (name, objects): (&'static str, usize),
-) -> impl Fn() -> futures::future::BoxFuture<'static, common::Figures> {
+fn transit(http: &reqwest::Client, base: &str, (name, objects): (&'static str, usize)) -> Load {
     let (http, url) = (http.clone(), format!("{base}/transit"));
-    move || {
+    Box::new(move || {
         let (http, url) = (http.clone(), url.clone());
         Box::pin(measure(CALLERS, CALLS, move |n| {
             let (http, url) = (http.clone(), url.clone());
@@ -170,7 +189,7 @@ fn transit(
             );
             async move { post(&http, &url, body).await }
         }))
-    }
+    })
 }
 
 /// One load of the bare baseline's transitions on the same objects (in its own table).
@@ -178,9 +197,9 @@ fn bare_transit_load(
     clients: &Arc<Vec<Bare>>,
     (name, objects): (&'static str, usize),
     pooled: bool,
-) -> impl Fn() -> futures::future::BoxFuture<'static, common::Figures> {
+) -> Load {
     let clients = clients.clone();
-    move || {
+    Box::new(move || {
         let clients = clients.clone();
         Box::pin(measure(CALLERS, CALLS, move |n| {
             let clients = clients.clone();
@@ -189,130 +208,128 @@ fn bare_transit_load(
                 bare_transit(&clients[n % CONNECTIONS], &id, n as i64, pooled).await;
             }
         }))
+    })
+}
+
+/// What [`ROUNDS`] rounds of one load gave: each round's figures, and the CPU spent in all.
+#[derive(Default)]
+struct Measured {
+    rounds: Vec<common::Figures>,
+    cpu: Cpu,
+}
+
+impl Measured {
+    fn median(&self, of: fn(&common::Figures) -> f64) -> f64 {
+        common::median(self.rounds.iter().map(of).collect())
     }
 }
 
-/// [`ROUNDS`] rounds of `ours` and `bare` in turn; prints the medians' lines (`<name>_p50_us`,
-/// `<name>_per_s`), each round's throughput ratio, and where the CPU went (per call, over all
-/// rounds). Returns ours: the median p50 and rate.
-async fn rounds<F, G>(name: &str, agent: u32, ours: &F, bare: G) -> common::Figures
-where
-    F: Fn() -> futures::future::BoxFuture<'static, common::Figures>,
-    G: Fn() -> futures::future::BoxFuture<'static, common::Figures>,
-{
-    let (mut mine, mut theirs) = (Vec::new(), Vec::new());
-    let (mut mine_cpu, mut their_cpu) = (Cpu::default(), Cpu::default());
+/// [`ROUNDS`] rounds of `loads`, each round starting with the next load in turn (so that the
+/// machine's drift, and what one load leaves the server to do, falls on each alike).
+async fn rounds(agent: u32, loads: &[&Load]) -> Vec<Measured> {
+    let mut measured: Vec<Measured> = loads.iter().map(|_| Measured::default()).collect();
     for round in 0..ROUNDS {
-        for ours_now in [round % 2 == 0, round % 2 == 1] {
+        for turn in 0..loads.len() {
+            let which = (round + turn) % loads.len();
             let before = Cpu::now(agent);
-            let figures = if ours_now { ours().await } else { bare().await };
-            let spent = Cpu::now(agent) - before;
-            if ours_now {
-                mine.push(figures);
-                mine_cpu = mine_cpu + spent;
-            } else {
-                theirs.push(figures);
-                their_cpu = their_cpu + spent;
-            }
+            let figures = loads[which]().await;
+            measured[which].cpu = measured[which].cpu + (Cpu::now(agent) - before);
+            measured[which].rounds.push(figures);
         }
     }
-    let median = |figures: &[common::Figures], of: fn(&common::Figures) -> f64| {
-        let mut values: Vec<f64> = figures.iter().map(of).collect();
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
-    let ours = common::Figures {
-        p50: median(&mine, |f| f.p50),
-        p99: median(&mine, |f| f.p99),
-        rate: median(&mine, |f| f.rate),
+    measured
+}
+
+/// Prints ours against `baseline` (`<name>_p50_us`, `<name>_per_s`, the lowest and highest
+/// round's throughput ratio, the CPU per call); ours' medians.
+fn report(name: &str, ours: &Measured, baseline: &Measured) -> common::Figures {
+    let figures = common::Figures {
+        p50: ours.median(|f| f.p50),
+        p99: ours.median(|f| f.p99),
+        rate: ours.median(|f| f.rate),
     };
     line(
         &format!("{name}_p50_us"),
-        ours.p50,
-        Some(median(&theirs, |f| f.p50)),
+        figures.p50,
+        Some(baseline.median(|f| f.p50)),
     );
     line(
         &format!("{name}_per_s"),
-        ours.rate,
-        Some(median(&theirs, |f| f.rate)),
+        figures.rate,
+        Some(baseline.median(|f| f.rate)),
     );
-    let ratios: Vec<String> = mine
-        .iter()
-        .zip(&theirs)
-        .map(|(m, t)| format!("{:.2}", m.rate / t.rate))
-        .collect();
-    println!("BENCH {name}_per_s ratio by round: {}", ratios.join(" "));
+    let rates = |m: &Measured| m.rounds.iter().map(|f| f.rate).collect::<Vec<_>>();
+    let mut pairs: Vec<(f64, f64)> = rates(ours).into_iter().zip(rates(baseline)).collect();
+    pairs.sort_by(|(o, b), (p, c)| (o / b).total_cmp(&(p / c)));
+    let (lowest, highest) = (pairs[0], pairs[pairs.len() - 1]);
+    line(
+        &format!("{name}_per_s_lowest_round"),
+        lowest.0,
+        Some(lowest.1),
+    );
+    line(
+        &format!("{name}_per_s_highest_round"),
+        highest.0,
+        Some(highest.1),
+    );
     let calls = (ROUNDS * CALLS) as f64;
-    (mine_cpu / calls).lines(name, &(their_cpu / calls));
-    ours
+    (ours.cpu / calls).lines(name, &(baseline.cpu / calls));
+    figures
 }
 
 /// CPU seconds so far of the agent, of PostgreSQL's processes and of this process.
 #[derive(Clone, Copy, Default)]
-struct Cpu {
-    agent: f64,
-    server: f64,
-    callers: f64,
-}
+struct Cpu([f64; 3]);
 
 impl Cpu {
+    const PARTS: [&str; 3] = ["agent", "server", "callers"];
+
     fn now(agent: u32) -> Self {
-        Self {
-            agent: cpu_seconds(agent),
-            server: cpu_seconds_named("postgres"),
-            callers: cpu_seconds(std::process::id()),
+        Self([
+            cpu_seconds(agent),
+            cpu_seconds_named("postgres"),
+            cpu_seconds(std::process::id()),
+        ])
+    }
+
+    /// `BENCH <name>_cpu_<part>_us_per_call <ours> <baseline>` for each part, in µs per call;
+    /// for the agent, `<name>_cpu_agent_idle_us_per_call`: what it spent during the baseline's
+    /// load, which should be about nothing (else the windows are not what they seem).
+    fn lines(&self, name: &str, baseline: &Cpu) {
+        for (i, part) in Self::PARTS.iter().enumerate() {
+            let (ours, bare) = (self.0[i] * 1e6, baseline.0[i] * 1e6);
+            if *part == "agent" {
+                line(&format!("{name}_cpu_agent_us_per_call"), ours, None);
+                line(&format!("{name}_cpu_agent_idle_us_per_call"), bare, None);
+            } else {
+                line(&format!("{name}_cpu_{part}_us_per_call"), ours, Some(bare));
+            }
         }
     }
 
-    /// `BENCH <name>_cpu_<part>_us_per_call ours baseline` for each part (µs per call).
-    fn lines(&self, name: &str, baseline: &Cpu) {
-        let us = |s: f64| s * 1e6;
-        line(
-            &format!("{name}_cpu_agent_us_per_call"),
-            us(self.agent),
-            None,
-        );
-        let parts = [("server", self.server, baseline.server)];
-        let parts = parts
-            .into_iter()
-            .chain([("callers", self.callers, baseline.callers)]);
-        for (part, ours, bare) in parts {
-            let name = format!("{name}_cpu_{part}_us_per_call");
-            line(&name, us(ours), Some(us(bare)));
-        }
+    fn zip(self, other: Cpu, f: fn(f64, f64) -> f64) -> Cpu {
+        Cpu(std::array::from_fn(|i| f(self.0[i], other.0[i])))
     }
 }
 
 impl std::ops::Sub for Cpu {
     type Output = Cpu;
     fn sub(self, earlier: Cpu) -> Cpu {
-        Cpu {
-            agent: self.agent - earlier.agent,
-            server: self.server - earlier.server,
-            callers: self.callers - earlier.callers,
-        }
+        self.zip(earlier, |a, b| a - b)
     }
 }
 
 impl std::ops::Add for Cpu {
     type Output = Cpu;
     fn add(self, other: Cpu) -> Cpu {
-        Cpu {
-            agent: self.agent + other.agent,
-            server: self.server + other.server,
-            callers: self.callers + other.callers,
-        }
+        self.zip(other, |a, b| a + b)
     }
 }
 
 impl std::ops::Div<f64> for Cpu {
     type Output = Cpu;
     fn div(self, calls: f64) -> Cpu {
-        Cpu {
-            agent: self.agent / calls,
-            server: self.server / calls,
-            callers: self.callers / calls,
-        }
+        Cpu(self.0.map(|part| part / calls))
     }
 }
 
@@ -372,31 +389,23 @@ async fn observation(http: &reqwest::Client, base: &str, clients: &Arc<Vec<Bare>
         ours.p50,
         Some(select.p50 + round_trip.p50),
     );
-    let (select, round_trip) = (select.p50, round_trip.p50);
-    println!("BENCH observe_baseline: a SELECT {select:.1} us, a local call {round_trip:.1} us");
+    line("observe_baseline_select_p50_us", select.p50, None);
+    line("observe_baseline_local_call_p50_us", round_trip.p50, None);
 }
 
 /// A loopback HTTP server answering every POST with `{}`, in a process of its own (as a
 /// caller's agent is: a local call wakes another process, and so does its answer): this bench's
-/// executable again, with [`ECHO`] set. Its address, and the process (killed when dropped).
+/// executable again, with [`ECHO`]. Its address, and the process (killed when dropped).
 fn echo_server() -> (String, common::Process) {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .env(ECHO, "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut url = String::new();
-    let stdout = child.stdout.take().unwrap();
-    std::io::BufReader::new(stdout).read_line(&mut url).unwrap();
-    (url.trim().to_owned(), common::Process(child))
+    let (url, child) = common::helper(&[ECHO]);
+    assert!(url.starts_with("http://"), "the echo server did not start");
+    (url, common::Process(child))
 }
 
-/// Set in the environment of the echo server's process.
-const ECHO: &str = "TOA_BENCH_ECHO";
-
-/// The echo server's process: prints its address, then serves until killed.
+/// The echo server's process: prints its address, then serves until killed or its parent
+/// is gone (its standard input closed).
 async fn echo() {
+    common::exit_with_parent();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     println!("http://{}/", listener.local_addr().unwrap());
     let app = axum::Router::new().route("/", axum::routing::post(|| async { "{}" }));

@@ -53,6 +53,38 @@ where
     }
 }
 
+/// The median of `values`.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// This bench's executable again with `args` (a helper: a bare responder, an echo server), its
+/// standard input a pipe that closes with this process: the first line it prints (its address,
+/// or that it is ready) and the process.
+pub fn helper(args: &[&str]) -> (String, std::process::Child) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let out = child.stdout.take().unwrap();
+    std::io::BufReader::new(out).read_line(&mut line).unwrap();
+    (line.trim().to_owned(), child)
+}
+
+/// In a [`helper`]: exits when the bench that started it is gone (killed, even), as its end of
+/// the standard input pipe closes.
+pub fn exit_with_parent() {
+    std::thread::spawn(|| {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        std::process::exit(0);
+    });
+}
+
 /// A process's resident memory, in MB.
 pub fn rss_mb(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -65,22 +97,35 @@ pub fn rss_mb(pid: u32) -> f64 {
 
 /// A process's CPU time so far (user and system), in seconds; 0 for a process that is gone.
 pub fn cpu_seconds(pid: u32) -> f64 {
+    stat_seconds(pid, [11, 12])
+}
+
+/// The CPU time of a process's children that ended and were reaped (cutime and cstime).
+fn children_cpu_seconds(pid: u32) -> f64 {
+    stat_seconds(pid, [13, 14])
+}
+
+/// The sum of two clock-tick fields of `/proc/<pid>/stat`, counted after the command's closing
+/// parenthesis (utime and stime are the 12th and 13th there), in seconds; 0 for a process that
+/// is gone.
+fn stat_seconds(pid: u32, fields: [usize; 2]) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
+    let values: Vec<&str> = after.split_whitespace().collect();
     let field = |i: usize| {
-        fields
+        values
             .get(i)
             .and_then(|f| f.parse::<f64>().ok())
             .unwrap_or(0.0)
     };
     // SAFETY: sysconf only reads a constant of the system.
-    (field(11) + field(12)) / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    (field(fields[0]) + field(fields[1])) / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
 
 /// The CPU time so far of every process named `name` (its command, as /proc gives it), in
-/// seconds: a server's processes, whichever connection they serve.
+/// seconds, with that of their children reaped: a server's processes, whichever connection they
+/// serve, and those that ended meanwhile (a server's parent process reaps its backends and
+/// workers, and their time is added to its own children's).
 pub fn cpu_seconds_named(name: &str) -> f64 {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return 0.0;
@@ -90,7 +135,7 @@ pub fn cpu_seconds_named(name: &str) -> f64 {
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name)
         })
-        .map(cpu_seconds)
+        .map(|pid| cpu_seconds(pid) + children_cpu_seconds(pid))
         .sum()
 }
 
