@@ -236,7 +236,10 @@ async fn a_paused_replica_relays_nothing_until_it_resumes() {
         support::broker_context_with("paused-relay", BROKER, STORAGE);
     let context = context.display().to_string();
     let (_connection, mut consumer) = listen(&application).await;
-    // Alone, so every call is its own: ten orders stored, never published, and it is killed.
+    // Alone, so every call is its own: ten orders stored, never published, and it stops. Not
+    // killed: a call's delivery is acknowledged after its answer, so a kill right after the last
+    // answer could leave it unacknowledged, and the next replica would run it again and publish
+    // that write itself (CI saw `p9` at version 2, published by the halted replica).
     let held = holding(&context);
     held.wait_ready();
     for n in 0..10 {
@@ -245,7 +248,8 @@ async fn a_paused_replica_relays_nothing_until_it_resumes() {
             call_with(&held.agent, "store.orders.transit", "", &order.to_string());
         assert_eq!(status, 200, "{answer}");
     }
-    held.kill();
+    let (stopped, log) = held.terminate(Duration::from_secs(30));
+    assert!(stopped, "the holding process did not stop cleanly:\n{log}");
     // Another replica, halted as soon as its control endpoint answers (while it starts, long
     // before the events' lease runs out): its relay never starts.
     let (relaying, port) = with_control(&context);
