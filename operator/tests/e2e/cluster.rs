@@ -79,9 +79,20 @@ pub fn free_ports(range: std::ops::Range<u16>, count: u16) -> u16 {
         range.end <= EPHEMERAL_START,
         "{range:?} overlaps the kernel's ephemeral ports (from {EPHEMERAL_START})"
     );
+    // Free now is not enough: two scenarios starting at once could both pick a port before
+    // either binds it (CI saw two RabbitMQ nodes of one run take the same distribution port).
+    // A port handed out once in this run is never handed out again.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().expect("ports given");
     for _ in 0..200 {
         let base = range.start + rand_below(range.end - range.start - count);
-        if (base..base + count).all(|port| TcpListener::bind(("127.0.0.1", port)).is_ok()) {
+        let ports = base..base + count;
+        if ports.clone().all(|port| !given.contains(&port))
+            && ports
+                .clone()
+                .all(|port| TcpListener::bind(("127.0.0.1", port)).is_ok())
+        {
+            given.extend(ports);
             return base;
         }
     }
