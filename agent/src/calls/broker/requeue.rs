@@ -79,6 +79,19 @@ pub async fn requeue(broker: &Broker, component: &str) -> Result<u64, BrokerErro
         move_one(&channel, message.delivery, &queue, moved).await?;
         moved += 1;
     }
+    // The acks are only written, not answered: a process that ends now may leave the last of
+    // them unsent, and the broker puts that event back in the dead letters although it moved.
+    // The channel's close is answered after the broker read every frame before it.
+    channel
+        .close(200, "requeued".into())
+        .await
+        .map_err(|e| BrokerError::Refused {
+            what: format!("closing the channel on {dead}"),
+            message: format!(
+                "{e}; the {moved} moved are in {queue}, and some may also still be in the dead \
+                 letters (a copy is answered by its receiver's record)"
+            ),
+        })?;
     Ok(moved)
 }
 
