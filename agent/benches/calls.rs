@@ -97,23 +97,43 @@ async fn acknowledge(queue: &str) {
 
 /// `--load URL CALLERS SECONDS`: ordinary calls of `{"input":{"n":1}}` to `URL` from `CALLERS`
 /// tasks for `SECONDS` (the profiling harness's load, scripts/profile-calls); prints the count.
+/// With `TOA_LOAD_SAMPLE=N`, one call in N carries a sampled `traceparent` and the others an
+/// unsampled one, so agents exporting spans record one call in N (the harness's hops).
 async fn load(args: &[String]) {
     let (url, callers, seconds) = (&args[0], args[1].parse().unwrap(), args[2].parse().unwrap());
+    let sample: Option<u64> = std::env::var("TOA_LOAD_SAMPLE")
+        .ok()
+        .map(|n| n.parse().expect("TOA_LOAD_SAMPLE: a whole number of calls"));
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let until = Instant::now() + Duration::from_secs_f64(seconds);
     let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let tasks: Vec<_> = (0..callers)
-        .map(|_| {
+        .map(|caller: u64| {
             let (http, url, count) = (http.clone(), url.clone(), count.clone());
             tokio::spawn(async move {
+                let mut made = 0u64;
                 while Instant::now() < until {
-                    let response = http
+                    made += 1;
+                    let mut request = http
                         .post(&url)
                         .header("content-type", "application/json")
-                        .body(r#"{"input":{"n":1}}"#)
-                        .send()
-                        .await
-                        .unwrap();
+                        .body(r#"{"input":{"n":1}}"#);
+                    if let Some(every) = sample {
+                        // A trace id of this process, caller and call: never one of another call.
+                        let flags = if made.is_multiple_of(every) {
+                            "01"
+                        } else {
+                            "00"
+                        };
+                        let trace = (u128::from(std::process::id()) << 96)
+                            | (u128::from(caller) << 64)
+                            | u128::from(made);
+                        request = request.header(
+                            "traceparent",
+                            format!("00-{trace:032x}-{made:016x}-{flags}"),
+                        );
+                    }
+                    let response = request.send().await.unwrap();
                     assert_eq!(response.status(), 200);
                     let _ = response.bytes().await.unwrap();
                     count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -189,6 +209,91 @@ async fn respond(queue: &str, durable: bool) {
     }
 }
 
+/// The bare requester's calls waiting for their replies, by correlation id.
+type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>;
+
+/// The bare requester's connection and channel, the calls waiting for their replies, and its
+/// reply queue (exclusive; a task of its own hands each reply to its call).
+async fn requester() -> (Connection, lapin::Channel, Pending, String) {
+    let connection = Connection::connect(BROKER, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let replies = channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap()
+        .name()
+        .as_str()
+        .to_owned();
+    let pending: Pending = Arc::default();
+    let mut consumer = channel
+        .basic_consume(
+            replies.as_str().into(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let waiting = pending.clone();
+    tokio::spawn(async move {
+        while let Some(Ok(delivery)) = consumer.next().await {
+            let id = delivery.properties.correlation_id().clone().unwrap();
+            if let Some(tx) = waiting.lock().unwrap().remove(id.as_str()) {
+                let _ = tx.send(());
+            }
+        }
+    });
+    (connection, channel, pending, replies)
+}
+
+/// `--bare-load CALLERS SECONDS [quorum]`: bare lapin round trips to a responder of its own
+/// (on a transient queue, or a durable quorum queue as the agents' shared ones are) from
+/// `CALLERS` tasks for about `SECONDS` (the profiling harness's baseline beside its hops), in
+/// rounds; prints the count and the seconds they took.
+async fn bare_load(args: &[String]) {
+    let (callers, seconds): (usize, f64) = (args[0].parse().unwrap(), args[1].parse().unwrap());
+    let durable = args.get(2).is_some_and(|kind| kind == "quorum");
+    let queue = format!("bench-bare-load-{}", std::process::id());
+    let flag = if durable {
+        "--quorum-responder"
+    } else {
+        "--responder"
+    };
+    let mut responder = start_responder(flag, &queue);
+    let (connection, channel, pending, replies) = requester().await;
+    let started = Instant::now();
+    let mut count = 0;
+    while started.elapsed().as_secs_f64() < seconds {
+        // Rounds of 50 calls per caller: `measure` makes exactly `total` calls.
+        bare_round_trips(callers, callers * 50, &channel, &pending, &queue, &replies).await;
+        count += callers * 50;
+    }
+    let took = started.elapsed().as_secs_f64();
+    let _ = responder.kill();
+    let _ = responder.wait();
+    if durable {
+        // A durable queue outlives its responder.
+        let deleting = connection.create_channel().await.unwrap();
+        let _ = deleting
+            .queue_delete(queue.as_str().into(), Default::default())
+            .await;
+    }
+    println!("{count} {took}");
+}
+
 fn agent(bin: &str, dir: &Path, context: &Path, instance: &str, port: u16) -> Child {
     let traces = RECEIVER.get().map(|spans| spans.endpoint.clone());
     Command::new(bin)
@@ -222,6 +327,9 @@ async fn main() {
     }
     if let Some(position) = args.iter().position(|a| a == "--load") {
         return load(&args[position + 1..]).await;
+    }
+    if let Some(position) = args.iter().position(|a| a == "--bare-load") {
+        return bare_load(&args[position + 1..]).await;
     }
     traced().await;
     let exe = std::env::current_exe().unwrap();
@@ -324,47 +432,7 @@ async fn main() {
     let mut transient_responder = start_responder("--responder", &queue);
     let durable_queue = format!("bench-bare-quorum-{}", std::process::id());
     let mut quorum_responder = start_responder("--quorum-responder", &durable_queue);
-    let connection = Connection::connect(BROKER, ConnectionProperties::default())
-        .await
-        .unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    let replies = channel
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap()
-        .name()
-        .as_str()
-        .to_owned();
-    let pending: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>> = Arc::default();
-    let mut consumer = channel
-        .basic_consume(
-            replies.as_str().into(),
-            "".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let waiting = pending.clone();
-    tokio::spawn(async move {
-        while let Some(Ok(delivery)) = consumer.next().await {
-            let id = delivery.properties.correlation_id().clone().unwrap();
-            if let Some(tx) = waiting.lock().unwrap().remove(id.as_str()) {
-                let _ = tx.send(());
-            }
-        }
-    });
+    let (connection, channel, pending, replies) = requester().await;
 
     for callers in [1usize, 32] {
         let total = if callers == 1 { 1000 } else { 6400 };
@@ -738,7 +806,7 @@ async fn bare_round_trips(
     callers: usize,
     total: usize,
     channel: &lapin::Channel,
-    pending: &Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
+    pending: &Pending,
     queue: &str,
     replies: &str,
 ) -> Figures {
