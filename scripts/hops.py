@@ -8,8 +8,8 @@ bare loopback HTTP round trips to the program alone in 10 s; the bare lapin requ
 transient queue, as ordinary calls' is) and the seconds they took; the load's window, in ns since
 the epoch. SPANS is what agent/tests/otlp_receiver.py printed: one JSON line per span the agents exported.
 
-A sampled call is three spans in one trace: `call` in the calling agent C (from the program's
-request to its answer), `receive` and `operate` in the serving agent A (from the delivery; the
+A sampled call is three spans in one trace: `call` in the calling agent C (from after the
+request's body is read and parsed to the outcome, before the answer is written), `receive` and `operate` in the serving agent A (from the delivery; the
 program's run). Their edges, on the one clock of this machine, cut the call into hops; the time
 outside C's span is the load's mean less the mean of C's spans.
 """

@@ -67,31 +67,45 @@ pub async fn requeue(broker: &Broker, component: &str) -> Result<u64, BrokerErro
         .queue_declare(dead.as_str().into(), passive, FieldTable::default())
         .await
         .map_err(|e| refused("finding", e))?;
+    let moving = move_all(&channel, &dead, &queue, found.message_count()).await;
+    // The acks are only written, not answered: a process that ends now may leave the last of
+    // them unsent, and the broker puts that event back in the dead letters although it moved.
+    // The channel's close is answered after the broker read every frame before it; so it is
+    // closed after a failure midway too, and what moved before it stays moved.
+    let closed = channel.close(200, "requeued".into()).await;
+    let moved = moving?;
+    closed.map_err(|e| BrokerError::Refused {
+        what: format!("closing the channel on {dead}"),
+        message: format!(
+            "{e}; the {moved} moved are in {queue}, and some may also still be in the dead \
+             letters (a copy is answered by its receiver's record)"
+        ),
+    })?;
+    Ok(moved)
+}
+
+/// Moves up to `count` messages of `dead` to `queue`, one at a time; how many moved.
+async fn move_all(
+    channel: &lapin::Channel,
+    dead: &str,
+    queue: &str,
+    count: u32,
+) -> Result<u64, BrokerError> {
     let mut moved = 0;
-    for _ in 0..found.message_count() {
+    for _ in 0..count {
         let Some(message) = channel
-            .basic_get(dead.as_str().into(), BasicGetOptions::default())
+            .basic_get(dead.into(), BasicGetOptions::default())
             .await
-            .map_err(|e| refused("reading", e))?
+            .map_err(|e| BrokerError::Refused {
+                what: format!("reading {dead}"),
+                message: e.to_string(),
+            })?
         else {
             break;
         };
-        move_one(&channel, message.delivery, &queue, moved).await?;
+        move_one(channel, message.delivery, queue, moved).await?;
         moved += 1;
     }
-    // The acks are only written, not answered: a process that ends now may leave the last of
-    // them unsent, and the broker puts that event back in the dead letters although it moved.
-    // The channel's close is answered after the broker read every frame before it.
-    channel
-        .close(200, "requeued".into())
-        .await
-        .map_err(|e| BrokerError::Refused {
-            what: format!("closing the channel on {dead}"),
-            message: format!(
-                "{e}; the {moved} moved are in {queue}, and some may also still be in the dead \
-                 letters (a copy is answered by its receiver's record)"
-            ),
-        })?;
     Ok(moved)
 }
 
