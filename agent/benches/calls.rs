@@ -119,19 +119,21 @@ async fn load(args: &[String]) {
                         .header("content-type", "application/json")
                         .body(r#"{"input":{"n":1}}"#);
                     if let Some(every) = sample {
+                        use toa_context::trace::{TraceParent, SAMPLED, TRACEPARENT};
                         // A trace id of this process, caller and call: never one of another call.
-                        let flags = if made.is_multiple_of(every) {
-                            "01"
-                        } else {
-                            "00"
-                        };
                         let trace = (u128::from(std::process::id()) << 96)
                             | (u128::from(caller) << 64)
                             | u128::from(made);
-                        request = request.header(
-                            "traceparent",
-                            format!("00-{trace:032x}-{made:016x}-{flags}"),
-                        );
+                        let parent = TraceParent {
+                            trace_id: trace.to_be_bytes(),
+                            parent_id: made.to_be_bytes(),
+                            flags: if made.is_multiple_of(every) {
+                                SAMPLED
+                            } else {
+                                0
+                            },
+                        };
+                        request = request.header(TRACEPARENT, parent.to_string());
                     }
                     let response = request.send().await.unwrap();
                     assert_eq!(response.status(), 200);

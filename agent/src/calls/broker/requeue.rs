@@ -37,15 +37,19 @@ fn first_routing_key(headers: Option<&FieldTable>) -> Option<String> {
     }
 }
 
+/// The broker refused `what` (an operation, naming its queue).
+fn refused(what: String, error: lapin::Error) -> BrokerError {
+    BrokerError::Refused {
+        what,
+        message: error.to_string(),
+    }
+}
+
 /// Moves what `component`'s dead letters hold now (not what arrives meanwhile) back to its
 /// receivers' queue; how many moved.
 pub async fn requeue(broker: &Broker, component: &str) -> Result<u64, BrokerError> {
     let dead = broker.names.receivers_dead(component);
     let queue = broker.names.receivers(component);
-    let refused = |what: &str, e: lapin::Error| BrokerError::Refused {
-        what: format!("{what} {dead}"),
-        message: e.to_string(),
-    };
     let session = broker.session().ok_or_else(|| BrokerError::Unreachable {
         address: broker.settings.shown.clone(),
         message: "the connection ended".to_owned(),
@@ -54,11 +58,11 @@ pub async fn requeue(broker: &Broker, component: &str) -> Result<u64, BrokerErro
         .connection
         .create_channel()
         .await
-        .map_err(|e| refused("a channel for", e))?;
+        .map_err(|e| refused(format!("a channel for {dead}"), e))?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
-        .map_err(|e| refused("confirms for", e))?;
+        .map_err(|e| refused(format!("confirms for {dead}"), e))?;
     let passive = QueueDeclareOptions {
         passive: true,
         ..Default::default()
@@ -66,7 +70,7 @@ pub async fn requeue(broker: &Broker, component: &str) -> Result<u64, BrokerErro
     let found = channel
         .queue_declare(dead.as_str().into(), passive, FieldTable::default())
         .await
-        .map_err(|e| refused("finding", e))?;
+        .map_err(|e| refused(format!("finding {dead}"), e))?;
     let moving = move_all(&channel, &dead, &queue, found.message_count()).await;
     // The acks are only written, not answered: a process that ends now may leave the last of
     // them unsent, and the broker puts that event back in the dead letters although it moved.
@@ -96,10 +100,7 @@ async fn move_all(
         let Some(message) = channel
             .basic_get(dead.into(), BasicGetOptions::default())
             .await
-            .map_err(|e| BrokerError::Refused {
-                what: format!("reading {dead}"),
-                message: e.to_string(),
-            })?
+            .map_err(|e| refused(format!("reading {dead}"), e))?
         else {
             break;
         };
@@ -117,10 +118,7 @@ async fn move_one(
     queue: &str,
     moved: u64,
 ) -> Result<(), BrokerError> {
-    let refused = |e: lapin::Error| BrokerError::Refused {
-        what: format!("requeueing to {queue}"),
-        message: e.to_string(),
-    };
+    let refused = |e| refused(format!("requeueing to {queue}"), e);
     let mut headers = FieldTable::default();
     for (name, value) in delivery.properties.headers().iter().flat_map(|h| h.inner()) {
         if !BROKERS.contains(&name.as_str()) {
