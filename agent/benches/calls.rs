@@ -8,7 +8,8 @@
 //! process that counts them and answers at once, as a collector on another machine would.
 //!
 //! Prints `BENCH <name> <ours> <baseline> <ratio>`; latencies in µs, rates per second, RSS in MB,
-//! CPU in µs per call (both agents together, from /proc).
+//! CPU in µs per call (both agents together, from /proc), and per served task by process (the
+//! load, the agents, their programs, RabbitMQ) against the bare publisher and consumer's.
 //! Ours: caller → agent B (HTTP) → broker → agent A → the Rust terminals program (HTTP) and back.
 //! The baseline: a request published to a queue, consumed by another process that replies at
 //! once — the broker's round trip with nothing else.
@@ -30,6 +31,10 @@ mod common;
 use common::{cpu_seconds, line, measure, rss_mb, Figures};
 
 const BROKER: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// How many calls each agent's consumer takes at a time (the agent's default, said here so the
+/// bounded bare consumer takes the same).
+const PREFETCH: &str = "32";
 
 /// A durable quorum queue's declaration: the kind of the agents' shared queues.
 fn quorum() -> (QueueDeclareOptions, FieldTable) {
@@ -82,10 +87,10 @@ async fn traced() {
     RECEIVER.set(spans).ok();
 }
 
-/// A bare consumer acking each delivery of the quorum queue `queue` at once (the served
-/// tasks' baseline).
-async fn acknowledge(queue: &str) {
-    let (_connection, _channel, mut consumer) = consuming(queue, true).await;
+/// A bare consumer acking each delivery of the quorum queue `queue` at once, `prefetch` unacked
+/// at most (0: no limit; the served tasks' baseline).
+async fn acknowledge(queue: &str, prefetch: u16) {
+    let (_connection, _channel, mut consumer) = consuming(queue, true, prefetch).await;
     while let Some(Ok(delivery)) = consumer.next().await {
         delivery
             .acker
@@ -151,7 +156,11 @@ async fn load(args: &[String]) {
 
 /// A channel consuming `queue` (a transient classic queue, or with `durable` a quorum queue),
 /// once it says `ready` to the process that started this one.
-async fn consuming(queue: &str, durable: bool) -> (Connection, lapin::Channel, lapin::Consumer) {
+async fn consuming(
+    queue: &str,
+    durable: bool,
+    prefetch: u16,
+) -> (Connection, lapin::Channel, lapin::Consumer) {
     let connection = Connection::connect(BROKER, ConnectionProperties::default())
         .await
         .unwrap();
@@ -167,6 +176,10 @@ async fn consuming(queue: &str, durable: bool) -> (Connection, lapin::Channel, l
     };
     channel
         .queue_declare(queue.into(), options, arguments)
+        .await
+        .unwrap();
+    channel
+        .basic_qos(prefetch, Default::default())
         .await
         .unwrap();
     let consumer = channel
@@ -185,7 +198,7 @@ async fn consuming(queue: &str, durable: bool) -> (Connection, lapin::Channel, l
 /// The bare responder: consumes `queue` (a transient classic queue, or with `durable` a quorum
 /// queue) and replies to each request at once.
 async fn respond(queue: &str, durable: bool) {
-    let (_connection, channel, mut consumer) = consuming(queue, durable).await;
+    let (_connection, channel, mut consumer) = consuming(queue, durable, 0).await;
     while let Some(Ok(delivery)) = consumer.next().await {
         let channel = channel.clone();
         tokio::spawn(async move {
@@ -309,6 +322,7 @@ fn agent(bin: &str, dir: &Path, context: &Path, instance: &str, port: u16) -> Ch
             &format!("127.0.0.1:{port}"),
         ])
         .env("TOA_INSTANCE", instance)
+        .env("TOA_PREFETCH", PREFETCH)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
@@ -325,7 +339,8 @@ async fn main() {
         return respond(&args[position + 1], true).await;
     }
     if let Some(position) = args.iter().position(|a| a == "--acker") {
-        return acknowledge(&args[position + 1]).await;
+        let prefetch = args.get(position + 2).map_or(0, |p| p.parse().unwrap());
+        return acknowledge(&args[position + 1], prefetch).await;
     }
     if let Some(position) = args.iter().position(|a| a == "--load") {
         return load(&args[position + 1..]).await;
@@ -438,7 +453,18 @@ async fn main() {
 
     for callers in [1usize, 32] {
         let total = if callers == 1 { 1000 } else { 6400 };
+        let usage = Usage::start(vec![
+            ("client", vec![std::process::id()]),
+            ("program", vec![lone.id()]),
+        ]);
         let hop = http_round_trips(&http, &lone_url, callers, total).await;
+        let usage = usage.end(total);
+        // Both ends' CPU per round trip, the broker's left out (idle meanwhile).
+        line(
+            &format!("http_loopback_{callers}callers_cpu_us"),
+            usage.part("client") + usage.part("program"),
+            None,
+        );
         line(
             &format!("http_loopback_{callers}callers_p50_us"),
             hop.p50,
@@ -581,15 +607,93 @@ async fn main() {
         .await
         .unwrap();
     let mut acker = start_responder("--acker", &durable);
+    let bare_usage = Usage::start(vec![
+        ("publisher", vec![std::process::id()]),
+        ("consumer", vec![acker.id()]),
+    ]);
     let bare_served = bare_publishes(32, 6400, &confirming, &durable).await;
+    drained(&channel, &durable).await;
+    let bare_usage = bare_usage.end(6400);
+    let _ = acker.kill();
+    let _ = acker.wait();
+    // The same with the consumer taking at most the agents' prefetch at a time (each agent's
+    // consumer does), where the bare one above takes all it is sent.
+    let mut acker = common::helper(&["--acker", &durable, PREFETCH]).1;
+    let bounded_usage = Usage::start(vec![
+        ("publisher", vec![std::process::id()]),
+        ("consumer", vec![acker.id()]),
+    ]);
+    let bounded_served = bare_publishes(32, 6400, &confirming, &durable).await;
+    drained(&channel, &durable).await;
+    let bounded_usage = bounded_usage.end(6400);
     let _ = acker.kill();
     let _ = acker.wait();
     let url = format!("http://127.0.0.1:{port_b}/v1/task/terminals/echo");
+    let programs = [a.id(), b.id()].into_iter().flat_map(children).collect();
+    let usage = Usage::start(vec![
+        ("load", vec![std::process::id()]),
+        ("agents", vec![a.id(), b.id()]),
+        ("programs", programs),
+    ]);
     let served_tasks = post_tasks(&http, &url).await;
+    drained(&channel, &format!("toa.{application}.terminals#tasks")).await;
+    let usage = usage.end(6400);
     line(
         "task_durable_served_32callers_per_s_vs_bare_lapin_confirmed_consumed",
         served_tasks.rate,
         Some(bare_served.rate),
+    );
+    // Where a served task's CPU goes, from its accepting to its run's ack, against the bare
+    // pair's (µs of CPU per task; the broker is every `beam.smp`).
+    line(
+        "task_durable_served_all_done_per_s_vs_bare",
+        usage.rate,
+        Some(bare_usage.rate),
+    );
+    line(
+        "task_durable_served_cpu_us_per_task_vs_bare",
+        usage.total(),
+        Some(bare_usage.total()),
+    );
+    line(
+        "task_durable_served_broker_cpu_us_per_task_vs_bare",
+        usage.part("broker"),
+        Some(bare_usage.part("broker")),
+    );
+    line(
+        "task_durable_served_load_cpu_us_per_task_vs_bare_publisher",
+        usage.part("load"),
+        Some(bare_usage.part("publisher")),
+    );
+    line(
+        "task_durable_served_agents_cpu_us_per_task_vs_bare_consumer",
+        usage.part("agents"),
+        Some(bare_usage.part("consumer")),
+    );
+    line(
+        "task_durable_served_programs_cpu_us_per_task",
+        usage.part("programs"),
+        None,
+    );
+    line(
+        "task_durable_served_32callers_per_s_vs_bare_consumer_prefetch_32",
+        served_tasks.rate,
+        Some(bounded_served.rate),
+    );
+    line(
+        "task_durable_served_broker_cpu_us_per_task_vs_bare_consumer_prefetch_32",
+        usage.part("broker"),
+        Some(bounded_usage.part("broker")),
+    );
+    line(
+        "task_durable_served_cpu_us_per_task_vs_bare_consumer_prefetch_32",
+        usage.total(),
+        Some(bounded_usage.total()),
+    );
+    line(
+        "task_durable_served_cores_busy_vs_bare",
+        usage.cores(),
+        Some(bare_usage.cores()),
     );
     // Like the bare publisher, with nobody consuming: a third agent, of another component,
     // publishes to the queue A and B declared, once they are gone.
@@ -749,6 +853,107 @@ async fn bare_publishes(
         }
     })
     .await
+}
+
+/// The CPU each part of a phase takes (µs per task), from `/proc`: the parts named, by their
+/// processes, and the broker (every `beam.smp`, with the children it reaped).
+struct Usage {
+    parts: Vec<(&'static str, Vec<u32>)>,
+    start: Vec<f64>,
+    began: Instant,
+}
+
+/// What a phase took: CPU per task by part, tasks per second, and cores busy.
+struct Used {
+    parts: Vec<(&'static str, f64)>,
+    rate: f64,
+}
+
+impl Usage {
+    fn start(mut parts: Vec<(&'static str, Vec<u32>)>) -> Self {
+        parts.push(("broker", Vec::new()));
+        let start = parts.iter().map(Self::seconds).collect();
+        Usage {
+            parts,
+            start,
+            began: Instant::now(),
+        }
+    }
+
+    fn seconds((name, pids): &(&'static str, Vec<u32>)) -> f64 {
+        if *name == "broker" {
+            return common::cpu_seconds_named("beam.smp");
+        }
+        pids.iter().map(|pid| cpu_seconds(*pid)).sum()
+    }
+
+    fn end(self, tasks: usize) -> Used {
+        let seconds = self.began.elapsed().as_secs_f64();
+        let parts = self
+            .parts
+            .iter()
+            .zip(&self.start)
+            .map(|(part, start)| (part.0, (Self::seconds(part) - start) * 1e6 / tasks as f64))
+            .collect();
+        Used {
+            parts,
+            rate: tasks as f64 / seconds,
+        }
+    }
+}
+
+impl Used {
+    fn part(&self, name: &str) -> f64 {
+        self.parts
+            .iter()
+            .find_map(|(part, us)| (*part == name).then_some(*us))
+            .unwrap_or(f64::NAN)
+    }
+
+    fn total(&self) -> f64 {
+        self.parts.iter().map(|(_, us)| us).sum()
+    }
+
+    /// How many cores the phase's processes kept busy on average.
+    fn cores(&self) -> f64 {
+        self.total() * self.rate / 1e6
+    }
+}
+
+/// A process's children (the agents' programs).
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|child| child.parse().ok())
+        .collect()
+}
+
+/// Waits, up to a minute, until the queue `queue` has no message ready: every task taken (the
+/// consumers' prefetch may hold a few more unacked, a fraction of the 6,400).
+async fn drained(channel: &lapin::Channel, queue: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let declared = channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        if declared.message_count() == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{queue} was not drained in a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// The terminals program on a port of its own, no agent in front: asked as an agent asks it.
