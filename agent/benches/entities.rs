@@ -20,7 +20,9 @@
 //!   in µs per transition: the agent's, PostgreSQL's (all its processes, those that ended
 //!   meanwhile included) and this process's (the callers').
 //! - Observation: `observe` through the agent, one caller, against a bare SELECT plus one bare
-//!   loopback HTTP round trip to another process (the local call a caller makes).
+//!   loopback HTTP round trip to another process (the local call a caller makes), and against a
+//!   bare reader: a process of its own serving the same request over HTTP with one prepared
+//!   SELECT (what any sidecar that reads for its caller does at the least). In rounds too.
 
 use std::sync::Arc;
 
@@ -33,6 +35,10 @@ use common::{
 const CALLERS: usize = 16;
 /// The argument that makes this executable the observation baseline's echo server.
 const ECHO: &str = "--echo";
+/// The argument that makes this executable the bare reader (of the table named next).
+const READER: &str = "--reader";
+/// Observations per round, one caller.
+const OBSERVATIONS: usize = 500;
 /// The bare baseline's connections: as many as the agent's pool has (entities/backend.rs), so
 /// that both have the same connections to the server; 16 callers share them.
 const CONNECTIONS: usize = 8;
@@ -136,6 +142,10 @@ async fn main() {
     if std::env::args().any(|a| a == ECHO) {
         return echo().await;
     }
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(position) = args.iter().position(|a| a == READER) {
+        return reader(&args[position + 1]).await;
+    }
     let port = free_port();
     let application = format!("bench-{}", std::process::id());
     let context = "storage: postgres://127.0.0.1:5432/toa\n";
@@ -162,7 +172,7 @@ async fn main() {
     let plain_many = report("transit_many", &ours, &bare);
     report("transit_many_pooled", &ours, &pooled);
     keyed(&http, &base, plain_many).await;
-    observation(&http, &base, &clients).await;
+    observation(&http, &base, &clients, (id, &table)).await;
     line("agent_rss_mb", rss_mb(agent.0.id()), None);
     clients[0]
         .client
@@ -353,44 +363,151 @@ async fn keyed(http: &reqwest::Client, base: &str, plain: common::Figures) {
     line("transit_keyed_per_s", ours.rate, Some(plain.rate));
 }
 
-/// `observe` through the agent, one caller, against a bare SELECT plus a bare loopback HTTP
-/// round trip.
-async fn observation(http: &reqwest::Client, base: &str, clients: &Arc<Vec<Bare>>) {
-    let url = format!("{base}/observe");
-    let client = http.clone();
-    let ours = measure(1, 2_000, move |n| {
-        let (http, url) = (client.clone(), url.clone());
-        let body = format!(r#"{{"query": {{"id": "many-{}"}}}}"#, n % OBJECTS);
-        async move { post(&http, &url, body).await }
-    })
-    .await;
-    let clients = clients.clone();
-    let select = measure(1, 2_000, move |n| {
-        let clients = clients.clone();
-        async move {
-            let id = format!("many-{}", n % OBJECTS);
-            clients[0]
-                .client
-                .query_opt(&clients[0].read, &[&id])
-                .await
-                .unwrap();
-        }
-    })
-    .await;
+/// `observe` through the agent (`agent`, its pid), one caller, in rounds against a bare SELECT
+/// plus a bare loopback HTTP round trip, and against the bare reader of `table`.
+async fn observation(
+    http: &reqwest::Client,
+    base: &str,
+    clients: &Arc<Vec<Bare>>,
+    (agent, table): (u32, &str),
+) {
     let (echo, _echo) = echo_server();
-    let client = http.clone();
-    let round_trip = measure(1, 2_000, move |_| {
-        let (http, echo) = (client.clone(), echo.clone());
-        async move { post(&http, &echo, "{}".to_owned()).await }
-    })
-    .await;
+    let (read, reader) = common::helper(&[READER, table]);
+    assert!(read.starts_with("http://"), "the bare reader did not start");
+    let reader_pid = reader.id();
+    let _reader = common::Process(reader);
+    let ours = observe(http, format!("{base}/observe"));
+    let bare_reader = observe(http, read);
+    let clients = clients.clone();
+    let select: Load = Box::new(move || {
+        let clients = clients.clone();
+        Box::pin(measure(1, OBSERVATIONS, move |n| {
+            let clients = clients.clone();
+            async move {
+                let id = format!("many-{}", n % OBJECTS);
+                let bare = &clients[0];
+                bare.client.query_opt(&bare.read, &[&id]).await.unwrap();
+            }
+        }))
+    });
+    let (http, echo) = (http.clone(), echo.clone());
+    let round_trip: Load = Box::new(move || {
+        let (http, echo) = (http.clone(), echo.clone());
+        Box::pin(measure(1, OBSERVATIONS, move |_| {
+            let (http, echo) = (http.clone(), echo.clone());
+            async move { post(&http, &echo, "{}".to_owned()).await }
+        }))
+    });
+    // Where each side's time goes besides its work: its CPU and how often its threads sleep and
+    // are woken (each load runs alone, so each process's counts fall in its own load's rounds).
+    let counts = |pid: u32| (cpu_seconds(pid), common::context_switches(pid));
+    let before = [counts(agent), counts(reader_pid)];
+    let measured = rounds(agent, &[&ours, &bare_reader, &select, &round_trip]).await;
+    let after = [counts(agent), counts(reader_pid)];
+    let [ours, bare_reader, select, round_trip] = <[Measured; 4]>::try_from(measured).ok().unwrap();
+    // The goal's baseline, each round's own: its SELECT's p50 plus its round trip's.
+    let sums: Vec<f64> = (select.rounds.iter().zip(&round_trip.rounds))
+        .map(|(select, round_trip)| select.p50 + round_trip.p50)
+        .collect();
+    let p50 = |f: &common::Figures| f.p50;
     line(
         "observe_p50_us",
-        ours.p50,
-        Some(select.p50 + round_trip.p50),
+        ours.median(p50),
+        Some(common::median(sums.clone())),
     );
-    line("observe_baseline_select_p50_us", select.p50, None);
-    line("observe_baseline_local_call_p50_us", round_trip.p50, None);
+    let mut ratios: Vec<f64> = (ours.rounds.iter().zip(&sums))
+        .map(|(ours, sum)| ours.p50 / sum)
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    line("observe_p50_lowest_round_ratio", ratios[0], None);
+    line(
+        "observe_p50_highest_round_ratio",
+        ratios[ratios.len() - 1],
+        None,
+    );
+    line(
+        "observe_p50_us_vs_bare_reader",
+        ours.median(p50),
+        Some(bare_reader.median(p50)),
+    );
+    line("observe_baseline_select_p50_us", select.median(p50), None);
+    line(
+        "observe_baseline_local_call_p50_us",
+        round_trip.median(p50),
+        None,
+    );
+    let calls = (ROUNDS * OBSERVATIONS) as f64;
+    let [agent, reader] = [0, 1].map(|i| {
+        let ((cpu, switches), (cpu_before, switches_before)) = (after[i], before[i]);
+        (
+            (cpu - cpu_before) * 1e6 / calls,
+            (switches - switches_before) as f64 / calls,
+        )
+    });
+    line(
+        "observe_cpu_agent_us_per_call_vs_bare_reader",
+        agent.0,
+        Some(reader.0),
+    );
+    line(
+        "observe_context_switches_agent_per_call_vs_bare_reader",
+        agent.1,
+        Some(reader.1),
+    );
+}
+
+/// One caller's load of `observe` requests on the many objects to `url` (the agent's, or the
+/// bare reader's).
+fn observe(http: &reqwest::Client, url: String) -> Load {
+    let http = http.clone();
+    Box::new(move || {
+        let (http, url) = (http.clone(), url.clone());
+        Box::pin(measure(1, OBSERVATIONS, move |n| {
+            let (http, url) = (http.clone(), url.clone());
+            let body = format!(r#"{{"query": {{"id": "many-{}"}}}}"#, n % OBJECTS);
+            async move { post(&http, &url, body).await }
+        }))
+    })
+}
+
+/// The bare reader's process: one connection with the bare table's read prepared, and an HTTP
+/// server answering `{"query": {"id": …}}` with the object (its state, `id` and `VERSION`) or
+/// `null`; prints its address, then serves until killed or its parent is gone.
+async fn reader(table: &str) {
+    use axum::extract::{Json, State};
+    common::exit_with_parent();
+    let client = connect().await;
+    let read = client
+        .prepare(&format!("SELECT version, state FROM {table} WHERE id = $1"))
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    println!("http://{}/", listener.local_addr().unwrap());
+    let state = Arc::new((client, read));
+    let app = axum::Router::new()
+        .route(
+            "/",
+            axum::routing::post(
+                |State(state): State<Arc<(tokio_postgres::Client, tokio_postgres::Statement)>>,
+                 Json(request): Json<serde_json::Value>| async move {
+                    let id = request["query"]["id"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let row = state.0.query_opt(&state.1, &[&id]).await.unwrap();
+                    Json(row.map(|row| {
+                        let tokio_postgres::types::Json(mut object): tokio_postgres::types::Json<
+                            serde_json::Value,
+                        > = row.get(1);
+                        object["id"] = id.into();
+                        object["VERSION"] = row.get::<_, i64>(0).into();
+                        object
+                    }))
+                },
+            ),
+        )
+        .with_state(state);
+    axum::serve(listener, app).await.unwrap();
 }
 
 /// A loopback HTTP server answering every POST with `{}`, in a process of its own (as a

@@ -100,6 +100,24 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     stat_seconds(pid, [11, 12])
 }
 
+/// How many times a process's threads have been switched out so far, voluntarily or not (each
+/// a wake-up later): the sum over its threads in `/proc`.
+pub fn context_switches(pid: u32) -> u64 {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    threads
+        .filter_map(|thread| std::fs::read_to_string(thread.ok()?.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
 /// The CPU time of a process's children that ended and were reaped (cutime and cstime).
 fn children_cpu_seconds(pid: u32) -> f64 {
     stat_seconds(pid, [13, 14])
