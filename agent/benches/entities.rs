@@ -398,8 +398,9 @@ async fn observation(
             async move { post(&http, &echo, "{}".to_owned()).await }
         }))
     });
-    // Where each side's time goes besides its work: its CPU and how often its threads sleep and
-    // are woken (each load runs alone, so each process's counts fall in its own load's rounds).
+    // Where each side's time goes besides its work: its CPU and how often its threads are
+    // switched out. Counted over all four loads' rounds: each process is idle in the others'
+    // (a few wake-ups a second, against thousands in its own).
     let counts = |pid: u32| (cpu_seconds(pid), common::context_switches(pid));
     let before = [counts(agent), counts(reader_pid)];
     let measured = rounds(agent, &[&ours, &bare_reader, &select, &round_trip]).await;
@@ -441,13 +442,20 @@ async fn observation(
         let ((cpu, switches), (cpu_before, switches_before)) = (after[i], before[i]);
         (
             (cpu - cpu_before) * 1e6 / calls,
-            (switches - switches_before) as f64 / calls,
+            // Signed: a thread that ended meanwhile takes its count with it.
+            (switches as i64 - switches_before as i64) as f64 / calls,
         )
     });
     line(
         "observe_cpu_agent_us_per_call_vs_bare_reader",
         agent.0,
         Some(reader.0),
+    );
+    // PostgreSQL's own, each side's rounds: the same read of the same kind of row.
+    line(
+        "observe_cpu_server_us_per_call_vs_bare_reader",
+        ours.cpu.0[1] * 1e6 / calls,
+        Some(bare_reader.cpu.0[1] * 1e6 / calls),
     );
     line(
         "observe_context_switches_agent_per_call_vs_bare_reader",

@@ -100,8 +100,8 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     stat_seconds(pid, [11, 12])
 }
 
-/// How many times a process's threads have been switched out so far, voluntarily or not (each
-/// a wake-up later): the sum over its threads in `/proc`.
+/// How many times a process's threads have been switched out so far, voluntarily (to sleep,
+/// woken later) or not: the sum over its threads now in `/proc`.
 pub fn context_switches(pid: u32) -> u64 {
     let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
@@ -223,7 +223,10 @@ pub fn compose(
 ) -> Process {
     let file = std::env::temp_dir().join(format!("toa-bench-{application}-{port}.yaml"));
     std::fs::write(&file, format!("name: {application}\n{context}")).unwrap();
-    let child = std::process::Command::new(Path::new(env!("CARGO_BIN_EXE_toa-agent")))
+    // Another build of the agent, to compare one with another in the same harness.
+    let agent = std::env::var("TOA_BENCH_AGENT");
+    let agent = agent.as_deref().unwrap_or(env!("CARGO_BIN_EXE_toa-agent"));
+    let child = std::process::Command::new(agent)
         .current_dir(root())
         .arg("compose")
         .args(components)

@@ -847,18 +847,7 @@ async fn records_past_their_retention_are_deleted_by_the_next_replica_to_start()
         assert_eq!(first.record(&record(key), &outcome).await, Ok(None));
     }
     let rows = || async {
-        let address = test_storage();
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host(&address.host)
-            .port(address.port)
-            .dbname(&address.database);
-        config.user(address.username.as_deref().unwrap_or("toa"));
-        if let Some(password) = &address.password {
-            config.password(password.expose());
-        }
-        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
+        let client = test_client().await;
         let schema = super::postgres::quote(&super::postgres::schema_of(&application));
         let count = format!("SELECT count(*) FROM {schema}.toa_once");
         client
@@ -878,6 +867,95 @@ async fn records_past_their_retention_are_deleted_by_the_next_replica_to_start()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A connection of the test's own to the tests' server.
+async fn test_client() -> tokio_postgres::Client {
+    let address = test_storage();
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(&address.host)
+        .port(address.port)
+        .dbname(&address.database);
+    config.user(address.username.as_deref().unwrap_or("toa"));
+    if let Some(password) = &address.password {
+        config.password(password.expose());
+    }
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// How many sequential scans of `table` the server counted, once it counted `reads` scans of
+/// any kind. It counts another connection's when that one has been idle a while (a second, up
+/// to ten): waited for, 30 s at most.
+async fn sequential_scans(client: &tokio_postgres::Client, table: &str, reads: i64) -> i64 {
+    let scans = format!(
+        "SELECT seq_scan, idx_scan FROM pg_stat_user_tables WHERE relid = '{table}'::regclass"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = client.query_one(scans.as_str(), &[]).await.unwrap();
+        let (seq, idx) = (row.get::<_, i64>(0), row.get::<_, i64>(1));
+        if seq + idx >= reads {
+            return seq;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server counted {} of {reads} reads",
+            seq + idx
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_find_their_object_by_its_index_however_small_the_table_was_when_first_read() {
+    use super::postgres::{quote, schema_of};
+    let application = format!("plans-{}", crate::component::client::new_id());
+    let storage = Storage {
+        address: test_storage(),
+        application: application.clone(),
+    };
+    let store = Backend::open(Some(&storage), "shop.stock", RETENTION)
+        .await
+        .unwrap();
+    let client = test_client().await;
+    let table = format!(
+        "{}.{}",
+        quote(&schema_of(&application)),
+        quote("shop.stock")
+    );
+    // One object, and the table analyzed (as autovacuum does a new table's soon): a table of one
+    // row and one page, which a scan reads faster than an index.
+    let insert = |from: u32, to: u32| {
+        format!(
+            "INSERT INTO {table} (id, version, state, attempts) \
+             SELECT 'p' || n, 1, '{{\"available\": 1}}', '{{}}' FROM generate_series({from}, {to}) AS n"
+        )
+    };
+    client
+        .batch_execute(&format!("{}; ANALYZE {table}", insert(1, 1)))
+        .await
+        .unwrap();
+    // Read one at a time (so on one pooled connection): past the server's first five plans of a
+    // prepared statement, one plan is cached for the connection's life.
+    for _ in 0..10 {
+        let found = store.read("p1").await.unwrap();
+        assert!(matches!(found, Found::Live { version: 1, .. }), "{found:?}");
+    }
+    let before = sequential_scans(&client, &table, 10).await;
+    client.batch_execute(&insert(2, 5000)).await.unwrap();
+    for n in 1..=100 {
+        let found = store.read(&format!("p{n}")).await.unwrap();
+        assert!(matches!(found, Found::Live { version: 1, .. }), "{found:?}");
+    }
+    // A read that scanned the table whole would cost each read the whole of its 5,000 rows.
+    assert_eq!(
+        sequential_scans(&client, &table, 110).await - before,
+        0,
+        "reads of a grown table scanned it whole"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
