@@ -673,11 +673,14 @@ fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
         .connect_timeout(CONNECT_LIMIT)
         // A transaction left open by a client that went silent (frozen, partitioned) would hold
         // its row and record locks until the server's TCP keepalive noticed, hours later.
-        // No sequential scans: every statement here finds its rows by an index, and a prepared
-        // statement's plan is cached for the connection's life. Planned while the table was a
-        // page or two, a scan of the whole table would otherwise stay the plan as it grew, until
-        // an ANALYZE happened to invalidate it (measured: most reads and writes of a 1,000-object
-        // table scanning it whole, at twice the server's CPU per transition).
+        //
+        // No sequential scans: every statement here finds its rows by an index. From a prepared
+        // statement's sixth run the server may keep one generic plan for it, until the table's
+        // statistics change (ANALYZE, VACUUM) or its definition does. Planned while the table was
+        // a page or two, that plan was a scan of the whole table, and it stayed one as the table
+        // grew (measured: most reads and writes of a 1,000-object table scanning it whole, at
+        // twice the server's CPU per transition). Behind a pooler that drops startup options,
+        // the role must carry these settings (docs/component-protocol.md).
         .options(format!(
             "-c statement_timeout={} -c idle_in_transaction_session_timeout={} -c enable_seqscan=off",
             STATEMENT_LIMIT.as_millis(),
