@@ -3,6 +3,8 @@
 //!
 //!   cargo bench -p toa-agent --bench entities
 //!
+//! `TOA_BENCH_AGENT=<path>` runs another build of the agent (an earlier commit's, say).
+//!
 //! Prints `BENCH <name> <ours> <baseline> <ratio>` (`-` where a line has no baseline); latencies
 //! in µs, rates per second, RSS in MB.
 //!
