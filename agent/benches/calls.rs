@@ -634,7 +634,10 @@ async fn main() {
     let _ = acker.kill();
     let _ = acker.wait();
     let url = format!("http://127.0.0.1:{port_b}/v1/task/terminals/echo");
-    let programs: Vec<u32> = [a.id(), b.id()].into_iter().flat_map(children).collect();
+    let programs: Vec<u32> = [a.id(), b.id()]
+        .into_iter()
+        .flat_map(common::children)
+        .collect();
     assert_eq!(programs.len(), 2, "each agent runs one program");
     let usage = Usage::start(vec![
         ("load", vec![std::process::id()]),
@@ -924,23 +927,6 @@ impl Used {
     fn cores(&self) -> f64 {
         self.total() * self.rate / 1e6
     }
-}
-
-/// A process's children (the agents' programs).
-fn children(pid: u32) -> Vec<u32> {
-    // From every process's parent in /proc: `task/<pid>/children` lists only the children of
-    // the one thread, and a program may be spawned from any of the agent's.
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|child| {
-            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
-            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-            after.split_whitespace().nth(1) == Some(pid.to_string().as_str())
-        })
-        .collect()
 }
 
 /// Waits, up to a minute, until the queue `queue` has no message ready: every task taken (the

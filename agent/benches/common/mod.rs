@@ -127,9 +127,7 @@ fn children_cpu_seconds(pid: u32) -> f64 {
 /// parenthesis (utime and stime are the 12th and 13th there), in seconds; 0 for a process that
 /// is gone.
 fn stat_seconds(pid: u32, fields: [usize; 2]) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let values: Vec<&str> = after.split_whitespace().collect();
+    let values = stat_fields(pid);
     let field = |i: usize| {
         values
             .get(i)
@@ -145,16 +143,38 @@ fn stat_seconds(pid: u32, fields: [usize; 2]) -> f64 {
 /// serve, and those that ended meanwhile (a server's parent process reaps its backends and
 /// workers, and their time is added to its own children's).
 pub fn cpu_seconds_named(name: &str) -> f64 {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0.0;
-    };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+    processes()
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name)
         })
         .map(|pid| cpu_seconds(pid) + children_cpu_seconds(pid))
         .sum()
+}
+
+/// A process's children (an agent's programs), from every process's parent in /proc:
+/// `task/<pid>/children` lists only the children of the one thread, and a program may be spawned
+/// from any of the agent's.
+pub fn children(pid: u32) -> Vec<u32> {
+    let parent = pid.to_string();
+    processes()
+        .filter(|child| stat_fields(*child).get(1) == Some(&parent))
+        .collect()
+}
+
+/// Every process's id, from /proc.
+fn processes() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+}
+
+/// The fields of `/proc/<pid>/stat` after the command's closing parenthesis (the state first,
+/// then the parent's id); none for a process that is gone.
+fn stat_fields(pid: u32) -> Vec<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    after.split_whitespace().map(str::to_owned).collect()
 }
 
 /// The workspace's root, where the benches' agents run.
