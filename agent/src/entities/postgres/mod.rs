@@ -125,6 +125,41 @@ enum Tried {
     Silent,
 }
 
+/// What a row read back after a commit says of it.
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    /// Stored: the attempt is among the row's last writes.
+    Stored,
+    /// Not stored, somebody else wrote first: the object's version now.
+    Lost(u64),
+    /// Not stored, and the object is where it was read: made once more.
+    Again,
+    /// Not among the row's last writes, but so many writes followed the version read that it
+    /// may have been stored and pushed out of them: how many.
+    Unknown(u64),
+}
+
+/// The verdict on a commit of the object read at version `read`, from the row read back after
+/// it (`found`: its version, and whether the attempt is among its last writes; `None`: no row).
+/// `missed`: the try answered that it changed nothing, `Some(true)` when that try was the first
+/// (so nothing of this commit was stored), `Some(false)` after a first whose outcome was lost;
+/// `None` when this try's outcome was lost too.
+fn verdict(read: u64, found: Option<(u64, bool)>, missed: Option<bool>) -> Verdict {
+    match found {
+        Some((_, true)) => Verdict::Stored,
+        // Stored, the attempt would have made version `read + 1`, which the row names while at
+        // most ATTEMPTS_KEPT - 1 writes followed it: past that, its absence says nothing.
+        Some((version, false))
+            if missed != Some(true) && version.saturating_sub(read) > ATTEMPTS_KEPT as u64 =>
+        {
+            Verdict::Unknown(version - read)
+        }
+        Some((version, false)) if version != read => Verdict::Lost(version),
+        _ if missed.is_some() => Verdict::Lost(read),
+        _ => Verdict::Again,
+    }
+}
+
 /// An identifier, quoted for SQL: the names come from the application's and the component's
 /// names, which allow `.`, `-` and (a namespaced application) `/`. PostgreSQL cuts identifiers
 /// at 63 bytes, so that two long names could meet: a longer name keeps its first 46 bytes and
@@ -826,9 +861,10 @@ impl Store for Postgres {
                 )),
                 other => other,
             })?;
-            let changed = match tried {
+            let missed = match tried {
                 Tried::Rows(1) => return Ok(Committed::Stored { version: read + 1 }),
-                Tried::Rows(rows) => Some(rows),
+                // Not applied by this try; whether by an earlier one, only the first knows.
+                Tried::Rows(_) => Some(!again),
                 Tried::Unknown | Tried::Silent => None,
                 Tried::Recorded => {
                     let record = record.expect("only a commit with a record finds one").0;
@@ -837,21 +873,23 @@ impl Store for Postgres {
             };
             // Nothing changed (someone wrote first, or a first try of ours, cut, did meanwhile),
             // or the answer was lost: what the row says of this attempt.
-            let unknown = || {
+            let unknown = |why: &str| {
                 StoreError::Unavailable(format!(
-                    "the write of {id} lost its connection and could not be read back: it may \
-                     have been stored"
+                    "the write of {id} lost its connection and {why}: it may have been stored"
                 ))
             };
-            match self.applied(id, &attempt).await.ok_or_else(unknown)? {
-                // Ours is among its last writes: the one at the version after the one read.
-                Some((_, true)) => return Ok(Committed::Stored { version: read + 1 }),
-                Some((version, false)) if version != read => {
-                    return Ok(Committed::Lost { current: version })
+            let found = self.applied(id, &attempt).await;
+            let found = found.ok_or_else(|| unknown("could not be read back"))?;
+            match verdict(read, found, missed) {
+                Verdict::Stored => return Ok(Committed::Stored { version: read + 1 }),
+                Verdict::Lost(current) => return Ok(Committed::Lost { current }),
+                Verdict::Unknown(since) => {
+                    return Err(unknown(&format!(
+                        "{since} writes since leave no trace of it (a row names its last \
+                         {ATTEMPTS_KEPT})"
+                    )))
                 }
-                _ if changed.is_some() => return Ok(Committed::Lost { current: read }),
-                // Not applied, and the object is where it was: made once more.
-                _ => {
+                Verdict::Again => {
                     tracing::warn!(table = %self.table, "a commit's outcome was lost with its connection and it was not applied: committing again")
                 }
             }
@@ -951,6 +989,37 @@ impl Store for Postgres {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_outcome_is_judged_from_the_row_and_never_as_lost_past_the_writes_it_names() {
+        let kept = ATTEMPTS_KEPT as u64;
+        // Found among the row's last writes: stored, however its try answered.
+        for missed in [None, Some(true), Some(false)] {
+            assert_eq!(verdict(7, Some((9, true)), missed), Verdict::Stored);
+        }
+        // Absent, and few enough writes since that it would be named: somebody else's.
+        assert_eq!(
+            verdict(7, Some((7 + kept, false)), None),
+            Verdict::Lost(7 + kept)
+        );
+        // Absent past the names kept: a lost outcome may have been stored and pushed out.
+        for missed in [None, Some(false)] {
+            assert_eq!(
+                verdict(7, Some((8 + kept, false)), missed),
+                Verdict::Unknown(kept + 1)
+            );
+        }
+        // A first try that answered "nothing changed" stored nothing: lost, however far.
+        assert_eq!(
+            verdict(7, Some((100, false)), Some(true)),
+            Verdict::Lost(100)
+        );
+        // Where it was read, and the outcome lost: not stored, made again.
+        assert_eq!(verdict(7, Some((7, false)), None), Verdict::Again);
+        assert_eq!(verdict(0, None, None), Verdict::Again);
+        // Where it was read, the try answered: lost at the version read.
+        assert_eq!(verdict(7, Some((7, false)), Some(true)), Verdict::Lost(7));
+    }
 
     #[test]
     fn a_caller_is_told_the_error_not_the_rows_the_server_quotes() {
