@@ -915,6 +915,16 @@ async fn every_refusal_has_the_documented_shape() {
             "expected a JSON object",
         ),
         (
+            json_post("/v1/call/local.embedded/x", " \"text\"").await.unwrap(),
+            400,
+            "expected a JSON object, got a string",
+        ),
+        (
+            json_post("/v1/call/local.embedded/x", "-12").await.unwrap(),
+            400,
+            "expected a JSON object, got a number",
+        ),
+        (
             served
                 .client
                 .post(url("/v1/local.embedded/onassigned/abc/failed"))
