@@ -915,7 +915,9 @@ async fn every_refusal_has_the_documented_shape() {
             "expected a JSON object",
         ),
         (
-            json_post("/v1/call/local.embedded/x", " \"text\"").await.unwrap(),
+            json_post("/v1/call/local.embedded/x", " \"text\"")
+                .await
+                .unwrap(),
             400,
             "expected a JSON object, got a string",
         ),
@@ -923,6 +925,16 @@ async fn every_refusal_has_the_documented_shape() {
             json_post("/v1/call/local.embedded/x", "-12").await.unwrap(),
             400,
             "expected a JSON object, got a number",
+        ),
+        (
+            json_post(
+                "/v1/local.embedded/lock",
+                r#"{"keys": ["a"], "keys": ["b"]}"#,
+            )
+            .await
+            .unwrap(),
+            400,
+            "duplicate field `keys`",
         ),
         (
             served
@@ -978,10 +990,10 @@ async fn every_refusal_has_the_documented_shape() {
         assert_eq!(got, status, "{body}");
         let error = &body["error"];
         assert!(error["code"].is_string(), "{body}");
-        assert!(
-            error["message"].as_str().unwrap().contains(says),
-            "{status}: {body}"
-        );
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(says), "{status}: {body}");
+        // A position the JSON reader counted from the value, not from the body, would mislead.
+        assert!(!message.contains(" at line "), "{status}: {body}");
     }
 }
 

@@ -21,7 +21,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Object<T> {
         // is read into `T` at once: no tree of values built and dropped on the way (a tenth of
         // an agent's instructions per observation went to that tree).
         let axum::Json(raw) = axum::Json::<Box<RawValue>>::from_request(request, state).await?;
-        let text = raw.get().trim_start();
+        let text = raw.get();
         if !text.starts_with('{') {
             return Err(ApiError::bad_request(format!(
                 "expected a JSON object, got {}",
@@ -70,12 +70,18 @@ pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     )
 }
 
+/// The refusal's text: the field's path and what was wrong with it. Without the reader's " at
+/// line L column C": it counts from the value, not from the body's first byte.
 fn named(error: &serde_path_to_error::Error<serde_json::Error>) -> String {
     let path = error.path().to_string();
+    let inner = error.inner();
+    let said = inner.to_string();
+    let position = format!(" at line {} column {}", inner.line(), inner.column());
+    let said = said.strip_suffix(&position).unwrap_or(&said);
     if path == "." {
-        error.inner().to_string()
+        said.to_owned()
     } else {
-        format!("{path}: {}", error.inner())
+        format!("{path}: {said}")
     }
 }
 

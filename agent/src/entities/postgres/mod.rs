@@ -15,10 +15,10 @@
 //!   deleted by every replica once an hour.
 //! - **An outcome lost with its connection** (the statement was sent, the answer never came) is
 //!   never re-run blindly: the agent reads the row on another connection and finds its attempt's
-//!   id among the row's last writes (applied, even when another replica wrote since) or not (not
-//!   applied: the commit is made once more, itself a compare-and-set on the version read). When
-//!   the row cannot be read back, the call is `UNAVAILABLE` saying that the write may have been
-//!   stored.
+//!   id among the row's last writes (applied, even when other replicas wrote up to 15 times
+//!   since) or not (not applied: the commit is made once more, itself a compare-and-set on the
+//!   version read). When the row cannot be read back, or more writes followed the version read
+//!   than the row names, the call is `UNAVAILABLE` saying that the write may have been stored.
 //! - **DDL** runs at start under an advisory lock, so replicas starting together do not race;
 //!   the runtime's own schema version is recorded in `toa_runtime`, and an agent refuses a newer
 //!   one ([`SCHEMA_VERSION`]).
@@ -1017,6 +1017,13 @@ mod tests {
             verdict(7, Some((100, false)), Some(true)),
             Verdict::Lost(100)
         );
+        // At the last write the row still names, after a second try's "nothing changed".
+        assert_eq!(
+            verdict(7, Some((7 + kept, false)), Some(false)),
+            Verdict::Lost(7 + kept)
+        );
+        // No row, the try answered: lost where it was read.
+        assert_eq!(verdict(7, None, Some(false)), Verdict::Lost(7));
         // Where it was read, and the outcome lost: not stored, made again.
         assert_eq!(verdict(7, Some((7, false)), None), Verdict::Again);
         assert_eq!(verdict(0, None, None), Verdict::Again);
