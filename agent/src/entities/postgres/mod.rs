@@ -490,6 +490,32 @@ impl Postgres {
         }
     }
 
+    /// What the row, read back, says of a commit's `attempt` on the object read at `read`
+    /// ([`verdict`]); `None`: not stored, and the object is where it was read.
+    async fn judged(
+        &self,
+        id: &str,
+        read: u64,
+        attempt: &str,
+        missed: Option<bool>,
+    ) -> Result<Option<Committed>, StoreError> {
+        let unknown = |why: &str| {
+            StoreError::Unavailable(format!(
+                "the write of {id} lost its connection and {why}: it may have been stored"
+            ))
+        };
+        let found = self.applied(id, attempt).await;
+        let found = found.ok_or_else(|| unknown("could not be read back"))?;
+        match verdict(read, found, missed) {
+            Verdict::Stored => Ok(Some(Committed::Stored { version: read + 1 })),
+            Verdict::Lost(current) => Ok(Some(Committed::Lost { current })),
+            Verdict::Unknown(since) => Err(unknown(&format!(
+                "{since} writes since leave no trace of it (a row names its last {ATTEMPTS_KEPT})"
+            ))),
+            Verdict::Again => Ok(None),
+        }
+    }
+
     /// The compare-and-set statement: the rows it changed.
     async fn compare_and_set(
         &self,
@@ -876,26 +902,10 @@ impl Store for Postgres {
             };
             // Nothing changed (someone wrote first, or a first try of ours, cut, did meanwhile),
             // or the answer was lost: what the row says of this attempt.
-            let unknown = |why: &str| {
-                StoreError::Unavailable(format!(
-                    "the write of {id} lost its connection and {why}: it may have been stored"
-                ))
-            };
-            let found = self.applied(id, &attempt).await;
-            let found = found.ok_or_else(|| unknown("could not be read back"))?;
-            match verdict(read, found, missed) {
-                Verdict::Stored => return Ok(Committed::Stored { version: read + 1 }),
-                Verdict::Lost(current) => return Ok(Committed::Lost { current }),
-                Verdict::Unknown(since) => {
-                    return Err(unknown(&format!(
-                        "{since} writes since leave no trace of it (a row names its last \
-                         {ATTEMPTS_KEPT})"
-                    )))
-                }
-                Verdict::Again => {
-                    tracing::warn!(table = %self.table, "a commit's outcome was lost with its connection and it was not applied: committing again")
-                }
+            if let Some(judged) = self.judged(id, read, &attempt, missed).await? {
+                return Ok(judged);
             }
+            tracing::warn!(table = %self.table, "a commit's outcome was lost with its connection and it was not applied: committing again");
         }
         Err(StoreError::Unavailable(format!(
             "the commit of {id} lost its connection twice: it may have been stored"
