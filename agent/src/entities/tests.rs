@@ -1114,18 +1114,23 @@ async fn a_failover_is_unavailable_meanwhile_and_applies_nothing_twice_or_loses_
         matches!(meanwhile, Err(TransitionError::Store(_))),
         "{meanwhile:?}"
     );
+    // Nor is anything read there: a standby answers from where its replay stopped.
+    let refused = store.read("p1").await;
+    assert!(
+        matches!(&refused, Err(StoreError::Unavailable(said)) if said.contains("does not allow writes")),
+        "{refused:?}"
+    );
+    // The other standby is promoted, and the address moves to it. The new primary has no standby
+    // of its own to wait for (its base backup copied the old primary's setting).
+    tokio::task::block_in_place(|| promoted.promote());
+    promoted.set("synchronous_standby_names", "");
+    upstream.store(promoted.port, SeqCst);
     let read = store.read("p1").await.unwrap();
     assert_eq!(
         read.version(),
         11,
-        "every acknowledged write is on the standby: {read:?}"
+        "every acknowledged write is on the promoted standby: {read:?}"
     );
-    // The other standby is promoted, and the address moves to it. The new primary has no standby
-    // of its own to wait for (its base backup copied the old primary's setting). Connections to
-    // the stale standby refuse writes (25006) until they are dropped.
-    tokio::task::block_in_place(|| promoted.promote());
-    promoted.set("synchronous_standby_names", "");
-    upstream.store(promoted.port, SeqCst);
     // The call again (its redelivery), until the promoted server takes it: applied once.
     let deadline = Instant::now() + Duration::from_secs(20);
     let applied = loop {

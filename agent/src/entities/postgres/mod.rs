@@ -748,6 +748,11 @@ fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
             IDLE_IN_TRANSACTION_LIMIT.as_millis()
         ))
         .keepalives_idle(Duration::from_secs(10))
+        // Never a standby's session: after a failover the address may lead to a standby for a
+        // while (or a standby that is never promoted), whose reads stop where its replay
+        // stopped. A write there is refused (25006), but a read, a record looked for, or a lost
+        // commit's read-back would answer from the past.
+        .target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite)
         .application_name("toa-agent");
     if let Some(username) = &address.username {
         config.user(username);
