@@ -1041,6 +1041,61 @@ async fn frozen_once(freeze: Cut, next: u64) {
     );
 }
 
+/// A server that turns read-only under open connections (`default_transaction_read_only` set and
+/// reloaded: maintenance, a guard against a full disk): a write there is refused (25006) and
+/// answers UNAVAILABLE, nothing stored; once the server takes writes again, the next write is
+/// stored at the version after the last one acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_turned_read_only_under_open_connections_refuses_writes_and_stores_nothing() {
+    let own = tokio::task::spawn_blocking(server::PostgresServer::start)
+        .await
+        .unwrap();
+    let mut address = test_storage();
+    (address.host, address.port, address.database) =
+        ("127.0.0.1".into(), own.port, "postgres".into());
+    (address.username, address.password) = (Some("postgres".into()), None);
+    let storage = Storage {
+        address,
+        application: "read-only".into(),
+    };
+    let store = Backend::open(Some(&storage), "shop.stock", RETENTION)
+        .await
+        .unwrap();
+    stock(&store, 100).await;
+    async fn sell(store: &Backend) -> Result<Answer, TransitionError> {
+        on_stock(store, &call(Some("p1"), None, Concurrency::Retry), reserve).await
+    }
+    let mut acknowledged = 1;
+    tokio::task::block_in_place(|| own.set("default_transaction_read_only", "on"));
+    // The reload reaches each session at its next statement, after the server's own reload:
+    // writes until one meets it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        match sell(&store).await {
+            Ok(Answer::Stored { version, .. }) => acknowledged = version,
+            other => break other,
+        }
+        assert!(Instant::now() < deadline, "no write was refused");
+    };
+    assert!(
+        matches!(&refused, Err(TransitionError::Store(StoreError::Unavailable(said))) if said.contains("read-only")),
+        "{refused:?}"
+    );
+    tokio::task::block_in_place(|| own.set("default_transaction_read_only", "off"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stored = loop {
+        match sell(&store).await {
+            Ok(answer) => break answer,
+            Err(error) => assert!(Instant::now() < deadline, "still {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        matches!(stored, Answer::Stored { version, .. } if version == acknowledged + 1),
+        "{acknowledged}: {stored:?}"
+    );
+}
+
 /// The agent's tests' PostgreSQL servers of their own (agent/tests/support), for a failover.
 #[allow(dead_code)]
 #[path = "../../tests/support/postgres.rs"]

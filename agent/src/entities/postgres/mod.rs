@@ -479,8 +479,9 @@ impl Postgres {
             // The connection went away with the statement sent: applied or not, unknown.
             Err(error) if lost_with_connection(&error) => Ok(Tried::Unknown),
             // Refused by the server (a statement timeout, a read-only standby) or never sent:
-            // not applied. A standby's connection is not used again: after a failover the
-            // address leads to the new primary, which only a new connection reaches.
+            // not applied. A connection refused as read-only is not used again: its server (or a
+            // pooler's server behind it) takes no writes now, and a new connection is checked
+            // as it opens ([`pool`]).
             Err(error) => {
                 if !read_only(&error) {
                     held.keep();
@@ -751,7 +752,8 @@ fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
         // Never a standby's session: after a failover the address may lead to a standby for a
         // while (or a standby that is never promoted), whose reads stop where its replay
         // stopped. A write there is refused (25006), but a read, a record looked for, or a lost
-        // commit's read-back would answer from the past.
+        // commit's read-back would answer from the past. (Checked as a connection opens: behind
+        // a pooler, that is the pooler's server of the moment.)
         .target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite)
         .application_name("toa-agent");
     if let Some(username) = &address.username {
