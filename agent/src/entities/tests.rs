@@ -1050,17 +1050,7 @@ async fn a_server_turned_read_only_under_open_connections_refuses_writes_and_sto
     let own = tokio::task::spawn_blocking(server::PostgresServer::start)
         .await
         .unwrap();
-    let mut address = test_storage();
-    (address.host, address.port, address.database) =
-        ("127.0.0.1".into(), own.port, "postgres".into());
-    (address.username, address.password) = (Some("postgres".into()), None);
-    let storage = Storage {
-        address,
-        application: "read-only".into(),
-    };
-    let store = Backend::open(Some(&storage), "shop.stock", RETENTION)
-        .await
-        .unwrap();
+    let store = on_own_server(own.port, "read-only").await;
     stock(&store, 100).await;
     async fn sell(store: &Backend) -> Result<Answer, TransitionError> {
         on_stock(store, &call(Some("p1"), None, Concurrency::Retry), reserve).await
@@ -1096,7 +1086,8 @@ async fn a_server_turned_read_only_under_open_connections_refuses_writes_and_sto
     );
 }
 
-/// The agent's tests' PostgreSQL servers of their own (agent/tests/support), for a failover.
+/// The agent's tests' PostgreSQL servers of their own (agent/tests/support): a failover, a
+/// server turned read-only.
 #[allow(dead_code)]
 #[path = "../../tests/support/postgres.rs"]
 mod server;
@@ -1136,17 +1127,23 @@ async fn replicated() -> (
     primary.set("synchronous_standby_names", "FIRST 2 (*)");
     let upstream = Arc::new(std::sync::atomic::AtomicU16::new(primary.port));
     let port = moving_address(upstream.clone()).await;
+    let store = on_own_server(port, "failover").await;
+    (primary, standbys, upstream, store)
+}
+
+/// `shop.stock` of `application` on a server of the test's own ([`server`]) reached at the
+/// loopback `port`, as its superuser.
+async fn on_own_server(port: u16, application: &str) -> Backend {
     let mut address = test_storage();
     (address.host, address.port, address.database) = ("127.0.0.1".into(), port, "postgres".into());
     (address.username, address.password) = (Some("postgres".into()), None);
     let storage = Storage {
         address,
-        application: "failover".into(),
+        application: application.into(),
     };
-    let store = Backend::open(Some(&storage), "shop.stock", RETENTION)
+    Backend::open(Some(&storage), "shop.stock", RETENTION)
         .await
-        .unwrap();
-    (primary, standbys, upstream, store)
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
