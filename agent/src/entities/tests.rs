@@ -1471,6 +1471,9 @@ enum Cut {
     BeforeForwarding,
     /// The transaction's `COMMIT`, after forwarding it: committed, its answer lost.
     AtCommit,
+    /// The transaction's `COMMIT`, never forwarded, the server's side of the connection ended
+    /// at once: rolled back, and the row free for other writers.
+    BeforeCommit,
     /// The next message, and everything after it on that connection, is held: a frozen server
     /// (or a partition) that never ends the connection.
     Freeze,
@@ -1485,6 +1488,10 @@ struct Cutter {
     /// Told once a connection was cut.
     cut: tokio::sync::Notify,
     cuts: std::sync::atomic::AtomicUsize,
+    /// A cut connection stays open to the driver until [`Cutter::released`] (at most 10 s), not
+    /// half a second: what happens meanwhile happens before the driver misses its answer.
+    held: bool,
+    released: tokio::sync::Notify,
 }
 
 /// The server's answers to the driver until `silenced`; after it they are dropped, the
@@ -1501,6 +1508,11 @@ async fn answer(
         if open && client.write_all(&buffer[..n]).await.is_err() {
             break;
         }
+    }
+    // The server's end, once silenced, is not passed on either: the driver learns of the cut
+    // when the pump ends the connection.
+    if silenced.load(std::sync::atomic::Ordering::SeqCst) {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -1544,8 +1556,8 @@ async fn pump(client: tokio::net::TcpStream, upstream: tokio::net::TcpStream, cu
         if armed.is_none() {
             let mut waiting = cutter.armed.lock().unwrap();
             match *waiting {
-                Some(Cut::AtCommit) if has(b"COMMIT") => armed = waiting.take(),
-                Some(Cut::AtCommit) => {}
+                Some(Cut::AtCommit | Cut::BeforeCommit) if has(b"COMMIT") => armed = waiting.take(),
+                Some(Cut::AtCommit | Cut::BeforeCommit) => {}
                 Some(_) if has(b"UPDATE") => prepared = waiting.take(),
                 _ => {}
             }
@@ -1555,19 +1567,35 @@ async fn pump(client: tokio::net::TcpStream, upstream: tokio::net::TcpStream, cu
             // statement.
             silenced.store(true, std::sync::atomic::Ordering::SeqCst);
         }
-        if armed != Some(Cut::BeforeForwarding) && upstream_write.write_all(chunk).await.is_err() {
+        let unsent = matches!(armed, Some(Cut::BeforeForwarding | Cut::BeforeCommit));
+        if !unsent && upstream_write.write_all(chunk).await.is_err() {
             break;
         }
-        if armed.is_some() {
-            cutter
-                .cuts
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            cutter.cut.notify_one();
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Some(cut) = armed {
+            after_cut(cut, &mut upstream_write, &cutter).await;
             break;
         }
     }
     answers.abort();
+}
+
+/// A cut counted and told, the server's side ended at once under [`Cut::BeforeCommit`] (it rolls
+/// the transaction back), the driver's side left open half a second or until released.
+async fn after_cut(cut: Cut, upstream: &mut tokio::net::tcp::OwnedWriteHalf, cutter: &Cutter) {
+    use tokio::io::AsyncWriteExt;
+    if cut == Cut::BeforeCommit {
+        let _ = upstream.shutdown().await;
+    }
+    cutter
+        .cuts
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    cutter.cut.notify_one();
+    if cutter.held {
+        let released = cutter.released.notified();
+        let _ = tokio::time::timeout(Duration::from_secs(10), released).await;
+    } else {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1591,6 +1619,70 @@ async fn a_write_with_events_whose_answer_is_lost_keeps_one_row_per_stored_versi
     let mut versions: Vec<u64> = claimed.iter().map(|e| e.version).collect();
     versions.sort_unstable();
     assert_eq!(versions, [1, 2]);
+}
+
+/// A commit with a call's record whose answer is lost, followed by more writes than a row names
+/// before the driver misses the answer: the row cannot tell, and the record, committed with the
+/// write, says whether it was stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_the_row_no_longer_names_is_judged_by_its_record() {
+    let since = super::postgres::ATTEMPTS_KEPT as u64 + 1;
+    let put = |available: u64| Write::Put(state(json!({ "available": available })));
+    for (way, stored) in [(Cut::AtCommit, true), (Cut::BeforeCommit, false)] {
+        let cutter = Arc::new(Cutter {
+            held: true,
+            ..Cutter::default()
+        });
+        let application = format!("cut-record-{}", crate::component::client::new_id());
+        let store = store_at(&application, Some(cutting_proxy(cutter.clone()).await)).await;
+        let first = store.commit("p1", 0, put(1), None, &[]).await;
+        assert_eq!(first, Ok(Committed::Stored { version: 1 }));
+        *cutter.armed.lock().unwrap() = Some(way);
+        // Ours settled (committed at version 2, or rolled back at 1), other replicas write
+        // `since` times, straight to the server; then the driver misses its answer.
+        let settled = if stored { 2 } else { 1 };
+        let others = {
+            let (cutter, application) = (cutter.clone(), application.clone());
+            tokio::spawn(async move {
+                cutter.cut.notified().await;
+                let other = store_at(&application, None).await;
+                let bound = Instant::now() + Duration::from_secs(10);
+                while other.read("p1").await.unwrap().version() != settled {
+                    assert!(Instant::now() < bound, "{way:?}: ours never settled");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                for version in settled..settled + since {
+                    let theirs = other.commit("p1", version, put(version), None, &[]).await;
+                    assert_eq!(
+                        theirs,
+                        Ok(Committed::Stored {
+                            version: version + 1
+                        })
+                    );
+                }
+                cutter.released.notify_one();
+            })
+        };
+        let record = record("c1");
+        let outcome = json!({ "reply": { "available": 0 } });
+        let ours = store
+            .commit("p1", 1, put(0), Some((&record, &outcome)), &[])
+            .await;
+        others.await.unwrap();
+        assert_eq!(cutter.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let last = settled + since;
+        if stored {
+            let recorded = Recorded {
+                hash: record.hash.clone(),
+                outcome,
+            };
+            assert_eq!(ours, Ok(Committed::Repeated(recorded)), "{way:?}");
+        } else {
+            assert_eq!(ours, Ok(Committed::Lost { current: last }), "{way:?}");
+            assert_eq!(store.recorded(&record).await, Ok(None), "{way:?}");
+        }
+        assert_eq!(store.read("p1").await.unwrap().version(), last, "{way:?}");
+    }
 }
 
 /// A store of a new application on the tests' server, through `port` when given.

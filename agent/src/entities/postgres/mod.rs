@@ -17,8 +17,11 @@
 //!   never re-run blindly: the agent reads the row on another connection and finds its attempt's
 //!   id among the row's last writes (applied, even when other replicas wrote up to 15 times
 //!   since) or not (not applied: the commit is made once more, itself a compare-and-set on the
-//!   version read). When the row cannot be read back, or more writes followed the version read
-//!   than the row names, the call is `UNAVAILABLE` saying that the write may have been stored.
+//!   version read). When more writes followed the version read than the row names, a commit
+//!   with a call's record asks the record, which commits with the write (there: stored; not
+//!   there: lost to the other writers). When the row cannot be read back, or it cannot tell and
+//!   there is no record to ask, the call is `UNAVAILABLE` saying that the write may have been
+//!   stored.
 //! - **DDL** runs at start under an advisory lock, so replicas starting together do not race;
 //!   the runtime's own schema version is recorded in `toa_runtime`, and an agent refuses a newer
 //!   one ([`SCHEMA_VERSION`]).
@@ -492,13 +495,15 @@ impl Postgres {
     }
 
     /// What the row, read back, says of a commit's `attempt` on the object read at `read`
-    /// ([`verdict`]); `None`: not stored, and the object is where it was read.
+    /// ([`verdict`]); `None`: not stored, and the object is where it was read. When the row
+    /// cannot tell, a commit with a call's `record` asks the record.
     async fn judged(
         &self,
         id: &str,
         read: u64,
         attempt: &str,
         missed: Option<bool>,
+        record: Option<&Record>,
     ) -> Result<Option<Committed>, StoreError> {
         let unknown = |why: &str| {
             StoreError::Unavailable(format!(
@@ -510,9 +515,31 @@ impl Postgres {
         match verdict(read, found, missed) {
             Verdict::Stored => Ok(Some(Committed::Stored { version: read + 1 })),
             Verdict::Lost(current) => Ok(Some(Committed::Lost { current })),
-            Verdict::Unknown(since) => Err(unknown(&format!(
-                "{since} writes since leave no trace of it (a row names its last {ATTEMPTS_KEPT})"
-            ))),
+            Verdict::Unknown(since) => {
+                let untraced = || {
+                    unknown(&format!(
+                        "{since} writes since leave no trace of it (a row names its last \
+                         {ATTEMPTS_KEPT})"
+                    ))
+                };
+                // A receiver's watermark is there from earlier events: it says nothing of this
+                // write.
+                let record = record
+                    .filter(|record| !record.latest)
+                    .ok_or_else(untraced)?;
+                // The record and the write commit together, and the write is settled: had it
+                // not committed, it would still hold the row (a lock no later write passes),
+                // or it would find the row moved past the version it compares. So the record
+                // there says stored (this delivery's or another's of the same call), and
+                // missing says lost.
+                match self.recorded(record).await {
+                    Ok(Some(recorded)) => Ok(Some(Committed::Repeated(recorded))),
+                    Ok(None) => Ok(Some(Committed::Lost {
+                        current: read + since,
+                    })),
+                    Err(_) => Err(untraced()),
+                }
+            }
             Verdict::Again => Ok(None),
         }
     }
@@ -909,7 +936,8 @@ impl Store for Postgres {
             };
             // Nothing changed (someone wrote first, or a first try of ours, cut, did meanwhile),
             // or the answer was lost: what the row says of this attempt.
-            if let Some(judged) = self.judged(id, read, &attempt, missed).await? {
+            let judged = self.judged(id, read, &attempt, missed, record.map(|(record, _)| record));
+            if let Some(judged) = judged.await? {
                 return Ok(judged);
             }
             tracing::warn!(table = %self.table, "a commit's outcome was lost with its connection and it was not applied: committing again");
