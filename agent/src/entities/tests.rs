@@ -1448,7 +1448,8 @@ async fn two_applications_on_one_database_never_meet() {
 /// A TCP proxy to the tests' PostgreSQL that, once armed, cuts the connection carrying the next
 /// `UPDATE`'s execution (the statement's text goes out the first time a connection prepares it,
 /// which each test's first update on a fresh store does): after forwarding it (the server applies it; its answer is lost) or before
-/// (never applied); or, [`Cut::AtCommit`], the next `COMMIT` after forwarding it. Its port.
+/// (never applied); or, [`Cut::AtCommit`] and [`Cut::BeforeCommit`], the next `COMMIT`, after
+/// forwarding it or instead. Its port.
 async fn cutting_proxy(cutter: Arc<Cutter>) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -1489,7 +1490,8 @@ struct Cutter {
     cut: tokio::sync::Notify,
     cuts: std::sync::atomic::AtomicUsize,
     /// A cut connection stays open to the driver until [`Cutter::released`] (at most 10 s), not
-    /// half a second: what happens meanwhile happens before the driver misses its answer.
+    /// half a second: what happens meanwhile, within the driver's wait for an answer (6 s),
+    /// happens before the driver misses its answer.
     held: bool,
     released: tokio::sync::Notify,
 }
@@ -1623,70 +1625,103 @@ async fn a_write_with_events_whose_answer_is_lost_keeps_one_row_per_stored_versi
 
 /// A commit with a call's record whose answer is lost, followed by more writes than a row names
 /// before the driver misses the answer: the row cannot tell, and the record, committed with the
-/// write, says whether it was stored.
+/// write, says whether it was stored, unless records are kept so briefly that it may have
+/// expired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_commit_the_row_no_longer_names_is_judged_by_its_record() {
+    let record = record("c1");
+    let outcome = json!({ "reply": { "available": 0 } });
     let since = super::postgres::ATTEMPTS_KEPT as u64 + 1;
+    // Stored at version 2, then `since` writes of another replica's.
+    let (ours, store) = overwritten_after_a_cut(Cut::AtCommit, RETENTION, &record, &outcome).await;
+    let recorded = Recorded {
+        hash: record.hash.clone(),
+        outcome: outcome.clone(),
+    };
+    assert_eq!(ours, Ok(Committed::Repeated(recorded)));
+    assert_eq!(store.read("p1").await.unwrap().version(), 2 + since);
+    // Rolled back at version 1, then theirs.
+    let (ours, store) =
+        overwritten_after_a_cut(Cut::BeforeCommit, RETENTION, &record, &outcome).await;
+    assert_eq!(ours, Ok(Committed::Lost { current: 1 + since }));
+    assert_eq!(store.recorded(&record).await, Ok(None));
+    assert_eq!(store.read("p1").await.unwrap().version(), 1 + since);
+    // Stored, but its record kept for a millisecond: gone when asked, which says nothing.
+    let brief = Duration::from_millis(1);
+    let (ours, _) = overwritten_after_a_cut(Cut::AtCommit, brief, &record, &outcome).await;
+    let Err(StoreError::Unavailable(message)) = ours else {
+        panic!("a record kept briefly cannot say the write was lost: {ours:?}");
+    };
+    assert!(message.contains("may have been stored"), "{message}");
+}
+
+/// A store's second commit of `p1` (from version 1, with `record`), its connection cut `way`
+/// and held while another replica writes the object one more time than a row names: what the
+/// commit answered, and the store.
+async fn overwritten_after_a_cut(
+    way: Cut,
+    kept: Duration,
+    record: &Record,
+    outcome: &Value,
+) -> (Result<Committed, StoreError>, Backend) {
+    let cutter = Arc::new(Cutter {
+        held: true,
+        ..Cutter::default()
+    });
+    let application = format!("cut-record-{}", crate::component::client::new_id());
+    let port = cutting_proxy(cutter.clone()).await;
+    let store = store_kept(&application, Some(port), kept).await;
     let put = |available: u64| Write::Put(state(json!({ "available": available })));
-    for (way, stored) in [(Cut::AtCommit, true), (Cut::BeforeCommit, false)] {
-        let cutter = Arc::new(Cutter {
-            held: true,
-            ..Cutter::default()
-        });
-        let application = format!("cut-record-{}", crate::component::client::new_id());
-        let store = store_at(&application, Some(cutting_proxy(cutter.clone()).await)).await;
-        let first = store.commit("p1", 0, put(1), None, &[]).await;
-        assert_eq!(first, Ok(Committed::Stored { version: 1 }));
-        *cutter.armed.lock().unwrap() = Some(way);
-        // Ours settled (committed at version 2, or rolled back at 1), other replicas write
-        // `since` times, straight to the server; then the driver misses its answer.
-        let settled = if stored { 2 } else { 1 };
-        let others = {
-            let (cutter, application) = (cutter.clone(), application.clone());
-            tokio::spawn(async move {
-                cutter.cut.notified().await;
-                let other = store_at(&application, None).await;
-                let bound = Instant::now() + Duration::from_secs(10);
-                while other.read("p1").await.unwrap().version() != settled {
-                    assert!(Instant::now() < bound, "{way:?}: ours never settled");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                for version in settled..settled + since {
-                    let theirs = other.commit("p1", version, put(version), None, &[]).await;
-                    assert_eq!(
-                        theirs,
-                        Ok(Committed::Stored {
-                            version: version + 1
-                        })
-                    );
-                }
-                cutter.released.notify_one();
-            })
-        };
-        let record = record("c1");
-        let outcome = json!({ "reply": { "available": 0 } });
-        let ours = store
-            .commit("p1", 1, put(0), Some((&record, &outcome)), &[])
-            .await;
-        others.await.unwrap();
-        assert_eq!(cutter.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
-        let last = settled + since;
-        if stored {
-            let recorded = Recorded {
-                hash: record.hash.clone(),
-                outcome,
-            };
-            assert_eq!(ours, Ok(Committed::Repeated(recorded)), "{way:?}");
-        } else {
-            assert_eq!(ours, Ok(Committed::Lost { current: last }), "{way:?}");
-            assert_eq!(store.recorded(&record).await, Ok(None), "{way:?}");
-        }
-        assert_eq!(store.read("p1").await.unwrap().version(), last, "{way:?}");
-    }
+    let first = store.commit("p1", 0, put(1), None, &[]).await;
+    assert_eq!(first, Ok(Committed::Stored { version: 1 }));
+    *cutter.armed.lock().unwrap() = Some(way);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let others = {
+        let (cutter, application, done) = (cutter.clone(), application.clone(), done.clone());
+        tokio::spawn(async move {
+            cutter.cut.notified().await;
+            let other = store_at(&application, None).await;
+            // From where ours left the object: committed at 2 (waited for), or at 1, where a
+            // write rolled back leaves it (the first write below waits on its lock until the
+            // server sees the connection end).
+            let from = if way == Cut::AtCommit { 2 } else { 1 };
+            let bound = Instant::now() + Duration::from_secs(5);
+            while other.read("p1").await.unwrap().version() != from {
+                assert!(Instant::now() < bound, "{way:?}: ours never committed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            for version in from..=from + super::postgres::ATTEMPTS_KEPT as u64 {
+                let theirs = other.commit("p1", version, put(version), None, &[]).await;
+                let stored = Committed::Stored {
+                    version: version + 1,
+                };
+                assert_eq!(theirs, Ok(stored), "{way:?}");
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            cutter.released.notify_one();
+        })
+    };
+    let ours = store
+        .commit("p1", 1, put(0), Some((record, outcome)), &[])
+        .await;
+    // The driver waits 6 s for an answer: the other writes must have come first.
+    let first = done.load(std::sync::atomic::Ordering::SeqCst);
+    others.await.unwrap();
+    assert!(
+        first,
+        "{way:?}: the other writes took longer than the driver waits"
+    );
+    assert_eq!(cutter.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    (ours, store)
 }
 
 /// A store of a new application on the tests' server, through `port` when given.
 async fn store_at(application: &str, port: Option<u16>) -> Backend {
+    store_kept(application, port, RETENTION).await
+}
+
+/// [`store_at`], its records kept for `kept`.
+async fn store_kept(application: &str, port: Option<u16>, kept: Duration) -> Backend {
     let mut address = test_storage();
     if let Some(port) = port {
         address.host = "127.0.0.1".to_owned();
@@ -1699,7 +1734,7 @@ async fn store_at(application: &str, port: Option<u16>) -> Backend {
             application,
         }),
         "shop.stock",
-        RETENTION,
+        kept,
     )
     .await
     .unwrap()

@@ -18,10 +18,12 @@
 //!   id among the row's last writes (applied, even when other replicas wrote up to 15 times
 //!   since) or not (not applied: the commit is made once more, itself a compare-and-set on the
 //!   version read). When more writes followed the version read than the row names, a commit
-//!   with a call's record asks the record, which commits with the write (there: stored; not
-//!   there: lost to the other writers). When the row cannot be read back, or it cannot tell and
-//!   there is no record to ask, the call is `UNAVAILABLE` saying that the write may have been
-//!   stored.
+//!   with a call's record (not a receiver's watermark, there from earlier events) asks the
+//!   record, which commits with the write: there, the call was applied (by this delivery or
+//!   another of the same call); missing, the write was lost to the other writers, unless
+//!   records are kept so briefly that it may have expired. When the row cannot be read back, or
+//!   neither row nor record can tell, the call is `UNAVAILABLE` saying that the write may have
+//!   been stored.
 //! - **DDL** runs at start under an advisory lock, so replicas starting together do not race;
 //!   the runtime's own schema version is recorded in `toa_runtime`, and an agent refuses a newer
 //!   one ([`SCHEMA_VERSION`]).
@@ -55,6 +57,11 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(5);
 /// `statement_timeout`; one that does not (frozen, or the network between cut without the
 /// connection's end) is treated as a connection lost.
 const ANSWER_LIMIT: Duration = Duration::from_secs(6);
+
+/// How much longer than a commit has taken a call's record must be kept for its absence to say
+/// that the commit was not stored: the server's clock, which dates and expires records, may be
+/// stepped meanwhile.
+const RECORD_MARGIN: Duration = Duration::from_secs(60);
 /// How long the server keeps a transaction whose client went quiet in it.
 const IDLE_IN_TRANSACTION_LIMIT: Duration = Duration::from_secs(10);
 
@@ -496,14 +503,15 @@ impl Postgres {
 
     /// What the row, read back, says of a commit's `attempt` on the object read at `read`
     /// ([`verdict`]); `None`: not stored, and the object is where it was read. When the row
-    /// cannot tell, a commit with a call's `record` asks the record.
+    /// cannot tell, a commit with a call's `record` asks the record, if the record cannot have
+    /// expired since the commit `began`.
     async fn judged(
         &self,
-        id: &str,
-        read: u64,
+        (id, read): (&str, u64),
         attempt: &str,
         missed: Option<bool>,
         record: Option<&Record>,
+        began: std::time::Instant,
     ) -> Result<Option<Committed>, StoreError> {
         let unknown = |why: &str| {
             StoreError::Unavailable(format!(
@@ -530,14 +538,17 @@ impl Postgres {
                 // The record and the write commit together, and the write is settled: had it
                 // not committed, it would still hold the row (a lock no later write passes),
                 // or it would find the row moved past the version it compares. So the record
-                // there says stored (this delivery's or another's of the same call), and
-                // missing says lost.
+                // there says applied (by this delivery or another of the same call), and
+                // missing says lost, unless it was kept too briefly to be found now (`limits.once`
+                // as short as this commit has taken, with a margin): then it says nothing.
+                let kept = Duration::from_secs_f64(self.retention);
+                let unexpired = kept > began.elapsed() + RECORD_MARGIN;
                 match self.recorded(record).await {
                     Ok(Some(recorded)) => Ok(Some(Committed::Repeated(recorded))),
-                    Ok(None) => Ok(Some(Committed::Lost {
+                    Ok(None) if unexpired => Ok(Some(Committed::Lost {
                         current: read + since,
                     })),
-                    Err(_) => Err(untraced()),
+                    Ok(None) | Err(_) => Err(untraced()),
                 }
             }
             Verdict::Again => Ok(None),
@@ -910,6 +921,7 @@ impl Store for Postgres {
         // one keeps the row small (its 16 names are most of it; measured: the server's CPU per
         // transition grows with the row).
         let attempt = format!("{:016x}", rand::random::<u64>());
+        let began = std::time::Instant::now();
         // At most twice: once more after an outcome lost with its connection and found not
         // applied.
         for again in [false, true] {
@@ -936,7 +948,8 @@ impl Store for Postgres {
             };
             // Nothing changed (someone wrote first, or a first try of ours, cut, did meanwhile),
             // or the answer was lost: what the row says of this attempt.
-            let judged = self.judged(id, read, &attempt, missed, record.map(|(record, _)| record));
+            let record = record.map(|(record, _)| record);
+            let judged = self.judged((id, read), &attempt, missed, record, began);
             if let Some(judged) = judged.await? {
                 return Ok(judged);
             }
