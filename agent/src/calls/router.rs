@@ -26,13 +26,14 @@ use tokio::sync::watch;
 /// A component this process runs, reachable for calls.
 pub struct Callee {
     pub component: Arc<Component>,
-    pub client: ProgramClient,
+    /// Shared: every call takes its own handle, and a clone of the client would copy its names.
+    pub client: Arc<ProgramClient>,
     /// The records of calls given a key.
     pub repeats: Arc<crate::coordination::atom::repeats::Repeats>,
     /// Its objects, when it declares an entity.
     pub objects: Option<Arc<Objects>>,
     /// Counts and times its operations' runs.
-    pub operations: crate::metrics::Operations,
+    pub operations: Arc<crate::metrics::Operations>,
 }
 
 /// The in-process router.

@@ -266,13 +266,14 @@ impl Commit<'_> {
             returned,
             attempt,
         } = self;
+        let nothing = State::new();
         let stored = match &write {
-            Write::Put(state) => state.clone(),
-            Write::Delete => State::new(),
+            Write::Put(state) => state,
+            Write::Delete => &nothing,
         };
         // The reply is known before the commit (at the version after the one read), so that the
         // record stored with the write keeps it.
-        let reply = returned.unwrap_or_else(|| Value::Object(entry(&stored, id, read + 1)));
+        let reply = returned.unwrap_or_else(|| Value::Object(entry(stored, id, read + 1)));
         let outcome = json!({ "reply": reply });
         let record = call.record.map(|record| (record, &outcome));
         let events = if entity.events.any() {

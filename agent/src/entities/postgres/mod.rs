@@ -449,9 +449,10 @@ impl Postgres {
         events: &[Event],
     ) -> Result<Tried, StoreError> {
         let mut held = Held::from(&self.pool).await?;
+        let nothing = State::new();
         let (deleted, state) = match write {
-            Write::Put(state) => (false, Value::Object(state.clone())),
-            Write::Delete => (true, Value::Object(State::new())),
+            Write::Put(state) => (false, state),
+            Write::Delete => (true, &nothing),
         };
         let change = Change {
             id,
@@ -620,7 +621,8 @@ struct Change<'a> {
     id: &'a str,
     read: u64,
     deleted: bool,
-    state: Json<Value>,
+    /// By reference: serialized as the statement is sent, never copied before.
+    state: Json<&'a State>,
     attempt: &'a str,
 }
 

@@ -403,12 +403,13 @@ impl Composition {
             .map(|m| {
                 let callee = Callee {
                     component: m.component.clone(),
-                    client: m.client.clone(),
+                    client: Arc::new(m.client.clone()),
                     repeats: self.atoms[&m.component.name].repeats(),
                     objects: m.objects.clone(),
-                    operations: self
-                        .metrics
-                        .operations(&self.context.name, &m.component.name),
+                    operations: Arc::new(
+                        self.metrics
+                            .operations(&self.context.name, &m.component.name),
+                    ),
                 };
                 (m.component.name.clone(), callee)
             })
