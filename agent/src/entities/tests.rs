@@ -1652,6 +1652,7 @@ async fn a_lost_commit_the_row_no_longer_names_is_judged_by_its_record() {
     let Err(StoreError::Unavailable(message)) = ours else {
         panic!("a record kept briefly cannot say the write was lost: {ours:?}");
     };
+    assert!(message.contains("may have expired (limits.once)"), "{message}");
     assert!(message.contains("may have been stored"), "{message}");
 }
 
@@ -1674,13 +1675,15 @@ async fn overwritten_after_a_cut(
     let put = |available: u64| Write::Put(state(json!({ "available": available })));
     let first = store.commit("p1", 0, put(1), None, &[]).await;
     assert_eq!(first, Ok(Committed::Stored { version: 1 }));
+    // The other replica's store is opened first: the driver waits only 6 s for its answer.
+    let other = store_at(&application, None).await;
     *cutter.armed.lock().unwrap() = Some(way);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let others = {
-        let (cutter, application, done) = (cutter.clone(), application.clone(), done.clone());
+        let (cutter, done) = (cutter.clone(), done.clone());
         tokio::spawn(async move {
-            cutter.cut.notified().await;
-            let other = store_at(&application, None).await;
+            let cut = tokio::time::timeout(Duration::from_secs(10), cutter.cut.notified());
+            assert!(cut.await.is_ok(), "{way:?}: the connection was never cut");
             // From where ours left the object: committed at 2 (waited for), or at 1, where a
             // write rolled back leaves it (the first write below waits on its lock until the
             // server sees the connection end).

@@ -542,14 +542,20 @@ impl Postgres {
                 // there says applied (by this delivery or another of the same call), and
                 // missing says lost, unless it was kept too briefly to be found now (`limits.once`
                 // as short as this commit has taken, with a margin): then it says nothing.
-                let kept = Duration::from_secs_f64(self.retention);
+                let found = self.recorded(record).await;
+                // Timed once the record was looked for: the look-up's own wait counts.
+                let kept = Duration::try_from_secs_f64(self.retention).unwrap_or(Duration::MAX);
                 let unexpired = kept > began.elapsed() + RECORD_MARGIN;
-                match self.recorded(record).await {
+                match found {
                     Ok(Some(recorded)) => Ok(Some(Committed::Repeated(recorded))),
                     Ok(None) if unexpired => Ok(Some(Committed::Lost {
                         current: read + since,
                     })),
-                    Ok(None) | Err(_) => Err(untraced()),
+                    Ok(None) => Err(unknown(&format!(
+                        "{since} writes since leave no trace of it, nor does its record, which \
+                         may have expired (limits.once)"
+                    ))),
+                    Err(_) => Err(untraced()),
                 }
             }
             Verdict::Again => Ok(None),
