@@ -437,8 +437,17 @@ pub(super) fn redis_addresses(
     Ok(addresses)
 }
 
+/// The longest time a setting takes: ten years of 365 days. Longer ones are no one's intent,
+/// and past what the stores take (a record's retention of millions of years is no interval
+/// PostgreSQL can subtract from now; Redis refuses such an expiry), every call would fail.
+const LONGEST_MILLIS: u64 = 10 * 365 * 24 * 3600 * 1000;
+
 fn parse_millis(text: &str, key: &str) -> Result<u64, ContextError> {
     match text.trim().parse::<u64>() {
+        Ok(ms) if ms > LONGEST_MILLIS => Err(ContextError::invalid(
+            key,
+            format!("expected at most {LONGEST_MILLIS} milliseconds (ten years), got {text}"),
+        )),
         Ok(ms) if ms > 0 => Ok(ms),
         _ => Err(ContextError::invalid(
             key,

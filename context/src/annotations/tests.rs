@@ -60,6 +60,8 @@ fn refused_annotations_name_the_key_and_what_was_expected() {
         ("name: a\naddressed:\n  timeout: -100\n", "`addressed.timeout`: expected a positive whole number of milliseconds, got -100"),
         ("name: a\natomicity:\n  redis: redis://a\n  ttl: -1\n", "`atomicity.ttl`: expected a positive whole number of milliseconds, got -1"),
         ("name: a\naddressed:\n  timeout: soon\n", "`addressed.timeout`: expected a positive whole number of milliseconds, got soon"),
+        ("name: a\nlimits:\n  once: 315360000001\n", "`limits.once`: expected at most 315360000000 milliseconds (ten years), got 315360000001"),
+        ("name: a\nlimits:\n  operation: 18446744073709551615\n", "`limits.operation`: expected at most 315360000000 milliseconds (ten years), got 18446744073709551615"),
         ("name: a\natomicity:\n  interval: 5\n", "`atomicity.redis`: expected one address or a list of them"),
         ("name: a\natomicity:\n  redis: [redis://a, 5, redis://c]\n", "`atomicity.redis[1]`: expected an address, got 5"),
         ("name: a\natomicity:\n  redis: [redis://a, redis://a, redis://c]\n", "`atomicity.redis[1]`: expected independent servers, redis://a:6379 is listed twice"),
@@ -139,6 +141,12 @@ fn limits_are_read_with_their_defaults() {
         }
     );
     assert_eq!(context.limits.stop(), Duration::from_secs(10));
+    // The longest a millisecond setting takes: ten years (one more is refused, above).
+    let longest = parse("name: a\nlimits:\n  once: 315360000000\n").unwrap();
+    assert_eq!(
+        longest.limits.once,
+        Duration::from_secs(10 * 365 * 24 * 3600)
+    );
 }
 
 #[test]
