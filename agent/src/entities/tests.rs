@@ -1652,7 +1652,10 @@ async fn a_lost_commit_the_row_no_longer_names_is_judged_by_its_record() {
     let Err(StoreError::Unavailable(message)) = ours else {
         panic!("a record kept briefly cannot say the write was lost: {ours:?}");
     };
-    assert!(message.contains("may have expired (limits.once)"), "{message}");
+    assert!(
+        message.contains("may have expired (limits.once)"),
+        "{message}"
+    );
     assert!(message.contains("may have been stored"), "{message}");
 }
 
