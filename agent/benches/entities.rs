@@ -22,7 +22,8 @@
 //!   in µs per transition: the agent's, PostgreSQL's (all its processes, those that ended
 //!   meanwhile included) and this process's (the callers').
 //! - Observation: `observe` through the agent, one caller, against a bare SELECT plus one bare
-//!   loopback HTTP round trip to another process (the local call a caller makes), and against a
+//!   loopback HTTP round trip to another process (the local call a caller makes), each timed
+//!   alone and summed, and timed as one (the call, then the SELECT), and against a
 //!   bare reader: a process of its own serving the same request over HTTP with one prepared
 //!   SELECT (what any sidecar that reads for its caller does at the least). In rounds too.
 
@@ -380,6 +381,7 @@ async fn observation(
     let _reader = common::Process(reader);
     let ours = observe(http, format!("{base}/observe"));
     let bare_reader = observe(http, read);
+    let both = select_then_call(http, &echo, clients.clone());
     let clients = clients.clone();
     let select: Load = Box::new(move || {
         let clients = clients.clone();
@@ -405,9 +407,11 @@ async fn observation(
     // (a few wake-ups a second, against thousands in its own).
     let counts = |pid: u32| (cpu_seconds(pid), common::context_switches(pid));
     let before = [counts(agent), counts(reader_pid)];
-    let measured = rounds(agent, &[&ours, &bare_reader, &select, &round_trip]).await;
+    let loads = [&ours, &bare_reader, &select, &round_trip, &both];
+    let measured = rounds(agent, &loads).await;
     let after = [counts(agent), counts(reader_pid)];
-    let [ours, bare_reader, select, round_trip] = <[Measured; 4]>::try_from(measured).ok().unwrap();
+    let [ours, bare_reader, select, round_trip, both] =
+        <[Measured; 5]>::try_from(measured).ok().unwrap();
     // The goal's baseline, each round's own: its SELECT's p50 plus its round trip's.
     let sums: Vec<f64> = (select.rounds.iter().zip(&round_trip.rounds))
         .map(|(select, round_trip)| select.p50 + round_trip.p50)
@@ -432,6 +436,11 @@ async fn observation(
         "observe_p50_us_vs_bare_reader",
         ours.median(p50),
         Some(bare_reader.median(p50)),
+    );
+    line(
+        "observe_p50_us_vs_select_then_call",
+        ours.median(p50),
+        Some(both.median(p50)),
     );
     line("observe_baseline_select_p50_us", select.median(p50), None);
     line(
@@ -464,6 +473,24 @@ async fn observation(
         agent.1,
         Some(reader.1),
     );
+}
+
+/// The baseline timed as one: a caller's local call (to the echo server, another
+/// process) and then its own prepared SELECT, one after the other, each op both.
+fn select_then_call(http: &reqwest::Client, echo: &str, clients: Arc<Vec<Bare>>) -> Load {
+    let (http, echo) = (http.clone(), echo.to_owned());
+    Box::new(move || {
+        let (http, echo, clients) = (http.clone(), echo.clone(), clients.clone());
+        Box::pin(measure(1, OBSERVATIONS, move |n| {
+            let (http, echo, clients) = (http.clone(), echo.clone(), clients.clone());
+            async move {
+                post(&http, &echo, "{}".to_owned()).await;
+                let id = format!("many-{}", n % OBJECTS);
+                let bare = &clients[0];
+                bare.client.query_opt(&bare.read, &[&id]).await.unwrap();
+            }
+        }))
+    })
 }
 
 /// One caller's load of `observe` requests on the many objects to `url` (the agent's, or the
