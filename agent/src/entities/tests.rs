@@ -1657,6 +1657,13 @@ async fn a_lost_commit_the_row_no_longer_names_is_judged_by_its_record() {
         "{message}"
     );
     assert!(message.contains("may have been stored"), "{message}");
+    // Stored with a receiver's watermark, which earlier events left there too: it says nothing.
+    let watermark = Record::watermark("receive", "shop.orders.created/o1", 7);
+    let (ours, _) = overwritten_after_a_cut(Cut::AtCommit, RETENTION, &watermark, &outcome).await;
+    let Err(StoreError::Unavailable(message)) = ours else {
+        panic!("a watermark cannot say the write was stored or lost: {ours:?}");
+    };
+    assert!(message.contains("a row names its last 16"), "{message}");
 }
 
 /// A store's second commit of `p1` (from version 1, with `record`), its connection cut `way`
