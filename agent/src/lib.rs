@@ -24,6 +24,8 @@
 //! - [`api`]: the local HTTP API for components in any language;
 //! - `component/`: a component's manifest, program and input checks;
 //! - [`config`]: every flag and variable of `compose`, read and checked before anything starts;
+//! - `local_thread`: the thread (a runtime of its own) that serves the local API and keeps the
+//!   store's connections, so that a program's call and the store's answer meet on one core;
 //! - [`instance`]: the process's name; [`requeue`]: dead-lettered events sent back;
 //! - [`metrics`]: Prometheus metrics (logging: `toa_context::logs`).
 //!
@@ -43,6 +45,7 @@ pub(crate) mod coordination;
 pub(crate) mod entities;
 pub(crate) mod errors;
 pub mod instance;
+pub(crate) mod local_thread;
 pub mod metrics;
 pub(crate) mod process;
 pub mod requeue;

@@ -78,6 +78,7 @@ pub struct Address {
     pub ca: Option<String>,
 }
 
+mod connect;
 mod outbox;
 
 /// How often a replica deletes the records past `limits.once` (and the events past
@@ -808,17 +809,7 @@ fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
     if let Some(password) = &address.password {
         config.password(password.expose());
     }
-    let recycling = ManagerConfig {
-        recycling_method: RecyclingMethod::Fast,
-    };
-    let manager = match &address.ca {
-        None => Manager::from_config(config, tokio_postgres::NoTls, recycling),
-        Some(pem) => {
-            config.ssl_mode(tokio_postgres::config::SslMode::Require);
-            Manager::from_config(config, tls(pem)?, recycling)
-        }
-    };
-    Pool::builder(manager)
+    Pool::builder(manager(config, address.ca.as_deref())?)
         .max_size(connections)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(CONNECT_LIMIT))
@@ -826,6 +817,26 @@ fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
         .recycle_timeout(Some(CONNECT_LIMIT))
         .build()
         .map_err(unavailable)
+}
+
+/// The pool's manager: connections opened on the local thread, with TLS when `ca` is given.
+fn manager(mut config: tokio_postgres::Config, ca: Option<&str>) -> Result<Manager, StoreError> {
+    let recycling = ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    Ok(match ca {
+        None => {
+            let connect = connect::OnLocalThread {
+                tls: tokio_postgres::NoTls,
+            };
+            Manager::from_connect(config, connect, recycling)
+        }
+        Some(pem) => {
+            config.ssl_mode(tokio_postgres::config::SslMode::Require);
+            let connect = connect::OnLocalThread { tls: tls(pem)? };
+            Manager::from_connect(config, connect, recycling)
+        }
+    })
 }
 
 /// TLS trusting only the CA certificates in `pem` (a server's name is checked against the

@@ -570,7 +570,10 @@ impl Composition {
         let app = api::router(host).merge(drain::local_route(self.trigger.clone()));
         let (stop, stopped) = oneshot::channel::<()>();
         self.local_stop = Some(stop);
-        let listening = servers::Listening::new(listener, servers::LOCAL_API_CONNECTIONS);
+        let listening = servers::Listening {
+            thread: Some(crate::local_thread::handle()),
+            ..servers::Listening::new(listener, servers::LOCAL_API_CONNECTIONS)
+        };
         servers.serve_until(LOCAL_API, listening, app, async {
             let _ = stopped.await;
         });

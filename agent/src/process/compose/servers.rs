@@ -21,11 +21,13 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::{AbortHandle, Id, JoinSet};
 use tower::ServiceExt;
@@ -67,17 +69,22 @@ impl Servers {
             listener,
             connections,
             exempt,
+            thread,
         } = listening;
         let listener = Watched {
-            listener,
+            listener: Bound::Here(listener),
             failed: Some(failed),
+        };
+        let listener = match &thread {
+            None => listener,
+            Some(_) => listener.moving(),
         };
         let cap = Cap {
             connections,
             exempt,
             header_read: HEADER_READ,
         };
-        let served = accept(listener, app, cap, until);
+        let served = on_its_thread(thread, accept(listener, app, cap, until));
         let handle = self.tasks.spawn(async move {
             let ended = tokio::select! {
                 () = served => "stopped serving".to_owned(),
@@ -134,6 +141,10 @@ pub struct Listening {
     pub connections: usize,
     /// Peers whose connections the cap does not count or close.
     pub exempt: Node,
+    /// The runtime that accepts and serves the connections, when not the process's own
+    /// ([`crate::local_thread`]): the listener is moved there, so the connections' sockets are
+    /// driven by that runtime's thread.
+    pub thread: Option<Handle>,
 }
 
 impl Listening {
@@ -142,7 +153,32 @@ impl Listening {
             listener,
             connections,
             exempt: Node::default(),
+            thread: None,
         }
+    }
+}
+
+/// Runs `served` on `thread` when given (stopped when the returned future is dropped), or in
+/// place.
+async fn on_its_thread(thread: Option<Handle>, served: impl Future<Output = ()> + Send + 'static) {
+    let Some(thread) = thread else {
+        return served.await;
+    };
+    let mut task = Aborting(thread.spawn(served));
+    if let Err(error) = (&mut task.0).await {
+        // A panic there is this server's, reported by name like one here.
+        if error.is_panic() {
+            std::panic::resume_unwind(error.into_panic());
+        }
+    }
+}
+
+/// A task on another runtime, aborted when this is dropped (a dropped `JoinHandle` detaches).
+struct Aborting(tokio::task::JoinHandle<()>);
+
+impl Drop for Aborting {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -214,20 +250,60 @@ async fn accept(
 /// socket) ends the server; anything else — a peer's trouble, a network error passed on from the
 /// new connection, exhausted descriptors or memory — is retried, as accept(2) asks.
 struct Watched {
-    listener: TcpListener,
+    listener: Bound,
     failed: Option<oneshot::Sender<io::Error>>,
 }
 
+/// A listening socket, registered with the runtime that accepts on it, or on its way to another
+/// (registered at its first accept, from that runtime's thread).
+enum Bound {
+    Here(TcpListener),
+    Moving(std::net::TcpListener),
+    Broken,
+}
+
 impl Watched {
+    /// The listener, unregistered, to be accepted on from another runtime.
+    fn moving(mut self) -> Self {
+        self.listener = match std::mem::replace(&mut self.listener, Bound::Broken) {
+            Bound::Here(listener) => match listener.into_std() {
+                Ok(listener) => Bound::Moving(listener),
+                Err(error) => self.fail(error),
+            },
+            other => other,
+        };
+        self
+    }
+
+    fn fail(&mut self, error: io::Error) -> Bound {
+        if let Some(failed) = self.failed.take() {
+            let _ = failed.send(error);
+        }
+        Bound::Broken
+    }
+
+    async fn listener(&mut self) -> &TcpListener {
+        if matches!(self.listener, Bound::Moving(_)) {
+            self.listener = match std::mem::replace(&mut self.listener, Bound::Broken) {
+                Bound::Moving(listener) => match TcpListener::from_std(listener) {
+                    Ok(listener) => Bound::Here(listener),
+                    Err(error) => self.fail(error),
+                },
+                other => other,
+            };
+        }
+        match &self.listener {
+            Bound::Here(listener) => listener,
+            _ => std::future::pending().await,
+        }
+    }
+
     async fn accept(&mut self) -> (TcpStream, SocketAddr) {
         loop {
-            match self.listener.accept().await {
+            match self.listener().await.accept().await {
                 Ok(accepted) => return accepted,
                 Err(error) if broken(&error) => {
-                    if let Some(failed) = self.failed.take() {
-                        let _ = failed.send(error);
-                    }
-                    std::future::pending::<()>().await;
+                    self.listener = self.fail(error);
                 }
                 Err(error) => {
                     tracing::debug!(%error, "accepting a connection failed; retrying");
@@ -259,7 +335,7 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
         let watched = Watched {
-            listener,
+            listener: Bound::Here(listener),
             failed: None,
         };
         let cap = Cap {
@@ -335,13 +411,53 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_server_given_a_thread_serves_its_requests_there() {
+        let mut servers = Servers::default();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(|| async { std::thread::current().name().unwrap_or("").to_owned() }),
+        );
+        let listening = Listening {
+            thread: Some(crate::local_thread::handle()),
+            ..Listening::new(listener, 4)
+        };
+        servers.serve("local API", listening, app);
+        let mut client = TcpStream::connect(address).await.unwrap();
+        let request = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n";
+        client.write_all(request).await.unwrap();
+        let mut answer = vec![0; 512];
+        let read = tokio::time::timeout(Duration::from_secs(5), client.read(&mut answer))
+            .await
+            .expect("answered within 5 s")
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer[..read]);
+        assert!(answer.ends_with("\r\n\r\ntoa-local"), "{answer}");
+        // Stopping the server stops it on its thread too: the port is let go.
+        servers.abort("local API");
+        let refused = tokio::time::timeout(Duration::from_secs(5), async {
+            while TcpStream::connect(address).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        refused
+            .await
+            .expect("the port was still accepting after 5 s");
+    }
+
+    #[tokio::test]
     async fn a_server_whose_socket_is_shut_down_is_reported_by_name() {
         let mut servers = Servers::default();
         let kept = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let failing = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let fd = failing.as_raw_fd();
         servers.serve("local API", Listening::new(kept, 4), axum::Router::new());
-        let probes = Listening::new(failing, 4);
+        // The failing one on a thread of its own: its failure is reported from there too.
+        let probes = Listening {
+            thread: Some(crate::local_thread::handle()),
+            ..Listening::new(failing, 4)
+        };
         servers.serve("probe endpoint", probes, axum::Router::new());
         // Served: nothing died.
         let quiet = tokio::time::timeout(Duration::from_millis(300), servers.died()).await;
