@@ -26,22 +26,18 @@ where
         let tls = self.tls.clone();
         let config = config.clone();
         let thread = crate::local_thread::handle();
-        Box::pin(async move {
-            let opened = thread.spawn(async move {
-                let (client, connection) = config.connect(tls).await?;
-                let reading = tokio::spawn(async move {
-                    if let Err(error) = connection.await {
-                        tracing::debug!(%error, "a connection to the store ended");
-                    }
-                });
-                Ok((client, reading))
+        // An open the pool stops waiting for (its create timeout, or the caller gone) is
+        // aborted there, its socket closed: against a frozen server, opens left running would
+        // pile up and all finish their startup at once when it came back.
+        Box::pin(crate::local_thread::run_on(thread, async move {
+            let (client, connection) = config.connect(tls).await?;
+            let reading = tokio::spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::debug!(%error, "a connection to the store ended");
+                }
             });
-            // The local thread's runtime lives as long as the process and never aborts its
-            // tasks, so the spawned open always completes.
-            opened
-                .await
-                .expect("opening a connection on the local thread completed")
-        })
+            Ok((client, reading))
+        }))
     }
 }
 

@@ -164,22 +164,8 @@ async fn on_its_thread(thread: Option<Handle>, served: impl Future<Output = ()> 
     let Some(thread) = thread else {
         return served.await;
     };
-    let mut task = Aborting(thread.spawn(served));
-    if let Err(error) = (&mut task.0).await {
-        // A panic there is this server's, reported by name like one here.
-        if error.is_panic() {
-            std::panic::resume_unwind(error.into_panic());
-        }
-    }
-}
-
-/// A task on another runtime, aborted when this is dropped (a dropped `JoinHandle` detaches).
-struct Aborting(tokio::task::JoinHandle<()>);
-
-impl Drop for Aborting {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    // A panic there is this server's, reported by name like one here.
+    crate::local_thread::run_on(thread, served).await;
 }
 
 /// How many connections, from whom, and how long each may take to send its headers.
@@ -204,6 +190,9 @@ async fn accept(
         header_read,
     } = cap;
     let slots = Arc::new(Semaphore::new(connections));
+    // The connections' tasks end with this loop when it is dropped (the server aborted), on
+    // whichever runtime it runs: the local thread's outlives every server.
+    let mut serving = JoinSet::new();
     let graceful = GracefulShutdown::new();
     // HTTP/1.1 only: every client (the SDKs, the operator, the kubelet) speaks it, and a server
     // that first reads to tell HTTP/2 from HTTP/1 (hyper-util's auto) has no header timeout
@@ -217,6 +206,7 @@ async fn accept(
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut until => break,
+            Some(_) = serving.join_next() => continue,
         };
         let slot = slots.clone().try_acquire_owned().ok();
         if slot.is_none() && !exempt.contains(peer.ip()) {
@@ -233,7 +223,7 @@ async fn accept(
         let service = TowerToHyperService::new(app);
         let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
-        tokio::spawn(async move {
+        serving.spawn(async move {
             let _slot = slot;
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "a connection ended with an error");
@@ -410,15 +400,30 @@ mod tests {
         assert_eq!(served_again.await.unwrap(), "HTTP/1.1 200 OK");
     }
 
+    /// A handler that says it was reached and never answers.
+    async fn held_here(reached: Arc<tokio::sync::Notify>) {
+        reached.notify_one();
+        std::future::pending::<()>().await;
+    }
+
     #[tokio::test]
     async fn a_server_given_a_thread_serves_its_requests_there() {
+        let reached = Arc::new(tokio::sync::Notify::new());
+        let held = reached.clone();
         let mut servers = Servers::default();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let app = axum::Router::new().route(
-            "/",
-            axum::routing::get(|| async { std::thread::current().name().unwrap_or("").to_owned() }),
-        );
+        let app = axum::Router::new()
+            .route(
+                "/",
+                axum::routing::get(|| async {
+                    std::thread::current().name().unwrap_or("").to_owned()
+                }),
+            )
+            .route(
+                "/held",
+                axum::routing::get(move || held_here(reached.clone())),
+            );
         let listening = Listening {
             thread: Some(crate::local_thread::handle()),
             ..Listening::new(listener, 4)
@@ -434,8 +439,23 @@ mod tests {
             .unwrap();
         let answer = String::from_utf8_lossy(&answer[..read]);
         assert!(answer.ends_with("\r\n\r\ntoa-local"), "{answer}");
-        // Stopping the server stops it on its thread too: the port is let go.
+        // A request that never ends (as a lock's stream may not)...
+        client
+            .write_all(b"GET /held HTTP/1.1\r\nhost: a\r\n\r\n")
+            .await
+            .unwrap();
+        let within = Duration::from_secs(5);
+        let handled = tokio::time::timeout(within, held.notified()).await;
+        handled.expect("the held request reached its handler within 5 s");
+        // ...ends when the server is stopped: stopped on its thread too, its connections with it.
         servers.abort("local API");
+        let mut byte = [0u8; 1];
+        let closed = tokio::time::timeout(Duration::from_secs(5), client.read(&mut byte));
+        assert!(
+            matches!(closed.await, Ok(Ok(0) | Err(_))),
+            "a request of the stopped server was still open after 5 s"
+        );
+        // ...and the port is let go.
         let refused = tokio::time::timeout(Duration::from_secs(5), async {
             while TcpStream::connect(address).await.is_ok() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
