@@ -1666,6 +1666,55 @@ async fn a_lost_commit_the_row_no_longer_names_is_judged_by_its_record() {
     assert!(message.contains("a row names its last 16"), "{message}");
 }
 
+/// The same cuts through a transition (the engine over the store's verdicts): a call whose
+/// commit was stored answers its record's outcome without running again; one whose commit was
+/// rolled back runs again on the object as the other replica left it (`retry`) or answers
+/// `CONFLICT` (`none`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transition_whose_lost_commit_the_row_no_longer_names_is_answered_by_its_record() {
+    let since = super::postgres::ATTEMPTS_KEPT as u64 + 1;
+    let record = record("c2");
+    let runs = std::sync::atomic::AtomicU32::new(0);
+    let reserving = |entry: State| {
+        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        reserve(entry)
+    };
+    let as_delivered = |concurrency| Call {
+        record: Some(&record),
+        ..call(Some("p1"), None, concurrency)
+    };
+    // Stored at 2, then theirs: the record's outcome, the function run once.
+    let retry = as_delivered(Concurrency::Retry);
+    let transit = async |store: &Backend| on_stock(store, &retry, reserving).await;
+    let (ours, _) = overwritten_during(Cut::AtCommit, RETENTION, transit).await;
+    let Ok(Answer::Repeated(recorded)) = ours else {
+        panic!("a commit stored and then overwritten answers its record: {ours:?}");
+    };
+    assert_eq!(recorded.outcome["reply"]["VERSION"], json!(2));
+    assert_eq!(runs.swap(0, std::sync::atomic::Ordering::SeqCst), 1);
+    // Rolled back at 1, then theirs: run again where they left it, and stored once.
+    let transit = async |store: &Backend| on_stock(store, &retry, reserving).await;
+    let (ours, store) = overwritten_during(Cut::BeforeCommit, RETENTION, transit).await;
+    let Ok(Answer::Stored { version, .. }) = ours else {
+        panic!("a commit rolled back runs again under retry: {ours:?}");
+    };
+    assert_eq!(version, 2 + since);
+    assert_eq!(runs.swap(0, std::sync::atomic::Ordering::SeqCst), 2);
+    let kept = store.read("p1").await.unwrap();
+    assert_eq!(kept.version(), 2 + since);
+    assert!(store.recorded(&record).await.unwrap().is_some());
+    // The same under `none`: the lost write is the call's `CONFLICT`, nothing of it stored.
+    let none = as_delivered(Concurrency::None);
+    let transit = async |store: &Backend| on_stock(store, &none, reserving).await;
+    let (ours, store) = overwritten_during(Cut::BeforeCommit, RETENTION, transit).await;
+    assert!(
+        matches!(ours, Err(TransitionError::Conflict { .. })),
+        "{ours:?}"
+    );
+    assert_eq!(store.read("p1").await.unwrap().version(), 1 + since);
+    assert_eq!(store.recorded(&record).await, Ok(None));
+}
+
 /// A store's second commit of `p1` (from version 1, with `record`), its connection cut `way`
 /// and held while another replica writes the object one more time than a row names: what the
 /// commit answered, and the store.
@@ -1675,6 +1724,23 @@ async fn overwritten_after_a_cut(
     record: &Record,
     outcome: &Value,
 ) -> (Result<Committed, StoreError>, Backend) {
+    let put = Write::Put(state(json!({ "available": 0 })));
+    let commit = async |store: &Backend| {
+        store
+            .commit("p1", 1, put, Some((record, outcome)), &[])
+            .await
+    };
+    overwritten_during(way, kept, commit).await
+}
+
+/// `ours` on a store whose `p1` is at version 1 (`available: 1`), its first write from version 1
+/// cut `way` and held while another replica writes the object one more time than a row names
+/// (`available` set to the version written over): what `ours` answered, and the store.
+async fn overwritten_during<R>(
+    way: Cut,
+    kept: Duration,
+    ours: impl AsyncFnOnce(&Backend) -> R,
+) -> (R, Backend) {
     let cutter = Arc::new(Cutter {
         held: true,
         ..Cutter::default()
@@ -1714,9 +1780,7 @@ async fn overwritten_after_a_cut(
             cutter.released.notify_one();
         })
     };
-    let ours = store
-        .commit("p1", 1, put(0), Some((record, outcome)), &[])
-        .await;
+    let ours = ours(&store).await;
     // The driver waits 6 s for an answer: the other writes must have come first.
     let first = done.load(std::sync::atomic::Ordering::SeqCst);
     others.await.unwrap();
