@@ -49,12 +49,30 @@ pub enum NotAnOutcome {
     Neither,
 }
 
+/// The outcome's body, written from the outcome itself (a reply is not copied into a tree of
+/// values first, as [`Outcome::to_json`] must).
+impl serde::Serialize for Outcome {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        #[derive(serde::Serialize)]
+        struct Error<'a> {
+            code: &'a str,
+            message: &'a Option<String>,
+        }
+        let mut body = serializer.serialize_map(Some(1))?;
+        match self {
+            Self::Reply(reply) => body.serialize_entry("reply", reply)?,
+            Self::Error { code, message } => {
+                body.serialize_entry("error", &Error { code, message })?
+            }
+        }
+        body.end()
+    }
+}
+
 impl Outcome {
     pub fn to_json(&self) -> Value {
-        match self {
-            Self::Reply(reply) => json!({ "reply": reply }),
-            Self::Error { code, message } => json!({"error": {"code": code, "message": message}}),
-        }
+        serde_json::to_value(self).expect("an outcome is JSON: string keys, JSON values")
     }
 
     /// Reads an outcome; an error comes first (a body holding both is the error).

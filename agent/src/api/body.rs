@@ -28,10 +28,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Object<T> {
                 kind(text)
             )));
         }
-        let mut read = serde_json::Deserializer::from_str(text);
-        serde_path_to_error::deserialize(&mut read)
-            .map(Object)
-            .map_err(|error| ApiError::bad_request(named(&error)))
+        // The field's path is tracked only to name it in a refusal: read again for that.
+        serde_json::from_str(text).map(Object).map_err(|first| {
+            let mut read = serde_json::Deserializer::from_str(text);
+            match serde_path_to_error::deserialize::<_, T>(&mut read) {
+                Err(error) => ApiError::bad_request(named(&error)),
+                Ok(_) => ApiError::bad_request(first.to_string()),
+            }
+        })
     }
 }
 

@@ -96,7 +96,7 @@ async fn forward(
             if let Outcome::Error { code, .. } = &outcome {
                 span.attribute("toa.error", || code.clone());
             }
-            (status_of(&outcome), Json(outcome.to_json())).into_response()
+            (status_of(&outcome), Json(outcome)).into_response()
         }
         Err(error) => {
             span.fail(|| error.code().to_owned());
