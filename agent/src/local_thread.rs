@@ -12,7 +12,7 @@
 use std::future::Future;
 use std::sync::OnceLock;
 use tokio::runtime::{Builder, Handle};
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 
 /// The thread's runtime, started at its first use and kept for the life of the process.
 pub(crate) fn handle() -> Handle {
@@ -40,21 +40,11 @@ pub(crate) async fn run_on<T: Send + 'static>(
     thread: Handle,
     task: impl Future<Output = T> + Send + 'static,
 ) -> T {
-    let mut spawned = Aborting(thread.spawn(task));
-    match (&mut spawned.0).await {
+    match AbortOnDropHandle::new(thread.spawn(task)).await {
         Ok(value) => value,
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
         // Only this guard aborts the task, and the runtime outlives every waiter.
         Err(error) => unreachable!("a task waited for was cancelled: {error}"),
-    }
-}
-
-/// A task on another runtime, aborted when this is dropped.
-struct Aborting<T>(JoinHandle<T>);
-
-impl<T> Drop for Aborting<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -435,15 +435,6 @@ impl Drop for Withdraw<'_> {
 
 type Connection = (BufReader<OwnedReadHalf>, OwnedWriteHalf);
 
-/// Aborts its task when dropped.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 impl Shared {
     fn ask(&self, op: Op, waiting: Waiting) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
@@ -508,7 +499,7 @@ impl Shared {
                 }
             }
         });
-        let _reader = AbortOnDrop(reader);
+        let _reader = tokio_util::task::AbortOnDropHandle::new(reader);
         let (lines, sent) = self.resent();
         if let Err(error) = write.write_all(lines.as_bytes()).await {
             return error.to_string();
