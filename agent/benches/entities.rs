@@ -21,6 +21,8 @@
 //!   run): the medians, the lowest and highest round's ratio, and where each process's CPU went,
 //!   in µs per transition: the agent's, PostgreSQL's (all its processes, those that ended
 //!   meanwhile included) and this process's (the callers').
+//! - `transit_program`: seed 003's `reserve` on the same objects, its function run by the
+//!   component's program (the Python SDK's), against the inherited `transit` through the agent.
 //! - Observation: `observe` through the agent, one caller, against a bare SELECT plus one bare
 //!   loopback HTTP round trip to another process (the local call a caller makes), each timed
 //!   alone and summed, and timed as one (the call, then the SELECT), and against a
@@ -175,6 +177,7 @@ async fn main() {
     let plain_many = report("transit_many", &ours, &bare);
     report("transit_many_pooled", &ours, &pooled);
     keyed(&http, &base, plain_many).await;
+    programmed(&http, &base, plain_many).await;
     observation(&http, &base, &clients, (id, &table)).await;
     line("agent_rss_mb", rss_mb(agent.0.id()), None);
     clients[0]
@@ -364,6 +367,33 @@ async fn keyed(http: &reqwest::Client, base: &str, plain: common::Figures) {
     .await;
     line("transit_keyed_p50_us", ours.p50, Some(plain.p50));
     line("transit_keyed_per_s", ours.rate, Some(plain.rate));
+}
+
+/// Seed 003's `reserve` on the same objects: a transition whose function the program runs (the
+/// Python SDK's), each attempt a request to it, against the agent's own inherited `transit`
+/// (`plain`). Every object is stocked first, so that no reserve runs out.
+async fn programmed(http: &reqwest::Client, base: &str, plain: common::Figures) {
+    use futures::StreamExt;
+    let transit = format!("{base}/transit");
+    let stocked = futures::stream::iter(0..OBJECTS).for_each_concurrent(CALLERS, |n| {
+        let body =
+            format!(r#"{{"query": {{"id": "many-{n}"}}, "input": {{"available": 1000000}}}}"#);
+        post(http, &transit, body)
+    });
+    stocked.await;
+    let url = format!("{base}/reserve");
+    let client = http.clone();
+    let ours = measure(CALLERS, CALLS, move |n| {
+        let (http, url) = (client.clone(), url.clone());
+        let body = format!(
+            r#"{{"query": {{"id": "many-{}"}}, "input": {{"quantity": 1}}}}"#,
+            n % OBJECTS
+        );
+        async move { post(&http, &url, body).await }
+    })
+    .await;
+    line("transit_program_p50_us", ours.p50, Some(plain.p50));
+    line("transit_program_per_s", ours.rate, Some(plain.rate));
 }
 
 /// `observe` through the agent (`agent`, its pid), one caller, in rounds against a bare SELECT

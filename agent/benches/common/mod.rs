@@ -12,6 +12,7 @@ pub fn line(name: &str, ours: f64, baseline: Option<f64>) {
     }
 }
 
+#[derive(Clone, Copy)]
 pub struct Figures {
     pub p50: f64,
     pub p99: f64,
