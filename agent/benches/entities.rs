@@ -33,8 +33,8 @@ use std::sync::Arc;
 
 mod common;
 use common::{
-    compose, connect, cpu_seconds, cpu_seconds_named, free_port, line, measure, post, rss_mb,
-    wait_ready,
+    compose, connect, cpu_seconds, cpu_seconds_named, free_port, line, measure, post, posts,
+    rss_mb, wait_ready,
 };
 
 const CALLERS: usize = 16;
@@ -196,15 +196,17 @@ type Load = Box<dyn Fn() -> futures::future::BoxFuture<'static, common::Figures>
 fn transit(http: &reqwest::Client, base: &str, (name, objects): (&'static str, usize)) -> Load {
     let (http, url) = (http.clone(), format!("{base}/transit"));
     Box::new(move || {
-        let (http, url) = (http.clone(), url.clone());
-        Box::pin(measure(CALLERS, CALLS, move |n| {
-            let (http, url) = (http.clone(), url.clone());
-            let body = format!(
-                r#"{{"query": {{"id": "{name}-{}"}}, "input": {{"available": {n}}}}}"#,
-                n % objects
-            );
-            async move { post(&http, &url, body).await }
-        }))
+        Box::pin(posts(
+            http.clone(),
+            url.clone(),
+            (CALLERS, CALLS),
+            move |n| {
+                format!(
+                    r#"{{"query": {{"id": "{name}-{}"}}, "input": {{"available": {n}}}}}"#,
+                    n % objects
+                )
+            },
+        ))
     })
 }
 
@@ -353,16 +355,13 @@ impl std::ops::Div<f64> for Cpu {
 /// its record in the write's transaction (four statements instead of one). Against the plain
 /// ones (`plain`), to show what the record costs.
 async fn keyed(http: &reqwest::Client, base: &str, plain: common::Figures) {
-    let url = format!("{base}/transit");
-    let client = http.clone();
     let run = std::process::id();
-    let ours = measure(CALLERS, CALLS, move |n| {
-        let (http, url) = (client.clone(), url.clone());
-        let body = format!(
+    let url = format!("{base}/transit");
+    let ours = posts(http.clone(), url, (CALLERS, CALLS), move |n| {
+        format!(
             r#"{{"query": {{"id": "many-{}"}}, "input": {{"available": {n}}}, "key": "k-{run}-{n}"}}"#,
             n % OBJECTS
-        );
-        async move { post(&http, &url, body).await }
+        )
     })
     .await;
     line("transit_keyed_p50_us", ours.p50, Some(plain.p50));
@@ -382,14 +381,11 @@ async fn programmed(http: &reqwest::Client, base: &str, plain: common::Figures) 
     });
     stocked.await;
     let url = format!("{base}/reserve");
-    let client = http.clone();
-    let ours = measure(CALLERS, CALLS, move |n| {
-        let (http, url) = (client.clone(), url.clone());
-        let body = format!(
+    let ours = posts(http.clone(), url, (CALLERS, CALLS), |n| {
+        format!(
             r#"{{"query": {{"id": "many-{}"}}, "input": {{"quantity": 1}}}}"#,
             n % OBJECTS
-        );
-        async move { post(&http, &url, body).await }
+        )
     })
     .await;
     line("transit_program_p50_us", ours.p50, Some(plain.p50));

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{bare_write, compose, connect, free_port, line, measure, post, wait_ready};
+use common::{bare_write, compose, connect, free_port, line, measure, posts, wait_ready};
 
 const CALLERS: usize = 16;
 const CALLS: usize = 3_000;
@@ -90,15 +90,12 @@ async fn transits(
     property: &str,
 ) -> common::Figures {
     let url = format!("http://127.0.0.1:{port}/v1/call/{component}/transit");
-    let http = http.clone();
     let property = property.to_owned();
-    measure(CALLERS, CALLS, move |n| {
-        let (http, url) = (http.clone(), url.clone());
-        let body = format!(
+    posts(http.clone(), url, (CALLERS, CALLS), move |n| {
+        format!(
             r#"{{"query": {{"id": "o-{}"}}, "input": {{"{property}": {n}}}}}"#,
             n % OBJECTS
-        );
-        async move { post(&http, &url, body).await }
+        )
     })
     .await
 }

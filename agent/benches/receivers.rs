@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{bare_write, compose, connect, free_port, line, measure, post, wait_ready};
+use common::{bare_write, compose, connect, free_port, line, measure, posts, wait_ready};
 
 const CALLERS: usize = 16;
 const CALLS: usize = 3_000;
@@ -47,16 +47,13 @@ async fn counted(client: &tokio_postgres::Client, table: &str, count: i64) -> In
 /// `CALLS` transits of the orders on `OBJECTS` objects, through the agent at `port`.
 async fn transits(http: &reqwest::Client, port: u16) {
     let url = format!("http://127.0.0.1:{port}/v1/call/store.orders/transit");
-    let http = http.clone();
-    measure(CALLERS, CALLS, move |n| {
-        let (http, url) = (http.clone(), url.clone());
-        let body = format!(
+    let figures = posts(http.clone(), url, (CALLERS, CALLS), |n| {
+        format!(
             r#"{{"query": {{"id": "o-{}"}}, "input": {{"total": {n}}}}}"#,
             n % OBJECTS
-        );
-        async move { post(&http, &url, body).await }
-    })
-    .await;
+        )
+    });
+    figures.await;
 }
 
 #[tokio::main]

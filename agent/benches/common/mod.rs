@@ -54,6 +54,24 @@ where
     }
 }
 
+/// `total` POSTs of JSON to `url` from `callers` tasks at once, the n-th with `body(n)`; each
+/// must succeed.
+pub async fn posts<B>(
+    http: reqwest::Client,
+    url: String,
+    (callers, total): (usize, usize),
+    body: B,
+) -> Figures
+where
+    B: Fn(usize) -> String + Send + Sync + Clone + 'static,
+{
+    measure(callers, total, move |n| {
+        let (http, url, body) = (http.clone(), url.clone(), body(n));
+        async move { post(&http, &url, body).await }
+    })
+    .await
+}
+
 /// The median of `values`.
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
