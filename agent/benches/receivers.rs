@@ -47,13 +47,13 @@ async fn counted(client: &tokio_postgres::Client, table: &str, count: i64) -> In
 /// `CALLS` transits of the orders on `OBJECTS` objects, through the agent at `port`.
 async fn transits(http: &reqwest::Client, port: u16) {
     let url = format!("http://127.0.0.1:{port}/v1/call/store.orders/transit");
-    let figures = posts(http.clone(), url, (CALLERS, CALLS), |n| {
+    posts(http.clone(), url, (CALLERS, CALLS), |n| {
         format!(
             r#"{{"query": {{"id": "o-{}"}}, "input": {{"total": {n}}}}}"#,
             n % OBJECTS
         )
-    });
-    figures.await;
+    })
+    .await;
 }
 
 #[tokio::main]
