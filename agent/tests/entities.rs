@@ -1,7 +1,10 @@
-//! Entities served by the agent (DESIGN 17, seed 003) in a local run, on the embedded store:
-//! transitions, observations, assignments and deletion as a component on the Python SDK sees
-//! them, through the local API. The in-process concurrency (400 reservations on 100) is checked
-//! with seed 003's own code in sdk/typescript/test/examples.test.js.
+//! Entities served by the agent (DESIGN 17, seed 003) in local runs, through the local API as a
+//! component on the Python SDK sees them: transitions, observations, assignments and deletion on
+//! the embedded store; on PostgreSQL (scripts/services' server, or a server of a test's own that
+//! it stops, restarts or freezes) the oversell across four processes, the DBA's tables and
+//! grants, faults under load and a schema's migration. The in-process concurrency (400
+//! reservations on 100) is also checked with seed 003's own code in
+//! sdk/typescript/test/examples.test.js.
 
 mod support;
 
@@ -259,11 +262,24 @@ fn observations_assignments_and_a_deletion_a_stale_caller_cannot_undo() {
 
 #[test]
 fn enumerate_pages_through_2500_objects_by_id() {
-    let agent = wallets();
+    enumerate_pages_through_2500(&wallets());
+}
+
+#[test]
+fn enumerate_pages_through_2500_objects_by_id_on_postgresql() {
+    let (_, context) = stored_context("enumerated");
+    let agent = Composition::start(&[WALLETS, "--context", &context], &STORAGE_LOGIN);
+    agent.wait_ready();
+    enumerate_pages_through_2500(&agent);
+}
+
+/// 2,500 objects made by `assign`, listed back by `enumerate` in three pages of up to 1,000, in
+/// the ids' order; a page of 1,001 refused.
+fn enumerate_pages_through_2500(agent: &Composition) {
     let ids: Vec<String> = (0..2_500).map(|i| format!("w-{i:04}")).collect();
     for id in &ids {
         reply(
-            &agent,
+            agent,
             "assign",
             json!({"query": {"id": id}, "input": {"owner": id}}),
         );
@@ -276,7 +292,7 @@ fn enumerate_pages_through_2500_objects_by_id() {
         if let Some(after) = &after {
             input["after"] = json!(after);
         }
-        let page = reply(&agent, "enumerate", json!({"input": input}));
+        let page = reply(agent, "enumerate", json!({"input": input}));
         pages += 1;
         for item in page["items"].as_array().unwrap() {
             assert_eq!(item["owner"], item["id"], "{item}");
@@ -288,7 +304,7 @@ fn enumerate_pages_through_2500_objects_by_id() {
         }
     }
     assert_eq!((pages, seen), (3, ids));
-    let (status, refused) = call(&agent, "enumerate", json!({"input": {"limit": 1001}}));
+    let (status, refused) = call(agent, "enumerate", json!({"input": {"limit": 1001}}));
     assert_eq!(status, 400, "{refused}");
 }
 
@@ -344,6 +360,15 @@ fn bad_queries_are_refused_naming_what_was_wrong_and_the_agent_keeps_serving() {
             .contains("`input.VERSION`: id, VERSION, DISCARD and DELETE are not properties"),
         "{refused}"
     );
+    // A huge entry: refused before anything is read or run, naming the limit.
+    let huge = json!({"query": {"id": "w"}, "input": {"owner": "x".repeat(1 << 20)}});
+    let (status, refused) = call(&agent, "assign", huge);
+    assert_eq!(
+        (status, code(&refused)),
+        (413, "PAYLOAD_TOO_LARGE"),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("1048576"), "{refused}");
     assert_eq!(
         reply(&agent, "observe", json!({"query": {"id": "w"}})),
         Value::Null
@@ -502,8 +527,35 @@ fn a_role_that_may_not_create_tables_starts_once_a_dba_ran_the_printed_ddl() {
         )),
         "{ddl}"
     );
-    let grants = format!("GRANT USAGE ON SCHEMA {schema} TO toa_limited; GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO toa_limited;");
-    psql(&format!("{ddl}{grants}"));
+    assert!(
+        ddl.contains("-- Then, for the role the agents log in as:"),
+        "{ddl}"
+    );
+    // Granted too little: no USAGE, then no DELETE, which only the hourly purge of records and
+    // events needs. Each is refused at start, naming it and the grants that give it.
+    psql(&ddl);
+    let refused = support::compose_once(&[stock, "--context", &context], &limited);
+    let log = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        log.contains(&format!(
+            "the role toa_limited may not use the tables of fulfilment.stock: it lacks USAGE on the schema {schema}"
+        )),
+        "{log}"
+    );
+    psql(&format!("GRANT USAGE ON SCHEMA {schema} TO toa_limited; GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO toa_limited"));
+    let refused = support::compose_once(&[stock, "--context", &context], &limited);
+    let log = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    let missing = format!(
+        "it lacks DELETE on {schema}.toa_once, DELETE on {schema}.toa_outbox; a DBA grants it: "
+    );
+    let Some((_, grants)) = log.split_once(&missing) else {
+        panic!("{log}")
+    };
+    // The grants the refusal names are enough.
+    let grants = &grants[..grants.rfind(';').expect("the grants end with a semicolon") + 1];
+    psql(grants);
     let agent = Composition::start(&[stock, "--context", &context], &limited);
     agent.wait_ready();
     let stocked = json!({"query": {"id": "k"}, "input": {"available": 2}}).to_string();
@@ -514,6 +566,17 @@ fn a_role_that_may_not_create_tables_starts_once_a_dba_ran_the_printed_ddl() {
         "{answer}"
     );
     drop(agent);
+    // A layout a newer runtime recorded: refused, not written over.
+    psql(&format!(
+        "UPDATE {schema}.toa_runtime SET value = value + 1"
+    ));
+    let refused = support::compose_once(&[stock, "--context", &context], &limited);
+    let log = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        log.contains(&format!("the schema {schema} was made by a newer runtime")),
+        "{log}"
+    );
     psql(&format!("DROP SCHEMA {schema} CASCADE"));
 }
 
@@ -602,6 +665,178 @@ fn a_store_restarted_answers_unavailable_meanwhile_loses_no_acknowledged_write_a
         1,
         "the refused write was not stored"
     );
+}
+
+/// A context naming `server` (a PostgreSQL of the test's own, `postgres` logging in without a
+/// password), with `more`: its path.
+fn own_server_context(
+    prefix: &str,
+    server: &support::postgres::PostgresServer,
+    more: &str,
+) -> String {
+    let application = format!("{prefix}-{}", std::process::id());
+    let context = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
+    let text = format!("name: {application}\nstorage: {}\n{more}", server.address());
+    std::fs::write(&context, text).unwrap();
+    context.display().to_string()
+}
+
+/// Waits for `done`, at most `within`, saying `what` when it never is.
+fn wait_for(what: &str, within: std::time::Duration, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {within:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_store_restarted_under_load_answers_stored_or_unavailable_and_loses_no_acknowledged_write() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    let server = support::postgres::PostgresServer::start();
+    let context = own_server_context("loaded", &server, "");
+    let login = [("TOA_STORAGE_USERNAME", "postgres")];
+    let agent = Composition::start(
+        &["agent/tests/components/stock-retry", "--context", &context],
+        &login,
+    );
+    agent.wait_ready();
+    // Eight callers, each writing its own object over and over, `available` counting up: the
+    // object afterwards must hold the last write acknowledged, or a later one.
+    let (stop, acked, refused) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let callers: Vec<_> = (0..8)
+        .map(|caller| {
+            let (stop, acked, refused) = (stop.clone(), acked.clone(), refused.clone());
+            let address = agent.agent.clone();
+            std::thread::spawn(move || {
+                let mut answers = Vec::new();
+                for n in 1_u64.. {
+                    if stop.load(SeqCst) {
+                        break;
+                    }
+                    let body =
+                        json!({"query": {"id": format!("c{caller}")}, "input": {"available": n}});
+                    let (status, answer) =
+                        call_with(&address, "fulfilment.stock.transit", "", &body.to_string());
+                    let counter = if status == 200 { &acked } else { &refused };
+                    counter.fetch_add(1, SeqCst);
+                    answers.push((n, status, answer));
+                }
+                answers
+            })
+        })
+        .collect();
+    let within = std::time::Duration::from_secs(60);
+    wait_for("80 writes acknowledged", within, || {
+        acked.load(SeqCst) >= 80
+    });
+    server.stop();
+    wait_for("eight writes refused", within, || refused.load(SeqCst) >= 8);
+    server.start_again();
+    let before = acked.load(SeqCst);
+    // The agent finds the server again by itself.
+    wait_for("80 writes acknowledged after the restart", within, || {
+        acked.load(SeqCst) >= before + 80
+    });
+    stop.store(true, SeqCst);
+    for (caller, answers) in callers.into_iter().map(|c| c.join().unwrap()).enumerate() {
+        let id = format!("c{caller}");
+        let mut last: Option<(u64, u64)> = None;
+        for (n, status, answer) in &answers {
+            match (status, code(answer)) {
+                (200, _) => {
+                    let version = answer["reply"]["VERSION"].as_u64().unwrap();
+                    assert_eq!(answer["reply"]["available"], json!(n), "{answer}");
+                    // Each acknowledged write a version of its own: none applied twice.
+                    assert!(last.is_none_or(|(_, v)| version > v), "{id}: {answers:?}");
+                    last = Some((*n, version));
+                }
+                (503, "UNAVAILABLE") => {}
+                _ => panic!("{id}: write {n} answered {status} {answer}"),
+            }
+        }
+        let (n, version) = last.expect("every caller acknowledged");
+        let body = json!({"query": {"id": &id}}).to_string();
+        let (_, seen) = call_with(&agent.agent, "fulfilment.stock.observe", "", &body);
+        let (available, stored) = (&seen["reply"]["available"], &seen["reply"]["VERSION"]);
+        assert!(
+            available.as_u64().unwrap() >= n,
+            "{id}: {seen}, acknowledged {n}"
+        );
+        assert!(
+            stored.as_u64().unwrap() >= version,
+            "{id}: {seen}, acknowledged {version}"
+        );
+        // Never more versions than writes asked for.
+        assert!(
+            stored.as_u64().unwrap() <= answers.len() as u64,
+            "{id}: {seen}"
+        );
+    }
+}
+
+#[test]
+fn a_frozen_store_ends_each_call_at_its_deadline_and_serves_again_once_thawed() {
+    let server = support::postgres::PostgresServer::start();
+    let context = own_server_context("sigstop", &server, "limits:\n  operation: 2000\n");
+    let login = [("TOA_STORAGE_USERNAME", "postgres")];
+    let agent = Composition::start(
+        &["agent/tests/components/stock-retry", "--context", &context],
+        &login,
+    );
+    agent.wait_ready();
+    let transit = |available: u64| {
+        let body = json!({"query": {"id": "k"}, "input": {"available": available}});
+        call_with(
+            &agent.agent,
+            "fulfilment.stock.transit",
+            "",
+            &body.to_string(),
+        )
+    };
+    assert_eq!(transit(1).0, 200);
+    server.freeze();
+    // A write, and a read: each ends by its deadline (2 s), not the server's return.
+    for target in ["fulfilment.stock.transit", "fulfilment.stock.observe"] {
+        let body = json!({"query": {"id": "k"}, "input": {"available": 2}});
+        let body = if target.ends_with("observe") {
+            json!({"query": {"id": "k"}})
+        } else {
+            body
+        };
+        let started = std::time::Instant::now();
+        let (status, answer) = call_with(&agent.agent, target, "", &body.to_string());
+        let waited = started.elapsed();
+        assert_eq!(
+            (status, code(&answer)),
+            (503, "UNAVAILABLE"),
+            "{target}: {answer}"
+        );
+        assert!(
+            waited < std::time::Duration::from_millis(3500),
+            "{target}: answered after {waited:?}"
+        );
+    }
+    server.thaw();
+    let within = std::time::Duration::from_secs(30);
+    wait_for("a write once thawed", within, || transit(3).0 == 200);
+    let (_, seen) = call_with(
+        &agent.agent,
+        "fulfilment.stock.observe",
+        "",
+        &json!({"query": {"id": "k"}}).to_string(),
+    );
+    // The frozen write may have been applied after the thaw (its answer was `UNAVAILABLE`, not
+    // "not stored"); the last one is.
+    assert_eq!(seen["reply"]["available"], json!(3), "{seen}");
 }
 
 /// A context of its own on the tests' PostgreSQL: the application's name and the context's path.

@@ -41,14 +41,14 @@ pub fn routes() -> Router<Arc<Host>> {
             post(listener_failed),
         )
         .route("/v1/{component}/meter", post(meter))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(super::body::limited(MAX_BODY))
         // After the layer above: a stashed value may be larger than a coordination body.
         .route(
             "/v1/{component}/stash/{key}",
             get(stash_get)
                 .put(stash_set)
                 .delete(stash_delete)
-                .layer(axum::extract::DefaultBodyLimit::max(STASH_BODY)),
+                .layer(super::body::limited(STASH_BODY)),
         )
 }
 

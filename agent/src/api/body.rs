@@ -13,6 +13,19 @@ use serde_json::value::RawValue;
 /// A JSON object body read into `T`; a refusal names the field (`deltas[1]: ...`).
 pub struct Object<T>(pub T);
 
+/// The most a route's body may hold, in bytes, as [`limited`] sets it: told in a refusal.
+#[derive(Clone, Copy)]
+pub struct BodyLimit(usize);
+
+/// The layers that limit the bodies of a router's routes to `bytes`: axum's limit, and the
+/// number a body over it is refused with (axum's own rejection does not say it).
+pub fn limited(bytes: usize) -> (axum::extract::DefaultBodyLimit, axum::Extension<BodyLimit>) {
+    (
+        axum::extract::DefaultBodyLimit::max(bytes),
+        axum::Extension(BodyLimit(bytes)),
+    )
+}
+
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Object<T> {
     type Rejection = ApiError;
 
@@ -20,7 +33,18 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Object<T> {
         // The body's text, checked as `Json` checks it (its content type, its size, its syntax),
         // is read into `T` at once: no tree of values built and dropped on the way (a tenth of
         // an agent's instructions per observation went to that tree).
-        let axum::Json(raw) = axum::Json::<Box<RawValue>>::from_request(request, state).await?;
+        let limit = request.extensions().get::<BodyLimit>().copied();
+        let read = axum::Json::<Box<RawValue>>::from_request(request, state).await;
+        let axum::Json(raw) = read.map_err(|rejection| match limit {
+            Some(BodyLimit(bytes)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "PAYLOAD_TOO_LARGE",
+                    format!("the body is larger than the {bytes} bytes this route takes"),
+                )
+            }
+            _ => ApiError::from(rejection),
+        })?;
         let text = raw.get();
         if !text.starts_with('{') {
             return Err(ApiError::bad_request(format!(

@@ -35,7 +35,7 @@ pub fn routes() -> Router<Arc<Host>> {
         .route("/v1/instance", get(instance))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_CALL_BODY))
+        .layer(super::body::limited(MAX_CALL_BODY))
 }
 
 /// The largest call or task body taken (its input travels in one broker message).

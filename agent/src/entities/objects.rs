@@ -6,7 +6,11 @@
 //!   `blank` at its version for an associated one) and gives it to the program as `entry`;
 //! - an **assignment** writes the given properties (the inherited `assign`: its input; one with a
 //!   module: what the function returns) over the object, creating it when missing, and never
-//!   conflicts: a write lost to another replica is made again on what that one stored;
+//!   answers `CONFLICT`: a write lost to another replica is made again on what that one stored
+//!   (without running the function again), up to [`transition::ATTEMPTS`] times within the
+//!   deadline, then `CONTENDED`. It reads before its compare-and-set, as a transition does, so
+//!   that the caller's version, records, events' `previous` and the schema over the whole
+//!   object hold for it too;
 //! - a **transition** runs [`super::transition::transit`] with the program's function (or the
 //!   inherited `transit`, which sets the input's properties, and `delete`);
 //! - effects and computations take no query and no object.

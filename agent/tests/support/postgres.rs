@@ -221,6 +221,35 @@ impl PostgresServer {
         );
     }
 
+    /// SIGSTOP to every process of the server (its postmaster and the postmaster's children):
+    /// it holds its connections open and answers nothing, as a frozen machine would.
+    pub fn freeze(&self) {
+        self.signal_all(libc::SIGSTOP);
+    }
+
+    /// SIGCONT to every process [`Self::freeze`] stopped.
+    pub fn thaw(&self) {
+        self.signal_all(libc::SIGCONT);
+    }
+
+    /// `signal` to the postmaster (the first line of its `postmaster.pid`) and its children.
+    fn signal_all(&self, signal: i32) {
+        let pid_file = std::fs::read_to_string(self.dir.join("data/postmaster.pid")).unwrap();
+        let postmaster: i32 = pid_file.lines().next().unwrap().trim().parse().unwrap();
+        let children = std::fs::read_dir("/proc").unwrap().filter_map(|entry| {
+            let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid …`: the name may hold spaces, never a `)` past its end.
+            let parent = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+            (parent.parse::<i32>().ok()? == postmaster).then_some(pid)
+        });
+        // The postmaster first: stopped, it starts no process the list below would miss.
+        for pid in std::iter::once(postmaster).chain(children.collect::<Vec<_>>()) {
+            // SAFETY: kill(2) with a process id and a signal number only.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+
     /// A fast shutdown: connections are ended, the server exits.
     pub fn stop(&self) {
         let data = self.dir.join("data");

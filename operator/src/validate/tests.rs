@@ -259,6 +259,42 @@ fn a_component_with_an_entity_needs_a_store_and_a_cluster_needs_a_store_to_serve
 }
 
 #[test]
+fn contradictory_entity_declarations_are_refused_naming_the_field() {
+    let entity = serde_json::json!({"properties": {"n": {"type": "integer", "minimum": 0}}, "blank": {"n": 0}});
+    let cases = [
+        (
+            Some(entity.clone()),
+            serde_json::json!({"look": {"type": "observation", "once": true}}),
+            "`operations.look.once`: only a transition or an assignment is applied once; look is declared observation",
+        ),
+        (
+            Some(serde_json::json!({"properties": {"n": {"type": "integer", "minimum": 0}}, "blank": {"n": -1}})),
+            serde_json::json!({}),
+            "`entity.blank`: -1 is less than the minimum of 0",
+        ),
+        (
+            None,
+            serde_json::json!({"reserve": {"type": "transition"}}),
+            "`operations.reserve.type`: reserve is declared transition, which writes the component's entity, and the component declares none",
+        ),
+    ];
+    for (entity, operations, expected) in cases {
+        let mut component = ComponentSpec::test("fulfilment", "stock");
+        if let Some(entity) = entity {
+            component.manifest.insert("entity".into(), entity);
+        }
+        component.manifest.insert("operations".into(), operations);
+        let mut spec = CompositionSpec::test().with_components(vec![component]);
+        spec.context.storage = Some("postgres://shop-db-rw:5432/app".into());
+        let message = refused(&spec);
+        assert!(
+            message.starts_with("spec.components[0].manifest: ") && message.contains(expected),
+            "{expected}: {message}"
+        );
+    }
+}
+
+#[test]
 fn the_program_is_kept_in_the_valid_manifests() {
     let valid = validate(&CompositionSpec::test()).unwrap();
     assert_eq!(

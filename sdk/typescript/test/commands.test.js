@@ -148,6 +148,33 @@ describe('toa, the seeds\' commands', () => {
     }
   })
 
+  test("seed 003's Try it with --environment dev: the stock is kept in PostgreSQL, past a restart", () => {
+    // The database outlives the test: an id of this run's own.
+    const id = `query: { id: 'dev${process.pid}${Date.now()}' }`
+    const script = [
+      'npm run restart -- --environment dev',
+      `npx toa call fulfilment.stock.transit "{ ${id}, input: { available: 1 } }"`,
+      `npx toa call fulfilment.stock.reserve "{ ${id}, input: { quantity: 1 } }" &`,
+      `npx toa call fulfilment.stock.reserve "{ ${id}, input: { quantity: 1 } }" &`,
+      'wait',
+      'npm run restart -- --environment dev',
+      'echo AFTER THE RESTART',
+      `npx toa call fulfilment.stock.observe "{ ${id} }"`,
+      'npm stop'
+    ].join('\n')
+    try {
+      const { out } = shell(script, { TOA_STORAGE_USERNAME: 'toa', TOA_STORAGE_PASSWORD: 'toa' })
+      const [before, after = ''] = out.split('AFTER THE RESTART')
+      assert.equal(before.match(/"available": 0/g)?.length, 1, out)
+      assert.equal(before.match(/OUT_OF_STOCK/g)?.length, 1, out)
+      // The embedded store would have started empty: the item at its blank, version 0.
+      assert.match(after, /"available": 0/, out)
+      assert.match(after, /"VERSION": 2/, out)
+    } finally {
+      leftover()
+    }
+  })
+
   test('a restart of a running application stops it first, keeps the previous log once, and call finds it on whatever port it serves', async () => {
     // A second terminal's application (or anything) on the local API's port: compose serves on
     // another, and restart records which.

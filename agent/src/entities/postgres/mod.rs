@@ -212,7 +212,14 @@ pub fn ddl_of(application: &str, dirs: &[std::path::PathBuf]) -> Result<String, 
             }
         }
     }
-    Ok(statements.iter().map(|s| format!("{s};\n")).collect())
+    let mut printed: String = statements.iter().map(|s| format!("{s};\n")).collect();
+    if !printed.is_empty() {
+        let grants = grants(&quote(&schema_of(application)), "<role>");
+        printed.push_str(&format!(
+            "-- Then, for the role the agents log in as:\n-- {grants}\n"
+        ));
+    }
+    Ok(printed)
 }
 
 /// The DDL of a component's objects in `application`: what `toa-agent storage ddl` prints for a
@@ -251,6 +258,20 @@ pub fn ddl(application: &str, component: &str) -> Vec<String> {
     ];
     statements.extend(outbox::ddl(&schema));
     statements
+}
+
+/// What the agent needs on the tables of records and events beside reading and writing them:
+/// the hourly purge deletes those past `limits.once` and `limits.events`.
+const PURGED: &str = "SELECT, INSERT, UPDATE, DELETE";
+
+/// The grants that let `role` use the tables of `schema` (both quoted): what a DBA runs after
+/// `toa-agent storage ddl`'s statements, and what an agent refused for a missing privilege
+/// names.
+pub fn grants(schema: &str, role: &str) -> String {
+    format!(
+        "GRANT USAGE ON SCHEMA {schema} TO {role}; \
+         GRANT {PURGED} ON ALL TABLES IN SCHEMA {schema} TO {role};"
+    )
 }
 
 /// A statement the server did not answer in time.
@@ -322,6 +343,7 @@ impl Postgres {
     async fn migrate(&self, application: &str, component: &str) -> Result<(), StoreError> {
         let schema = quote(&schema_of(application));
         let runtime = format!("{schema}.toa_runtime");
+        self.granted(&schema, std::iter::empty()).await?;
         let client = self.pool.get().await.map_err(unavailable)?;
         let (once, outbox) = (format!("{schema}.toa_once"), format!("{schema}.toa_outbox"));
         let made = client
@@ -336,6 +358,14 @@ impl Postgres {
         if !made.get::<_, bool>(0) {
             self.make(application, component).await?;
         }
+        let tables = [
+            (&runtime, "SELECT"),
+            (&self.table, "SELECT, INSERT, UPDATE"),
+        ];
+        let tables = tables
+            .into_iter()
+            .chain([&once, &outbox].map(|t| (t, PURGED)));
+        self.granted(&schema, tables).await?;
         let client = self.pool.get().await.map_err(unavailable)?;
         let recorded = format!("SELECT value FROM {runtime} WHERE key = 'schema'");
         let row = client
@@ -350,6 +380,62 @@ impl Postgres {
             )));
         }
         Ok(())
+    }
+
+    /// Refuses to start when the agent's role lacks `USAGE` on `schema` (when it is there) or,
+    /// with `tables` (each with the privileges it needs, once they are there), a privilege on
+    /// them, naming what is missing and the grants that give it: a role a DBA made, granted
+    /// too little, would otherwise fail later, on a call or in the hourly purge.
+    async fn granted<'a>(
+        &self,
+        schema: &str,
+        tables: impl Iterator<Item = (&'a String, &'static str)>,
+    ) -> Result<(), StoreError> {
+        let (mut names, mut privileges) = (Vec::new(), Vec::new());
+        for (table, needed) in tables {
+            for privilege in needed.split(", ") {
+                names.push(table.as_str());
+                privileges.push(privilege);
+            }
+        }
+        let client = self.pool.get().await.map_err(unavailable)?;
+        // `regnamespace` reads the quoted name as an identifier, as the tables' names are read;
+        // the schema is looked for first, since naming anything in it needs `USAGE`.
+        let row = client
+            .query_one(
+                "SELECT current_user::text, coalesce(has_schema_privilege(\
+                 to_regnamespace($1), 'USAGE'), true)",
+                &[&schema],
+            )
+            .await
+            .map_err(unavailable)?;
+        let role: String = row.get(0);
+        let missing: Vec<String> = if !row.get::<_, bool>(1) {
+            vec![format!("USAGE on the schema {schema}")]
+        } else if names.is_empty() {
+            Vec::new()
+        } else {
+            client
+                .query(
+                    "SELECT p || ' on ' || t FROM unnest($1::text[], $2::text[]) AS x(t, p) \
+                     WHERE NOT has_table_privilege(t, p)",
+                    &[&names, &privileges],
+                )
+                .await
+                .map_err(unavailable)?
+                .iter()
+                .map(|row| row.get(0))
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(StoreError::Unavailable(format!(
+            "the role {role} may not use the tables of {}: it lacks {}; a DBA grants it: {}",
+            self.component,
+            missing.join(", "),
+            grants(schema, &quote(&role))
+        )))
     }
 
     /// Runs the DDL, one agent at a time (`CREATE … IF NOT EXISTS` races otherwise).
@@ -803,9 +889,20 @@ fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
         // a pooler, that is the pooler's server of the moment.)
         .target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite)
         .application_name("toa-agent");
-    if let Some(username) = &address.username {
-        config.user(username);
-    }
+    // Without a role, the driver would refuse at the first connection with less to go on. Asked
+    // here, when a component with an entity opens its store, not of every agent whose context
+    // names one.
+    let Some(username) = &address.username else {
+        return Err(StoreError::Unavailable(
+            "`TOA_STORAGE_USERNAME`: the context names a store (`storage`) and no role to log in \
+             as; set it and `TOA_STORAGE_PASSWORD` (a local run with --environment dev: toa and \
+             toa, the role scripts/services makes; in a pod the credentials Secret's \
+             `storage-username` and `storage-password`, or a CloudNativePG cluster's `-app` \
+             Secret)"
+                .to_owned(),
+        ));
+    };
+    config.user(username);
     if let Some(password) = &address.password {
         config.password(password.expose());
     }
