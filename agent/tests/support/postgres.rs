@@ -232,10 +232,17 @@ impl PostgresServer {
         self.signal_all(libc::SIGCONT);
     }
 
-    /// `signal` to the postmaster (the first line of its `postmaster.pid`) and its children.
+    /// `signal` to the postmaster (the first line of its `postmaster.pid`), then to its children,
+    /// listed once it has it: a postmaster stopped starts no process the list would miss.
     fn signal_all(&self, signal: i32) {
-        let pid_file = std::fs::read_to_string(self.dir.join("data/postmaster.pid")).unwrap();
-        let postmaster: i32 = pid_file.lines().next().unwrap().trim().parse().unwrap();
+        let Ok(pid_file) = std::fs::read_to_string(self.dir.join("data/postmaster.pid")) else {
+            return;
+        };
+        let Some(Ok(postmaster)) = pid_file.lines().next().map(|l| l.trim().parse::<i32>()) else {
+            return;
+        };
+        // SAFETY: kill(2) with a process id and a signal number only.
+        unsafe { libc::kill(postmaster, signal) };
         let children = std::fs::read_dir("/proc").unwrap().filter_map(|entry| {
             let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -243,9 +250,8 @@ impl PostgresServer {
             let parent = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
             (parent.parse::<i32>().ok()? == postmaster).then_some(pid)
         });
-        // The postmaster first: stopped, it starts no process the list below would miss.
-        for pid in std::iter::once(postmaster).chain(children.collect::<Vec<_>>()) {
-            // SAFETY: kill(2) with a process id and a signal number only.
+        for pid in children.collect::<Vec<_>>() {
+            // SAFETY: as above.
             unsafe { libc::kill(pid, signal) };
         }
     }
@@ -262,6 +268,8 @@ impl PostgresServer {
 
 impl Drop for PostgresServer {
     fn drop(&mut self) {
+        // A test that failed while the server was frozen: a stopped process ignores the stop.
+        self.thaw();
         let data = self.dir.join("data");
         let _ = Command::new("runuser")
             .args(["-u", "postgres", "--", &format!("{BIN}/pg_ctl")])

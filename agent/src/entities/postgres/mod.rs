@@ -216,7 +216,8 @@ pub fn ddl_of(application: &str, dirs: &[std::path::PathBuf]) -> Result<String, 
     if !printed.is_empty() {
         let grants = grants(&quote(&schema_of(application)), "<role>");
         printed.push_str(&format!(
-            "-- Then, for the role the agents log in as:\n-- {grants}\n"
+            "-- Then, for the role the agents log in as (again after another component's \
+             statements: ALL TABLES is the tables there now):\n-- {grants}\n"
         ));
     }
     Ok(printed)
@@ -417,8 +418,8 @@ impl Postgres {
         } else {
             client
                 .query(
-                    "SELECT p || ' on ' || t FROM unnest($1::text[], $2::text[]) AS x(t, p) \
-                     WHERE NOT has_table_privilege(t, p)",
+                    "SELECT p || ' on ' || t FROM unnest($1::text[], $2::text[]) \
+                     WITH ORDINALITY AS x(t, p, n) WHERE NOT has_table_privilege(t, p) ORDER BY n",
                     &[&names, &privileges],
                 )
                 .await
@@ -431,7 +432,8 @@ impl Postgres {
             return Ok(());
         }
         Err(StoreError::Unavailable(format!(
-            "the role {role} may not use the tables of {}: it lacks {}; a DBA grants it: {}",
+            "the role {role} may not use the tables of {}: it lacks {}; a DBA grants what it needs \
+             with: {}",
             self.component,
             missing.join(", "),
             grants(schema, &quote(&role))
@@ -889,20 +891,10 @@ fn pool(address: &Address, connections: usize) -> Result<Pool, StoreError> {
         // a pooler, that is the pooler's server of the moment.)
         .target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite)
         .application_name("toa-agent");
-    // Without a role, the driver would refuse at the first connection with less to go on. Asked
-    // here, when a component with an entity opens its store, not of every agent whose context
-    // names one.
-    let Some(username) = &address.username else {
-        return Err(StoreError::Unavailable(
-            "`TOA_STORAGE_USERNAME`: the context names a store (`storage`) and no role to log in \
-             as; set it and `TOA_STORAGE_PASSWORD` (a local run with --environment dev: toa and \
-             toa, the role scripts/services makes; in a pod the credentials Secret's \
-             `storage-username` and `storage-password`, or a CloudNativePG cluster's `-app` \
-             Secret)"
-                .to_owned(),
-        ));
-    };
-    config.user(username);
+    // Without one, the driver logs in as the operating system's user, as libpq does.
+    if let Some(username) = &address.username {
+        config.user(username);
+    }
     if let Some(password) = &address.password {
         config.password(password.expose());
     }
