@@ -612,18 +612,7 @@ fn psql(sql: &str) {
 #[test]
 fn a_store_restarted_answers_unavailable_meanwhile_loses_no_acknowledged_write_and_is_found_again()
 {
-    let server = support::postgres::PostgresServer::start();
-    let application = format!("restarted-{}", std::process::id());
-    let context = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
-    let text = format!("name: {application}\nstorage: {}\n", server.address());
-    std::fs::write(&context, text).unwrap();
-    let context = context.display().to_string();
-    let login = [("TOA_STORAGE_USERNAME", "postgres")];
-    let agent = Composition::start(
-        &["agent/tests/components/stock-retry", "--context", &context],
-        &login,
-    );
-    agent.wait_ready();
+    let (server, agent) = stock_on_own_server("restarted", "");
     let transit = |id: &str, available: u64| {
         let body = json!({"query": {"id": id}, "input": {"available": available}});
         call_with(
@@ -670,18 +659,25 @@ fn a_store_restarted_answers_unavailable_meanwhile_loses_no_acknowledged_write_a
     );
 }
 
-/// A context naming `server` (a PostgreSQL of the test's own, `postgres` logging in without a
-/// password), with `more`: its path.
-fn own_server_context(
+/// `fulfilment.stock` on a PostgreSQL of the test's own (`postgres` logging in without a
+/// password), its context with `more`, once ready.
+fn stock_on_own_server(
     prefix: &str,
-    server: &support::postgres::PostgresServer,
     more: &str,
-) -> String {
+) -> (support::postgres::PostgresServer, Composition) {
+    let server = support::postgres::PostgresServer::start();
     let application = format!("{prefix}-{}", std::process::id());
     let context = std::env::temp_dir().join(format!("toa-context-{application}.yaml"));
     let text = format!("name: {application}\nstorage: {}\n{more}", server.address());
     std::fs::write(&context, text).unwrap();
-    context.display().to_string()
+    let context = context.display().to_string();
+    let login = [("TOA_STORAGE_USERNAME", "postgres")];
+    let agent = Composition::start(
+        &["agent/tests/components/stock-retry", "--context", &context],
+        &login,
+    );
+    agent.wait_ready();
+    (server, agent)
 }
 
 /// Waits for `done`, at most `within`, saying `what` when it never is.
@@ -700,14 +696,7 @@ fn wait_for(what: &str, within: std::time::Duration, done: impl Fn() -> bool) {
 fn a_store_restarted_under_load_answers_stored_or_unavailable_and_loses_no_acknowledged_write() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
     use std::sync::Arc;
-    let server = support::postgres::PostgresServer::start();
-    let context = own_server_context("loaded", &server, "");
-    let login = [("TOA_STORAGE_USERNAME", "postgres")];
-    let agent = Composition::start(
-        &["agent/tests/components/stock-retry", "--context", &context],
-        &login,
-    );
-    agent.wait_ready();
+    let (server, agent) = stock_on_own_server("loaded", "");
     // Eight callers, each writing its own object over and over, `available` counting up: the
     // object afterwards must hold the last write acknowledged, or a later one.
     let (stop, acked, refused) = (
@@ -788,14 +777,7 @@ fn a_store_restarted_under_load_answers_stored_or_unavailable_and_loses_no_ackno
 
 #[test]
 fn a_frozen_store_ends_each_call_at_its_deadline_and_serves_again_once_thawed() {
-    let server = support::postgres::PostgresServer::start();
-    let context = own_server_context("sigstop", &server, "limits:\n  operation: 2000\n");
-    let login = [("TOA_STORAGE_USERNAME", "postgres")];
-    let agent = Composition::start(
-        &["agent/tests/components/stock-retry", "--context", &context],
-        &login,
-    );
-    agent.wait_ready();
+    let (server, agent) = stock_on_own_server("sigstop", "limits:\n  operation: 2000\n");
     let transit = |available: u64| {
         let body = json!({"query": {"id": "k"}, "input": {"available": available}});
         call_with(

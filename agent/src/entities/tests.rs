@@ -58,15 +58,7 @@ async fn on_stock<S: Store>(
     call: &Call<'_>,
     decide: impl Fn(State) -> Decision,
 ) -> Result<Answer, TransitionError> {
-    let blank = state(json!({ "available": 0 }));
-    let entity = Entity {
-        associated: true,
-        blank: &blank,
-        check: &at_least_zero,
-        events: &Vec::new(),
-        stored: &|_| {},
-    };
-    transit(store, &entity, call, |entry| {
+    on_stock_running(store, call, |entry| {
         let decision = decide(entry);
         async move {
             // Others run between this read and this write, as programs over HTTP do.
@@ -75,6 +67,28 @@ async fn on_stock<S: Store>(
         }
     })
     .await
+}
+
+/// [`on_stock`] with the program's run as `run` makes it.
+async fn on_stock_running<S, F, Fut>(
+    store: &S,
+    call: &Call<'_>,
+    run: F,
+) -> Result<Answer, TransitionError>
+where
+    S: Store,
+    F: FnMut(State) -> Fut,
+    Fut: std::future::Future<Output = Result<Decision, TransitionError>>,
+{
+    let blank = state(json!({ "available": 0 }));
+    let entity = Entity {
+        associated: true,
+        blank: &blank,
+        check: &at_least_zero,
+        events: &Vec::new(),
+        stored: &|_| {},
+    };
+    transit(store, &entity, call, run).await
 }
 
 /// Puts `available` units of p1 in stock, as the inherited `transit` does.
@@ -271,17 +285,9 @@ async fn a_callers_version_overtaken_while_the_program_runs_is_refused_at_the_co
 async fn overtaken_while_the_program_runs(on: On, concurrency: Concurrency) {
     let store = on.store().await;
     stock(&store, 5).await;
-    let blank = state(json!({ "available": 0 }));
-    let entity = Entity {
-        associated: true,
-        blank: &blank,
-        check: &at_least_zero,
-        events: &Vec::new(),
-        stored: &|_| {},
-    };
     let runs = std::sync::atomic::AtomicUsize::new(0);
     let call = call(Some("p1"), Some(1), concurrency);
-    let refused = transit(&store, &entity, &call, |entry| {
+    let refused = on_stock_running(&store, &call, |entry| {
         runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let store = &store;
         async move {
