@@ -1528,9 +1528,9 @@ async fn two_applications_on_one_database_never_meet() {
 }
 
 /// A TCP proxy to the tests' PostgreSQL that, once armed, cuts the connection carrying the next
-/// `UPDATE`'s execution (the statement's text goes out the first time a connection prepares it,
-/// which each test's first update on a fresh store does): after forwarding it (the server applies it; its answer is lost) or before
-/// (never applied); or, [`Cut::AtCommit`] and [`Cut::BeforeCommit`], the next `COMMIT`, after
+/// `UPDATE`'s execution (the one following its preparation on a connection, or a later one of
+/// a statement the connection prepared before): after forwarding it (the server applies it; its
+/// answer is lost) or before (never applied); or, [`Cut::AtCommit`] and [`Cut::BeforeCommit`], the next `COMMIT`, after
 /// forwarding it or instead. Its port.
 async fn cutting_proxy(cutter: Arc<Cutter>) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1578,9 +1578,6 @@ struct Cutter {
     /// A cut connection is ended to the driver at once (a reset it notices at once), not after
     /// half a second.
     prompt: bool,
-    /// [`Cut::AfterForwarding`] and [`Cut::BeforeForwarding`] cut the next execution of an
-    /// `UPDATE` the connection prepared before too, not only the first after it prepares one.
-    every_update: bool,
     released: tokio::sync::Notify,
 }
 
@@ -1624,7 +1621,9 @@ async fn pump(client: tokio::net::TcpStream, upstream: tokio::net::TcpStream, cu
     let mut updates = std::collections::HashSet::new();
     while let Ok(n @ 1..) = client_read.read(&mut buffer).await {
         let chunk = &buffer[..n];
-        let binds_update = bound_updates(chunk, &mut updates) && cutter.every_update;
+        // An `UPDATE` this connection prepared before is cut at its next execution too, not only
+        // at the first after its preparation.
+        let binds_update = bound_updates(chunk, &mut updates);
         let mut armed = prepared.take();
         let has = |word: &[u8]| chunk.windows(word.len()).any(|w| w == word);
         let purging = std::mem::replace(&mut after_delete, has(b"DELETE")) || has(b"DELETE");
@@ -1958,7 +1957,6 @@ async fn four_hundred_reserves_with_commits_cut_still_sell_exactly_a_hundred() {
     use Cut::{AfterForwarding, BeforeForwarding};
     let cutter = Arc::new(Cutter {
         prompt: true,
-        every_update: true,
         ..Cutter::default()
     });
     let application = format!("cut-oversell-{}", crate::component::client::new_id());
